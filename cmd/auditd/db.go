@@ -1,0 +1,38 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// dbFile is the bbolt file inside the data directory.
+const dbFile = "auditd.db"
+
+// openDB opens (creating if needed) the one bbolt file of a data directory.
+// Another process holding the file makes it fail within a second instead of
+// hanging. readOnly opens it shared, for offline commands.
+func openDB(dir string, readOnly bool) (*bolt.DB, error) {
+	if !readOnly {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create data directory: %w", err)
+		}
+	}
+	path := filepath.Join(dir, dbFile)
+	if readOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: readOnly})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("open %s: another process (a running auditd serve?) holds it; stop it or use its API", path)
+	} else if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return db, nil
+}

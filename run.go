@@ -1,0 +1,96 @@
+package auditd
+
+import "time"
+
+// Outcome classifies a response, an item or a run.
+type Outcome string
+
+// Outcomes of a single response.
+const (
+	OutcomeSuccess     Outcome = "success"      // 2xx with no error in the body
+	OutcomeThrottled   Outcome = "throttled"    // 429, or 503 with Retry-After
+	OutcomeServerError Outcome = "server_error" // other 5xx
+	OutcomeClientError Outcome = "client_error" // 4xx other than 429
+	OutcomeBodyError   Outcome = "body_error"   // 2xx whose body carries an error (Grants.gov errorcode, ArcGIS 498)
+)
+
+// Outcomes of an item (item.finished).
+const (
+	ItemSucceeded Outcome = "succeeded"
+	ItemCached    Outcome = "cached" // served from the last good staged copy
+	ItemFailed    Outcome = "failed"
+	ItemShed      Outcome = "shed"
+)
+
+// RunStatus is where a run is in its life.
+type RunStatus string
+
+// Run statuses. A run always reaches a terminal status.
+const (
+	RunQueued    RunStatus = "queued"
+	RunRunning   RunStatus = "running"
+	RunSucceeded RunStatus = "succeeded" // every item succeeded or was served from cache
+	RunPartial   RunStatus = "partial"   // finished, some items failed or were shed
+	RunCancelled RunStatus = "cancelled"
+)
+
+// Terminal reports whether no more work will happen for a run in status s.
+func (s RunStatus) Terminal() bool {
+	return s == RunSucceeded || s == RunPartial || s == RunCancelled
+}
+
+// Award identifies the federal award a run supports (2 CFR 200.302(b)(1)).
+// Every field is optional but validated when present.
+type Award struct {
+	FAIN               string `json:"fain,omitempty" validate:"omitempty,max=64,printascii"`
+	ListingNumber      string `json:"listing_number,omitempty" validate:"omitempty,len=6,listing"` // Assistance Listing, NN.NNN
+	ListingTitle       string `json:"listing_title,omitempty" validate:"omitempty,max=256"`
+	AwardYear          int    `json:"award_year,omitempty" validate:"omitempty,min=1990,max=2100"`
+	Agency             string `json:"agency,omitempty" validate:"omitempty,max=256"`
+	PassThroughEntity  string `json:"pass_through_entity,omitempty" validate:"omitempty,max=256"`
+	PassThroughAwardID string `json:"pass_through_award_id,omitempty" validate:"omitempty,max=64"`
+	RecipientUEI       string `json:"recipient_uei,omitempty" validate:"omitempty,len=12,alphanum,uppercase"`
+}
+
+// Run is a named list of fetches submitted by a pipeline.
+type Run struct {
+	ID          string    `json:"id"` // ULID: sortable by creation time
+	Name        string    `json:"name"`
+	Award       Award     `json:"award"`
+	Status      RunStatus `json:"status"`
+	InitiatedBy string    `json:"initiated_by"`
+	ConfigHash  string    `json:"config_hash"`
+	CodeVersion string    `json:"code_version"`
+	CreatedAt   time.Time `json:"created_at"`
+	FinishedAt  time.Time `json:"finished_at,omitzero"`
+	Deadline    time.Time `json:"deadline,omitzero"`
+	Replay      bool      `json:"replay,omitempty"` // read staged payloads instead of re-fetching
+	FirstSeq    uint64    `json:"first_seq"`
+	LastSeq     uint64    `json:"last_seq,omitempty"`
+	HeadAtStart string    `json:"head_at_start"`
+	HeadAtEnd   string    `json:"head_at_end,omitempty"`
+	ItemCount   int       `json:"item_count"`
+}
+
+// Paging names how an item expands into pages.
+type Paging string
+
+// Paging modes; empty means a single request.
+const (
+	PagingNone      Paging = ""
+	PagingArcGIS    Paging = "arcgis"     // resultOffset / resultRecordCount / exceededTransferLimit
+	PagingWFS       Paging = "wfs"        // startIndex / count / numberMatched
+	PagingGrantsGov Paging = "grants_gov" // startRecordNum / rows / hitCount
+)
+
+// Item is one fetch in a run. Its key is unique in the run and is the
+// idempotency key of everything recorded for it.
+type Item struct {
+	Key      string `json:"key" validate:"required,max=200,printascii"`
+	SourceID string `json:"source" validate:"required,max=100,printascii"`
+	Method   string `json:"method,omitempty" validate:"omitempty,oneof=GET POST"`
+	Path     string `json:"path" validate:"required,max=4096,startswith=/"`
+	Body     []byte `json:"body,omitempty"` // JSON body for POST
+	Paging   Paging `json:"paging,omitempty" validate:"omitempty,oneof=arcgis wfs grants_gov"`
+	PageSize int    `json:"page_size,omitempty" validate:"omitempty,min=1,max=10000"`
+}

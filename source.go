@@ -1,0 +1,72 @@
+package auditd
+
+import "time"
+
+// Source is one upstream endpoint (a jurisdiction's GIS server, Grants.gov, a
+// geocoder) as configured by an operator. What auditd has learned about it
+// lives in the registry, next to this configuration.
+type Source struct {
+	ID      string `json:"id" yaml:"id" validate:"required,max=100,printascii"`
+	BaseURL string `json:"base_url" yaml:"base_url" validate:"required,url,startswith=http"`
+	// Group names a gateway group: members share one budget and one pause.
+	Group string `json:"group,omitempty" yaml:"group" validate:"omitempty,max=100,printascii"`
+	// Limit requests per Window is the configured ceiling: the most auditd
+	// will ever send, whatever it learns. Zero means the registry default.
+	Limit  int      `json:"limit,omitempty" yaml:"limit" validate:"omitempty,min=1,max=1000000"`
+	Window Duration `json:"window,omitempty" yaml:"window" validate:"omitempty"`
+	// Burst is how many requests may leave back to back (token bucket capacity).
+	Burst       int           `json:"burst,omitempty" yaml:"burst" validate:"omitempty,min=1,max=100000"`
+	Concurrency int           `json:"concurrency,omitempty" yaml:"concurrency" validate:"omitempty,min=1,max=1000"`
+	RetryCap    Duration      `json:"retry_after_cap,omitempty" yaml:"retry_after_cap"`
+	MaxAttempts int           `json:"max_attempts,omitempty" yaml:"max_attempts" validate:"omitempty,min=1,max=100"`
+	Breaker     BreakerPolicy `json:"breaker,omitzero" yaml:"breaker"`
+	Tier        string        `json:"tier,omitempty" yaml:"tier" validate:"omitempty,oneof=strict standard relaxed"`
+	// BodyError is the rule that finds an error inside a 2xx body.
+	BodyError BodyErrorRule `json:"body_error,omitempty" yaml:"body_error" validate:"omitempty,oneof=grants_gov arcgis none"`
+	// Headers are added to every request (API keys). They are stored apart from
+	// the ledger, never recorded, and redacted from API responses.
+	Headers map[string]string `json:"headers,omitempty" yaml:"headers" validate:"omitempty,max=20"`
+	// SecretQuery names query parameters whose values are credentials
+	// (token, api_key); they are redacted from every recorded path.
+	SecretQuery []string `json:"secret_query,omitempty" yaml:"secret_query" validate:"omitempty,max=20"`
+}
+
+// BreakerPolicy configures a source's circuit breaker.
+type BreakerPolicy struct {
+	Threshold int      `json:"threshold,omitempty" yaml:"threshold" validate:"omitempty,min=1,max=1000"` // consecutive failures that open it
+	Cooldown  Duration `json:"cooldown,omitempty" yaml:"cooldown"`                                       // open this long before a probe
+	Probes    int      `json:"probes,omitempty" yaml:"probes" validate:"omitempty,min=1,max=100"`        // half-open probes allowed at once
+}
+
+// BodyErrorRule names how a 2xx body is checked for an error.
+type BodyErrorRule string
+
+// Body error rules.
+const (
+	BodyErrorNone      BodyErrorRule = ""
+	BodyErrorGrantsGov BodyErrorRule = "grants_gov" // {"errorcode": n} with n != 0
+	BodyErrorArcGIS    BodyErrorRule = "arcgis"     // {"error": {"code": n}}
+)
+
+// Duration is a time.Duration that reads and writes as a Go duration string
+// ("1m30s") in JSON and YAML.
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return Errorf(EINVALID, "invalid duration %q", b)
+	}
+	if v < 0 {
+		return Errorf(EINVALID, "negative duration %q", b)
+	}
+	*d = Duration(v)
+	return nil
+}
