@@ -2,12 +2,88 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
+	"os"
+
+	"github.com/auditd/auditd/ledger"
 )
 
-// runProve is a placeholder until its issue lands; it says so and fails.
+// runProve prints an inclusion proof of one event (--seq), or checks one
+// offline (--check FILE) against the public key alone.
 func runProve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "auditd prove: not built yet")
-	return 2
+	fs := flag.NewFlagSet("prove", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	data := fs.String("data", "./data", "data `directory` holding auditd.db and the ledger key")
+	seq := fs.Uint64("seq", 0, "sequence `number` of the event to prove")
+	check := fs.String("check", "", "check the proof in `file` instead of making one")
+	key := fs.String("key", "", "note verifier `key` (default: ledger.pub in the data directory)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if (*seq == 0) == (*check == "") || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "auditd prove: give exactly one of --seq N or --check FILE")
+		return 2
+	}
+	vkey := *key
+	if vkey == "" {
+		var err error
+		if vkey, err = ledger.ReadPublicKey(*data); err != nil {
+			fmt.Fprintf(stderr, "auditd prove: %v\n", err)
+			return 2
+		}
+	}
+	if *check != "" {
+		return checkProof(*check, vkey, stdout, stderr)
+	}
+
+	db, err := openDB(*data, true)
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd prove: %v\n", err)
+		return 2
+	}
+	defer db.Close()
+	p, err := ledger.Prove(db, *seq, vkey)
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd prove: %v\n", err)
+		return 2
+	}
+	text, err := p.MarshalText()
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd prove: %v\n", err)
+		return 2
+	}
+	stdout.Write(text)
+	return 0
+}
+
+// checkProof verifies a proof file: exit 0 and the proven event as JSON, or
+// exit 1 saying why it does not hold.
+func checkProof(path, vkey string, stdout, stderr io.Writer) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd prove: %v\n", err)
+		return 2
+	}
+	var p ledger.Proof
+	if err := p.UnmarshalText(b); err != nil {
+		fmt.Fprintf(stdout, "proof does NOT hold: %v\n", err)
+		return 1
+	}
+	e, tree, err := p.Verify(vkey)
+	if err != nil {
+		fmt.Fprintf(stdout, "proof does NOT hold: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "proof holds: event %d is in the ledger %s of %d events signed at %s\n",
+		e.Seq, tree.Origin, tree.Size, tree.Time.Format("2006-01-02T15:04:05.000Z07:00"))
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(e); err != nil {
+		fmt.Fprintf(stderr, "auditd prove: %v\n", err)
+		return 2
+	}
+	return 0
 }

@@ -1,0 +1,66 @@
+// Package ledger is auditd's append-only, write-ahead, verifiable event
+// store, kept in buckets of the one bbolt file that main opens. It owns the
+// buckets named ledger.*; nothing else writes to them, and nothing in this
+// package updates or deletes a stored event.
+//
+// # Invariants
+//
+//   - Sequence numbers are global, contiguous and start at 1.
+//   - Append returns only after the bbolt transaction holding the event has
+//     committed with fsync. One writer goroutine takes every waiting append
+//     into one transaction (group commit), so concurrent appenders share
+//     fsyncs; there is no timer-driven delay.
+//   - Every event is hash-chained: Hash = SHA-256(PrevHash || canonical),
+//     where PrevHash is the Hash of the event before (zero for event 1).
+//   - Every event is also leaf Seq-1 of an RFC 6962 Merkle tree
+//     (golang.org/x/mod/sumdb/tlog), leaf data = its canonical encoding.
+//   - Each commit group ends with a checkpoint, signed with the ledger's
+//     ed25519 key as a golang.org/x/mod/sumdb/note in C2SP checkpoint form
+//     (see SignedTree), written in the same transaction as the events: the
+//     latest checkpoint always covers exactly the acknowledged events.
+//   - An idempotency key is stored once; appending it again returns the
+//     first event and writes nothing.
+//
+// # Canonical encoding (stable: hashes depend on it)
+//
+// One version byte (1), then each non-zero field as a one-byte tag followed
+// by its value, in increasing tag order: tag 1 Seq, 2 Type, 3 RunID,
+// 4 SourceID, 5 ItemKey, 6 Page, 7 Attempt, 8 Time, 9 Mono,
+// 10 IdempotencyKey, 11 Method, 12 Path, 13 Status, 14 Bytes, 15 Latency,
+// 16 Wait, 17 Actual, 18 RetryAfterRaw, 19 RetryAfter, 20 Clamped,
+// 21 Backoff, 22 From, 23 To, 24 Failures, 25 Threshold, 26 Cooldown,
+// 27 OldLimit, 28 NewLimit, 29 OldWindow, 30 NewWindow, 31 Group,
+// 32 Outcome, 33 BodyError, 34 PayloadHash, 35 Cause, 36 Principal,
+// 37 Detail. Strings are a uvarint length and the bytes; Seq, Page and
+// Attempt are uvarints; Time is a zigzag varint of Unix nanoseconds (UTC),
+// present whenever the time is set; durations (nanoseconds) and the other
+// integers are zigzag varints; Clamped is the bare tag when true. Varints
+// are minimal. A field added later takes a new tag, so the bytes, and the
+// hashes, of events written before do not change; a tag is never reused.
+//
+// # Buckets
+//
+//	ledger.events       8-byte big-endian seq -> PrevHash | canonical | Hash
+//	ledger.tree         seq -> the tlog stored hashes leaf seq-1 completed, packed
+//	ledger.checkpoints  tree size -> signed checkpoint (at least CheckpointEvery apart)
+//	ledger.meta         "checkpoint" -> the latest signed checkpoint
+//	ledger.runs         uvarint(len run) | run | seq -> empty (the run index)
+//	ledger.idempotency  key -> seq
+//
+// The append-only buckets (events, tree, checkpoints) are written with
+// FillPercent 1.0, since their keys only grow.
+//
+// # Verification and its limits
+//
+// Verify re-reads everything and reports the first sequence number the
+// ledger cannot vouch for. An edited, truncated-in-the-middle, deleted or
+// padded record is named exactly, by its own hash or a gap. A rewrite whose
+// chain and tree were re-hashed to match (possible without the key) shows
+// only as a signed checkpoint that no longer matches; Verify then names the
+// first event after the last checkpoint that still matches, so the history
+// density (Options.CheckpointEvery) is the resolution. Cutting the tail
+// together with its later checkpoints leaves a shorter ledger that is
+// consistent with itself; only a checkpoint kept elsewhere (VerifyOptions.
+// Trusted) catches that. Inclusion proofs (Prove, Proof.Verify) let a third
+// party check one event against a checkpoint and the public key alone.
+package ledger

@@ -1,0 +1,285 @@
+package ledger
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+
+	"github.com/auditd/auditd"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/mod/sumdb/note"
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// DefaultProgressEvery is how many events Verify checks between two calls
+// of VerifyOptions.Progress.
+const DefaultProgressEvery = 1 << 16
+
+// VerifyOptions configure Verify.
+type VerifyOptions struct {
+	// VerifierKey checks the checkpoints. Default: the public key in KeyDir.
+	VerifierKey string
+
+	// KeyDir is read for the public key when VerifierKey is empty.
+	// Default: the bbolt file's directory.
+	KeyDir string
+
+	// Trusted is a checkpoint note kept apart from the ledger (exported
+	// earlier). Without it, a ledger cut short together with its later
+	// checkpoints is indistinguishable from a shorter ledger.
+	Trusted []byte
+
+	// Progress, when set, is called every DefaultProgressEvery events and
+	// at the end.
+	Progress func(done, total uint64)
+}
+
+// Report is the outcome of Verify.
+type Report struct {
+	OK          bool
+	Events      uint64 // events read
+	Head        uint64 // sequence number of the last contiguous event
+	FirstBad    uint64 // first sequence number the ledger cannot vouch for; 0 when OK
+	Problem     string // what is wrong at FirstBad; empty when OK
+	Checkpoints int    // signed checkpoints checked against the events
+}
+
+// anchor is one signed checkpoint Verify holds the events against.
+type anchor struct {
+	tree   SignedTree
+	source string // where it came from, for the report
+}
+
+// Verify checks, offline and read-only, everything the ledger in db claims:
+// every record re-hashes to its stored hash and links to the one before,
+// sequence numbers are contiguous from 1, the stored tree hashes are the
+// ones the events give, and the recomputed tree and chain match every
+// signed checkpoint (the history, the latest and opts.Trusted), which also
+// proves successive checkpoints consistent with each other.
+//
+// Tampering is a Report with OK false, not an error; Verify returns an error
+// only when it cannot do the check (no key, bad trusted checkpoint, ctx).
+func Verify(ctx context.Context, db *bolt.DB, opts VerifyOptions) (*Report, error) {
+	vkey := opts.VerifierKey
+	if vkey == "" {
+		dir := opts.KeyDir
+		if dir == "" {
+			dir = filepath.Dir(db.Path())
+		}
+		var err error
+		if vkey, err = ReadPublicKey(dir); err != nil {
+			return nil, fmt.Errorf("verify: %w", err)
+		}
+	}
+	v, err := note.NewVerifier(vkey)
+	if err != nil {
+		return nil, fmt.Errorf("verify: verifier key: %w", err)
+	}
+	var anchors []anchor
+	if opts.Trusted != nil {
+		t, err := openCheckpoint(opts.Trusted, v)
+		if err != nil {
+			return nil, fmt.Errorf("verify: trusted checkpoint: %w", err)
+		}
+		anchors = append(anchors, anchor{t, "trusted checkpoint"})
+	}
+
+	r := &Report{}
+	err = db.View(func(tx *bolt.Tx) error {
+		events := tx.Bucket([]byte(bucketEvents))
+		if events == nil {
+			return verifyEmpty(r, anchors)
+		}
+		var bad bool
+		if anchors, bad = loadAnchors(tx, v, anchors, r); bad {
+			return nil
+		}
+		return verifyEvents(ctx, tx, anchors, opts.Progress, r)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	r.OK = r.Problem == ""
+	return r, nil
+}
+
+func verifyEmpty(r *Report, anchors []anchor) error {
+	for _, a := range anchors {
+		if a.tree.Size > 0 {
+			r.FirstBad, r.Problem = 1, fmt.Sprintf("ledger has no events but the %s covers %d", a.source, a.tree.Size)
+		}
+	}
+	return nil
+}
+
+// loadAnchors adds the stored checkpoints to anchors, sorted by size. A
+// checkpoint that does not verify is reported at the first event after the
+// last good checkpoint before it.
+func loadAnchors(tx *bolt.Tx, v note.Verifier, anchors []anchor, r *Report) ([]anchor, bool) {
+	// load reports a checkpoint that does not verify at the first event
+	// after the last good one below it (it vouched for nothing beyond).
+	load := func(size uint64, msg []byte, source string, stored bool) bool {
+		t, err := openCheckpoint(msg, v)
+		if err == nil && stored && t.Size != size {
+			err = fmt.Errorf("says size %d", t.Size)
+		}
+		if err != nil {
+			r.FirstBad = 1
+			for _, a := range anchors {
+				if a.tree.Size < size {
+					r.FirstBad = max(r.FirstBad, a.tree.Size+1)
+				}
+			}
+			if stored {
+				source = fmt.Sprintf("%s at size %d", source, size)
+			}
+			r.Problem = fmt.Sprintf("%s: %v", source, err)
+			return false
+		}
+		anchors = append(anchors, anchor{t, source})
+		return true
+	}
+	if b := tx.Bucket([]byte(bucketCheckpoints)); b != nil {
+		c := b.Cursor()
+		for k, msg := c.First(); k != nil; k, msg = c.Next() {
+			if len(k) != 8 {
+				r.FirstBad, r.Problem = 1, fmt.Sprintf("checkpoint stored under malformed key %x", k)
+				return nil, true
+			}
+			size := binary.BigEndian.Uint64(k)
+			if !load(size, msg, "history checkpoint", true) {
+				return nil, true
+			}
+		}
+	}
+	if b := tx.Bucket([]byte(bucketMeta)); b != nil {
+		if msg := b.Get([]byte(metaCheckpoint)); msg != nil && !load(math.MaxUint64, msg, "latest checkpoint", false) {
+			return nil, true
+		}
+	}
+	slices.SortStableFunc(anchors, func(a, b anchor) int { return cmp.Compare(a.tree.Size, b.tree.Size) })
+	return anchors, false
+}
+
+func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress func(done, total uint64), r *Report) error {
+	fail := func(seq uint64, format string, args ...any) error {
+		r.FirstBad, r.Problem = seq, fmt.Sprintf(format, args...)
+		return nil
+	}
+	events := tx.Bucket([]byte(bucketEvents))
+	var total uint64
+	if k, _ := events.Cursor().Last(); len(k) == 8 {
+		total = binary.BigEndian.Uint64(k)
+	}
+	var tree *bolt.Cursor
+	if b := tx.Bucket([]byte(bucketTree)); b != nil {
+		tree = b.Cursor()
+	}
+
+	var (
+		front    frontier
+		chain    [32]byte
+		stored   []tlog.Hash
+		packed   []byte
+		e        auditd.Event
+		vouched  uint64 // events up to here match a signed checkpoint
+		next     = 1
+		expected = uint64(1)
+	)
+	// check holds the events read so far against every anchor of that size.
+	check := func(size uint64) bool {
+		for ; next <= len(anchors) && anchors[next-1].tree.Size == size; next++ {
+			a := anchors[next-1]
+			if a.tree.Root != front.root() || a.tree.Chain != chain {
+				fail(vouched+1, "events %d to %d do not match the %s signed at size %d: rewritten after it was signed",
+					vouched+1, size, a.source, size)
+				return false
+			}
+			r.Checkpoints++
+			vouched = size
+		}
+		return true
+	}
+	// Anchors of size 0 only need the empty tree.
+	next = 1
+	if !check(0) {
+		return nil
+	}
+
+	c := events.Cursor()
+	var tk, tv []byte
+	if tree != nil {
+		tk, tv = tree.First()
+	}
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != 8 {
+			return fail(expected, "malformed key %x where event %d belongs", k, expected)
+		}
+		seq := binary.BigEndian.Uint64(k)
+		if seq != expected {
+			return fail(expected, "event %d is missing (the next stored event is %d)", expected, seq)
+		}
+		if len(v) < 2*sha256.Size+1 {
+			return fail(seq, "event %d: record of %d bytes is too short", seq, len(v))
+		}
+		if !bytes.Equal(v[:sha256.Size], chain[:]) {
+			return fail(seq, "event %d: previous hash does not link to event %d", seq, seq-1)
+		}
+		body := v[:len(v)-sha256.Size]
+		h := sha256.Sum256(body)
+		if !bytes.Equal(h[:], v[len(v)-sha256.Size:]) {
+			return fail(seq, "event %d: stored hash does not match its bytes: altered", seq)
+		}
+		canon := body[sha256.Size:]
+		if err := UnmarshalCanonical(canon, &e); err != nil {
+			return fail(seq, "event %d: %v", seq, err)
+		}
+		if e.Seq != seq {
+			return fail(seq, "event stored as %d says it is %d", seq, e.Seq)
+		}
+		chain = h
+		stored = front.push(tlog.RecordHash(canon), stored[:0])
+		packed = packed[:0]
+		for _, sh := range stored {
+			packed = append(packed, sh[:]...)
+		}
+		if tk == nil || !bytes.Equal(tk, k) || !bytes.Equal(tv, packed) {
+			return fail(seq, "event %d: stored tree hashes do not match the event", seq)
+		}
+		tk, tv = tree.Next()
+		r.Events++
+		if !check(seq) {
+			return nil
+		}
+		if seq%DefaultProgressEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if progress != nil {
+				progress(seq, total)
+			}
+		}
+		expected++
+	}
+	r.Head = expected - 1
+	if progress != nil {
+		progress(r.Head, total)
+	}
+	if next <= len(anchors) {
+		a := anchors[len(anchors)-1]
+		return fail(r.Head+1, "ledger ends at event %d but the %s covers %d: truncated", r.Head, a.source, a.tree.Size)
+	}
+	if vouched < r.Head {
+		return fail(vouched+1, "events %d to %d are not covered by any signed checkpoint", vouched+1, r.Head)
+	}
+	if tk != nil {
+		return fail(r.Head+1, "tree hashes stored past the last event %d", r.Head)
+	}
+	return nil
+}
