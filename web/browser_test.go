@@ -1,0 +1,451 @@
+package web_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/chromedp"
+
+	"github.com/auditd/auditd/web"
+)
+
+const (
+	auditorToken = "auditor-secret-token"
+	runID        = "01JDQ6ZC7W3N8R5T2M4K9X1A0B"
+)
+
+// fakeAPI answers the /v1 routes the UI calls with the fixtures in
+// testdata/fakeapi, which follow api/openapi.yaml. The run it serves is
+// running on its first fetch and finished (partial) from the second on, so
+// the detail page's auto-refresh has something to show.
+type fakeAPI struct {
+	t *testing.T
+
+	mu         sync.Mutex
+	runFetches int
+	downloads  map[string]string // path?query -> Authorization header
+}
+
+func newFakeAPI(t *testing.T) (*fakeAPI, http.Handler) {
+	f := &fakeAPI{t: t, downloads: map[string]string{}}
+	mux := http.NewServeMux()
+	fixture := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { f.file(w, name) }
+	}
+	mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("cursor") != "" {
+			f.file(w, "runs-page2.json")
+			return
+		}
+		fixture("runs.json")(w, r)
+	})
+	mux.HandleFunc("GET /v1/runs/{id}", f.run)
+	mux.HandleFunc("GET /v1/runs/{id}/reconciliation", func(w http.ResponseWriter, r *http.Request) {
+		if format := r.URL.Query().Get("format"); format != "" {
+			f.download(w, r, "text/csv; charset=utf-8", "reconciliation-"+r.PathValue("id")+"."+format)
+			return
+		}
+		fixture("reconciliation.json")(w, r)
+	})
+	mux.HandleFunc("GET /v1/runs/{id}/evidence.xlsx", func(w http.ResponseWriter, r *http.Request) {
+		f.download(w, r, "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", "evidence-"+r.PathValue("id")+".xlsx")
+	})
+	mux.HandleFunc("GET /v1/runs/{id}/events", fixture("events.json"))
+	mux.HandleFunc("GET /v1/runs/{id}/items", fixture("items.json"))
+	mux.HandleFunc("GET /v1/evidence.xlsx", func(w http.ResponseWriter, r *http.Request) {
+		f.download(w, r, "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", "evidence-"+r.URL.Query().Get("award")+".xlsx")
+	})
+	mux.HandleFunc("GET /v1/sources", fixture("sources.json"))
+	mux.HandleFunc("GET /v1/sources/{id}", f.source)
+	mux.HandleFunc("GET /v1/ledger/verify", fixture("verify.json"))
+	mux.HandleFunc("GET /v1/ledger/checkpoint", fixture("checkpoint.txt"))
+	mux.HandleFunc("GET /v1/ledger/public-key", fixture("public-key.txt"))
+
+	return f, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+auditorToken {
+			problem(w, http.StatusUnauthorized, "Unauthorized", "The bearer token is missing, unknown or revoked.", "req-401-abc")
+			return
+		}
+		if _, pattern := mux.Handler(r); pattern == "" {
+			problem(w, http.StatusNotFound, "Not Found", "No route "+r.URL.Path, "req-404")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func problem(w http.ResponseWriter, status int, title, detail, reqID string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{
+		"type": "about:blank", "title": title, "status": status, "detail": detail,
+		"code": map[int]string{401: "unauthorized", 404: "not_found"}[status], "request_id": reqID,
+	})
+}
+
+func (f *fakeAPI) file(w http.ResponseWriter, name string) {
+	b, err := os.ReadFile(filepath.Join("testdata", "fakeapi", name))
+	if err != nil {
+		f.t.Errorf("fixture: %v", err)
+		http.Error(w, err.Error(), 500)
+		return
+	}
+	if strings.HasSuffix(name, ".json") {
+		w.Header().Set("Content-Type", "application/json")
+	} else {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	}
+	w.Write(b)
+}
+
+func (f *fakeAPI) run(w http.ResponseWriter, r *http.Request) {
+	b, err := os.ReadFile(filepath.Join("testdata", "fakeapi", "runs.json"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var list struct{ Runs []map[string]any }
+	if err := json.Unmarshal(b, &list); err != nil {
+		f.t.Fatal(err)
+	}
+	var run map[string]any
+	for _, x := range list.Runs {
+		if x["id"] == r.PathValue("id") {
+			run = x
+		}
+	}
+	if run == nil {
+		problem(w, http.StatusNotFound, "Not Found", "No run "+r.PathValue("id"), "req-404")
+		return
+	}
+	f.mu.Lock()
+	f.runFetches++
+	n := f.runFetches
+	f.mu.Unlock()
+	if n > 1 && run["status"] == "running" {
+		run["status"] = "partial"
+		run["finished_at"] = "2026-11-29T19:10:02.004Z"
+		run["last_seq"] = 11251
+		run["head_at_end"] = "c0ffee"
+		delete(run, "estimated_finish")
+		c := run["counts"].(map[string]any)
+		c["succeeded"], c["failed"], c["pending"] = 230.0, 4.0, 0.0
+		c["by_source"] = map[string]any{"travis-gis": map[string]any{"items": 160, "done": 160}, "hays-gis": map[string]any{"items": 80, "done": 80}}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(run)
+}
+
+func (f *fakeAPI) source(w http.ResponseWriter, r *http.Request) {
+	b, err := os.ReadFile(filepath.Join("testdata", "fakeapi", "sources.json"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var list struct{ Sources []json.RawMessage }
+	if err := json.Unmarshal(b, &list); err != nil {
+		f.t.Fatal(err)
+	}
+	for _, raw := range list.Sources {
+		var src struct{ ID string }
+		if err := json.Unmarshal(raw, &src); err == nil && src.ID == r.PathValue("id") {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(raw)
+			return
+		}
+	}
+	problem(w, http.StatusNotFound, "Not Found", "No source "+r.PathValue("id"), "req-404")
+}
+
+func (f *fakeAPI) download(w http.ResponseWriter, r *http.Request, ctype, name string) {
+	f.mu.Lock()
+	f.downloads[r.URL.RequestURI()] = r.Header.Get("Authorization")
+	f.mu.Unlock()
+	w.Header().Set("Content-Type", ctype)
+	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", name))
+	fmt.Fprintf(w, "fake %s\n", name)
+}
+
+// findChromium returns the browser to drive, or skips the test when there is
+// none outside CI. In CI (CI=true) a missing browser fails the test.
+func findChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("chromium not found; CI installs it (apt-get install chromium)")
+	}
+	t.Skip("chromium not found; install it with apt-get install chromium")
+	return ""
+}
+
+func TestBrowser(t *testing.T) {
+	exe := findChromium(t)
+
+	mux := http.NewServeMux()
+	api, apiHandler := newFakeAPI(t)
+	mux.Handle("/v1/", apiHandler)
+	mux.Handle("/", web.Handler())
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(exe),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("no-default-browser-check", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	defer cancelBrowser()
+
+	// Anything the page logs as an error (an exception, a CSP refusal) fails
+	// the test; the 401 of the wrong token is expected and is a network entry.
+	console := chromedp.Console(bctx)
+	var consoleErrs []string
+	var consoleMu sync.Mutex
+	go func() {
+		for m, err := range console {
+			if err != nil {
+				return
+			}
+			if (m.Type == chromedp.ConsoleError || m.IsException()) && !strings.Contains(m.Text, "401") {
+				consoleMu.Lock()
+				consoleErrs = append(consoleErrs, m.String())
+				consoleMu.Unlock()
+			}
+		}
+	}()
+
+	dlDir := t.TempDir()
+	if _, err := chromedp.CallBrowser(bctx, browser.SetDownloadBehavior, browser.SetDownloadBehaviorParams{
+		Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: dlDir,
+	}); err != nil {
+		t.Fatalf("set download behaviour: %v", err)
+	}
+
+	must := func(step string, err error) {
+		t.Helper()
+		if err != nil {
+			consoleMu.Lock()
+			defer consoleMu.Unlock()
+			html, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById('main').outerHTML`))
+			t.Fatalf("%s: %v\nconsole: %q\nmain: %.2000s", step, err, consoleErrs, html)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		must("text of "+sel, err)
+		return s
+	}
+	contains := func(sel string, want ...string) {
+		t.Helper()
+		got := text(sel)
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %q lacks %q", sel, got, w)
+			}
+		}
+	}
+
+	// shot saves a PNG of the page to path, and to $AUDITD_UI_SHOTS/name.png
+	// when that is set, for a person to look at.
+	shot := func(name, path string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		must("screenshot "+name, err)
+		if dir := os.Getenv("AUDITD_UI_SHOTS"); dir != "" && path == "" {
+			path = filepath.Join(dir, name+".png")
+		}
+		if path != "" {
+			if err := os.WriteFile(path, png, 0o644); err != nil {
+				t.Log(err)
+			}
+		}
+	}
+
+	// Sign-in: a wrong token is refused with the API's words and request id.
+	must("open", chromedp.Do(bctx,
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.SendKeys(chromedp.CSS("#token"), "wrong-token"),
+		chromedp.Click(chromedp.CSS("#signin-submit")),
+		chromedp.WaitVisible(chromedp.CSS("#signin-status .problem")),
+	))
+	contains("#signin-status", "Token refused", "HTTP 401", "req-401-abc")
+	navShown, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`getComputedStyle(document.getElementById('nav')).display !== 'none' || getComputedStyle(document.getElementById('signout')).display !== 'none'`))
+	must("nav on sign-in", err)
+	if navShown {
+		t.Error("navigation or sign-out shows before sign-in")
+	}
+	shot("signin", "")
+
+	must("sign in", chromedp.Do(bctx,
+		chromedp.Evaluate[chromedp.Void](`document.querySelector('#token').value = ''`),
+		chromedp.SendKeys(chromedp.CSS("#token"), auditorToken),
+		chromedp.Click(chromedp.CSS("#signin-submit")),
+		chromedp.WaitVisible(chromedp.CSS("#runs-table tbody tr")),
+	))
+	contains("#runs-table", "Parcels refresh, Travis and Hays counties", "running", "158 / 240", "EMW-2024-FG-05123", "partial")
+	shot("runs", "")
+
+	// The next-page cursor.
+	must("next page", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#runs-next")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#runs-table') && document.querySelector('#runs-table').textContent.includes('Geocoder backfill')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
+
+	// Award evidence for a period, with the token.
+	must("award evidence", chromedp.Do(bctx,
+		chromedp.SendKeys(chromedp.CSS("#award-fain"), "EMW-2024-FG-05123"),
+		chromedp.Click(chromedp.CSS("#award-evidence button[type=submit]")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#award-status').textContent.includes('Saved evidence-EMW-2024-FG-05123.xlsx')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
+
+	// Run detail: counts, progress, the reconciliation with R4 failing.
+	must("open run", chromedp.Do(bctx,
+		chromedp.Navigate(srv.URL+"/#/runs/"+runID),
+		chromedp.WaitVisible(chromedp.CSS("#counts")),
+		chromedp.WaitVisible(chromedp.CSS(`#checks tr[data-check="R10"]`)),
+	))
+	contains("#run-summary", "158 of 240 items done", "Estimated finish", "travis-gis", "120 / 160", "hays-gis")
+	contains("#verdict", "Not balanced", "R4")
+	contains(`#checks tr.row-fail[data-check="R4"]`, "FAIL", "-1", "10877")
+	contains(`#checks tr[data-check="R10"]`, "n/a")
+	fails, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#checks tr.row-fail').length`))
+	must("count failing rows", err)
+	if fails != 1 {
+		t.Errorf("failing rows highlighted = %d, want 1 (R4)", fails)
+	}
+
+	shot("run", filepath.Join(os.TempDir(), "auditd-ui.png"))
+
+	// The auto-refresh sees the run finish.
+	must("auto-refresh", chromedp.Do(bctx, chromedp.Poll[chromedp.Void](
+		`document.querySelector('#run-summary') && document.querySelector('#run-summary').textContent.includes('240 of 240 items done')`,
+		chromedp.WithPollingTimeout(8*time.Second))))
+
+	// Downloads carry the bearer token and are saved under the server's name.
+	must("download evidence", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#dl-evidence")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#download-status').textContent.includes('Saved evidence-')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
+	must("download reconciliation csv", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#dl-recon-csv")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#download-status').textContent.includes('Saved reconciliation-')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
+	want := filepath.Join(dlDir, "evidence-"+runID+".xlsx")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(want); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			entries, _ := os.ReadDir(dlDir)
+			t.Errorf("download not saved as %s; dir has %v", want, entries)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Items of the run.
+	must("items", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#items-link")),
+		chromedp.WaitVisible(chromedp.CSS("#items-table tbody tr")),
+	))
+	contains("#items-table", "travis/parcels/1", "5,120", "failed", "503 Service Unavailable", "pending")
+	shot("items", "")
+	must("back to run", chromedp.Do(bctx,
+		chromedp.Navigate(srv.URL+"/#/runs/"+runID),
+		chromedp.WaitVisible(chromedp.CSS("#events-link")),
+	))
+
+	// Events of the run, filtered by type.
+	must("events", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#events-link")),
+		chromedp.WaitVisible(chromedp.CSS("#events-table tbody tr")),
+	))
+	contains("#events-table", "throttle", "Retry-After 12", "hays/parcels/18")
+	shot("events", "")
+
+	// Sources: learned limit against the ceiling, what taught it, breaker.
+	must("sources", chromedp.Do(bctx,
+		chromedp.Navigate(srv.URL+"/#/sources"),
+		chromedp.WaitVisible(chromedp.CSS("#sources-table tbody tr")),
+	))
+	contains("#sources-table", "hays-gis", "5 per 1s", "10 per 1s", "429", "open", "travis-gis", "20 per 1m0s", "header")
+	shot("sources", "")
+	must("source", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(`#sources-table a[href="#/sources/hays-gis"]`)),
+		chromedp.WaitVisible(chromedp.CSS("dl.facts")),
+	))
+	contains("main", "In force now", "5 per 1s", "below the ceiling", "X-Api-Key (values redacted)", "opens after 5 failures, cooldown 30s")
+
+	// Ledger: verification, checkpoint and key.
+	must("ledger", chromedp.Do(bctx,
+		chromedp.Navigate(srv.URL+"/#/ledger"),
+		chromedp.WaitVisible(chromedp.CSS("#verify-verdict")),
+		chromedp.WaitVisible(chromedp.CSS("#public-key-text")),
+	))
+	contains("#verify-verdict", "Intact", "11,251")
+	shot("ledger", "")
+	key, err := chromedp.Run(bctx, chromedp.Value(chromedp.CSS("#public-key-text")))
+	must("public key", err)
+	if !strings.HasPrefix(key, "auditd.example+") {
+		t.Errorf("public key = %q", key)
+	}
+
+	// Sign out forgets the token.
+	must("sign out", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#signout")),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+	))
+	left, err := chromedp.Run(bctx, chromedp.Evaluate[string](`sessionStorage.getItem('auditd.token') || ''`))
+	must("session storage", err)
+	if left != "" {
+		t.Errorf("token still stored after sign-out")
+	}
+
+	// A token revoked mid-session: the first 401 returns to sign-in and says why.
+	must("revoked token", chromedp.Do(bctx,
+		chromedp.Evaluate[chromedp.Void](`sessionStorage.setItem('auditd.token', 'revoked'); location.hash = '#/sources'`),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#signin-status') && document.querySelector('#signin-status').textContent.includes('session ended')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
+
+	api.mu.Lock()
+	for _, uri := range []string{"/v1/runs/" + runID + "/evidence.xlsx", "/v1/runs/" + runID + "/reconciliation?format=csv", "/v1/evidence.xlsx?award=EMW-2024-FG-05123"} {
+		if got, ok := api.downloads[uri]; !ok || got != "Bearer "+auditorToken {
+			t.Errorf("download %s: requested %v, Authorization %q", uri, ok, got)
+		}
+	}
+	api.mu.Unlock()
+
+	consoleMu.Lock()
+	defer consoleMu.Unlock()
+	for _, e := range consoleErrs {
+		t.Errorf("browser console: %s", e)
+	}
+}

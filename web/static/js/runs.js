@@ -1,0 +1,502 @@
+// Runs: the list (and award evidence), one run's detail (counts, progress,
+// reconciliation, downloads), its items and its events.
+import { getJSON, download, enc } from './api.js';
+import {
+  h, fill, fmtNum, fmtSigned, fmtDuration, fmtRelative, timeEl, short, badge, table, dl,
+  problemBox, query, routeWith,
+} from './dom.js';
+
+// How often a running run's detail page refreshes itself.
+const refreshMs = 3000;
+const pageSize = 50;
+
+export const runStatuses = ['queued', 'running', 'succeeded', 'partial', 'cancelled'];
+
+// Event types from docs/EVENTS.md, for the events filter.
+export const eventTypes = [
+  'run.started', 'run.resumed', 'run.finished', 'item.queued', 'dispatch', 'wait', 'response',
+  'throttle', 'transport.error', 'dispatch.interrupted', 'breaker', 'registry.changed',
+  'registry.snapshot', 'shed', 'cache.served', 'payload.staged', 'item.finished',
+  'item.acknowledged', 'export.downloaded',
+];
+
+// listOf and nextOf read a page of a list (openapi.yaml: {<key>: [...],
+// next_cursor}; next_cursor is absent on the last page).
+export function listOf(body, key) { return (body && body[key]) || []; }
+export function nextOf(body) { return (body && body.next_cursor) || ''; }
+
+// splitRun takes a RunState: the run's fields, its live counts and the
+// estimated finish (absent once finished or when unknown).
+export function splitRun(x) {
+  return { run: x, counts: x.counts || {}, eta: x.estimated_finish || '' };
+}
+
+function terminal(status) { return status === 'succeeded' || status === 'partial' || status === 'cancelled'; }
+
+function done(c) {
+  return (c.succeeded || 0) + (c.cached || 0) + (c.failed || 0) + (c.shed || 0);
+}
+
+function itemsTotal(run, c) { return c.items ?? run.item_count ?? 0; }
+
+function progress(value, max, label) {
+  return h('progress', { value: Math.min(value, max || 0), max: max || 1, 'aria-label': label });
+}
+
+// ---- #/runs -------------------------------------------------------------
+
+export async function runsPage(main, { hash, signal }) {
+  document.title = 'Runs \u00b7 auditd';
+  const q = query(hash);
+  const status = q.get('status') || '';
+  const fain = q.get('fain') || '';
+  const cursor = q.get('cursor') || '';
+
+  const select = h('select', { id: 'status-filter', name: 'status' },
+    h('option', { value: '' }, 'All statuses'),
+    runStatuses.map((s) => h('option', { value: s, selected: s === status }, s)));
+  const fainInput = h('input', { id: 'fain-filter', name: 'fain', type: 'search', value: fain, size: 16, placeholder: 'any' });
+  const filters = h('form', { class: 'filters', id: 'runs-filters', role: 'search' },
+    h('label', { for: 'status-filter' }, 'Status'), select,
+    h('label', { for: 'fain-filter' }, 'Award FAIN'), fainInput,
+    h('button', { type: 'submit', class: 'btn' }, 'Apply'));
+  const apply = (ev) => {
+    if (ev) ev.preventDefault();
+    location.hash = routeWith('#/runs', { status: select.value, fain: fainInput.value.trim() });
+  };
+  filters.addEventListener('submit', apply);
+  select.addEventListener('change', apply);
+
+  const body = h('div', { 'aria-live': 'polite', 'aria-busy': 'true' }, h('p', { class: 'muted' }, 'Loading runs\u2026'));
+  fill(main, h('div', { class: 'pagehead' }, h('h1', null, 'Runs')), filters, body, awardEvidenceForm(fain));
+
+  try {
+    const res = await getJSON(routeWith('/v1/runs', { status, award: fain, cursor, limit: String(pageSize) }), signal);
+    const runs = listOf(res, 'runs');
+    const next = nextOf(res);
+    const rows = runs.map((x) => {
+      const { run, counts } = splitRun(x);
+      const total = itemsTotal(run, counts);
+      const d = done(counts);
+      return h('tr', null,
+        h('td', null, h('a', { href: `#/runs/${enc(run.id)}` }, run.name || run.id),
+          run.name ? h('div', { class: 'mono muted small' }, run.id) : null),
+        h('td', null, badge(run.status)),
+        h('td', null, timeEl(run.created_at)),
+        h('td', { class: 'num' }, `${fmtNum(d)} / ${fmtNum(total)}`, ' ', progress(d, total, `${d} of ${total} items done`)),
+        h('td', null, (run.award && run.award.fain) || '\u2014'),
+        h('td', null, run.initiated_by || '\u2014'));
+    });
+    const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' },
+      cursor ? h('a', { href: routeWith('#/runs', { status, fain }), class: 'btn' }, '\u2190 First page') : null,
+      next ? h('a', { href: routeWith('#/runs', { status, fain, cursor: next }), class: 'btn', id: 'runs-next' }, 'Next page \u2192') : null,
+      h('span', { class: 'muted' }, `${runs.length} run${runs.length === 1 ? '' : 's'} on this page`));
+    fill(body, table(null, ['Run', 'Status', 'Created (UTC)', { label: 'Items done / total', num: true }, 'Award FAIN', 'Initiated by'],
+      rows, { id: 'runs-table', empty: status || fain ? 'No runs match these filters.' : 'No runs yet.' }), pager);
+  } catch (err) {
+    fill(body, problemBox(err, 'Could not load runs'));
+  }
+  body.setAttribute('aria-busy', 'false');
+}
+
+// awardEvidenceForm downloads the evidence workbook of every run of an
+// award created in [from, to).
+function awardEvidenceForm(fain) {
+  const fainIn = h('input', { id: 'award-fain', name: 'award', required: true, value: fain, size: 18, maxlength: 64 });
+  const from = h('input', { id: 'award-from', name: 'from', type: 'date' });
+  const to = h('input', { id: 'award-to', name: 'to', type: 'date' });
+  const status = h('div', { 'aria-live': 'polite', id: 'award-status' });
+  const submit = h('button', { type: 'submit', class: 'btn' }, 'Download award evidence (XLSX)');
+  const form = h('form', { class: 'filters', id: 'award-evidence' },
+    h('label', { for: 'award-fain' }, 'FAIN'), fainIn,
+    h('label', { for: 'award-from' }, 'Runs created from'), from,
+    h('label', { for: 'award-to' }, 'before'), to, submit);
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    const award = fainIn.value.trim();
+    if (!award) { fill(status, h('p', { class: 'problem' }, 'Enter the award\u2019s FAIN.')); fainIn.focus(); return; }
+    submit.disabled = true;
+    fill(status, h('p', { class: 'muted' }, 'Preparing the workbook\u2026'));
+    try {
+      const got = await download(routeWith('/v1/evidence.xlsx', { award, from: from.value, to: to.value }), `evidence-${award}.xlsx`);
+      fill(status, h('p', { class: 'muted' }, `Saved ${got.name} (${fmtNum(got.size)} bytes).`));
+    } catch (err) {
+      fill(status, problemBox(err, 'Could not download the award evidence'));
+    }
+    submit.disabled = false;
+  });
+  return h('section', { 'aria-labelledby': 'award-h', class: 'award-box' },
+    h('h2', { id: 'award-h' }, 'Evidence for an award and period'),
+    h('p', { class: 'muted' }, 'One workbook for every run of the award created in the period (dates are UTC; the end date is excluded).'),
+    form, status);
+}
+
+// ---- #/runs/{id} --------------------------------------------------------
+
+export async function runPage(main, { params: [id], signal }) {
+  document.title = `Run ${id} \u00b7 auditd`;
+  const head = h('div', { class: 'pagehead' }, h('h1', null, 'Run ', h('span', { class: 'mono' }, id)));
+  const summary = h('section', { id: 'run-summary', 'aria-busy': 'true' }, h('p', { class: 'muted' }, 'Loading run\u2026'));
+  const downloads = downloadBar(id);
+  const recon = h('section', { id: 'reconciliation', 'aria-labelledby': 'recon-h' });
+  fill(main, h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ' / ', id), head, downloads, summary, recon);
+
+  let timer = 0;
+  let lastStatus = '';
+  let stopped = false;
+
+  const loadRecon = async () => {
+    fill(recon, h('h2', { id: 'recon-h' }, 'Reconciliation'), h('p', { class: 'muted' }, 'Recounting the ledger\u2026'));
+    try {
+      const r = await getJSON(`/v1/runs/${enc(id)}/reconciliation`, signal);
+      fill(recon, reconciliationView(r, loadRecon));
+    } catch (err) {
+      fill(recon, h('h2', { id: 'recon-h' }, 'Reconciliation'), problemBox(err, 'Could not load the reconciliation'));
+    }
+  };
+
+  const load = async () => {
+    // A hidden tab keeps its place but spends none of the token's budget.
+    if (lastStatus && document.hidden) { timer = setTimeout(load, refreshMs); return; }
+    try {
+      const x = await getJSON(`/v1/runs/${enc(id)}`, signal);
+      if (stopped) return;
+      const { run } = splitRun(x);
+      document.title = `Run ${run.name || run.id} \u00b7 auditd`;
+      fill(head, h('h1', null, run.name || 'Run', ' ', badge(run.status)),
+        h('p', { class: 'mono muted' }, run.id));
+      fill(summary, runSummary(x));
+      summary.setAttribute('aria-busy', 'false');
+      // Recount once on load and again when the run reaches its end.
+      if (!lastStatus || (terminal(run.status) && !terminal(lastStatus))) loadRecon();
+      lastStatus = run.status;
+      if (!terminal(run.status)) timer = setTimeout(load, refreshMs);
+    } catch (err) {
+      if (stopped || err.name === 'AbortError') return;
+      fill(summary, problemBox(err, 'Could not load the run'));
+      summary.setAttribute('aria-busy', 'false');
+      // A passing network failure should not end the live view.
+      if (lastStatus && !terminal(lastStatus) && err.status !== 404 && err.status !== 401) timer = setTimeout(load, refreshMs * 2);
+    }
+  };
+  await load();
+  return () => { stopped = true; clearTimeout(timer); };
+}
+
+function downloadBar(id) {
+  const status = h('span', { class: 'muted', 'aria-live': 'polite', id: 'download-status' });
+  const btn = (label, path, name, bid) => {
+    const b = h('button', { type: 'button', class: 'btn', id: bid }, label);
+    b.addEventListener('click', async () => {
+      b.disabled = true;
+      fill(status, `Preparing ${name}\u2026`);
+      try {
+        const got = await download(path, name);
+        fill(status, `Saved ${got.name} (${fmtNum(got.size)} bytes).`);
+      } catch (err) {
+        fill(status, problemBox(err, `Could not download ${name}`));
+      }
+      b.disabled = false;
+    });
+    return b;
+  };
+  const base = `/v1/runs/${enc(id)}`;
+  return h('div', { class: 'toolbar', role: 'group', 'aria-label': 'Downloads' },
+    btn('Evidence workbook (XLSX)', `${base}/evidence.xlsx`, `evidence-${id}.xlsx`, 'dl-evidence'),
+    btn('Reconciliation (CSV)', `${base}/reconciliation?format=csv`, `reconciliation-${id}.csv`, 'dl-recon-csv'),
+    btn('Reconciliation (XLSX)', `${base}/reconciliation?format=xlsx`, `reconciliation-${id}.xlsx`, 'dl-recon-xlsx'),
+    h('a', { href: `#/runs/${enc(id)}/items`, class: 'btn btn-quiet', id: 'items-link' }, 'Items \u2192'),
+    h('a', { href: `#/runs/${enc(id)}/events`, class: 'btn btn-quiet', id: 'events-link' }, 'Events \u2192'),
+    status);
+}
+
+function runSummary(x) {
+  const { run, counts: c, eta } = splitRun(x);
+  const a = run.award || {};
+  const total = itemsTotal(run, c);
+  const d = done(c);
+  const live = !terminal(run.status);
+
+  const overall = h('div', { class: 'overall' },
+    h('div', { class: 'overall-label' }, `${fmtNum(d)} of ${fmtNum(total)} items done`,
+      live ? h('span', { class: 'muted' }, ` \u00b7 refreshing every ${refreshMs / 1000}s`) : null),
+    progress(d, total, 'Items done'),
+    live ? h('p', { id: 'eta' }, 'Estimated finish: ', eta ? [timeEl(eta), ' ', h('span', { class: 'muted' }, `(${fmtRelative(eta)})`)] : 'not known yet') : null);
+
+  const num = (k) => fmtNum(c[k] ?? 0);
+  const countGroups = h('div', { class: 'counts', id: 'counts' },
+    countCard('Items', [['Queued', fmtNum(total)], ['Succeeded', num('succeeded')], ['Served from cache', num('cached')],
+      ['Failed', num('failed'), c.failed > 0], ['Shed', num('shed'), c.shed > 0], ['Pending', num('pending')]]),
+    countCard('Requests', [['Dispatches', num('dispatches')], ['Retries', num('retries')], ['2xx', num('status_2xx')],
+      ['429', num('status_429')], ['5xx', num('status_5xx'), c.status_5xx > 0], ['Other status', num('status_other')],
+      ['Transport errors', num('transport_errors'), c.transport_errors > 0], ['Interrupted', num('interrupted')]]),
+    countCard('Controls and delivery', [['Waits', num('waits')], ['Breaker opens', num('breaker_opens'), c.breaker_opens > 0],
+      ['Payloads staged', num('staged')], ['Acknowledged', num('acknowledged')]]));
+
+  const by = c.by_source || {};
+  const srcRows = Object.keys(by).sort().map((s) => {
+    const p = by[s] || {};
+    const pct = p.items ? Math.floor((100 * (p.done || 0)) / p.items) : 0;
+    return h('tr', null,
+      h('td', null, h('a', { href: `#/sources/${enc(s)}` }, s)),
+      h('td', { class: 'num' }, `${fmtNum(p.done || 0)} / ${fmtNum(p.items || 0)}`),
+      h('td', { class: 'bar' }, progress(p.done || 0, p.items || 0, `${s}: ${p.done || 0} of ${p.items || 0}`)),
+      h('td', { class: 'num' }, `${pct}%`));
+  });
+
+  const facts = dl([
+    ['Status', badge(run.status)],
+    ['Created', timeEl(run.created_at)],
+    ['Finished', run.finished_at ? timeEl(run.finished_at) : null],
+    ['Deadline', run.deadline ? timeEl(run.deadline) : null],
+    ['Initiated by', run.initiated_by || ''],
+    ['Award FAIN', a.fain || ''],
+    ['Assistance Listing', [a.listing_number, a.listing_title].filter(Boolean).join(' \u2014 ')],
+    ['Award year', a.award_year ? String(a.award_year) : ''],
+    ['Agency', a.agency || ''],
+    ['Pass-through entity', [a.pass_through_entity, a.pass_through_award_id].filter(Boolean).join(', award ')],
+    ['Recipient UEI', a.recipient_uei || ''],
+    ['Ledger sequence', `${fmtNum(run.first_seq)} \u2013 ${run.last_seq ? fmtNum(run.last_seq) : 'open'}`],
+    ['Chain head at start', short(run.head_at_start, 16)],
+    ['Chain head at end', run.head_at_end ? short(run.head_at_end, 16) : ''],
+    ['Config hash', short(run.config_hash, 16)],
+    ['Code version', run.code_version || ''],
+    ['Replay', run.replay ? 'yes: staged payloads, no fetches' : null],
+  ]);
+
+  return h('div', { class: 'run-grid' },
+    h('div', null,
+      h('h2', null, 'Progress'), overall, countGroups,
+      table('Progress per source', ['Source', { label: 'Done / items', num: true }, 'Progress', { label: '%', num: true }],
+        srcRows, { id: 'source-progress', empty: 'No per-source counts reported.' })),
+    h('aside', { 'aria-label': 'Run identifiers' }, h('h2', null, 'Identifiers'), facts));
+}
+
+function countCard(title, rows) {
+  return h('div', { class: 'count-card' }, h('h3', null, title),
+    h('dl', null, rows.map(([k, v, warn]) => h('div', { class: warn ? 'warn' : null }, h('dt', null, k), h('dd', null, v)))));
+}
+
+// ---- reconciliation -----------------------------------------------------
+
+// checkStatus reads a check's verdict: "pass", "fail" or "n/a". The
+// reports package writes status; the contract (openapi.yaml) names a
+// boolean pass; either is read.
+export function checkStatus(c) {
+  if (typeof c.status === 'string' && c.status) {
+    const st = c.status.toLowerCase();
+    return st === 'na' ? 'n/a' : st;
+  }
+  if (c.pass === true) return 'pass';
+  if (c.pass === false) return 'fail';
+  return 'unknown';
+}
+
+// splitChecks reads the run-total checks and the per-source reports of a
+// reconciliation, whether sources come as a list of reports or as checks
+// with a scope (a source id, or "total").
+export function splitChecks(r) {
+  const all = r.checks || [];
+  const total = all.filter((c) => !c.scope || c.scope === 'total');
+  const sources = (r.sources || []).map((s) => ({ id: s.source || s.id, balanced: s.balanced, checks: s.checks || [] }));
+  const scoped = {};
+  for (const c of all) {
+    if (c.scope && c.scope !== 'total') (scoped[c.scope] = scoped[c.scope] || []).push(c);
+  }
+  for (const id of Object.keys(scoped).sort()) {
+    if (sources.some((s) => s.id === id)) continue;
+    sources.push({ id, balanced: scoped[id].every((c) => checkStatus(c) !== 'fail'), checks: scoped[id] });
+  }
+  return { total, sources };
+}
+
+function checkRows(checks) {
+  return (checks || []).map((c) => {
+    const st = checkStatus(c);
+    const fail = st === 'fail';
+    const na = st === 'n/a';
+    const diff = c.difference ?? ((c.actual ?? 0) - (c.expected ?? 0));
+    return h('tr', { class: fail ? 'row-fail' : na ? 'row-na' : null, dataset: { check: c.id, status: st } },
+      h('th', { scope: 'row', class: 'mono' }, c.id),
+      h('td', null, c.description || ''),
+      h('td', { class: 'num' }, na ? '\u2014' : fmtNum(c.expected)),
+      h('td', { class: 'num' }, na ? '\u2014' : fmtNum(c.actual)),
+      h('td', { class: `num ${diff && !na ? 'diff' : ''}` }, na ? '\u2014' : fmtSigned(diff)),
+      h('td', null, badge(na ? 'na' : st, fail ? 'FAIL' : st)),
+      h('td', { class: 'small' }, c.note || '',
+        c.offending && c.offending.length ? h('div', null, 'First offending events: ',
+          h('span', { class: 'mono' }, c.offending.slice(0, 10).join(', ')), c.offending.length > 10 ? '\u2026' : '') : null));
+  });
+}
+
+const checkCols = ['Check', 'Identity', { label: 'Expected', num: true }, { label: 'Actual', num: true },
+  { label: 'Difference', num: true }, 'Result', 'Note'];
+
+export function reconciliationView(r, reload) {
+  const { total: checks, sources } = splitChecks(r);
+  const failed = checks.filter((c) => checkStatus(c) === 'fail').map((c) => c.id);
+  const verdict = r.balanced
+    ? h('p', { class: 'verdict verdict-ok', id: 'verdict' }, h('strong', null, 'Balanced.'), ' Every identity holds.')
+    : h('p', { class: 'verdict verdict-bad', id: 'verdict' }, h('strong', null, 'Not balanced.'),
+      failed.length ? ` Failing: ${failed.join(', ')}.` : ' See the checks below.');
+  const again = h('button', { type: 'button', class: 'btn btn-quiet' }, 'Recount');
+  again.addEventListener('click', reload);
+
+  const perSource = sources.map((s) => h('details', { class: 'source-recon', open: !s.balanced },
+    h('summary', null, h('span', { class: 'mono' }, s.id), ' ', badge(s.balanced ? 'pass' : 'fail', s.balanced ? 'balanced' : 'not balanced')),
+    table(null, checkCols, checkRows(s.checks), { class: 'checks' })));
+
+  const control = (r.control || []).map((c) => h('tr', { class: c.within === false ? 'row-fail' : null },
+    h('td', null, c.source),
+    h('td', { class: 'num' }, fmtNum(c.peak)),
+    h('td', { class: 'num' }, fmtNum(c.limit)),
+    h('td', { class: 'num' }, fmtNum(c.burst)),
+    h('td', null, fmtDuration(c.window_ns ?? c.window)),
+    h('td', null, c.peak_at ? timeEl(c.peak_at) : '\u2014', c.peak_seq ? h('span', { class: 'muted' }, ` (seq ${c.peak_seq})`) : null),
+    h('td', null, badge(c.within === false ? 'fail' : 'pass', c.within === false ? 'over limit' : 'within'))));
+
+  return h('div', null,
+    h('div', { class: 'pagehead' }, h('h2', { id: 'recon-h' }, 'Reconciliation'), again),
+    verdict,
+    table('Run total', checkCols, checkRows(checks), { id: 'checks', class: 'checks' }),
+    perSource.length ? h('h3', null, 'Per source') : null, perSource,
+    control.length ? table('Control evidence (R9): busiest window against the limit in force',
+      ['Source', { label: 'Peak requests', num: true }, { label: 'Limit', num: true }, { label: 'Burst', num: true }, 'Window', 'At', 'Result'],
+      control, { id: 'control' }) : null);
+}
+
+// ---- #/runs/{id}/events -------------------------------------------------
+
+export async function eventsPage(main, { hash, params: [id], signal }) {
+  document.title = `Events of ${id} \u00b7 auditd`;
+  const q = query(hash);
+  const type = q.get('type') || '';
+  const source = q.get('source') || '';
+  const cursor = q.get('cursor') || '';
+  const base = `#/runs/${enc(id)}/events`;
+
+  const select = h('select', { id: 'type-filter', name: 'type' },
+    h('option', { value: '' }, 'All types'),
+    eventTypes.map((t) => h('option', { value: t, selected: t === type }, t)));
+  const srcInput = h('input', { id: 'source-filter', name: 'source', type: 'search', value: source, size: 16, placeholder: 'any' });
+  const filters = h('form', { class: 'filters', role: 'search' },
+    h('label', { for: 'type-filter' }, 'Type'), select,
+    h('label', { for: 'source-filter' }, 'Source'), srcInput,
+    h('button', { type: 'submit', class: 'btn' }, 'Apply'));
+  const apply = (ev) => {
+    if (ev) ev.preventDefault();
+    location.hash = routeWith(base, { type: select.value, source: srcInput.value.trim() });
+  };
+  filters.addEventListener('submit', apply);
+  select.addEventListener('change', apply);
+
+  const body = h('div', { 'aria-live': 'polite' }, h('p', { class: 'muted' }, 'Loading events\u2026'));
+  fill(main,
+    h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ' / ', h('a', { href: `#/runs/${enc(id)}` }, id), ' / events'),
+    h('div', { class: 'pagehead' }, h('h1', null, 'Events')), filters, body);
+  try {
+    const res = await getJSON(routeWith(`/v1/runs/${enc(id)}/events`, { type, source, cursor, limit: '100' }), signal);
+    const events = listOf(res, 'events');
+    const next = nextOf(res);
+    const rows = events.map((e) => h('tr', { class: eventClass(e) },
+      h('td', { class: 'num mono' }, fmtNum(e.seq)),
+      h('td', { class: 'nowrap' }, timeEl(e.time)),
+      h('td', null, h('span', { class: 'etype' }, e.type)),
+      h('td', null, e.source_id || ''),
+      h('td', { class: 'mono small' }, e.item_key || ''),
+      h('td', { class: 'num' }, e.attempt || ''),
+      h('td', { class: 'small' }, eventDetail(e)),
+      h('td', null, short(e.hash, 10))));
+    const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' },
+      cursor ? h('a', { href: routeWith(base, { type, source }), class: 'btn' }, '\u2190 First page') : null,
+      next ? h('a', { href: routeWith(base, { type, source, cursor: next }), class: 'btn', id: 'events-next' }, 'Next page \u2192') : null,
+      h('span', { class: 'muted' }, `${events.length} event${events.length === 1 ? '' : 's'} on this page`));
+    fill(body, table(null, [{ label: 'Seq', num: true }, 'Time (UTC)', 'Type', 'Source', 'Item', { label: 'Att.', num: true }, 'Details', 'Hash'],
+      rows, { id: 'events-table', empty: 'No events match.' }), pager);
+  } catch (err) {
+    fill(body, problemBox(err, 'Could not load events'));
+  }
+}
+
+function eventClass(e) {
+  if (e.type === 'throttle' || e.type === 'shed' || e.type === 'transport.error') return 'row-warn';
+  if (e.type === 'breaker' && e.to === 'open') return 'row-fail';
+  if (e.type === 'item.finished' && e.outcome === 'failed') return 'row-fail';
+  return null;
+}
+
+// eventDetail lists the type-specific fields an event carries (EVENTS.md),
+// skipping those that are empty. Durations are Go duration strings.
+function eventDetail(e) {
+  const parts = [];
+  const add = (k, v) => { if (v !== undefined && v !== null && v !== '' && v !== 0 && v !== false) parts.push([k, v]); };
+  const dur = (v) => (v === undefined || v === null || v === 0 || v === '' ? undefined : fmtDuration(v));
+  add('', [e.method, e.path].filter(Boolean).join(' '));
+  add('page', e.page);
+  add('status', e.status);
+  add('outcome', e.outcome);
+  add('body error', e.body_error);
+  add('bytes', e.bytes !== undefined && e.bytes !== 0 ? fmtNum(e.bytes) : undefined);
+  add('latency', dur(e.latency));
+  add('wait', dur(e.wait));
+  add('actual', dur(e.actual));
+  add('Retry-After', e.retry_after_raw);
+  add('parsed', dur(e.retry_after));
+  add('clamped', e.clamped ? 'yes' : undefined);
+  add('backoff', dur(e.backoff));
+  if (e.from || e.to) add('breaker', `${e.from || '?'} \u2192 ${e.to || '?'}`);
+  add('failures', e.failures);
+  add('threshold', e.threshold);
+  add('cooldown', dur(e.cooldown));
+  if (e.old_limit || e.new_limit) {
+    const ow = dur(e.old_window), nw = dur(e.new_window);
+    add('limit', e.old_limit ? `${e.old_limit}/${ow || '?'} \u2192 ${e.new_limit}/${nw || '?'}` : `${e.new_limit}/${nw || '?'}`);
+  }
+  add('group', e.group);
+  add('payload', e.payload_hash ? short(e.payload_hash, 12) : undefined);
+  add('cause', e.cause);
+  add('by', e.principal);
+  add('detail', e.detail);
+  return parts.map(([k, v], i) => h('span', { class: 'kv' }, i ? ' \u00b7 ' : '', k ? `${k} ` : '', v));
+}
+
+// ---- #/runs/{id}/items --------------------------------------------------
+
+export async function itemsPage(main, { hash, params: [id], signal }) {
+  document.title = `Items of ${id} \u00b7 auditd`;
+  const cursor = query(hash).get('cursor') || '';
+  const base = `#/runs/${enc(id)}/items`;
+  const body = h('div', { 'aria-live': 'polite' }, h('p', { class: 'muted' }, 'Loading items\u2026'));
+  fill(main,
+    h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ' / ', h('a', { href: `#/runs/${enc(id)}` }, id), ' / items'),
+    h('div', { class: 'pagehead' }, h('h1', null, 'Items')), body);
+  try {
+    const res = await getJSON(routeWith(`/v1/runs/${enc(id)}/items`, { cursor, limit: '100' }), signal);
+    const items = listOf(res, 'items');
+    const next = nextOf(res);
+    const rows = items.map((it) => {
+      const r = it.result;
+      const outcome = r ? r.outcome : 'pending';
+      return h('tr', { class: outcome === 'failed' ? 'row-fail' : outcome === 'shed' ? 'row-warn' : null },
+        h('td', { class: 'mono small' }, it.key),
+        h('td', null, it.source),
+        h('td', { class: 'mono small break' }, [it.method || 'GET', it.path].join(' ')),
+        h('td', null, badge(outcome),
+          r && r.reason ? h('div', { class: 'small' }, r.reason) : null),
+        h('td', { class: 'num' }, r ? fmtNum(r.attempts) : '\u2014'),
+        h('td', { class: 'num' }, r && r.pages ? fmtNum(r.pages) : '\u2014'),
+        h('td', { class: 'num' }, r && r.records ? fmtNum(r.records) : '\u2014',
+          r && r.advertised && !r.count_matched ? h('div', { class: 'small warn-text' }, `advertised ${fmtNum(r.advertised)}`) : null),
+        h('td', { class: 'num' }, r && r.bytes ? fmtNum(r.bytes) : '\u2014'),
+        h('td', null, r && r.payload_hash ? short(r.payload_hash, 12) : '\u2014'));
+    });
+    const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' },
+      cursor ? h('a', { href: base, class: 'btn' }, '\u2190 First page') : null,
+      next ? h('a', { href: routeWith(base, { cursor: next }), class: 'btn', id: 'items-next' }, 'Next page \u2192') : null,
+      h('span', { class: 'muted' }, `${items.length} item${items.length === 1 ? '' : 's'} on this page`));
+    fill(body, table(null, ['Key', 'Source', 'Request', 'Outcome', { label: 'Attempts', num: true }, { label: 'Pages', num: true },
+      { label: 'Records', num: true }, { label: 'Bytes', num: true }, 'Payload SHA-256'], rows, { id: 'items-table', empty: 'No items.' }), pager);
+  } catch (err) {
+    fill(body, problemBox(err, 'Could not load items'));
+  }
+}
