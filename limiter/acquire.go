@@ -1,0 +1,273 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd/clock"
+)
+
+// Request describes one attempt to be admitted.
+type Request struct {
+	// Cost is the units of work the request spends (1 when zero).
+	Cost int
+	// Deadline, on the limiter's clock, is when to give up and shed. Zero
+	// means wait as long as ctx allows.
+	Deadline time.Time
+	// NotBefore holds the request back for its own retry backoff (a
+	// Verdict's Wait after a 5xx or transport error); the wait is reported
+	// under GateBackoff.
+	NotBefore time.Time
+}
+
+// Wait is one spell a request spent held at one gate: a wait event.
+type Wait struct {
+	Gate Gate
+	// Planned is the wait the gate announced when the spell began; 0 when
+	// the gate gives no estimate (a concurrency slot or probe frees when
+	// another request ends).
+	Planned time.Duration
+	// Actual is the time the spell lasted.
+	Actual time.Duration
+}
+
+// Permit is the result of Acquire: what happened to the request and, when it
+// was admitted, the concurrency slot it holds until Observe or Release.
+type Permit struct {
+	Source string
+	Group  string
+	Cost   int
+	// Admitted is when the request passed every gate (zero when it did not).
+	Admitted time.Time
+	// Probe is true when the breaker was half-open and this request is one
+	// of its probes (the dispatch event's Cause "probe").
+	Probe bool
+	// Waits are the gates the request waited at, in order.
+	Waits []Wait
+	// Breaker holds the transition this Acquire caused (open→half_open),
+	// if any. Record it even when Acquire returned an error.
+	Breaker []Transition
+
+	l       *Limiter
+	src     *source
+	slot    bool   // holds a concurrency slot
+	probe   bool   // holds a probe of breaker generation gen
+	gen     uint64 // breaker generation at admission
+	once    sync.Once
+	started time.Time // when the current wait spell began
+}
+
+// Acquire waits until source id may send a request of req.Cost, passing, in
+// order, the request's own backoff, the breaker, a concurrency slot, the
+// pause and the rate gates, all re-checked together at the moment of
+// admission. It returns a non-nil *Permit in every case, carrying the waits
+// to record.
+//
+// It sheds with a *ShedError (errors.Is ErrShed) as soon as a gate's wait is
+// known to end after req.Deadline, or when the deadline passes at a gate
+// with no estimate. A cost above capacity is ErrCostExceedsCapacity at once.
+// When ctx ends first it returns ctx.Err(). In all error cases the permit
+// holds no slot: nothing leaks.
+func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit, error) {
+	s, err := l.source(id)
+	if err != nil {
+		return &Permit{Source: id}, err
+	}
+	if req.Cost == 0 {
+		req.Cost = 1
+	}
+	s.mu.Lock()
+	p := &Permit{Source: id, Group: s.cfg.Group, Cost: req.Cost, l: l, src: s}
+	b := s.budget
+	b.mu.Lock()
+	err = b.checkCost(req.Cost)
+	b.mu.Unlock()
+	s.mu.Unlock()
+	if err != nil {
+		return p, fmt.Errorf("acquire %s: %w", id, err)
+	}
+
+	var (
+		queued   *Budget // budget whose queue holds ticket
+		ticket   uint64
+		deadline clock.Timer
+	)
+	leave := func() { // give back everything held while waiting
+		if queued != nil {
+			queued.mu.Lock()
+			queued.dequeue(ticket)
+			queued.mu.Unlock()
+			queued = nil
+		}
+		s.mu.Lock()
+		p.releaseLocked()
+		s.mu.Unlock()
+	}
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
+		}
+	}()
+
+	for {
+		if err := ctx.Err(); err != nil {
+			leave()
+			p.endWait(l.clock.Now())
+			return p, err
+		}
+		s.mu.Lock()
+		now := l.clock.Now()
+		gate, wait := Gate(""), time.Duration(0)
+		var srcCh, budCh <-chan struct{}
+
+		if p.probe && s.breaker.gen != p.gen {
+			// Another probe decided the breaker while this one queued; this
+			// request is no longer a probe and must pass the breaker afresh.
+			p.probe = false
+		}
+		if now.Before(req.NotBefore) {
+			gate, wait = GateBackoff, req.NotBefore.Sub(now)
+		} else if !p.probe {
+			pass, w, t := s.breaker.check(now, s.cfg, id)
+			if t != nil {
+				p.Breaker = append(p.Breaker, *t)
+				s.broadcast()
+			}
+			if !pass {
+				gate, wait = GateBreaker, w
+			} else if s.breaker.state == BreakerHalfOpen {
+				s.breaker.probes++
+				p.probe, p.gen = true, s.breaker.gen
+			}
+		}
+		if gate == "" && !p.slot {
+			if s.inFlight >= s.cfg.Concurrency {
+				gate = GateConcurrency
+			} else {
+				s.inFlight++
+				p.slot = true
+			}
+		}
+		if gate != "" && (p.slot || p.probe || queued != nil) && gate != GateConcurrency {
+			// Blocked at a source gate: hold nothing that others could use.
+			s.mu.Unlock()
+			leave()
+			s.mu.Lock()
+		}
+		if gate == "" {
+			b := s.budget
+			b.mu.Lock()
+			if queued != b {
+				if queued != nil {
+					queued.mu.Lock() // only after a Configure swapped budgets
+					queued.dequeue(ticket)
+					queued.mu.Unlock()
+				}
+				queued, ticket = b, b.enqueue()
+			}
+			bnow := b.now()
+			at, g := b.earliest(bnow, int64(req.Cost))
+			switch {
+			case g != "":
+				gate, wait = g, time.Duration(at-bnow)
+			case b.queue[0] != ticket:
+				gate = GateRate
+			default:
+				b.commit(bnow, int64(req.Cost))
+				b.dequeue(ticket)
+				b.mu.Unlock()
+				s.mu.Unlock()
+				p.Admitted = now
+				p.Probe = p.probe
+				p.endWait(now)
+				return p, nil
+			}
+			budCh = b.watch()
+			b.mu.Unlock()
+		}
+		srcCh = s.watch()
+		s.mu.Unlock()
+
+		p.beginWait(gate, wait, now)
+		if !req.Deadline.IsZero() && (!now.Before(req.Deadline) || (wait > 0 && now.Add(wait).After(req.Deadline))) {
+			leave()
+			p.endWait(now)
+			return p, &ShedError{Gate: gate, Wait: wait}
+		}
+
+		var timer clock.Timer
+		var timerC <-chan time.Time
+		if wait > 0 {
+			timer = l.clock.NewTimer(wait)
+			timerC = timer.C()
+		} else if !req.Deadline.IsZero() && deadline == nil {
+			deadline = l.clock.NewTimer(req.Deadline.Sub(now))
+		}
+		var deadlineC <-chan time.Time
+		if deadline != nil {
+			deadlineC = deadline.C()
+		}
+		select {
+		case <-timerC:
+		case <-deadlineC:
+			deadline = nil
+		case <-srcCh:
+		case <-budCh:
+		case <-ctx.Done():
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// beginWait opens or extends a wait spell at gate.
+func (p *Permit) beginWait(gate Gate, planned time.Duration, now time.Time) {
+	if n := len(p.Waits); n > 0 && p.Waits[n-1].Gate == gate {
+		p.Waits[n-1].Actual = now.Sub(p.started)
+		return
+	}
+	p.endWait(now)
+	p.Waits = append(p.Waits, Wait{Gate: gate, Planned: planned})
+	p.started = now
+}
+
+// endWait closes the open wait spell at now.
+func (p *Permit) endWait(now time.Time) {
+	if n := len(p.Waits); n > 0 {
+		p.Waits[n-1].Actual = now.Sub(p.started)
+	}
+}
+
+// Release gives back the permit's concurrency slot and probe without an
+// outcome (the request was never sent). It is safe to call more than once
+// and after Observe.
+func (p *Permit) Release() {
+	if p.src == nil {
+		return
+	}
+	p.once.Do(func() {
+		p.src.mu.Lock()
+		p.releaseLocked()
+		p.src.mu.Unlock()
+	})
+}
+
+// releaseLocked returns the slot and probe; the caller holds src.mu.
+func (p *Permit) releaseLocked() {
+	s := p.src
+	if p.slot {
+		s.inFlight--
+		p.slot = false
+		s.broadcast()
+	}
+	if p.probe {
+		if s.breaker.gen == p.gen {
+			s.breaker.probes = max(s.breaker.probes-1, 0)
+		}
+		p.probe = false
+		s.broadcast()
+	}
+}

@@ -1,0 +1,135 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/auditd/auditd/limiter"
+)
+
+var legal = map[[2]limiter.BreakerState]bool{
+	{limiter.BreakerClosed, limiter.BreakerOpen}:     true,
+	{limiter.BreakerOpen, limiter.BreakerHalfOpen}:   true,
+	{limiter.BreakerHalfOpen, limiter.BreakerClosed}: true,
+	{limiter.BreakerHalfOpen, limiter.BreakerOpen}:   true,
+}
+
+func TestBreakerLifecycle(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1000, Window: time.Second, Burst: 100, BreakerThreshold: 2, BreakerCooldown: time.Minute}})
+	fail := func() limiter.Verdict {
+		return mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 500, Attempt: 1})
+	}
+
+	if v := fail(); len(v.Breaker) != 0 {
+		t.Fatalf("one failure moved it: %+v", v.Breaker)
+	}
+	// A 429 neither counts nor resets.
+	mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 429, Attempt: 1})
+	l.Pause("s", time.Time{})
+	c.Advance(time.Minute) // let the 429's pause pass
+	v := fail()
+	want := limiter.Transition{Source: "s", From: limiter.BreakerClosed, To: limiter.BreakerOpen, Failures: 2, Threshold: 2, Cooldown: time.Minute, At: c.Now()}
+	if len(v.Breaker) != 1 || v.Breaker[0] != want {
+		t.Fatalf("transitions = %+v, want %+v", v.Breaker, want)
+	}
+	// Open: shed at the breaker when the cooldown outlasts the deadline.
+	_, err := l.Acquire(context.Background(), "s", limiter.Request{Deadline: c.Now().Add(time.Second)})
+	var shed *limiter.ShedError
+	if !errors.As(err, &shed) || shed.Gate != limiter.GateBreaker || shed.Wait != time.Minute {
+		t.Fatalf("open breaker: %v", err)
+	}
+	c.Advance(time.Minute)
+	probe := mustAcquire(t, l, "s")
+	if !probe.Probe || len(probe.Breaker) != 1 || probe.Breaker[0].To != limiter.BreakerHalfOpen {
+		t.Fatalf("after cooldown: probe=%v transitions=%+v", probe.Probe, probe.Breaker)
+	}
+	// One probe at a time (BreakerProbes default 1).
+	if _, err := l.Acquire(context.Background(), "s", limiter.Request{Deadline: c.Now()}); !errors.As(err, &shed) || shed.Gate != limiter.GateBreaker {
+		t.Fatalf("second probe: %v", err)
+	}
+	v = probe.Observe(limiter.Outcome{Status: 200, Attempt: 1})
+	if !v.Probe || len(v.Breaker) != 1 || v.Breaker[0].From != limiter.BreakerHalfOpen || v.Breaker[0].To != limiter.BreakerClosed || v.Breaker[0].Failures != 0 {
+		t.Fatalf("probe success: %+v", v)
+	}
+	if st, _ := l.State("s"); st.Breaker != limiter.BreakerClosed || st.Failures != 0 {
+		t.Fatalf("state = %+v", st)
+	}
+}
+
+// TestBreakerTransitionsLegal drives random outcomes, waits and deadlines
+// through one source and checks, against a model, that every reported
+// transition is legal and continues from the state before it, that only
+// 5xx and transport failures move the breaker, that nothing is admitted while
+// it is open and only probes while it is half-open, within the probe limit.
+func TestBreakerTransitionsLegal(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		threshold := rapid.IntRange(1, 4).Draw(rt, "threshold")
+		probes := rapid.IntRange(1, 3).Draw(rt, "probes")
+		l, c := newLimiter(rt, map[string]limiter.Config{"s": {
+			Limit: 1 << 20, Window: time.Second, Burst: 1 << 20, Concurrency: 8,
+			BreakerThreshold: threshold, BreakerCooldown: time.Second, BreakerProbes: probes,
+		}})
+		state := limiter.BreakerClosed
+		var held []*limiter.Permit
+		apply := func(ts []limiter.Transition, cause string) {
+			for _, tr := range ts {
+				if !legal[[2]limiter.BreakerState{tr.From, tr.To}] || tr.From != state {
+					rt.Fatalf("%s: illegal %s→%s from model state %s", cause, tr.From, tr.To, state)
+				}
+				if tr.From == limiter.BreakerClosed && tr.Failures < threshold {
+					rt.Fatalf("opened at %d failures, threshold %d", tr.Failures, threshold)
+				}
+				state = tr.To
+			}
+		}
+		steps := rapid.IntRange(1, 60).Draw(rt, "steps")
+		for range steps {
+			switch rapid.IntRange(0, 2).Draw(rt, "action") {
+			case 0:
+				p, err := l.Acquire(context.Background(), "s", limiter.Request{Deadline: c.Now()})
+				apply(p.Breaker, "acquire")
+				if err != nil {
+					continue
+				}
+				if state == limiter.BreakerOpen || p.Probe != (state == limiter.BreakerHalfOpen) {
+					rt.Fatalf("admitted (probe=%v) with breaker %s", p.Probe, state)
+				}
+				if p.Probe {
+					n := 0
+					for _, h := range held {
+						if h.Probe {
+							n++
+						}
+					}
+					if n >= probes {
+						rt.Fatalf("probe %d admitted, limit %d", n+1, probes)
+					}
+				}
+				held = append(held, p)
+			case 1:
+				if len(held) == 0 {
+					continue
+				}
+				i := rapid.IntRange(0, len(held)-1).Draw(rt, "permit")
+				p := held[i]
+				held = append(held[:i], held[i+1:]...)
+				status := rapid.SampledFrom([]int{200, 204, 404, 429, 500, 503, 0}).Draw(rt, "status")
+				v := p.Observe(limiter.Outcome{Status: status, Attempt: 1})
+				if status == 429 && len(v.Breaker) != 0 {
+					rt.Fatalf("a 429 moved the breaker: %+v", v.Breaker)
+				}
+				apply(v.Breaker, "observe")
+				l.Pause("s", time.Time{})
+			case 2:
+				c.Advance(time.Duration(rapid.Int64Range(0, int64(2*time.Second)).Draw(rt, "advance")))
+			}
+			if st, _ := l.State("s"); st.Breaker != state {
+				rt.Fatalf("limiter says %s, transitions say %s", st.Breaker, state)
+			}
+		}
+	})
+}

@@ -1,0 +1,37 @@
+// Package limiter owns the gates every outbound request passes before it
+// leaves auditd: a source's own retry backoff, its circuit breaker, its
+// concurrency slots, and the pause and rate gates of its Budget, which the
+// members of a gateway group share. It is pure logic on an injectable
+// clock.Clock (timers included): no HTTP, no bbolt.
+//
+// Per request the fetch loop calls Acquire (blocking, with a deadline), sends
+// the request, and calls Permit.Observe with the result. Both return
+// everything they decided (gate, planned and actual waits, shed, probe,
+// Retry-After as sent and as parsed, clamp, backoff, breaker transitions) so
+// that the ledger records decisions verbatim instead of re-deriving them.
+//
+// Invariants:
+//   - Strict ceiling: a Budget never admits more than Limit cost units in any
+//     window of length Window (a sliding log, not fixed buckets), whatever
+//     the burst, the pacing or a retune.
+//   - Pacing: admissions also pass a token bucket (capacity Burst, refill
+//     Limit/Window), kept in GCRA form so reads refill it.
+//   - No request is admitted before its slot, and Budget.Allow's RetryAfter
+//     is exact: with no other traffic the cost is admitted at now+RetryAfter
+//     and not a nanosecond earlier.
+//   - A cost above capacity is an error at once, never a hang.
+//   - Learned limits (SetLimit) and server Remaining/Reset only slow a
+//     budget; the configured ceiling stays in force beside them.
+//   - Pauses only lengthen (Pause takes the later deadline).
+//   - Only 5xx and transport failures move a breaker; a 429 pauses instead.
+//     Failures reset only on a success; transitions are closed→open,
+//     open→half_open, half_open→closed and half_open→open, each reported.
+//   - A permit's concurrency slot is returned exactly once, by Observe or
+//     Release; Acquire returns none on shed, error or cancellation.
+//   - Blocking waiters of one budget are admitted first in, first out.
+//
+// Caveats: time arithmetic uses differences of Clock.Now, which carry the
+// monotonic reading on the real clock. A Budget's sliding log holds one entry
+// per distinct admission instant inside the window, so its memory grows with
+// Limit (16 bytes an entry).
+package limiter

@@ -1,0 +1,45 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrUnknownSource is returned for a source that was never configured.
+var ErrUnknownSource = errors.New("limiter: unknown source")
+
+// ErrInvalidConfig is returned when a configuration is out of range.
+var ErrInvalidConfig = errors.New("limiter: invalid configuration")
+
+// ErrGroupConflict is returned when a source joins a gateway group with a
+// budget different from the one the group already has: members share one
+// budget, so they must agree on it.
+var ErrGroupConflict = errors.New("limiter: group budget conflict")
+
+// ErrInvalidCost is returned for a cost below 1.
+var ErrInvalidCost = errors.New("limiter: invalid cost")
+
+// ErrCostExceedsCapacity is returned at once, never after a wait, for a cost
+// that no amount of waiting could admit (above the burst or the limit).
+var ErrCostExceedsCapacity = errors.New("limiter: cost exceeds capacity")
+
+// ErrShed is matched (errors.Is) by every *ShedError.
+var ErrShed = errors.New("limiter: shed")
+
+// ShedError reports that a request could not be admitted before its
+// deadline. The fetch loop routes it to a fallback and records a shed event
+// with Cause = Gate.
+type ShedError struct {
+	Gate Gate
+	// Wait is how long the gate would have held the request past now; 0 when
+	// the gate gives no estimate (concurrency slots, half-open probes).
+	Wait time.Duration
+}
+
+func (e *ShedError) Error() string {
+	return fmt.Sprintf("limiter: shed at %s gate (wait %v)", e.Gate, e.Wait)
+}
+
+// Is makes errors.Is(err, ErrShed) true.
+func (e *ShedError) Is(target error) bool { return target == ErrShed }
