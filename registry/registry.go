@@ -1,0 +1,812 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-playground/validator/v10"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+)
+
+// Defaults for Options.
+const (
+	// DefaultLimit per DefaultWindow is where an unknown source starts: low
+	// enough that a legacy county server never throttles the first request.
+	DefaultLimit  = 15
+	DefaultWindow = time.Minute
+
+	// DefaultCeiling per DefaultCeilingWindow caps a source whose operator set
+	// no Limit: ten requests a second is already impolite to a public server.
+	DefaultCeiling       = 600
+	DefaultCeilingWindow = time.Minute
+
+	// DefaultDecrease is the factor applied to the limit after a throttle.
+	// 0.7 (as in TCP CUBIC) rather than 0.5: with the refused limit
+	// remembered, recovery is quick, and the average stays above 85% of the
+	// server's real tolerance.
+	DefaultDecrease = 0.7
+
+	// DefaultProbeAfter is the fewest successes in a run that may probe.
+	DefaultProbeAfter = 10
+
+	// DefaultProbeStep is the first additive step of a probe.
+	DefaultProbeStep = 1
+
+	// DefaultProbeHold is how many sustained runs a limit just below the
+	// one last refused holds before it is tried again.
+	DefaultProbeHold = 3
+
+	// DefaultProbeUtilization is the share of the limit a source must have
+	// used during a run for the run to count: a limit that was never tried
+	// is not learned.
+	DefaultProbeUtilization = 0.8
+
+	// DefaultAssumedWindow is the window of an advertised limit that comes
+	// without one (X-RateLimit-Limit alone): most such APIs count per minute.
+	DefaultAssumedWindow = time.Minute
+
+	// DefaultMaxWindow bounds how far the window stretches once the limit is
+	// down to one request.
+	DefaultMaxWindow = time.Hour
+)
+
+// Causes: what taught a change, as recorded in registry.changed events.
+const (
+	CauseHeader   = "header"
+	CauseThrottle = "429"
+	CauseProbeUp  = "probe_up"
+	CauseOperator = "operator"
+)
+
+// Causes of registry.snapshot events.
+const (
+	CauseRunStart = "run.start"
+	CauseRunEnd   = "run.end"
+)
+
+// Scopes of a registry.changed event, in its Detail.
+const (
+	ScopeSource = "source"
+	ScopeGroup  = "group"
+)
+
+// Errors.
+var (
+	// ErrNoLedger is returned by Open when Options.Ledger is nil: a registry
+	// that cannot record its changes must not make any.
+	ErrNoLedger = errors.New("registry: no ledger")
+
+	// ErrSourceNotFound is returned for a source ID that was never put. It is
+	// an *auditd.Error with code ENOTFOUND underneath, so the API maps it.
+	ErrSourceNotFound = &auditd.Error{Code: auditd.ENOTFOUND, Message: "Source not found."}
+)
+
+// Bucket names. Everything the registry stores lives in bucketRoot.
+const (
+	bucketRoot    = "registry"
+	bucketSources = "sources" // source ID -> JSON auditd.Source without Headers
+	bucketSecrets = "secrets" // source ID -> JSON map of request headers
+	bucketLearned = "learned" // source ID -> JSON state
+	bucketGroups  = "groups"  // group name -> JSON state
+)
+
+// bucket returns the nested bucket name of the registry in tx.
+func bucket(tx *bolt.Tx, name string) *bolt.Bucket {
+	return tx.Bucket([]byte(bucketRoot)).Bucket([]byte(name))
+}
+
+// Options configure a Registry. Zero fields take the Default of their name.
+type Options struct {
+	// Ledger receives every registry.changed, registry.snapshot and
+	// source.changed event. Required.
+	Ledger auditd.Appender
+
+	// Clock dates what was taught and measures runs of successes.
+	// Default clock.Real{}.
+	Clock clock.Clock
+
+	// DefaultLimit per DefaultWindow is where an unknown source starts.
+	DefaultLimit  int
+	DefaultWindow time.Duration
+
+	// DefaultCeiling per DefaultCeilingWindow caps a source configured
+	// without a Limit.
+	DefaultCeiling       int
+	DefaultCeilingWindow time.Duration
+
+	// Decrease multiplies the limit after a throttle; in (0, 1).
+	Decrease float64
+
+	// ProbeAfter, ProbeStep, ProbeHold and ProbeUtilization shape the
+	// upward probe; see the package doc.
+	ProbeAfter       int
+	ProbeStep        int
+	ProbeHold        int
+	ProbeUtilization float64
+
+	// MaxWindow bounds the window's growth at a limit of one.
+	MaxWindow time.Duration
+
+	// AssumedWindow is the window of an advertised limit without one.
+	AssumedWindow time.Duration
+}
+
+func (o *Options) setDefaults() {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.DefaultLimit <= 0 {
+		o.DefaultLimit = DefaultLimit
+	}
+	if o.DefaultWindow <= 0 {
+		o.DefaultWindow = DefaultWindow
+	}
+	if o.DefaultCeiling <= 0 {
+		o.DefaultCeiling = DefaultCeiling
+	}
+	if o.DefaultCeilingWindow <= 0 {
+		o.DefaultCeilingWindow = DefaultCeilingWindow
+	}
+	if o.Decrease <= 0 || o.Decrease >= 1 {
+		o.Decrease = DefaultDecrease
+	}
+	if o.ProbeAfter <= 0 {
+		o.ProbeAfter = DefaultProbeAfter
+	}
+	if o.ProbeStep <= 0 {
+		o.ProbeStep = DefaultProbeStep
+	}
+	if o.ProbeHold <= 0 {
+		o.ProbeHold = DefaultProbeHold
+	}
+	if o.ProbeUtilization <= 0 || o.ProbeUtilization > 1 {
+		o.ProbeUtilization = DefaultProbeUtilization
+	}
+	if o.MaxWindow <= 0 {
+		o.MaxWindow = DefaultMaxWindow
+	}
+	if o.AssumedWindow <= 0 {
+		o.AssumedWindow = DefaultAssumedWindow
+	}
+}
+
+// Registry is the persistent store of source configuration and learned
+// limits. It is safe for concurrent use; Observe calls for different sources
+// do not wait on each other unless the sources share a group.
+type Registry struct {
+	db       *bolt.DB
+	opts     Options
+	validate *validator.Validate
+
+	// mu guards the maps; each entry has its own lock for its state.
+	// Lock order: Registry.mu, then a source entry, then a group entry.
+	mu      sync.RWMutex
+	sources map[string]*entry
+	groups  map[string]*entry
+}
+
+// Open returns a Registry over db, creating its buckets when needed and
+// loading every stored source and learned state into memory.
+func Open(db *bolt.DB, opts Options) (*Registry, error) {
+	if opts.Ledger == nil {
+		return nil, ErrNoLedger
+	}
+	opts.setDefaults()
+	r := &Registry{
+		db:       db,
+		opts:     opts,
+		validate: newValidator(),
+		sources:  make(map[string]*entry),
+		groups:   make(map[string]*entry),
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		root, err := tx.CreateBucketIfNotExists([]byte(bucketRoot))
+		if err != nil {
+			return err
+		}
+		for _, name := range []string{bucketSources, bucketSecrets, bucketLearned, bucketGroups} {
+			if _, err := root.CreateBucketIfNotExists([]byte(name)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("create registry buckets: %w", err)
+	}
+	if err := db.View(r.load); err != nil {
+		return nil, fmt.Errorf("load registry: %w", err)
+	}
+	return r, nil
+}
+
+// load reads every source, its learned state and the groups' states.
+func (r *Registry) load(tx *bolt.Tx) error {
+	learned, groups, secrets := bucket(tx, bucketLearned), bucket(tx, bucketGroups), bucket(tx, bucketSecrets)
+	if err := bucket(tx, bucketSources).ForEach(func(k, v []byte) error {
+		var src auditd.Source
+		if err := json.Unmarshal(v, &src); err != nil {
+			return fmt.Errorf("source %q: %w", k, err)
+		}
+		e := &entry{id: src.ID, src: src}
+		e.ceil = r.sourceCeiling(src)
+		if v := learned.Get(k); v != nil {
+			if err := json.Unmarshal(v, &e.st); err != nil {
+				return fmt.Errorf("learned state of %q: %w", k, err)
+			}
+		} else {
+			e.st = r.initialState(e.ceil)
+		}
+		if v := secrets.Get(k); v != nil {
+			if err := json.Unmarshal(v, &e.headers); err != nil {
+				return fmt.Errorf("request headers of %q: %w", k, err)
+			}
+		}
+		e.step = r.opts.ProbeStep
+		r.sources[src.ID] = e
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, e := range r.sources {
+		if e.src.Group == "" {
+			continue
+		}
+		g := r.groups[e.src.Group]
+		if g == nil {
+			g = &entry{id: e.src.Group, group: true, step: r.opts.ProbeStep}
+			if v := groups.Get([]byte(e.src.Group)); v != nil {
+				if err := json.Unmarshal(v, &g.st); err != nil {
+					return fmt.Errorf("learned state of group %q: %w", e.src.Group, err)
+				}
+			}
+			r.groups[e.src.Group] = g
+		}
+		e.grp = g
+	}
+	for name, g := range r.groups {
+		g.ceil = r.groupCeiling(name)
+		if g.st.Limit == 0 {
+			g.st = r.initialState(g.ceil)
+		}
+	}
+	for _, e := range r.sources {
+		if e.grp != nil {
+			e.grp.setMember(e.id, e.rate())
+		}
+	}
+	return nil
+}
+
+// initialState is where an entry with nothing learned starts: the default,
+// clamped to its ceiling.
+func (r *Registry) initialState(ceil rate) state {
+	l, w := clamp(r.opts.DefaultLimit, r.opts.DefaultWindow, ceil)
+	return state{Limit: l, Window: auditd.Duration(w), Base: auditd.Duration(w)}
+}
+
+// sourceCeiling is the configured ceiling of src, or the default.
+func (r *Registry) sourceCeiling(src auditd.Source) rate {
+	if src.Limit <= 0 {
+		return rate{r.opts.DefaultCeiling, r.opts.DefaultCeilingWindow}
+	}
+	w := src.Window.D()
+	if w <= 0 {
+		w = r.opts.DefaultCeilingWindow // as the limiter reads a Limit without a Window
+	}
+	return rate{src.Limit, w}
+}
+
+// groupCeiling is the highest ceiling among the group's members: members
+// sharing one gateway cannot together be allowed more than the most any one
+// of them is allowed. Callers hold r.mu (or own r exclusively).
+func (r *Registry) groupCeiling(name string) rate {
+	var best rate
+	for _, e := range r.sources {
+		if e.src.Group == name && (best.limit == 0 || e.ceil.faster(best)) {
+			best = e.ceil
+		}
+	}
+	return best
+}
+
+// Limits is what the limiter needs to pace one source.
+type Limits struct {
+	Limit  int           // requests per Window for the source itself
+	Window time.Duration //
+	Group  string        // gateway group; empty when none
+	// GroupLimit per GroupWindow is the budget the whole group shares, as
+	// learned from correlated throttles; MembersLimit is the sum of its
+	// members' own limits per GroupWindow. Zero when Group is empty.
+	GroupLimit   int
+	GroupWindow  time.Duration
+	MembersLimit int
+}
+
+// Pace returns the budget the limiter paces the source at. Without a group
+// it is the source's own limit. In a group, whose members draw on one
+// budget, it is the group's limit or the sum of the members' own limits,
+// whichever is lower: a member's throttle that was not correlated cuts only
+// that member's limit, and through the sum it still slows the shared budget
+// (the limiter cannot pace one member apart from the others).
+func (l Limits) Pace() (limit int, window time.Duration) {
+	if l.Group == "" {
+		return l.Limit, l.Window
+	}
+	if l.MembersLimit > 0 && l.MembersLimit < l.GroupLimit {
+		return l.MembersLimit, l.GroupWindow
+	}
+	return l.GroupLimit, l.GroupWindow
+}
+
+// Limits returns the current limits of source id.
+func (r *Registry) Limits(id string) (Limits, error) {
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return Limits{}, ErrSourceNotFound
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.limits(), nil
+}
+
+// limits reads e's limits and its group's. Callers hold e.mu, not the
+// group's.
+func (e *entry) limits() Limits {
+	g := e.grp
+	if g != nil {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+	}
+	return e.limitsWith(g)
+}
+
+// limitsWith reads e's limits and those of its group g (nil without one).
+// Callers hold e.mu and g.mu.
+func (e *entry) limitsWith(g *entry) Limits {
+	l := Limits{Limit: e.st.Limit, Window: e.st.Window.D()}
+	if g != nil {
+		l.Group, l.GroupLimit, l.GroupWindow, l.MembersLimit = g.id, g.st.Limit, g.st.Window.D(), g.membersLimit
+	}
+	return l
+}
+
+// State is everything the registry holds about one source, for reading:
+// its configuration (without secrets) and what it has learned.
+type State struct {
+	Source auditd.Source // configuration, tier and breaker policy; Headers is always nil
+
+	Limit  int           // learned limit per Window
+	Window time.Duration //
+	// CeilingLimit per CeilingWindow is the most the source may be sent.
+	CeilingLimit  int
+	CeilingWindow time.Duration
+	// AdvertisedLimit per AdvertisedWindow is the last quota the source
+	// advertised in its headers; zero when it never did.
+	AdvertisedLimit  int
+	AdvertisedWindow time.Duration
+	Cause            string    // what taught Limit and Window; empty for the default
+	TaughtAt         time.Time // when; zero for the default
+	TaughtRun        string    // run whose response taught it
+	TaughtBy         string    // source whose response taught it
+	ThrottledAt      int       // the limit last refused; zero when none
+
+	Group              string // gateway group; the Group fields are zero without one
+	GroupLimit         int
+	GroupWindow        time.Duration
+	GroupCeilingLimit  int
+	GroupCeilingWindow time.Duration
+	GroupCause         string
+	GroupTaughtAt      time.Time
+	GroupThrottledAt   int // the group limit last refused; zero when none
+	MembersLimit       int // the members' own limits summed per GroupWindow
+}
+
+// State returns what the registry holds about source id.
+func (r *Registry) State(id string) (State, error) {
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return State{}, ErrSourceNotFound
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := State{
+		Source:           e.src,
+		Limit:            e.st.Limit,
+		Window:           e.st.Window.D(),
+		CeilingLimit:     e.ceil.limit,
+		CeilingWindow:    e.ceil.window,
+		AdvertisedLimit:  e.st.AdvLimit,
+		AdvertisedWindow: e.st.AdvWindow.D(),
+		Cause:            e.st.Cause,
+		TaughtAt:         e.st.TaughtAt,
+		TaughtRun:        e.st.RunID,
+		TaughtBy:         e.st.SourceID,
+		ThrottledAt:      e.st.Bad,
+		Group:            e.src.Group,
+	}
+	if g := e.grp; g != nil {
+		g.mu.Lock()
+		s.GroupLimit, s.GroupWindow = g.st.Limit, g.st.Window.D()
+		s.GroupCause, s.GroupTaughtAt = g.st.Cause, g.st.TaughtAt
+		s.GroupCeilingLimit, s.GroupCeilingWindow = g.ceil.limit, g.ceil.window
+		s.GroupThrottledAt, s.MembersLimit = g.st.Bad, g.membersLimit
+		g.mu.Unlock()
+	}
+	return s, nil
+}
+
+// GetSource returns the configuration of source id without its secret
+// headers (Headers is nil).
+func (r *Registry) GetSource(id string) (auditd.Source, error) {
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return auditd.Source{}, ErrSourceNotFound
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.src, nil
+}
+
+// ListSources returns every source's configuration, without secret headers,
+// sorted by ID.
+func (r *Registry) ListSources() []auditd.Source {
+	r.mu.RLock()
+	entries := make([]*entry, 0, len(r.sources))
+	for _, e := range r.sources {
+		entries = append(entries, e)
+	}
+	r.mu.RUnlock()
+	out := make([]auditd.Source, 0, len(entries))
+	for _, e := range entries {
+		e.mu.Lock()
+		out = append(out, e.src)
+		e.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// RequestHeaders returns a copy of the secret headers to add to every
+// request to source id. It is meant for the fetch loop only: nothing it
+// returns may be recorded.
+func (r *Registry) RequestHeaders(id string) (map[string]string, error) {
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return nil, ErrSourceNotFound
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.headers), nil
+}
+
+// PutSource creates or replaces the configuration of src.ID, on behalf of
+// principal. It validates src, appends a source.changed event whose Detail
+// is the configuration without its headers, then stores the headers apart.
+// What was learned about the source is kept, clamped to a lowered ceiling
+// (a registry.changed event with Cause "operator" when that moves it).
+func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.Source) error {
+	if err := r.validateSource(src); err != nil {
+		return err
+	}
+	secrets := src.Headers
+	src.Headers = nil
+	if src.Group == src.ID {
+		// A group and a source sharing a name would be indistinguishable in
+		// the ledger's Group field; nothing is lost by forbidding it.
+		return &auditd.Error{Code: auditd.EINVALID, Field: "group", Message: "Group must differ from the source id."}
+	}
+	cfg, err := json.Marshal(src)
+	if err != nil {
+		return fmt.Errorf("encode source %q: %w", src.ID, err)
+	}
+	var sec []byte
+	if len(secrets) > 0 {
+		if sec, err = json.Marshal(secrets); err != nil {
+			return fmt.Errorf("encode request headers of %q: %w", src.ID, err)
+		}
+	}
+
+	// Registry.mu is held for the whole put: membership and ceilings of
+	// groups change here, and puts are rare.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	if _, err := r.opts.Ledger.Append(ctx, auditd.Event{
+		Type:      auditd.EventSourceChanged,
+		SourceID:  src.ID,
+		Group:     src.Group,
+		Principal: principal,
+		Detail:    string(cfg),
+	}); err != nil {
+		return fmt.Errorf("append source.changed for %q: %w", src.ID, err)
+	}
+	if err := r.db.Update(func(tx *bolt.Tx) error {
+		if err := bucket(tx, bucketSources).Put([]byte(src.ID), cfg); err != nil {
+			return err
+		}
+		if sec == nil {
+			return bucket(tx, bucketSecrets).Delete([]byte(src.ID))
+		}
+		return bucket(tx, bucketSecrets).Put([]byte(src.ID), sec)
+	}); err != nil {
+		return fmt.Errorf("store source %q: %w", src.ID, err)
+	}
+
+	e := r.sources[src.ID]
+	if e == nil {
+		e = &entry{id: src.ID, step: r.opts.ProbeStep}
+		e.ceil = r.sourceCeiling(src)
+		e.st = r.initialState(e.ceil)
+		r.sources[src.ID] = e
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	oldGroup := e.src.Group
+	e.src, e.ceil, e.headers = src, r.sourceCeiling(src), maps.Clone(secrets)
+
+	// Groups whose membership or ceilings may have moved.
+	if src.Group != "" {
+		g := r.groups[src.Group]
+		if g == nil {
+			g = &entry{id: src.Group, group: true, step: r.opts.ProbeStep}
+			r.groups[src.Group] = g
+		}
+		e.grp = g
+	} else {
+		e.grp = nil
+	}
+	touched := []string{src.Group}
+	if oldGroup != "" && oldGroup != src.Group {
+		touched = append(touched, oldGroup)
+		if r.groupCeiling(oldGroup).limit == 0 {
+			delete(r.groups, oldGroup) // no members left; its stored state stays for a comeback
+			touched = touched[:1]
+		}
+	}
+
+	if err := r.clampOperator(ctx, e, principal, src.Group); err != nil {
+		return err
+	}
+	for _, name := range touched {
+		if name == "" {
+			continue
+		}
+		g := r.groups[name]
+		g.mu.Lock()
+		g.ceil = r.groupCeiling(name)
+		if g.st.Limit == 0 {
+			if err := r.loadGroup(g); err != nil {
+				g.mu.Unlock()
+				return err
+			}
+		}
+		err := r.clampOperator(ctx, g, principal, src.ID)
+		if name == src.Group {
+			g.setMember(src.ID, e.rate())
+		} else {
+			g.dropMember(src.ID)
+		}
+		g.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadGroup reads a group's stored state, or starts it at the default.
+// Callers hold g.mu.
+func (r *Registry) loadGroup(g *entry) error {
+	err := r.db.View(func(tx *bolt.Tx) error {
+		v := bucket(tx, bucketGroups).Get([]byte(g.id))
+		if v == nil {
+			return nil
+		}
+		return json.Unmarshal(v, &g.st)
+	})
+	if err != nil {
+		return fmt.Errorf("load group %q: %w", g.id, err)
+	}
+	if g.st.Limit == 0 {
+		g.st = r.initialState(g.ceil)
+	}
+	return nil
+}
+
+// clampOperator brings e within its (possibly new) ceiling, recording the
+// move as an operator change. For a source, other is its group; for a group,
+// the source whose put moved it. Callers hold e.mu.
+func (r *Registry) clampOperator(ctx context.Context, e *entry, principal, other string) error {
+	l, w := clamp(e.st.Limit, e.st.Window.D(), e.ceil)
+	if l == e.st.Limit && w == e.st.Window.D() {
+		return nil
+	}
+	c := change{cause: CauseOperator, principal: principal}
+	if e.group {
+		c.sourceID = other
+	} else {
+		c.sourceID = e.id
+	}
+	old := e.st
+	e.set(l, w, c, r.opts.Clock.Now())
+	return r.commit(ctx, e, old, c)
+}
+
+// SetLimit sets the learned limit of source id by hand, on behalf of
+// principal (Cause "operator"), within the source's ceiling. It returns the
+// limits now in force.
+func (r *Registry) SetLimit(ctx context.Context, principal, id string, limit int, window time.Duration) (Limits, error) {
+	if limit < 1 {
+		return Limits{}, &auditd.Error{Code: auditd.EINVALID, Field: "limit", Message: "Limit must be at least 1."}
+	} else if window <= 0 {
+		return Limits{}, &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: "Window must be positive."}
+	}
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return Limits{}, ErrSourceNotFound
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l, w := clamp(limit, window, e.ceil)
+	if l != e.st.Limit || w != e.st.Window.D() {
+		c := change{cause: CauseOperator, principal: principal, sourceID: id}
+		old := e.st
+		e.set(l, w, c, r.opts.Clock.Now())
+		e.st.Bad = 0 // the operator's word replaces what throttles taught
+		if err := r.commit(ctx, e, old, c); err != nil {
+			return Limits{}, err
+		}
+		if g := e.grp; g != nil {
+			g.mu.Lock()
+			g.setMember(e.id, e.rate())
+			g.mu.Unlock()
+		}
+	}
+	return e.limits(), nil
+}
+
+// StartRun appends a registry.snapshot (Cause "run.start") for each of the
+// sources run runID uses. Call it after run.started, before the first item.
+func (r *Registry) StartRun(ctx context.Context, runID string, sourceIDs []string) error {
+	return r.snapshot(ctx, runID, CauseRunStart, sourceIDs)
+}
+
+// EndRun appends a registry.snapshot (Cause "run.end") for each of the
+// sources run runID used. Call it before run.finished.
+func (r *Registry) EndRun(ctx context.Context, runID string, sourceIDs []string) error {
+	return r.snapshot(ctx, runID, CauseRunEnd, sourceIDs)
+}
+
+// snapshotDetail is the Detail of a registry.snapshot event.
+type snapshotDetail struct {
+	CeilingLimit     int             `json:"ceiling_limit"`
+	CeilingWindow    auditd.Duration `json:"ceiling_window"`
+	TaughtBy         string          `json:"taught_by,omitempty"`
+	TaughtAt         time.Time       `json:"taught_at,omitzero"`
+	AdvertisedLimit  int             `json:"advertised_limit,omitempty"`
+	AdvertisedWindow auditd.Duration `json:"advertised_window,omitempty"`
+	GroupLimit       int             `json:"group_limit,omitempty"`
+	GroupWindow      auditd.Duration `json:"group_window,omitempty"`
+	MembersLimit     int             `json:"members_limit,omitempty"`
+	Tier             string          `json:"tier,omitempty"`
+}
+
+func (r *Registry) snapshot(ctx context.Context, runID, cause string, sourceIDs []string) error {
+	ids := make([]string, 0, len(sourceIDs))
+	seen := make(map[string]bool, len(sourceIDs))
+	for _, id := range sourceIDs {
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids) // a run's snapshots read the same whatever order the caller had
+	for _, id := range ids {
+		s, err := r.State(id)
+		if err != nil {
+			return fmt.Errorf("snapshot %q: %w", id, err)
+		}
+		detail, err := json.Marshal(snapshotDetail{
+			CeilingLimit:     s.CeilingLimit,
+			CeilingWindow:    auditd.Duration(s.CeilingWindow),
+			TaughtBy:         s.Cause,
+			TaughtAt:         s.TaughtAt,
+			AdvertisedLimit:  s.AdvertisedLimit,
+			AdvertisedWindow: auditd.Duration(s.AdvertisedWindow),
+			GroupLimit:       s.GroupLimit,
+			GroupWindow:      auditd.Duration(s.GroupWindow),
+			MembersLimit:     s.MembersLimit,
+			Tier:             s.Source.Tier,
+		})
+		if err != nil {
+			return fmt.Errorf("encode snapshot of %q: %w", id, err)
+		}
+		if _, err := r.opts.Ledger.Append(ctx, auditd.Event{
+			Type:      auditd.EventRegistrySnapshot,
+			RunID:     runID,
+			SourceID:  id,
+			NewLimit:  s.Limit,
+			NewWindow: s.Window,
+			Group:     s.Group,
+			Cause:     cause,
+			Detail:    string(detail),
+		}); err != nil {
+			return fmt.Errorf("append snapshot of %q: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// newValidator returns a validator that names fields by their JSON names, so
+// an error's Field is what the client sent.
+func newValidator() *validator.Validate {
+	v := validator.New(validator.WithRequiredStructEnabled())
+	v.RegisterTagNameFunc(func(f reflect.StructField) string {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			return ""
+		}
+		return name
+	})
+	return v
+}
+
+// validateSource checks src's tags and the rules the tags cannot say.
+func (r *Registry) validateSource(src auditd.Source) error {
+	if err := r.validate.Struct(src); err != nil {
+		var verrs validator.ValidationErrors
+		if errors.As(err, &verrs) && len(verrs) > 0 {
+			fe := verrs[0]
+			field := strings.TrimPrefix(fe.Namespace(), "Source.")
+			return &auditd.Error{Code: auditd.EINVALID, Field: field,
+				Message: fmt.Sprintf("Invalid %s: fails %q.", field, fe.Tag())}
+		}
+		return &auditd.Error{Code: auditd.EINVALID, Message: "Invalid source."}
+	}
+	if src.Window < 0 {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: "Window must not be negative."}
+	} else if src.Window > 0 && src.Limit == 0 {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "limit", Message: "A window needs a limit."}
+	}
+	for name := range src.Headers {
+		if !validHeaderName(name) {
+			return &auditd.Error{Code: auditd.EINVALID, Field: "headers", Message: "Invalid header name."}
+		}
+	}
+	return nil
+}
+
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
