@@ -1,0 +1,243 @@
+package api
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/auth"
+)
+
+// This file declares what the API needs from the rest of auditd. Each
+// interface is the consumer's view: cmd/auditd adapts the real packages to
+// it, and tests use in-memory fakes. Every method returns an *auditd.Error
+// for what the client got wrong (EINVALID naming the field, ENOTFOUND,
+// ECONFLICT) and any other error for what the server got wrong.
+
+// Tokens authenticates requests and manages API tokens. *auth.Store
+// implements it; its Create and Revoke record their own token.changed events.
+type Tokens interface {
+	Authenticate(secret string) (auth.Token, error)
+	Create(ctx context.Context, name string, role auth.Role, by string) (auth.Token, string, error)
+	List() ([]auth.Token, error)
+	Revoke(ctx context.Context, id, by string) (tok auth.Token, changed bool, err error)
+}
+
+// Sources is the registry: configured sources and what has been learned
+// about them.
+type Sources interface {
+	// PutSource creates or replaces a source's configuration on behalf of
+	// principal and reports whether it was new. It records the change as a
+	// source.changed event (Principal; Detail the configuration without
+	// header values) before it returns, and changes nothing when it fails.
+	PutSource(ctx context.Context, src auditd.Source, principal string) (created bool, err error)
+	// Source returns one source's state; ENOTFOUND when there is none.
+	Source(ctx context.Context, id string) (SourceState, error)
+	// Sources returns every source's state, sorted by id.
+	Sources(ctx context.Context) ([]SourceState, error)
+}
+
+// SourceState is a source's configuration with what auditd has learned
+// about it and where its gates stand now.
+type SourceState struct {
+	Config  auditd.Source
+	Learned Learned
+	Breaker Breaker
+	// PausedUntil is when the source's (or its group's) pause ends; zero
+	// when it is not paused.
+	PausedUntil time.Time
+}
+
+// Learned is the limit in force for a source and what taught it.
+type Learned struct {
+	Limit     int
+	Window    time.Duration
+	Cause     string // what taught it: header, 429, probe_up, operator, config
+	ChangedAt time.Time
+}
+
+// Breaker is a source's circuit breaker now.
+type Breaker struct {
+	State    string // closed, open or half_open
+	Failures int
+	Until    time.Time // end of the cooldown while open; zero otherwise
+}
+
+// Runs is the fetch loop's store of runs and items.
+type Runs interface {
+	// CreateRun stores and starts a run. The caller has validated nr's shape;
+	// CreateRun still refuses (EINVALID with the field) what only it can
+	// check, storing nothing. When another run already holds
+	// nr.IdempotencyKey it returns that run with created false.
+	CreateRun(ctx context.Context, nr NewRun) (run RunState, created bool, err error)
+	// RunByIdempotencyKey returns the run created with key; ENOTFOUND when
+	// there is none. The API scopes keys to the token that sent them.
+	RunByIdempotencyKey(ctx context.Context, key string) (RunState, error)
+	// Run returns one run with its live counts; ENOTFOUND when unknown.
+	Run(ctx context.Context, id string) (RunState, error)
+	// Runs returns up to f.Limit runs matching f, newest first, after the run
+	// with id f.After; next is the id of the last run returned when more may
+	// follow, "" otherwise.
+	Runs(ctx context.Context, f RunFilter) (runs []RunState, next string, err error)
+	// CancelRun stops a run on behalf of principal; ECONFLICT when it has
+	// already finished.
+	CancelRun(ctx context.Context, id, principal string) (RunState, error)
+	// Acknowledge records that the downstream pipeline loaded the items
+	// with keys; it returns how many were newly acknowledged. A key that
+	// names no delivered item of the run is EINVALID with Field "items[i]",
+	// and then nothing is recorded.
+	Acknowledge(ctx context.Context, runID string, keys []string, principal string) (int, error)
+	// Items returns up to limit items of a run in submission order after the
+	// item with key after ("" for the first page); next as for Runs. An
+	// after that names no item of the run is EINVALID with Field "cursor".
+	Items(ctx context.Context, runID, after string, limit int) (items []ItemState, next string, err error)
+	// Item returns one item; ENOTFOUND when the run or the key is unknown.
+	Item(ctx context.Context, runID, key string) (ItemState, error)
+	// Payload opens the payload an item staged; ENOTFOUND when it has none.
+	Payload(ctx context.Context, runID, key string) (io.ReadCloser, error)
+}
+
+// NewRun is a run to create.
+type NewRun struct {
+	Name           string
+	Award          auditd.Award
+	Items          []auditd.Item
+	Deadline       time.Time // zero: none
+	Replay         bool
+	IdempotencyKey string // "" when the client sent none
+	Principal      string // who submitted it
+}
+
+// RunFilter selects runs. Zero fields match everything.
+type RunFilter struct {
+	Status auditd.RunStatus
+	Source string
+	FAIN   string
+	From   time.Time // created at or after
+	To     time.Time // created before
+	After  string    // id of the last run of the previous page
+	Limit  int
+}
+
+// RunState is a run with its live counts.
+type RunState struct {
+	Run             auditd.Run
+	Counts          RunCounts
+	EstimatedFinish time.Time // zero once finished or when unknown
+}
+
+// RunCounts are a run's live counters.
+type RunCounts struct {
+	Items           int                       `json:"items"`
+	Succeeded       int                       `json:"succeeded"`
+	Cached          int                       `json:"cached"`
+	Failed          int                       `json:"failed"`
+	Shed            int                       `json:"shed"`
+	Pending         int                       `json:"pending"`
+	Dispatches      int                       `json:"dispatches"`
+	Retries         int                       `json:"retries"`
+	Status2xx       int                       `json:"status_2xx"`
+	Status429       int                       `json:"status_429"`
+	Status5xx       int                       `json:"status_5xx"`
+	StatusOther     int                       `json:"status_other"`
+	TransportErrors int                       `json:"transport_errors"`
+	Interrupted     int                       `json:"interrupted"`
+	Waits           int                       `json:"waits"`
+	BreakerOpens    int                       `json:"breaker_opens"`
+	Staged          int                       `json:"staged"`
+	Acknowledged    int                       `json:"acknowledged"`
+	BySource        map[string]SourceProgress `json:"by_source,omitempty"`
+}
+
+// SourceProgress is one source's share of a run.
+type SourceProgress struct {
+	Items int `json:"items"`
+	Done  int `json:"done"`
+}
+
+// ItemState is an item with how it ended; Result is nil while it is pending.
+type ItemState struct {
+	Item   auditd.Item
+	Result *ItemResult
+}
+
+// ItemResult is how an item ended.
+type ItemResult struct {
+	Outcome      auditd.Outcome `json:"outcome"`
+	Reason       string         `json:"reason,omitempty"`
+	PayloadHash  string         `json:"payload_hash,omitempty"`
+	Bytes        int64          `json:"bytes,omitempty"`
+	Attempts     int            `json:"attempts"`
+	Pages        int            `json:"pages,omitempty"`
+	Records      int            `json:"records,omitempty"`
+	Advertised   int            `json:"advertised,omitempty"`
+	CountMatched bool           `json:"count_matched,omitempty"`
+}
+
+// Ledger is what the API reads from the ledger and the one event it writes
+// itself (export.downloaded). *ledger.Ledger implements it.
+type Ledger interface {
+	auditd.Appender
+	// ScanRun visits a run's events with Seq > after, in order.
+	ScanRun(runID string, after uint64, fn func(*auditd.Event) error) error
+	// Head returns the newest event's sequence number and hash.
+	Head() (seq uint64, hash [32]byte)
+	// Checkpoint returns the latest signed checkpoint note.
+	Checkpoint() ([]byte, error)
+	// PublicKey returns the note verifier key that checks checkpoints.
+	PublicKey() string
+}
+
+// Integrity checks the ledger and proves events belong to it.
+type Integrity interface {
+	// Verify checks the whole ledger: hash chain, Merkle tree, checkpoints.
+	// A ledger that fails the check is a Verification with OK false, not
+	// an error.
+	Verify(ctx context.Context) (Verification, error)
+	// Prove returns the inclusion proof of event seq in the tree of the
+	// latest checkpoint; ENOTFOUND when no event has seq.
+	Prove(ctx context.Context, seq uint64) (Proof, error)
+}
+
+// Verification is the outcome of a full ledger check.
+type Verification struct {
+	OK       bool   `json:"ok"`
+	Events   uint64 `json:"events"`              // events checked
+	HeadSeq  uint64 `json:"head_seq"`            // newest event checked
+	HeadHash string `json:"head_hash"`           // its hash, hex
+	FirstBad uint64 `json:"first_bad,omitempty"` // first bad sequence number when not OK
+	Problem  string `json:"problem,omitempty"`   // what is wrong there
+}
+
+// Proof is an RFC 6962 inclusion proof of one event.
+type Proof struct {
+	Seq        uint64   `json:"seq"`
+	LeafHash   string   `json:"leaf_hash"`  // base64, as tlog prints hashes
+	TreeSize   uint64   `json:"tree_size"`  // size of the checkpoint's tree
+	RootHash   string   `json:"root_hash"`  // base64
+	Hashes     []string `json:"hashes"`     // the proof, base64, leaf to root
+	Checkpoint string   `json:"checkpoint"` // the signed note the proof checks against
+}
+
+// Reports writes reconciliations and evidence workbooks. Each method writes
+// the whole document to w; until it first writes, an error still reaches the
+// client as a problem.
+type Reports interface {
+	// WriteReconciliation writes a run's reconciliation as format: "json",
+	// "csv" or "xlsx". The JSON is an object with at least "run_id",
+	// "balanced" and "checks" (see openapi.yaml, Reconciliation).
+	WriteReconciliation(ctx context.Context, w io.Writer, runID, format string) error
+	// WriteRunEvidence writes a run's evidence workbook (XLSX).
+	WriteRunEvidence(ctx context.Context, w io.Writer, runID string) error
+	// WriteAwardEvidence writes the evidence workbook (XLSX) of every run of
+	// an award created in [q.From, q.To).
+	WriteAwardEvidence(ctx context.Context, w io.Writer, q EvidenceQuery) error
+}
+
+// EvidenceQuery selects the runs of an award evidence workbook.
+type EvidenceQuery struct {
+	FAIN string
+	From time.Time // zero: from the first run
+	To   time.Time // zero: up to now
+}

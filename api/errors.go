@@ -1,0 +1,254 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/go-playground/validator/v10"
+	"github.com/labstack/echo/v4"
+)
+
+// Error codes the HTTP layer adds to auditd's. They describe the request's
+// envelope, not the domain, so they live here rather than in error.go.
+const (
+	codeTooLarge         = "too_large"
+	codeUnsupportedMedia = "unsupported_media_type"
+	codeMethodNotAllowed = "method_not_allowed"
+)
+
+// ProblemTypeBase prefixes every problem type URI; the code follows it.
+const ProblemTypeBase = "urn:auditd:problem:"
+
+// status maps every error code to its HTTP status: the only place that
+// does. An unknown code is a 500.
+func status(code string) int {
+	switch code {
+	case auditd.EINVALID:
+		return http.StatusBadRequest
+	case auditd.EUNAUTHORIZED:
+		return http.StatusUnauthorized
+	case auditd.EFORBIDDEN:
+		return http.StatusForbidden
+	case auditd.ENOTFOUND:
+		return http.StatusNotFound
+	case codeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
+	case auditd.ECONFLICT:
+		return http.StatusConflict
+	case codeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case codeUnsupportedMedia:
+		return http.StatusUnsupportedMediaType
+	case auditd.ETOOMANY:
+		return http.StatusTooManyRequests
+	case auditd.EUNAVAILABLE:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+// Problem is an RFC 9457 problem detail, as every error response carries it.
+type Problem struct {
+	Type      string `json:"type"`
+	Title     string `json:"title"`
+	Status    int    `json:"status"`
+	Detail    string `json:"detail,omitempty"`
+	Instance  string `json:"instance,omitempty"`
+	Code      string `json:"code"`
+	Field     string `json:"field,omitempty"`
+	RequestID string `json:"request_id"`
+}
+
+// handleError is echo's HTTPErrorHandler: it turns any error a handler or
+// middleware returned into a problem, and logs the ones that are the
+// server's fault, once, with the request id the client sees.
+func (s *Server) handleError(err error, c echo.Context) {
+	reqID := requestID(c)
+	if c.Response().Committed {
+		// Too late for a problem: the body is half sent.
+		s.Logger.Error("response failed after it started", "request_id", reqID, "method", c.Request().Method, "path", c.Request().URL.Path, "err", err)
+		return
+	}
+	code, msg, field := auditd.ErrorCode(err), auditd.ErrorMessage(err), ""
+	var de *auditd.Error
+	var he *echo.HTTPError
+	switch {
+	case errors.As(err, &de):
+		field = de.Field
+	case errors.As(err, &he):
+		code, msg = echoCode(he.Code), http.StatusText(he.Code)
+	}
+	st := status(code)
+	if st >= 500 && code != auditd.EUNAVAILABLE {
+		s.Logger.Error("internal error", "request_id", reqID, "method", c.Request().Method, "path", c.Request().URL.Path, "err", err)
+		code, msg = auditd.EINTERNAL, fmt.Sprintf("Internal error; quote request id %s when reporting it.", reqID)
+	}
+	p := Problem{
+		Type:      ProblemTypeBase + code,
+		Title:     http.StatusText(st),
+		Status:    st,
+		Detail:    msg,
+		Instance:  c.Request().URL.Path,
+		Code:      code,
+		Field:     field,
+		RequestID: reqID,
+	}
+	// A download may have set its own headers before it failed.
+	h := c.Response().Header()
+	h.Del(echo.HeaderContentDisposition)
+	h.Set(echo.HeaderContentType, "application/problem+json")
+	if c.Request().Method == http.MethodHead {
+		err = c.NoContent(st)
+	} else {
+		var b []byte
+		b, err = json.Marshal(p)
+		if err == nil {
+			err = c.Blob(st, "application/problem+json", b)
+		}
+	}
+	if err != nil {
+		s.Logger.Error("write problem", "request_id", reqID, "err", err)
+	}
+}
+
+// echoCode names the code for an error echo itself raised (no route, wrong
+// method, a body-limit from its middleware).
+func echoCode(st int) string {
+	switch st {
+	case http.StatusNotFound:
+		return auditd.ENOTFOUND
+	case http.StatusMethodNotAllowed:
+		return codeMethodNotAllowed
+	case http.StatusRequestEntityTooLarge:
+		return codeTooLarge
+	case http.StatusUnsupportedMediaType:
+		return codeUnsupportedMedia
+	case http.StatusUnauthorized:
+		return auditd.EUNAUTHORIZED
+	case http.StatusForbidden:
+		return auditd.EFORBIDDEN
+	case http.StatusTooManyRequests:
+		return auditd.ETOOMANY
+	case http.StatusServiceUnavailable:
+		return auditd.EUNAVAILABLE
+	}
+	if st >= 400 && st < 500 {
+		return auditd.EINVALID
+	}
+	return auditd.EINTERNAL
+}
+
+// invalid returns an EINVALID error naming field.
+func invalid(field, format string, args ...any) error {
+	return &auditd.Error{Code: auditd.EINVALID, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// tooMany sets Retry-After to wait, rounded up to whole seconds so that a
+// client that waits exactly that long is admitted, and returns ETOOMANY.
+func tooMany(c echo.Context, wait time.Duration, why string) error {
+	secs := int64(math.Ceil(wait.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	c.Response().Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	return auditd.Errorf(auditd.ETOOMANY, "%s; retry after %d s.", why, secs)
+}
+
+// decodeError turns what encoding/json or the body limit said about a body
+// into a client error that names the field when there is one.
+func decodeError(err error) error {
+	var (
+		maxErr    *http.MaxBytesError
+		syntaxErr *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+		timeErr   *time.ParseError
+		domainErr *auditd.Error
+	)
+	switch {
+	case errors.As(err, &maxErr):
+		return &auditd.Error{Code: codeTooLarge, Message: fmt.Sprintf("Body larger than %d bytes.", maxErr.Limit)}
+	case errors.Is(err, io.EOF):
+		return invalid("", "Body is empty; a JSON object is required.")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return invalid("", "Malformed JSON: the body ends too early.")
+	case errors.As(err, &syntaxErr):
+		return invalid("", "Malformed JSON at byte %d.", syntaxErr.Offset)
+	case errors.As(err, &typeErr):
+		return invalid(typeErr.Field, "Wrong type: %s cannot hold a JSON %s.", jsonField(typeErr.Field), typeErr.Value)
+	case errors.As(err, &timeErr):
+		return invalid("", "Times must be RFC 3339 (2026-01-02T15:04:05Z).")
+	case errors.As(err, &domainErr):
+		return &auditd.Error{Code: auditd.EINVALID, Field: domainErr.Field, Message: domainErr.Message}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return invalid(name, "Unknown field %q.", name)
+	}
+	return invalid("", "Malformed JSON.")
+}
+
+func jsonField(f string) string {
+	if f == "" {
+		return "the body"
+	}
+	return f
+}
+
+// validationError turns the first validator failure into a client error
+// naming the field by its JSON path ("items[3].path").
+func validationError(err error) error {
+	var ve validator.ValidationErrors
+	if !errors.As(err, &ve) || len(ve) == 0 {
+		return fmt.Errorf("validate: %w", err)
+	}
+	fe := ve[0]
+	field := fe.Namespace()
+	if i := strings.IndexByte(field, '.'); i >= 0 {
+		field = field[i+1:]
+	}
+	var msg string
+	switch fe.Tag() {
+	case "required":
+		msg = "is required"
+	case "max":
+		msg = "must be at most " + fe.Param() + sizeUnit(fe)
+	case "min":
+		msg = "must be at least " + fe.Param() + sizeUnit(fe)
+	case "len":
+		msg = "must have length " + fe.Param()
+	case "oneof":
+		msg = "must be one of: " + fe.Param()
+	case "listing":
+		msg = "must be an Assistance Listing number, NN.NNN"
+	case "startswith":
+		msg = "must start with " + fe.Param()
+	case "url":
+		msg = "must be a URL"
+	case "printascii":
+		msg = "must be printable ASCII"
+	case "alphanum":
+		msg = "must be letters and digits"
+	case "uppercase":
+		msg = "must be upper case"
+	default:
+		msg = "fails the " + fe.Tag() + " rule"
+	}
+	return invalid(field, "%s %s.", field, msg)
+}
+
+func sizeUnit(fe validator.FieldError) string {
+	switch fe.Kind().String() {
+	case "string":
+		return " characters"
+	case "slice", "map":
+		return " entries"
+	}
+	return ""
+}

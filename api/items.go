@@ -1,0 +1,79 @@
+package api
+
+import (
+	"io"
+	"net/http"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/auth"
+	"github.com/labstack/echo/v4"
+)
+
+func (s *Server) registerItemRoutes(g *echo.Group) {
+	g.GET("/runs/:id/items", s.handleListItems, s.allow(auth.RoleAuditor, costRequest))
+	g.GET("/runs/:id/items/:key", s.handleGetItem, s.allow(auth.RoleAuditor, costRequest))
+	g.GET("/runs/:id/items/:key/payload", s.handleGetPayload, s.allow(auth.RoleAuditor, costRequest))
+}
+
+// itemJSON is an item as the API shows it.
+type itemJSON struct {
+	auditd.Item
+	Result *ItemResult `json:"result,omitempty"`
+}
+
+func (s *Server) handleListItems(c echo.Context) error {
+	after, err := cursorParam(c)
+	if err != nil {
+		return err
+	}
+	limit, err := limitParam(c, DefaultPageLimit)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.Runs.Items(c.Request().Context(), c.Param("id"), after, limit)
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Items      []itemJSON `json:"items"`
+		NextCursor string     `json:"next_cursor,omitempty"`
+	}{Items: make([]itemJSON, 0, len(items)), NextCursor: encodeCursor(next)}
+	for _, it := range items {
+		out.Items = append(out.Items, itemJSON{Item: it.Item, Result: it.Result})
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) handleGetItem(c echo.Context) error {
+	it, err := s.Runs.Item(c.Request().Context(), c.Param("id"), c.Param("key"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, itemJSON{Item: it.Item, Result: it.Result})
+}
+
+// PayloadHashHeader carries the SHA-256 (hex) of a staged payload.
+const PayloadHashHeader = "X-Payload-Sha256"
+
+func (s *Server) handleGetPayload(c echo.Context) error {
+	ctx := c.Request().Context()
+	runID, key := c.Param("id"), c.Param("key")
+	it, err := s.Runs.Item(ctx, runID, key)
+	if err != nil {
+		return err
+	}
+	if it.Result == nil || it.Result.PayloadHash == "" {
+		return auditd.Errorf(auditd.ENOTFOUND, "Item %q has no staged payload.", key)
+	}
+	rc, err := s.Runs.Payload(ctx, runID, key)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	h := c.Response().Header()
+	h.Set(PayloadHashHeader, it.Result.PayloadHash)
+	h.Set(echo.HeaderContentType, echo.MIMEOctetStream)
+	c.Response().WriteHeader(http.StatusOK)
+	_, err = io.Copy(c.Response(), rc)
+	return err
+}

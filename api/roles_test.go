@@ -1,0 +1,140 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/api"
+	"github.com/auditd/auditd/auth"
+)
+
+// routeCase is one route of the API with a request that succeeds for a
+// token of role min or above.
+type routeCase struct {
+	name string
+	min  auth.Role // "" for the unauthenticated system routes
+	want int       // status for an allowed caller
+	// req builds a fresh request each time, so that routes that change
+	// state (cancel, revoke) can be called once per caller.
+	req func(e *env) request
+}
+
+const oneItemRun = `{"name":"nightly","award":{"fain":"F-1","listing_number":"10.555","recipient_uei":"ABCDEF123456"},"items":[{"key":"p1","source":"county","path":"/layer/0/query"}]}`
+
+func routeCases() []routeCase {
+	get := func(path string) func(*env) request {
+		return func(*env) request { return request{path: path} }
+	}
+	runPath := func(suffix string) func(*env) request {
+		return func(e *env) request { return request{path: "/v1/runs/" + e.runID + suffix} }
+	}
+	return []routeCase{
+		{"Healthz", "", 200, get("/healthz")},
+		{"Metrics", "", 200, get("/metrics")},
+		{"OpenAPI", "", 200, get("/openapi.yaml")},
+		{"ListSources", auth.RoleAuditor, 200, get("/v1/sources")},
+		{"GetSource", auth.RoleAuditor, 200, get("/v1/sources/county")},
+		{"PutSource", auth.RoleAdmin, 200, func(*env) request {
+			return request{method: "PUT", path: "/v1/sources/county", body: `{"base_url":"https://gis.example.gov/arcgis","limit":5,"window":"1s"}`}
+		}},
+		{"CreateRun", auth.RoleOperator, 201, func(*env) request {
+			return request{method: "POST", path: "/v1/runs", body: oneItemRun}
+		}},
+		{"ListRuns", auth.RoleAuditor, 200, get("/v1/runs?status=succeeded&limit=5")},
+		{"GetRun", auth.RoleAuditor, 200, runPath("")},
+		{"CancelRun", auth.RoleOperator, 200, func(e *env) request {
+			id := e.runs.add(auditd.RunRunning, []api.ItemState{{Item: auditd.Item{Key: "x", SourceID: "county", Path: "/"}}})
+			return request{method: "POST", path: "/v1/runs/" + id + "/cancel"}
+		}},
+		{"Acknowledge", auth.RoleOperator, 200, func(e *env) request {
+			return request{method: "POST", path: "/v1/runs/" + e.runID + "/acknowledgements", body: `{"items":["a"]}`}
+		}},
+		{"ListItems", auth.RoleAuditor, 200, runPath("/items")},
+		{"GetItem", auth.RoleAuditor, 200, runPath("/items/a")},
+		{"GetPayload", auth.RoleAuditor, 200, runPath("/items/a/payload")},
+		{"ListEvents", auth.RoleAuditor, 200, runPath("/events?type=dispatch,response")},
+		{"Reconciliation", auth.RoleAuditor, 200, runPath("/reconciliation")},
+		{"RunEvidence", auth.RoleAuditor, 200, runPath("/evidence.xlsx")},
+		{"AwardEvidence", auth.RoleAuditor, 200, get("/v1/evidence.xlsx?award=F-1&from=2026-01-01&to=2026-04-01")},
+		{"VerifyLedger", auth.RoleAuditor, 200, get("/v1/ledger/verify")},
+		{"Checkpoint", auth.RoleAuditor, 200, get("/v1/ledger/checkpoint")},
+		{"Proof", auth.RoleAuditor, 200, get("/v1/ledger/proof/1")},
+		{"PublicKey", auth.RoleAuditor, 200, get("/v1/ledger/public-key")},
+		{"CreateToken", auth.RoleAdmin, 201, func(*env) request {
+			return request{method: "POST", path: "/v1/tokens", body: `{"name":"ci","role":"auditor"}`}
+		}},
+		{"ListTokens", auth.RoleAdmin, 200, get("/v1/tokens")},
+		{"RevokeToken", auth.RoleAdmin, 204, func(e *env) request {
+			tok, _, err := e.tokens.Create(context.Background(), "victim", auth.RoleAuditor, "test")
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return request{method: "DELETE", path: "/v1/tokens/" + url.PathEscape(tok.ID)}
+		}},
+	}
+}
+
+// TestRoleMatrix calls every route as every kind of caller and checks the
+// documented status: 401 without a live token, 403 below the route's role,
+// the route's success status at or above it.
+func TestRoleMatrix(t *testing.T) {
+	e := newEnv(t)
+	callers := []struct {
+		name   string
+		secret func() string
+		role   auth.Role // "" for callers that do not authenticate
+	}{
+		{"NoToken", func() string { return "" }, ""},
+		{"BadToken", func() string { return "adt_this-is-not-a-token-anyone-was-given" }, ""},
+		{"RevokedToken", func() string { return e.revoked }, ""},
+		{"Auditor", func() string { return e.secret[auth.RoleAuditor] }, auth.RoleAuditor},
+		{"Operator", func() string { return e.secret[auth.RoleOperator] }, auth.RoleOperator},
+		{"Admin", func() string { return e.secret[auth.RoleAdmin] }, auth.RoleAdmin},
+	}
+	cases := routeCases()
+	if got := len(cases); got != len(e.srv.Routes())-countWildcards(e.srv) {
+		t.Fatalf("role matrix covers %d routes, the server has %d: add the new route here", got, len(e.srv.Routes())-countWildcards(e.srv))
+	}
+	for _, rc := range cases {
+		for _, caller := range callers {
+			t.Run(rc.name+"/"+caller.name, func(t *testing.T) {
+				want := rc.want
+				switch {
+				case rc.min == "":
+				case caller.role == "":
+					want = http.StatusUnauthorized
+				case !caller.role.Allows(rc.min):
+					want = http.StatusForbidden
+				}
+				req := rc.req(e)
+				req.secret = caller.secret()
+				r := e.do(req)
+				if r.status != want {
+					t.Fatalf("%s %s as %s: %d, want %d; body %s", req.method, req.path, caller.name, r.status, want, r.body)
+				}
+				if want >= 400 {
+					p := r.problem(t)
+					if p.RequestID == "" || p.RequestID != r.header.Get("X-Request-Id") {
+						t.Errorf("problem request_id %q, header %q", p.RequestID, r.header.Get("X-Request-Id"))
+					}
+				}
+				if want == http.StatusUnauthorized && r.header.Get("WWW-Authenticate") == "" {
+					t.Error("401 without WWW-Authenticate")
+				}
+			})
+		}
+	}
+}
+
+func countWildcards(s *api.Server) int {
+	n := 0
+	for _, r := range s.Routes() {
+		if r.Path == "/v1" || len(r.Path) > 0 && r.Path[len(r.Path)-1] == '*' {
+			n++
+		}
+	}
+	return n
+}

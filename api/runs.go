@@ -1,0 +1,212 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/auth"
+	"github.com/labstack/echo/v4"
+)
+
+func (s *Server) registerRunRoutes(g *echo.Group) {
+	g.POST("/runs", s.handleCreateRun, s.allow(auth.RoleOperator, costInline))
+	g.GET("/runs", s.handleListRuns, s.allow(auth.RoleAuditor, costRequest))
+	g.GET("/runs/:id", s.handleGetRun, s.allow(auth.RoleAuditor, costRequest))
+	g.POST("/runs/:id/cancel", s.handleCancelRun, s.allow(auth.RoleOperator, costRequest))
+	g.POST("/runs/:id/acknowledgements", s.handleAcknowledge, s.allow(auth.RoleOperator, costRequest))
+}
+
+// runJSON is a run as the API shows it.
+type runJSON struct {
+	auditd.Run
+	Counts          RunCounts `json:"counts"`
+	EstimatedFinish time.Time `json:"estimated_finish,omitzero"`
+}
+
+func newRunJSON(st RunState) runJSON {
+	return runJSON{Run: st.Run, Counts: st.Counts, EstimatedFinish: st.EstimatedFinish}
+}
+
+// createRunRequest is the body of POST /v1/runs.
+type createRunRequest struct {
+	Name     string        `json:"name" validate:"required,max=200"`
+	Award    auditd.Award  `json:"award"`
+	Items    []auditd.Item `json:"items" validate:"required,min=1,max=100000,dive"`
+	Deadline time.Time     `json:"deadline,omitzero"`
+	Replay   bool          `json:"replay,omitempty"`
+}
+
+// IdempotencyKeyHeader makes a retried POST /v1/runs return the first run.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// handleCreateRun validates the whole run, then answers a retry from the
+// run its key already made (charging nothing), then charges the token one
+// unit per item, then creates the run.
+func (s *Server) handleCreateRun(c echo.Context) error {
+	key := c.Request().Header.Get(IdempotencyKeyHeader)
+	if key != "" {
+		if err := s.validate.Var(key, "max=200,printascii"); err != nil {
+			return invalid(IdempotencyKeyHeader, "%s must be 1 to 200 printable ASCII characters.", IdempotencyKeyHeader)
+		}
+	}
+	var req createRunRequest
+	if err := s.bind(c, &req, s.MaxRunBodyBytes); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	if err := s.checkRun(c, &req); err != nil {
+		return err
+	}
+
+	tok := token(c)
+	scoped := ""
+	if key != "" {
+		// Keys are the client's; scoping them to the token keeps one
+		// client from replaying (or squatting on) another's.
+		scoped = tok.ID + ":" + key
+		st, err := s.Runs.RunByIdempotencyKey(ctx, scoped)
+		if err == nil {
+			return s.renderCreated(c, st, true)
+		} else if auditd.ErrorCode(err) != auditd.ENOTFOUND {
+			return err
+		}
+	}
+	if err := s.charge(c, tok, float64(costRequest+len(req.Items))); err != nil {
+		return err
+	}
+	st, created, err := s.Runs.CreateRun(ctx, NewRun{
+		Name:           req.Name,
+		Award:          req.Award,
+		Items:          req.Items,
+		Deadline:       req.Deadline,
+		Replay:         req.Replay,
+		IdempotencyKey: scoped,
+		Principal:      tok.Principal(),
+	})
+	if err != nil {
+		return err
+	}
+	return s.renderCreated(c, st, !created)
+}
+
+// checkRun checks what the tags cannot: unique item keys, known sources, a
+// deadline in the future.
+func (s *Server) checkRun(c echo.Context, req *createRunRequest) error {
+	if !req.Deadline.IsZero() && !req.Deadline.After(s.Clock.Now()) {
+		return invalid("deadline", "deadline must be in the future.")
+	}
+	seen := make(map[string]int, len(req.Items))
+	known := map[string]bool{}
+	for i, it := range req.Items {
+		if j, dup := seen[it.Key]; dup {
+			return invalid(fmt.Sprintf("items[%d].key", i), "Item key %q repeats items[%d].", it.Key, j)
+		}
+		seen[it.Key] = i
+		if _, checked := known[it.SourceID]; !checked {
+			_, err := s.Sources.Source(c.Request().Context(), it.SourceID)
+			if auditd.ErrorCode(err) == auditd.ENOTFOUND {
+				return invalid(fmt.Sprintf("items[%d].source", i), "Unknown source %q; PUT /v1/sources/{id} first.", it.SourceID)
+			} else if err != nil {
+				return err
+			}
+			known[it.SourceID] = true
+		}
+	}
+	return nil
+}
+
+func (s *Server) renderCreated(c echo.Context, st RunState, replayed bool) error {
+	h := c.Response().Header()
+	h.Set(echo.HeaderLocation, "/v1/runs/"+st.Run.ID)
+	if replayed {
+		h.Set("Idempotent-Replayed", "true")
+	}
+	return c.JSON(http.StatusCreated, newRunJSON(st))
+}
+
+func (s *Server) handleListRuns(c echo.Context) error {
+	f, err := s.runFilter(c)
+	if err != nil {
+		return err
+	}
+	runs, next, err := s.Runs.Runs(c.Request().Context(), f)
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Runs       []runJSON `json:"runs"`
+		NextCursor string    `json:"next_cursor,omitempty"`
+	}{Runs: make([]runJSON, 0, len(runs)), NextCursor: encodeCursor(next)}
+	for _, st := range runs {
+		out.Runs = append(out.Runs, newRunJSON(st))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) runFilter(c echo.Context) (RunFilter, error) {
+	q := c.QueryParams()
+	var f RunFilter
+	var err error
+	if f.After, err = cursorParam(c); err != nil {
+		return f, err
+	}
+	if f.Limit, err = limitParam(c, DefaultPageLimit); err != nil {
+		return f, err
+	}
+	if f.From, f.To, err = rangeParams(q); err != nil {
+		return f, err
+	}
+	switch st := auditd.RunStatus(q.Get("status")); st {
+	case "", auditd.RunQueued, auditd.RunRunning, auditd.RunSucceeded, auditd.RunPartial, auditd.RunCancelled:
+		f.Status = st
+	default:
+		return f, invalid("status", "status must be one of queued, running, succeeded, partial, cancelled.")
+	}
+	f.Source, f.FAIN = q.Get("source"), q.Get("award")
+	if len(f.Source) > 100 {
+		return f, invalid("source", "source is at most 100 characters.")
+	}
+	if len(f.FAIN) > 64 {
+		return f, invalid("award", "award (a FAIN) is at most 64 characters.")
+	}
+	return f, nil
+}
+
+func (s *Server) handleGetRun(c echo.Context) error {
+	st, err := s.Runs.Run(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newRunJSON(st))
+}
+
+func (s *Server) handleCancelRun(c echo.Context) error {
+	st, err := s.Runs.CancelRun(c.Request().Context(), c.Param("id"), token(c).Principal())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newRunJSON(st))
+}
+
+// acknowledgeRequest is the body of POST /v1/runs/{id}/acknowledgements.
+type acknowledgeRequest struct {
+	Items []string `json:"items" validate:"required,min=1,max=100000,dive,required,max=200"`
+}
+
+func (s *Server) handleAcknowledge(c echo.Context) error {
+	var req acknowledgeRequest
+	if err := s.bind(c, &req, s.MaxRunBodyBytes); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	if _, err := s.Runs.Run(ctx, c.Param("id")); err != nil {
+		return err
+	}
+	n, err := s.Runs.Acknowledge(ctx, c.Param("id"), req.Items, token(c).Principal())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]int{"acknowledged": n})
+}

@@ -1,0 +1,68 @@
+package api_test
+
+import (
+	"log/slog"
+	"net/http"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/auditd/auditd/api"
+)
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// echoParam matches an echo path parameter (":id").
+var echoParam = regexp.MustCompile(`:([A-Za-z_]+)`)
+
+// TestSpecMatchesRoutes fails when a route the server registers is missing
+// from openapi.yaml, or an operation of openapi.yaml has no route.
+func TestSpecMatchesRoutes(t *testing.T) {
+	doc := loadSpec(t)
+	inSpec := map[string]bool{}
+	for path, item := range doc.Paths.Map() {
+		for method := range item.Operations() {
+			inSpec[method+" "+path] = true
+		}
+	}
+	inServer := map[string]bool{}
+	for _, r := range api.NewServer().Routes() {
+		// Wildcards are echo's own: the group's catch-all and the UI fallback.
+		if strings.Contains(r.Path, "*") || r.Path == "/v1" {
+			continue
+		}
+		inServer[r.Method+" "+echoParam.ReplaceAllString(r.Path, "{$1}")] = true
+	}
+	if len(inServer) < 25 {
+		t.Fatalf("only %d routes found; the walk is broken", len(inServer))
+	}
+	for _, k := range sorted(inServer) {
+		if !inSpec[k] {
+			t.Errorf("route %s is missing from openapi.yaml", k)
+		}
+	}
+	for _, k := range sorted(inSpec) {
+		if !inServer[k] {
+			t.Errorf("openapi.yaml documents %s, which the server does not serve", k)
+		}
+	}
+}
+
+func sorted(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestSpecServed checks GET /openapi.yaml returns the embedded document.
+func TestSpecServed(t *testing.T) {
+	e := newEnv(t)
+	r := e.do(request{path: "/openapi.yaml"})
+	if r.status != http.StatusOK || string(r.body) != string(api.Spec()) {
+		t.Fatalf("GET /openapi.yaml: %d, %d bytes; want 200 and the embedded %d bytes", r.status, len(r.body), len(api.Spec()))
+	}
+}
