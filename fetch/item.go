@@ -1,0 +1,458 @@
+package fetch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/hints"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/staging"
+)
+
+// pageEnd says how the attempts at one page ended.
+type pageEnd int
+
+const (
+	pageOK        pageEnd = iota // body holds a good response
+	pageFailed                   // give up on the item: retries spent or not retryable
+	pageShed                     // not admitted before the run's deadline
+	pageAbandon                  // the loop is shutting down; the item resumes later
+	pageCancelled                // the run was cancelled
+)
+
+// doItem carries out one item: every page in order, staging the payload,
+// and ends it with exactly one item.finished, unless the loop shuts down
+// first, in which case the item resumes at the next start.
+func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
+	// Records must land even while the run is being cancelled or the loop
+	// drains: the events describe what already happened.
+	rctx := context.WithoutCancel(ctx)
+	if ar.isCancelled() {
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil)
+		return
+	}
+	src, err := l.cfg.Registry.GetSource(it.SourceID)
+	if err != nil {
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "source removed: "+err.Error(), nil)
+		return
+	}
+	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
+	if ar.rec.Replay {
+		if l.serveCached(rctx, ar, it, lastGoodKey, "replay") {
+			return
+		}
+	}
+
+	w, err := l.cfg.Staging.NewWriter()
+	if err != nil {
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil)
+		return
+	}
+	defer w.Abort()
+	res := &ItemResult{Key: it.Key, Advertised: -1}
+	records := 0
+	for p := 0; ; p++ {
+		if p >= maxPages {
+			l.failOrServe(rctx, ar, it, lastGoodKey, fmt.Sprintf("more than %d pages", maxPages))
+			return
+		}
+		pg, err := pageRequest(it, p)
+		if err != nil {
+			l.endItem(rctx, ar, it, auditd.ItemFailed, err.Error(), nil)
+			return
+		}
+		body, end, reason := l.fetchPage(ctx, ar, &src, it, pg)
+		switch end {
+		case pageAbandon:
+			return
+		case pageCancelled:
+			l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil)
+			return
+		case pageShed:
+			l.shed(rctx, ar, it, lastGoodKey, reason)
+			return
+		case pageFailed:
+			l.failOrServe(rctx, ar, it, lastGoodKey, reason)
+			return
+		}
+		if p > 0 {
+			w.Write([]byte("\n"))
+		}
+		if _, err := w.Write(body); err != nil {
+			l.failOrServe(rctx, ar, it, lastGoodKey, "staging: "+err.Error())
+			return
+		}
+		res.Pages++
+		if it.Paging == auditd.PagingNone {
+			break
+		}
+		info, err := parsePage(it.Paging, body, records)
+		if err != nil {
+			l.failOrServe(rctx, ar, it, lastGoodKey, err.Error())
+			return
+		}
+		records += info.records
+		if info.total >= 0 {
+			res.Advertised = info.total
+		}
+		if !info.more {
+			break
+		}
+	}
+	sum, n, err := w.Commit()
+	if err != nil {
+		l.failOrServe(rctx, ar, it, lastGoodKey, "staging: "+err.Error())
+		return
+	}
+	if _, err := l.record(rctx, ar, auditd.Event{
+		Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
+		PayloadHash: sum, Bytes: n,
+	}); err != nil {
+		l.log.Error("record staged payload", "run", ar.rec.ID, "item", it.Key, "err", err)
+		return
+	}
+	if err := l.cfg.Staging.SetLastGood(lastGoodKey, sum); err != nil {
+		l.log.Error("index last good payload", "item", it.Key, "err", err)
+	}
+	res.PayloadHash, res.Bytes, res.Records = sum, n, records
+	res.CountMatched = it.Paging != auditd.PagingNone && res.Advertised == records
+	l.endItem(rctx, ar, it, auditd.ItemSucceeded, "", res)
+}
+
+// fetchPage sends one page until it succeeds, fails for good, or the run's
+// deadline or the loop's life ends. It returns the body of a good response.
+func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, pg page) ([]byte, pageEnd, string) {
+	rctx := context.WithoutCancel(ctx)
+	req := request{key: it.Key, page: pg.index}
+	path := redactPath(pg.path, src.SecretQuery)
+	maxAttempts := l.cfg.MaxAttempts
+	if src.MaxAttempts > 0 {
+		maxAttempts = src.MaxAttempts
+	}
+	lastGood := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
+	var retryAt time.Time // own backoff after a 5xx or transport error
+	lastReason := ""
+	for {
+		if ctx.Err() != nil {
+			if ar.isCancelled() {
+				return nil, pageCancelled, "cancelled"
+			}
+			return nil, pageAbandon, ""
+		}
+		ar.mu.Lock()
+		spent := int(ar.attempts[req])
+		ar.mu.Unlock()
+		if spent >= maxAttempts {
+			return nil, pageFailed, fmt.Sprintf("%d attempts spent; last: %s", spent, lastReason)
+		}
+		// A source that is down is served from its last good copy at once
+		// rather than waited for; without one, Acquire defers the item
+		// until the breaker lets a probe through.
+		if st, err := l.cfg.Limiter.State(it.SourceID); err == nil && st.Breaker == limiter.BreakerOpen {
+			if _, ok, _ := l.cfg.Staging.LastGood(lastGood); ok {
+				return nil, pageFailed, "breaker open"
+			}
+		}
+
+		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt})
+		l.recordTransitions(rctx, ar, it, p.Breaker)
+		for _, w := range p.Waits {
+			l.recordWait(rctx, ar, it, pg.index, string(w.Gate), w.Planned, w.Actual)
+		}
+		var shed *limiter.ShedError
+		switch {
+		case errors.As(err, &shed):
+			return nil, pageShed, string(shed.Gate)
+		case err != nil && ctx.Err() != nil:
+			if ar.isCancelled() {
+				return nil, pageCancelled, "cancelled"
+			}
+			return nil, pageAbandon, ""
+		case err != nil:
+			return nil, pageFailed, "limiter: " + err.Error()
+		}
+
+		attempt := ar.nextAttempt(req)
+		cause := ""
+		if p.Probe {
+			cause = "probe"
+		}
+		dispatched, err := l.dispatch(rctx, ar, p, auditd.Event{
+			Type: auditd.EventDispatch, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(pg.index),
+			Attempt: attempt, Method: it.Method, Path: path, Cause: cause,
+		})
+		if errors.Is(err, errBreakerOpened) {
+			ar.mu.Lock()
+			ar.attempts[req]-- // nothing was sent: the number is not spent
+			ar.mu.Unlock()
+			continue
+		} else if err != nil {
+			// Not durable, so not sent: the ledger never shows fewer
+			// requests than the upstream received.
+			l.log.Error("record dispatch", "run", ar.rec.ID, "item", it.Key, "err", err)
+			return nil, pageAbandon, ""
+		}
+
+		body, res, latency, sendErr := l.send(rctx, src, it, pg)
+		hint := hints.Parse(res.Header, res.ReceivedAt)
+		// The registry owns what Remaining and Reset teach (a pause of one
+		// quota interval); handing them to the limiter as well would pause
+		// until Reset on nearly every response of a source paced at its quota.
+		gateHint := hint
+		gateHint.HasRemaining, gateHint.HasReset = false, false
+		v := p.Observe(limiter.Outcome{Status: res.Status, Err: sendErr, Hint: gateHint, Attempt: int(attempt)})
+
+		base := auditd.Event{SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(pg.index), Attempt: attempt, Latency: latency}
+		var out auditd.Outcome
+		var bodyErr string
+		switch {
+		case sendErr != nil:
+			base.Type, base.Cause = auditd.EventTransportError, sendErr.Error()
+			l.mustRecord(rctx, ar, base)
+		default:
+			out, bodyErr = classify(res.Status, hint.RetryAfterRaw != "", src.BodyError, body)
+			base.Status, base.Bytes = res.Status, int64(len(body))
+			if v.Class == limiter.ClassThrottled {
+				base.Type = auditd.EventThrottle
+				base.RetryAfterRaw, base.RetryAfter, base.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
+				base.Backoff, base.Wait = v.Backoff, v.Wait
+				ev := l.mustRecord(rctx, ar, base)
+				// The pause runs from the throttle's own record, so no
+				// dispatch can carry a time inside [throttle.Time, +Wait).
+				l.cfg.Limiter.Pause(it.SourceID, ev.Time.Add(v.Wait))
+				out = auditd.OutcomeThrottled
+			} else {
+				base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
+				l.mustRecord(rctx, ar, base)
+			}
+		}
+		l.recordBreaker(rctx, ar, it, v.Breaker)
+		l.learn(rctx, ar, it.SourceID, res.Status, out, dispatched.Time, hint)
+
+		switch {
+		case sendErr != nil:
+			lastReason = "transport error: " + sendErr.Error()
+			retryAt = l.cfg.Clock.Now().Add(v.Wait)
+		case out == auditd.OutcomeSuccess:
+			return body, pageOK, ""
+		case out == auditd.OutcomeThrottled:
+			lastReason = fmt.Sprintf("throttled (%d)", res.Status)
+		case out == auditd.OutcomeServerError:
+			lastReason = fmt.Sprintf("server error (%d)", res.Status)
+			retryAt = l.cfg.Clock.Now().Add(v.Wait)
+		case out == auditd.OutcomeBodyError:
+			return nil, pageFailed, fmt.Sprintf("error in a %d body: %s", res.Status, bodyErr)
+		default:
+			return nil, pageFailed, fmt.Sprintf("client error (%d)", res.Status)
+		}
+	}
+}
+
+// errBreakerOpened means the breaker opened between a request's admission
+// and its dispatch record; the request was not sent.
+var errBreakerOpened = errors.New("breaker opened before dispatch")
+
+// dispatch records e, the dispatch of an admitted request, unless the
+// source's breaker opened since the admission (then it releases the permit
+// and returns errBreakerOpened). The source's send lock orders it against
+// breaker events.
+func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, e auditd.Event) (auditd.Event, error) {
+	mu := l.sendLock(e.SourceID)
+	mu.Lock()
+	defer mu.Unlock()
+	if st, err := l.cfg.Limiter.State(e.SourceID); err == nil && !p.Probe && st.Breaker != limiter.BreakerClosed {
+		p.Release()
+		return e, errBreakerOpened
+	}
+	got, err := l.record(ctx, ar, e)
+	if err != nil {
+		p.Release()
+	}
+	return got, err
+}
+
+// recordBreaker records breaker transitions under the source's send lock.
+func (l *Loop) recordBreaker(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
+	if len(ts) == 0 {
+		return
+	}
+	mu := l.sendLock(it.SourceID)
+	mu.Lock()
+	defer mu.Unlock()
+	l.recordTransitions(ctx, ar, it, ts)
+}
+
+// learn hands a response to the registry and applies what it decided: a new
+// pace for the source's gates, or a pause the server asked for.
+func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
+	d, err := l.cfg.Registry.Observe(ctx, registry.Observation{
+		RunID: ar.rec.ID, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
+	})
+	if err != nil {
+		l.log.Error("registry observe", "source", sourceID, "err", err)
+		return
+	}
+	if d.Retune {
+		limit, window := d.Pace()
+		if err := l.cfg.Limiter.SetLimit(sourceID, limit, window); err != nil {
+			l.log.Error("retune limiter", "source", sourceID, "err", err)
+		}
+	}
+	if d.Pause > 0 {
+		l.cfg.Limiter.Pause(sourceID, l.cfg.Clock.Now().Add(d.Pause))
+	}
+}
+
+// send performs one request with the source's secret headers and reads a
+// capped body. A transport error returns a Result with Status 0.
+func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg page) ([]byte, result, time.Duration, error) {
+	start := l.cfg.Clock.Now()
+	var body io.Reader
+	if len(pg.body) > 0 {
+		body = bytes.NewReader(pg.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, it.Method, strings.TrimRight(src.BaseURL, "/")+pg.path, body)
+	if err != nil {
+		return nil, result{ReceivedAt: start}, 0, err
+	}
+	if len(pg.body) > 0 {
+		req.Header.Set("Content-Type", "application/json")
+	} else {
+		// A request with no body is one net/http's transport may resend on
+		// its own when a kept-alive connection turns out closed; the upstream
+		// would then receive a request the ledger never saw dispatched. A
+		// non-nil body without GetBody makes it not replayable.
+		req.Body = io.NopCloser(bytes.NewReader(nil))
+	}
+	req.GetBody = nil
+	req.Header.Set("User-Agent", "auditd")
+	headers, err := l.cfg.Registry.RequestHeaders(src.ID)
+	if err != nil {
+		return nil, result{ReceivedAt: start}, 0, fmt.Errorf("source headers: %w", err)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := l.cfg.Client.Do(req)
+	if err != nil {
+		now := l.cfg.Clock.Now()
+		return nil, result{ReceivedAt: now}, now.Sub(start), scrubError(err, pg.path, src.SecretQuery)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, l.cfg.MaxBodyBytes+1))
+	now := l.cfg.Clock.Now()
+	if err != nil {
+		return nil, result{ReceivedAt: now}, now.Sub(start), fmt.Errorf("read body: %w", scrubError(err, pg.path, src.SecretQuery))
+	}
+	if int64(len(data)) > l.cfg.MaxBodyBytes {
+		return nil, result{ReceivedAt: now}, now.Sub(start), fmt.Errorf("response body larger than %d bytes", l.cfg.MaxBodyBytes)
+	}
+	return data, result{Status: resp.StatusCode, Header: resp.Header, ReceivedAt: now}, now.Sub(start), nil
+}
+
+// scrubError removes the request's query (which may hold credentials) from
+// a transport error's text before it is recorded.
+func scrubError(err error, path string, secret []string) error {
+	msg := err.Error()
+	if _, q, ok := strings.Cut(path, "?"); ok && q != "" {
+		msg = strings.ReplaceAll(msg, q, strings.TrimPrefix(redactPath(path, secret), strings.SplitN(path, "?", 2)[0]+"?"))
+	}
+	return errors.New(msg)
+}
+
+func (l *Loop) recordWait(ctx context.Context, ar *activeRun, it *auditd.Item, page int, gate string, planned, actual time.Duration) {
+	l.mustRecord(ctx, ar, auditd.Event{
+		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page),
+		Cause: gate, Wait: planned, Actual: actual,
+	})
+}
+
+func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
+	for _, t := range ts {
+		l.mustRecord(ctx, ar, auditd.Event{
+			Type: auditd.EventBreaker, SourceID: it.SourceID, ItemKey: it.Key,
+			From: string(t.From), To: string(t.To), Failures: t.Failures, Threshold: t.Threshold, Cooldown: t.Cooldown,
+		})
+	}
+}
+
+// mustRecord appends an event that describes something that already
+// happened. If the ledger cannot take it the service cannot keep its
+// promise, so the error is logged loudly; the reconciliation will show the gap.
+func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) auditd.Event {
+	got, err := l.record(ctx, ar, e)
+	if err != nil {
+		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", e.Type, "err", err)
+	}
+	return got
+}
+
+// failOrServe ends an item that could not be fetched: from the last good
+// copy when there is one, as failed otherwise.
+func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoodKey, reason string) {
+	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
+		return
+	}
+	l.endItem(ctx, ar, it, auditd.ItemFailed, reason, nil)
+}
+
+// shed ends an item the gates could not admit before the run's deadline.
+func (l *Loop) shed(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoodKey, gate string) {
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Cause: gate})
+	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
+		return
+	}
+	l.endItem(ctx, ar, it, auditd.ItemShed, "deadline", nil)
+}
+
+// serveCached serves an item from its last good staged payload, if one
+// exists and still verifies.
+func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoodKey, reason string) bool {
+	sum, ok, err := l.cfg.Staging.LastGood(lastGoodKey)
+	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
+		return false
+	}
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Cause: reason})
+	l.endItem(ctx, ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1})
+	return true
+}
+
+// endItem records item.finished and stores the item's result.
+func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult) {
+	if res == nil {
+		res = &ItemResult{Key: it.Key, Advertised: -1}
+	}
+	res.Outcome, res.Reason = out, reason
+	ar.mu.Lock()
+	for r, n := range ar.attempts {
+		if r.key == it.Key {
+			res.Attempts += int(n)
+		}
+	}
+	ar.mu.Unlock()
+	if _, err := l.record(ctx, ar, auditd.Event{
+		Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
+		Outcome: out, Cause: reason, PayloadHash: res.PayloadHash,
+	}); err != nil {
+		l.log.Error("record item finished", "run", ar.rec.ID, "item", it.Key, "err", err)
+		return
+	}
+	if err := l.saveResultAndRun(ar, res); err != nil {
+		l.log.Error("store item result", "run", ar.rec.ID, "item", it.Key, "err", err)
+	}
+}
+
+// result is what came back for one dispatch.
+type result struct {
+	Status     int         // 0 for a transport error
+	Header     http.Header // nil for a transport error
+	ReceivedAt time.Time
+}

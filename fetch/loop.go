@@ -1,0 +1,351 @@
+package fetch
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/staging"
+	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultMaxAttempts   = 5                // dispatches (and breaker deferrals) per request
+	DefaultConcurrency   = 2                // workers per source and run
+	DefaultMaxBodyBytes  = 32 << 20         // a response body past this is a failure, not a payload
+	DefaultDrainTimeout  = 10 * time.Second // graceful shutdown waits this long for in-flight requests
+	DefaultMaxItemsInRun = 100_000
+)
+
+// Ledger is what the loop needs of the ledger.
+type Ledger interface {
+	auditd.Appender
+	auditd.EventReader
+	Head() (seq uint64, hash [32]byte)
+}
+
+// Config wires a Loop. DB, Ledger, Registry, Limiter and Staging are required.
+type Config struct {
+	DB       *bolt.DB
+	Ledger   Ledger
+	Registry *registry.Registry // source configuration and learned limits
+	Limiter  *limiter.Limiter   // the gates; the loop configures it from the registry
+	Staging  *staging.Store
+	Client   *http.Client // default NewClient(DefaultClientOptions)
+	Clock    clock.Clock  // default clock.Real{}
+	Logger   *slog.Logger // default slog.Default()
+
+	MaxAttempts  int           // default DefaultMaxAttempts
+	Concurrency  int           // default DefaultConcurrency; a source's own setting wins
+	MaxBodyBytes int64         // default DefaultMaxBodyBytes
+	DrainTimeout time.Duration // default DefaultDrainTimeout
+	CodeVersion  string        // recorded with every run
+	ConfigHash   string        // hash of the service configuration, recorded with every run
+}
+
+// Loop runs runs. Create with New, then Start; Close drains it.
+type Loop struct {
+	cfg Config
+	log *slog.Logger
+
+	ctx    context.Context // ends when Close starts draining
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	active    map[string]*activeRun
+	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
+	closed    bool
+}
+
+// New returns a Loop; it starts nothing.
+func New(cfg Config) (*Loop, error) {
+	if cfg.DB == nil || cfg.Ledger == nil || cfg.Registry == nil || cfg.Limiter == nil || cfg.Staging == nil {
+		return nil, errors.New("fetch: DB, Ledger, Registry, Limiter and Staging are required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Client == nil {
+		cfg.Client = NewClient(DefaultClientOptions())
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if err := createBuckets(cfg.DB); err != nil {
+		return nil, fmt.Errorf("create fetch buckets: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{}}, nil
+}
+
+// Start configures the gates of every registered source and resumes every
+// run that a crash or restart left unfinished.
+func (l *Loop) Start(ctx context.Context) error {
+	for _, src := range l.cfg.Registry.ListSources() {
+		if err := l.configureGates(src); err != nil {
+			return fmt.Errorf("configure gates of %s: %w", src.ID, err)
+		}
+	}
+	var ids []string
+	err := l.cfg.DB.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
+			var rec runRecord
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return fmt.Errorf("decode run %s: %w", k, err)
+			}
+			if !rec.Status.Terminal() {
+				ids = append(ids, rec.ID)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := l.resume(ctx, id); err != nil {
+			return fmt.Errorf("resume run %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// Close stops taking work, lets in-flight requests finish for up to
+// DrainTimeout (or until ctx ends), then abandons the rest: unfinished runs
+// stay unfinished and resume at the next Start.
+func (l *Loop) Close(ctx context.Context) error {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.cancel()
+	done := make(chan struct{})
+	go func() { l.wg.Wait(); close(done) }()
+	t := l.cfg.Clock.NewTimer(l.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C():
+		select {
+		case <-done: // both were ready; the drain did finish
+			return nil
+		default:
+			return errors.New("fetch: drain timed out with requests in flight")
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// SubmitRequest is a new run.
+type SubmitRequest struct {
+	Name           string
+	Award          auditd.Award
+	Items          []auditd.Item
+	Deadline       time.Time // zero: none; past it, unfinished items are shed
+	Replay         bool      // read staged payloads instead of re-fetching
+	IdempotencyKey string    // a second submit with the same key returns the first run
+	Principal      string    // who submitted it
+}
+
+// Submit validates and stores a run and starts it. Nothing is stored or
+// recorded when the request is refused: an unknown source or a duplicate
+// item key fails before anything is queued.
+func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, error) {
+	if req.IdempotencyKey != "" {
+		if id, ok, err := l.idempotent(req.IdempotencyKey); err != nil {
+			return RunView{}, false, err
+		} else if ok {
+			v, err := l.Run(id)
+			return v, false, err
+		}
+	}
+	if err := l.validate(req); err != nil {
+		return RunView{}, false, err
+	}
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return RunView{}, false, auditd.Errorf(auditd.EUNAVAILABLE, "shutting down")
+	}
+
+	now := l.cfg.Clock.Now().UTC()
+	rec := &runRecord{Run: auditd.Run{
+		ID:          ulid.MustNew(ulid.Timestamp(now), rand.Reader).String(),
+		Name:        req.Name,
+		Award:       req.Award,
+		Status:      auditd.RunRunning,
+		InitiatedBy: req.Principal,
+		ConfigHash:  l.cfg.ConfigHash,
+		CodeVersion: l.cfg.CodeVersion,
+		CreatedAt:   now,
+		Deadline:    req.Deadline,
+		Replay:      req.Replay,
+		ItemCount:   len(req.Items),
+	}}
+	for i := range req.Items {
+		if req.Items[i].Method == "" {
+			req.Items[i].Method = http.MethodGet
+		}
+	}
+	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
+		if req.IdempotencyKey != "" && tx.Bucket(bucketIdem).Get([]byte(req.IdempotencyKey)) != nil {
+			return errIdemRace
+		}
+		return putRun(tx, rec, req.Items, req.IdempotencyKey)
+	})
+	if errors.Is(err, errIdemRace) {
+		return l.Submit(ctx, req)
+	} else if err != nil {
+		return RunView{}, false, fmt.Errorf("store run: %w", err)
+	}
+
+	ar := newActiveRun(rec)
+	if err := l.begin(ctx, ar, req.Items); err != nil {
+		return RunView{}, false, err
+	}
+	l.launch(ar, req.Items)
+	return l.view(ar), true, nil
+}
+
+var errIdemRace = errors.New("idempotency key taken concurrently")
+
+func (l *Loop) idempotent(key string) (string, bool, error) {
+	var id string
+	err := l.cfg.DB.View(func(tx *bolt.Tx) error {
+		id = string(tx.Bucket(bucketIdem).Get([]byte(key)))
+		return nil
+	})
+	return id, id != "", err
+}
+
+func (l *Loop) validate(req SubmitRequest) error {
+	if len(req.Items) == 0 {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "a run needs at least one item"}
+	}
+	if len(req.Items) > DefaultMaxItemsInRun {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: fmt.Sprintf("a run holds at most %d items", DefaultMaxItemsInRun)}
+	}
+	seen := make(map[string]bool, len(req.Items))
+	checked := map[string]bool{}
+	for i, it := range req.Items {
+		field := fmt.Sprintf("items[%d]", i)
+		if it.Key == "" {
+			return &auditd.Error{Code: auditd.EINVALID, Field: field + ".key", Message: "key is required"}
+		}
+		if seen[it.Key] {
+			return &auditd.Error{Code: auditd.EINVALID, Field: field + ".key", Message: fmt.Sprintf("duplicate item key %q", it.Key)}
+		}
+		seen[it.Key] = true
+		if !checked[it.SourceID] {
+			if _, err := l.cfg.Registry.GetSource(it.SourceID); err != nil {
+				return &auditd.Error{Code: auditd.EINVALID, Field: field + ".source", Message: fmt.Sprintf("unknown source %q", it.SourceID)}
+			}
+			checked[it.SourceID] = true
+		}
+		if _, err := pageRequest(&req.Items[i], 0); err != nil {
+			return &auditd.Error{Code: auditd.EINVALID, Field: field, Message: auditd.ErrorMessage(err)}
+		}
+	}
+	return nil
+}
+
+// begin records the start of a new run: run.started, a registry snapshot of
+// every source it uses, and item.queued for each item.
+func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) error {
+	detail, _ := json.Marshal(map[string]any{
+		"name": ar.rec.Name, "award": ar.rec.Award, "config_hash": ar.rec.ConfigHash,
+		"code_version": ar.rec.CodeVersion, "initiated_by": ar.rec.InitiatedBy, "items": len(items),
+	})
+	first, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunStarted, Detail: string(detail), Principal: ar.rec.InitiatedBy})
+	if err != nil {
+		return err
+	}
+	ar.mu.Lock()
+	ar.rec.FirstSeq = first.Seq
+	ar.rec.HeadAtStart = hex.EncodeToString(first.PrevHash[:])
+	ar.mu.Unlock()
+	if err := l.cfg.Registry.StartRun(ctx, ar.rec.ID, sourcesOf(items)); err != nil {
+		return fmt.Errorf("snapshot registry: %w", err)
+	}
+	for i := range items {
+		it := &items[i]
+		src, _ := l.cfg.Registry.GetSource(it.SourceID)
+		if _, err := l.record(ctx, ar, auditd.Event{
+			Type: auditd.EventItemQueued, SourceID: it.SourceID, ItemKey: it.Key,
+			Method: it.Method, Path: redactPath(it.Path, src.SecretQuery),
+		}); err != nil {
+			return err
+		}
+	}
+	return l.saveRun(ar)
+}
+
+func sourcesOf(items []auditd.Item) []string {
+	var ids []string
+	seen := map[string]bool{}
+	for _, it := range items {
+		if !seen[it.SourceID] {
+			seen[it.SourceID] = true
+			ids = append(ids, it.SourceID)
+		}
+	}
+	return ids
+}
+
+// record appends e for run ar and counts it. It returns once e is durable.
+func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (auditd.Event, error) {
+	e.RunID = ar.rec.ID
+	got, err := l.cfg.Ledger.Append(ctx, e)
+	if err != nil {
+		return got, fmt.Errorf("append %s: %w", e.Type, err)
+	}
+	ar.mu.Lock()
+	ar.rec.Counts.count(&got)
+	ar.rec.LastSeq = got.Seq
+	ar.mu.Unlock()
+	return got, nil
+}
+
+func (l *Loop) saveRun(ar *activeRun) error {
+	ar.mu.Lock()
+	rec := ar.rec
+	rec.Counts = ar.rec.Counts.clone()
+	ar.mu.Unlock()
+	return l.cfg.DB.Update(func(tx *bolt.Tx) error { return saveRun(tx, &rec) })
+}
+
+// configHash returns a stable hash of v's JSON, for recording configurations.
+func configHash(v any) string {
+	b, _ := json.Marshal(v)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,338 @@
+package fetch_test
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/fetch"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// httptest servers' idle keep-alive connections close on their own.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+const mixedScenario = `
+name: mixed
+seed: 3
+upstreams:
+  - name: parcels
+    path: /arcgis/rest/services/Parcels/FeatureServer/0/query
+    limit: {shape: leaky_bucket, requests: 5, window: 1s, burst: 1}
+    reject: {status: 429, retry_after: none}
+    collection: {kind: arcgis, records: 230, max_page: 50, layer: parcels}
+  - name: zoning
+    path: /geoserver/ows
+    limit: {shape: sliding_window, requests: 4, window: 1s}
+    reject: {status: 429, retry_after: delta, advertise: x_ratelimit}
+    collection: {kind: wfs, records: 120, max_page: 40, layer: zoning}
+  - name: grants
+    path: /v1/api/search2
+    limit: {shape: token_bucket, requests: 3, window: 1s, burst: 3}
+    reject: {status: 503, retry_after: imf_fixdate}
+    collection: {kind: grants_gov, records: 60, max_page: 25}
+    body_errors:
+      - {style: grants_gov, every: 7, code: 1, message: "search is temporarily unavailable"}
+`
+
+func mixedSources(tb testing.TB, h *harness) {
+	tb.Helper()
+	second := auditd.Duration(time.Second)
+	h.source(tb, auditd.Source{ID: "parcels", Limit: 20, Window: second}, "parcels")
+	h.source(tb, auditd.Source{ID: "zoning", Limit: 20, Window: second}, "zoning")
+	h.source(tb, auditd.Source{ID: "grants", Limit: 20, Window: second, BodyError: auditd.BodyErrorGrantsGov}, "grants")
+}
+
+func mixedItems() []auditd.Item {
+	var items []auditd.Item
+	for i, key := range []string{"p1", "p2", "p3", "p4"} {
+		items = append(items, auditd.Item{Key: key, SourceID: "parcels", Path: "/arcgis/rest/services/Parcels/FeatureServer/0/query?where=1%3D1&f=json&q=" + string(rune('a'+i)), Paging: auditd.PagingArcGIS, PageSize: 50})
+	}
+	for i, key := range []string{"z1", "z2", "z3"} {
+		items = append(items, auditd.Item{Key: key, SourceID: "zoning", Path: "/geoserver/ows?service=WFS&request=GetFeature&typeNames=zoning&outputFormat=json&n=" + string(rune('a'+i)), Paging: auditd.PagingWFS, PageSize: 40})
+	}
+	for i := range 6 {
+		items = append(items, auditd.Item{Key: "g" + string(rune('1'+i)), SourceID: "grants", Method: "POST", Path: "/v1/api/search2", Body: []byte(`{"keyword":"broadband` + string(rune('a'+i)) + `"}`)})
+	}
+	return items
+}
+
+// The ledger must never show fewer requests than the upstream received, and
+// with no crash it shows exactly as many; every dispatch has one outcome and
+// every item one end.
+func TestRunTiesOutWithUpstreams(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	mixedSources(t, h)
+	v, created, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "mixed", Items: mixedItems(), Principal: "test"})
+	if err != nil || !created {
+		t.Fatalf("submit: %v %v", created, err)
+	}
+	v = h.finish(t, v.ID)
+	events := h.events(t, v.ID)
+
+	for _, up := range []string{"parcels", "zoning", "grants"} {
+		got, want := count(events, auditd.EventDispatch, up), h.sim.Stats(up).Received
+		if got != want {
+			t.Errorf("%s: %d dispatch events, upstream received %d", up, got, want)
+		}
+	}
+	outcomes := count(events, auditd.EventResponse, "") + count(events, auditd.EventThrottle, "") + count(events, auditd.EventTransportError, "")
+	if d := count(events, auditd.EventDispatch, ""); outcomes != d {
+		t.Errorf("%d dispatches but %d outcome events", d, outcomes)
+	}
+	if n := count(events, auditd.EventItemFinished, ""); n != len(mixedItems()) {
+		t.Errorf("%d item.finished events for %d items", n, len(mixedItems()))
+	}
+	if n := count(events, auditd.EventRunFinished, ""); n != 1 {
+		t.Errorf("%d run.finished events", n)
+	}
+	if c := v.Counts; c.Done() != c.Items || c.Items != len(mixedItems()) {
+		t.Errorf("counts do not add up: %+v", c)
+	}
+	throttles := count(events, auditd.EventThrottle, "")
+	if throttles == 0 {
+		t.Error("the hidden limits never throttled: the scenario tests nothing")
+	}
+	if ch := count(events, auditd.EventRegistryChanged, ""); ch == 0 {
+		t.Error("nothing was learned from the throttles and headers")
+	}
+
+	// Paged items: every page fetched and the totals tie to the upstream's.
+	for _, key := range []string{"p1", "z1", "g1"} {
+		it, err := h.loop.Item(v.ID, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.Result == nil {
+			t.Fatalf("%s has no result", key)
+		}
+		if key == "g1" {
+			continue // unpaged
+		}
+		want := map[string]int{"p1": 230, "z1": 120}[key]
+		if it.Result.Outcome == auditd.ItemSucceeded && it.Result.Records != want {
+			t.Errorf("%s: %d records, want %d", key, it.Result.Records, want)
+		}
+		if key == "z1" && it.Result.Outcome == auditd.ItemSucceeded && !it.Result.CountMatched {
+			t.Errorf("z1: count did not match the advertised numberMatched: %+v", it.Result)
+		}
+		r, err := h.loop.Payload(v.ID, key)
+		if err == nil {
+			b, _ := io.ReadAll(r)
+			r.Close()
+			if len(b) == 0 {
+				t.Errorf("%s: empty payload", key)
+			}
+		}
+	}
+	// Body errors inside a 200 are failures, recorded with their code.
+	failedBody := 0
+	for _, e := range events {
+		if e.Type == auditd.EventResponse && e.Outcome == auditd.OutcomeBodyError {
+			failedBody++
+			if e.BodyError != "errorcode=1" {
+				t.Errorf("body error recorded as %q", e.BodyError)
+			}
+		}
+	}
+	if failedBody != h.sim.Stats("grants").BodyErrors {
+		t.Errorf("%d body errors recorded, upstream sent %d", failedBody, h.sim.Stats("grants").BodyErrors)
+	}
+}
+
+// A throttle pauses the source from the moment it is on record: no dispatch
+// to that source recorded after it carries a time before throttle.Time+Wait.
+func TestThrottlePausesBeforeNextDispatch(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	mixedSources(t, h)
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "pause", Items: mixedItems()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := h.events(t, h.finish(t, v.ID).ID)
+	checked := 0
+	for _, th := range events {
+		if th.Type != auditd.EventThrottle {
+			continue
+		}
+		checked++
+		end := th.Time.Add(th.Wait)
+		for _, d := range events {
+			if d.Type == auditd.EventDispatch && d.SourceID == th.SourceID && d.Seq > th.Seq && d.Time.Before(end) {
+				t.Errorf("dispatch %d at %v inside the pause of throttle %d [%v, %v)", d.Seq, d.Time, th.Seq, th.Time, end)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no throttle to check")
+	}
+}
+
+const outageScenario = `
+name: outage
+seed: 1
+upstreams:
+  - name: down
+    path: /geoserver/ows
+    collection: {kind: wfs, records: 30, max_page: 30, layer: parcels}
+    outages:
+      - {from: 1m, to: 2h, status: 503}
+  - name: up
+    path: /arcgis/rest/services/Parcels/FeatureServer/0/query
+    collection: {kind: arcgis, records: 20, max_page: 20, layer: parcels}
+`
+
+// One jurisdiction down never fails the run or holds the others back: its
+// items are served from the last good copy, or end failed once their
+// attempts are spent, while the other source completes.
+func TestOutageServesLastGoodCopy(t *testing.T) {
+	h := newHarness(t, outageScenario)
+	second := auditd.Duration(time.Second)
+	h.source(t, auditd.Source{ID: "down", Limit: 10, Window: second, MaxAttempts: 3,
+		Breaker: auditd.BreakerPolicy{Threshold: 2, Cooldown: auditd.Duration(10 * time.Second)}}, "down")
+	h.source(t, auditd.Source{ID: "up", Limit: 10, Window: second}, "up")
+	item := func(key, src, path string) auditd.Item { return auditd.Item{Key: key, SourceID: src, Path: path} }
+	wfs := func(n string) string { return "/geoserver/ows?service=WFS&request=GetFeature&typeNames=parcels&n=" + n }
+
+	first, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "before", Items: []auditd.Item{
+		item("a", "down", wfs("a")), item("b", "down", wfs("b")),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := h.finish(t, first.ID); v.Status != auditd.RunSucceeded {
+		t.Fatalf("first run %s: %+v", v.Status, v.Counts)
+	}
+
+	h.clk.Advance(2 * time.Minute) // the outage has begun
+	var items []auditd.Item
+	items = append(items, item("a", "down", wfs("a")), item("b", "down", wfs("b")), item("new", "down", wfs("new")))
+	for i := range 5 {
+		items = append(items, item("u"+string(rune('0'+i)), "up", "/arcgis/rest/services/Parcels/FeatureServer/0/query?f=json&n="+string(rune('0'+i))))
+	}
+	second2, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "during", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := h.finish(t, second2.ID)
+	events := h.events(t, v.ID)
+	if v.Counts.Succeeded != 5 {
+		t.Errorf("the healthy source finished %d of 5", v.Counts.Succeeded)
+	}
+	if v.Counts.Cached != 2 {
+		t.Errorf("%d items served from cache, want 2 (a, b)", v.Counts.Cached)
+	}
+	if v.Counts.Failed != 1 {
+		t.Errorf("%d items failed, want 1 (new has no copy)", v.Counts.Failed)
+	}
+	if v.Status != auditd.RunPartial {
+		t.Errorf("run ended %s, want partial", v.Status)
+	}
+	opened := false
+	for _, e := range events {
+		if e.Type == auditd.EventBreaker && e.To == "open" && e.SourceID == "down" {
+			opened = true
+		}
+	}
+	if !opened {
+		t.Error("the breaker never opened on 503s")
+	}
+	if count(events, auditd.EventCacheServed, "down") != 2 {
+		t.Errorf("%d cache.served events", count(events, auditd.EventCacheServed, "down"))
+	}
+	if got, want := count(h.events(t, first.ID), auditd.EventDispatch, "down")+count(events, auditd.EventDispatch, "down"), h.sim.Stats("down").Received; got != want {
+		t.Errorf("down: %d dispatches recorded, upstream received %d", got, want)
+	}
+}
+
+const gatewayScenario = `
+name: gateway
+seed: 1
+groups:
+  - name: org
+    limit: {shape: leaky_bucket, requests: 4, window: 1s, burst: 2}
+upstreams:
+  - name: north
+    group: org
+    path: /q
+    reject: {status: 429, retry_after: delta}
+  - name: south
+    group: org
+    path: /q
+    reject: {status: 429, retry_after: delta}
+`
+
+// Endpoints in one gateway group share one budget: together they never
+// exceed the group's quota in any window.
+func TestGatewayGroupSharesOneBudget(t *testing.T) {
+	h := newHarness(t, gatewayScenario)
+	second := auditd.Duration(time.Second)
+	h.source(t, auditd.Source{ID: "north", Group: "org", Limit: 4, Window: second}, "north")
+	h.source(t, auditd.Source{ID: "south", Group: "org", Limit: 4, Window: second}, "south")
+	var items []auditd.Item
+	for i := range 30 {
+		src := []string{"north", "south"}[i%2]
+		items = append(items, auditd.Item{Key: src + string(rune('A'+i)), SourceID: src, Path: "/q?i=" + string(rune('A'+i))})
+	}
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "gw", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.finish(t, v.ID)
+	if v.Counts.Succeeded != 30 {
+		t.Fatalf("%d of 30 succeeded: %+v", v.Counts.Succeeded, v.Counts)
+	}
+	var times []time.Time
+	for _, e := range h.events(t, v.ID) {
+		if e.Type == auditd.EventDispatch {
+			times = append(times, e.Time)
+		}
+	}
+	for i := range times {
+		n := 0
+		for j := i; j < len(times) && times[j].Sub(times[i]) < time.Second; j++ {
+			n++
+		}
+		if n > 4 {
+			t.Fatalf("%d dispatches to the group within 1s from %v; the quota is 4", n, times[i])
+		}
+	}
+	if r := h.sim.Stats("north").ByStatus[429] + h.sim.Stats("south").ByStatus[429]; r != 0 {
+		for _, e := range h.events(t, v.ID) {
+			if e.Type == auditd.EventDispatch || e.Type == auditd.EventThrottle || e.Type == auditd.EventRegistryChanged {
+				t.Logf("%d %s %s %s st=%d old=%d/%v new=%d/%v %s", e.Seq, e.Time.Format("05.000000"), e.Type, e.SourceID, e.Status, e.OldLimit, e.OldWindow, e.NewLimit, e.NewWindow, e.Cause)
+			}
+		}
+		t.Errorf("the gateway refused %d requests", r)
+	}
+}
+
+// An unknown source is refused before anything is stored or recorded.
+func TestSubmitRefusesUnknownSource(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	mixedSources(t, h)
+	head, _ := h.ledger.Head()
+	_, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Items: []auditd.Item{
+		{Key: "a", SourceID: "parcels", Path: "/x"}, {Key: "b", SourceID: "nowhere", Path: "/x"},
+	}})
+	if auditd.ErrorCode(err) != auditd.EINVALID {
+		t.Fatalf("got %v", err)
+	}
+	if e, ok := err.(*auditd.Error); !ok || e.Field != "items[1].source" {
+		t.Errorf("error names %+v", err)
+	}
+	if after, _ := h.ledger.Head(); after != head {
+		t.Errorf("ledger moved from %d to %d", head, after)
+	}
+	if runs, _, _ := h.loop.Runs(fetch.RunFilter{}); len(runs) != 0 {
+		t.Errorf("%d runs stored", len(runs))
+	}
+}

@@ -1,0 +1,65 @@
+package fetch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/limiter"
+)
+
+// PutSource creates or replaces a source on behalf of principal: the
+// registry validates and stores it (and records source.changed), and the
+// gates are reconfigured at once.
+func (l *Loop) PutSource(ctx context.Context, principal string, src auditd.Source) (created bool, err error) {
+	_, getErr := l.cfg.Registry.GetSource(src.ID)
+	created = getErr != nil
+	if err := l.cfg.Registry.PutSource(ctx, principal, src); err != nil {
+		return false, err
+	}
+	stored, err := l.cfg.Registry.GetSource(src.ID)
+	if err != nil {
+		return false, err
+	}
+	return created, l.configureGates(stored)
+}
+
+// configureGates sets a source's gates from its configuration (the ceiling)
+// and what the registry has learned (the pace).
+func (l *Loop) configureGates(src auditd.Source) error {
+	st, err := l.cfg.Registry.State(src.ID)
+	if err != nil {
+		return err
+	}
+	cfg := limiter.ConfigFromSource(src)
+	cfg.Limit, cfg.Window = st.CeilingLimit, st.CeilingWindow
+	if st.Group != "" {
+		// Members share one budget, so they must describe it alike: the
+		// group's ceiling, and the default burst.
+		cfg.Limit, cfg.Window, cfg.Burst = st.GroupCeilingLimit, st.GroupCeilingWindow, 0
+	}
+	if err := l.cfg.Limiter.Configure(src.ID, cfg); err != nil {
+		return fmt.Errorf("configure limiter: %w", err)
+	}
+	lim, err := l.cfg.Registry.Limits(src.ID)
+	if err != nil {
+		return err
+	}
+	limit, window := lim.Pace()
+	return l.cfg.Limiter.SetLimit(src.ID, limit, window)
+}
+
+// sendLock returns the lock that orders a source's dispatch and breaker
+// events: a request admitted just before another worker opens the breaker
+// must not be recorded as dispatched after the breaker opened.
+func (l *Loop) sendLock(sourceID string) *sync.Mutex {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.sendLocks[sourceID]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.sendLocks[sourceID] = m
+	}
+	return m
+}

@@ -1,0 +1,203 @@
+package staging
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// DefaultMaxBytes caps one staged payload (64 MiB).
+const DefaultMaxBytes = 64 << 20
+
+var bucketLastGood = []byte("staging.lastgood")
+
+// ErrTooLarge means a payload was larger than the store's cap; nothing was kept.
+var ErrTooLarge = errors.New("payload larger than the staging cap")
+
+// ErrNotFound means no payload is stored under a hash.
+var ErrNotFound = errors.New("payload not found")
+
+// ErrCorrupt means a stored payload no longer hashes to its name.
+var ErrCorrupt = errors.New("payload does not match its hash")
+
+// Store is a content-addressed payload store with a last-good index.
+type Store struct {
+	dir string
+	db  *bolt.DB
+
+	// MaxBytes caps one payload. Default DefaultMaxBytes.
+	MaxBytes int64
+}
+
+// Open returns a store keeping payloads below dir and its index in db.
+func Open(db *bolt.DB, dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create staging directory: %w", err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(bucketLastGood)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("create staging bucket: %w", err)
+	}
+	return &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes}, nil
+}
+
+// Writer stages one payload written in pieces (the pages of a paged item).
+// Commit makes it durable and returns its hash; Abort discards it.
+type Writer struct {
+	s    *Store
+	f    *os.File
+	h    hash.Hash
+	n    int64
+	done bool
+}
+
+// NewWriter starts a payload.
+func (s *Store) NewWriter() (*Writer, error) {
+	f, err := os.CreateTemp(s.dir, ".staging-*")
+	if err != nil {
+		return nil, fmt.Errorf("create staging file: %w", err)
+	}
+	return &Writer{s: s, f: f, h: sha256.New()}, nil
+}
+
+// Write appends p to the payload. It fails with ErrTooLarge past the cap.
+func (w *Writer) Write(p []byte) (int, error) {
+	if w.n+int64(len(p)) > w.s.MaxBytes {
+		return 0, ErrTooLarge
+	}
+	n, err := w.f.Write(p)
+	w.h.Write(p[:n])
+	w.n += int64(n)
+	return n, err
+}
+
+// Len is how many bytes were written so far.
+func (w *Writer) Len() int64 { return w.n }
+
+// Commit syncs the payload and files it under its hash. Storing bytes that are
+// already there is a no-op that returns the same hash.
+func (w *Writer) Commit() (sum string, n int64, err error) {
+	w.done = true
+	tmp := w.f.Name()
+	defer os.Remove(tmp) // gone after a successful rename; cleans up otherwise
+	if err := w.f.Sync(); err != nil {
+		w.f.Close()
+		return "", 0, fmt.Errorf("sync payload: %w", err)
+	}
+	if err := w.f.Close(); err != nil {
+		return "", 0, fmt.Errorf("close payload: %w", err)
+	}
+	sum = hex.EncodeToString(w.h.Sum(nil))
+	dst := w.s.path(sum)
+	if _, err := os.Stat(dst); err == nil {
+		return sum, w.n, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return "", 0, fmt.Errorf("create payload directory: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", 0, fmt.Errorf("file payload: %w", err)
+	}
+	return sum, w.n, nil
+}
+
+// Abort discards an uncommitted payload.
+func (w *Writer) Abort() {
+	if w.done {
+		return
+	}
+	w.done = true
+	w.f.Close()
+	os.Remove(w.f.Name())
+}
+
+// Put stages everything r yields and returns its hash and size.
+func (s *Store) Put(r io.Reader) (sum string, n int64, err error) {
+	w, err := s.NewWriter()
+	if err != nil {
+		return "", 0, err
+	}
+	if _, err := io.Copy(w, r); err != nil {
+		w.Abort()
+		return "", 0, err
+	}
+	return w.Commit()
+}
+
+// Open returns the payload stored under sum.
+func (s *Store) Open(sum string) (*os.File, error) {
+	if !validSum(sum) {
+		return nil, ErrNotFound
+	}
+	f, err := os.Open(s.path(sum))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	return f, err
+}
+
+// VerifyPayload re-hashes the payload stored under sum: nil when it is there
+// and unaltered, ErrNotFound or ErrCorrupt otherwise.
+func (s *Store) VerifyPayload(sum string) error {
+	f, err := s.Open(sum)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fmt.Errorf("read payload %s: %w", sum, err)
+	}
+	if hex.EncodeToString(h.Sum(nil)) != sum {
+		return fmt.Errorf("payload %s: %w", sum, ErrCorrupt)
+	}
+	return nil
+}
+
+// SetLastGood records sum as the last good payload of a request.
+func (s *Store) SetLastGood(requestKey, sum string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLastGood).Put([]byte(requestKey), []byte(sum))
+	})
+}
+
+// LastGood returns the last good payload of a request, if there is one.
+func (s *Store) LastGood(requestKey string) (sum string, ok bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketLastGood).Get([]byte(requestKey)); v != nil {
+			sum, ok = string(v), true
+		}
+		return nil
+	})
+	return sum, ok, err
+}
+
+// RequestKey names a request for the last-good index: the same source,
+// method, path and body are the same request whatever run asks for it.
+func RequestKey(sourceID, method, path string, body []byte) string {
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(sourceID), []byte(method), []byte(path), body} {
+		fmt.Fprintf(h, "%d:", len(part))
+		h.Write(part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (s *Store) path(sum string) string { return filepath.Join(s.dir, sum[:2], sum) }
+
+func validSum(sum string) bool {
+	if len(sum) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(sum)
+	return err == nil
+}

@@ -1,0 +1,101 @@
+package staging_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/auditd/auditd/staging"
+	bolt "go.etcd.io/bbolt"
+)
+
+func mustOpen(tb testing.TB) (*staging.Store, string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	s, err := staging.Open(db, filepath.Join(dir, "payloads"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s, filepath.Join(dir, "payloads")
+}
+
+func TestPutStoresUnderHashAndVerifies(t *testing.T) {
+	s, dir := mustOpen(t)
+	body := `{"features":[1,2,3]}`
+	sum, n, err := s.Put(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256([]byte(body))
+	if sum != hex.EncodeToString(want[:]) || n != int64(len(body)) {
+		t.Fatalf("got %s %d", sum, n)
+	}
+	f, err := s.Open(sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(f)
+	f.Close()
+	if string(got) != body {
+		t.Fatalf("read back %q", got)
+	}
+	if err := s.VerifyPayload(sum); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	// Altering the file is caught.
+	if err := os.WriteFile(filepath.Join(dir, sum[:2], sum), []byte("tampered"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.VerifyPayload(sum); !errors.Is(err, staging.ErrCorrupt) {
+		t.Fatalf("verify after tamper: %v", err)
+	}
+	if err := s.VerifyPayload(strings.Repeat("0", 64)); !errors.Is(err, staging.ErrNotFound) {
+		t.Fatalf("verify missing: %v", err)
+	}
+	if _, err := s.Open("../../etc/passwd"); !errors.Is(err, staging.ErrNotFound) {
+		t.Fatalf("open of a bad name: %v", err)
+	}
+}
+
+func TestCapLeavesNothingBehind(t *testing.T) {
+	s, dir := mustOpen(t)
+	s.MaxBytes = 8
+	if _, _, err := s.Put(strings.NewReader("123456789")); !errors.Is(err, staging.ErrTooLarge) {
+		t.Fatalf("got %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 0 {
+		t.Fatalf("left %d files", len(entries))
+	}
+}
+
+func TestLastGoodIndex(t *testing.T) {
+	s, _ := mustOpen(t)
+	k1 := staging.RequestKey("county", "GET", "/q?a=1", nil)
+	k2 := staging.RequestKey("county", "GET", "/q?a=2", nil)
+	if k1 == k2 {
+		t.Fatal("different paths share a key")
+	}
+	if _, ok, _ := s.LastGood(k1); ok {
+		t.Fatal("empty index has a last good copy")
+	}
+	if err := s.SetLastGood(k1, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if sum, ok, _ := s.LastGood(k1); !ok || sum != "abc" {
+		t.Fatalf("got %q %v", sum, ok)
+	}
+	if _, ok, _ := s.LastGood(k2); ok {
+		t.Fatal("key leaked to another request")
+	}
+}
