@@ -11,8 +11,10 @@ COUNT   ?= 6
 build:
 	$(GO) build -o $(BIN) ./cmd/auditd
 
+# The service on its embedded bbolt default, with the simulator's hostile
+# upstreams and two demo runs to look at.
 run: build
-	./scripts/run-demo.sh $(BIN) $(DATA) $(ADDR)
+	$(BIN) serve --data $(DATA) --addr $(ADDR) --demo testdata/scenarios/demo.yaml
 
 test:
 	$(GO) vet ./...
@@ -27,9 +29,14 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# Short fuzz pass over every parser of outside input.
+# A short pass of every fuzz target (parsers of outside input).
+FUZZTIME ?= 15s
 fuzz:
-	./scripts/fuzz.sh 20s
+	@for pkg in $$(go list ./...); do \
+	  for f in $$(go test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "$$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
 
 clean:
 	rm -rf bin bench.txt

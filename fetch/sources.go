@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
 )
 
 // PutSource creates or replaces a source on behalf of principal: the
@@ -62,4 +64,15 @@ func (l *Loop) sendLock(sourceID string) *sync.Mutex {
 		l.sendLocks[sourceID] = m
 	}
 	return m
+}
+
+// SetLimit sets a source's learned limit by hand on behalf of principal
+// (recorded as registry.changed, cause operator) and retunes its gates.
+func (l *Loop) SetLimit(ctx context.Context, principal, id string, limit int, window time.Duration) (registry.Limits, error) {
+	lim, err := l.cfg.Registry.SetLimit(ctx, principal, id, limit, window)
+	if err != nil {
+		return lim, err
+	}
+	pl, pw := lim.Pace()
+	return lim, l.cfg.Limiter.SetLimit(id, pl, pw)
 }

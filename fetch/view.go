@@ -299,3 +299,16 @@ func sortedStrings(s []string) []string {
 	sort.Strings(s)
 	return s
 }
+
+// RunByIdempotencyKey returns the run submitted with key; ENOTFOUND when
+// none was.
+func (l *Loop) RunByIdempotencyKey(key string) (RunView, error) {
+	id, ok, err := l.idempotent(key)
+	if err != nil {
+		return RunView{}, err
+	}
+	if !ok {
+		return RunView{}, auditd.Errorf(auditd.ENOTFOUND, "no run was submitted with that idempotency key")
+	}
+	return l.Run(id)
+}

@@ -810,3 +810,7 @@ func validHeaderName(name string) bool {
 	}
 	return true
 }
+
+// ValidateSource checks src as PutSource would, storing nothing. A
+// configuration file is checked whole with it before any source is applied.
+func (r *Registry) ValidateSource(src auditd.Source) error { return r.validateSource(src) }

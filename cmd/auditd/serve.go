@@ -2,12 +2,235 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime/debug"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/api"
+	"github.com/auditd/auditd/auth"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/staging"
+	"github.com/auditd/auditd/web"
 )
 
-// runServe is a placeholder until its issue lands; it says so and fails.
+// shutdownTimeout bounds the whole graceful shutdown.
+const shutdownTimeout = 20 * time.Second
+
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "auditd serve: not built yet")
-	return 2
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dataDir := fs.String("data", "./data", "data `directory`: the bbolt file, signing key, staged payloads")
+	addr := fs.String("addr", api.DefaultAddr, "listen `address` of the REST API and web UI")
+	configPath := fs.String("config", "", "YAML `file` of sources to declare at start")
+	demo := fs.String("demo", "", "also serve the simulator `scenario` and submit demo runs against it (make run)")
+	startLimit := fs.Int("start-limit", registry.DefaultLimit, "requests per --start-window an unknown source starts at")
+	startWindow := fs.Duration("start-window", registry.DefaultWindow, "window of --start-limit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *startLimit < 1 || *startWindow <= 0 {
+		fmt.Fprintln(stderr, "auditd serve: --start-limit and --start-window must be positive")
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	opts := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
+		registry: registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow}}
+	if err := serve(ctx, opts, stdout, log); err != nil {
+		fmt.Fprintf(stderr, "auditd serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// service is everything serve wires together, in the order it shuts down.
+type service struct {
+	api    *api.Server
+	loop   *fetch.Loop
+	ledger *ledger.Ledger
+	reg    *registry.Registry
+	lim    *limiter.Limiter
+}
+
+// serveOptions are serve's flags.
+type serveOptions struct {
+	dataDir, addr, configPath, demo string
+	registry                        registry.Options // start limits; the ledger is filled in
+}
+
+func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logger) error {
+	dataDir, addr, configPath, demo := o.dataDir, o.addr, o.configPath, o.demo
+	db, err := openDB(dataDir, false)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	led, err := ledger.Open(db, ledger.Options{KeyDir: dataDir})
+	if err != nil {
+		return fmt.Errorf("open ledger: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		if err := led.Close(cctx); err != nil {
+			log.Error("close ledger", "err", err)
+		}
+	}()
+	o.registry.Ledger = led
+	reg, err := registry.Open(db, o.registry)
+	if err != nil {
+		return fmt.Errorf("open registry: %w", err)
+	}
+	stage, err := staging.Open(db, filepath.Join(dataDir, "payloads"))
+	if err != nil {
+		return err
+	}
+	lim := limiter.New(clock.Real{})
+	version := codeVersion()
+	loop, err := fetch.New(fetch.Config{
+		DB: db, Ledger: led, Registry: reg, Limiter: lim, Staging: stage,
+		Logger: log, CodeVersion: version,
+	})
+	if err != nil {
+		return err
+	}
+
+	if configPath != "" {
+		cfg, err := loadConfig(configPath, func(src *auditd.Source) (string, string) { return validateSource(reg, src) })
+		if err != nil {
+			return err
+		}
+		if err := applySources(ctx, loop, reg, cfg.Sources, "config:"+filepath.Base(configPath)); err != nil {
+			return err
+		}
+	}
+	var demoSim *demoUpstreams
+	if demo != "" {
+		if demoSim, err = startDemo(ctx, demo, loop, reg); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		defer demoSim.close()
+	}
+	if err := loop.Start(ctx); err != nil {
+		return fmt.Errorf("start fetch loop: %w", err)
+	}
+
+	tokens, err := auth.NewStore(db, led)
+	if err != nil {
+		return err
+	}
+	secret, err := auth.Bootstrap(ctx, tokens, dataDir, os.Getenv)
+	if err != nil {
+		return err
+	}
+
+	srv := api.NewServer()
+	srv.Tokens, srv.Ledger = tokens, led
+	srv.Sources = sourcesAPI{loop: loop, reg: reg, lim: lim}
+	srv.Runs = runsAPI{loop: loop}
+	srv.Integrity = integrityAPI{db: db, led: led}
+	srv.Reports = newReportsAPI(led, loop, stage)
+	srv.UI = web.Handler()
+	srv.Logger = log
+	srv.Addr = addr
+	if err := srv.Open(); err != nil {
+		loop.Close(context.Background())
+		return fmt.Errorf("listen: %w", err)
+	}
+	greet(stdout, srv.URL(), dataDir, secret)
+	if demoSim != nil {
+		go demoSim.submitRuns(ctx, loop, log)
+	}
+
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Error("shut down API", "err", err)
+	}
+	if err := loop.Close(sctx); err != nil {
+		log.Error("drain fetch loop", "err", err)
+	}
+	return nil
+}
+
+func greet(w io.Writer, url, dataDir, secret string) {
+	fmt.Fprintf(w, "auditd is serving on %s (web UI and REST API)\n", url)
+	switch {
+	case secret != "":
+		fmt.Fprintf(w, "admin token (shown once; also in %s, mode 0600):\n  %s\n", filepath.Join(dataDir, auth.BootstrapFile), secret)
+	default:
+		if _, err := os.Stat(filepath.Join(dataDir, auth.BootstrapFile)); err == nil {
+			fmt.Fprintf(w, "admin token: in %s\n", filepath.Join(dataDir, auth.BootstrapFile))
+		}
+	}
+	fmt.Fprintln(w, "Ctrl-C stops it gracefully; runs in progress resume at the next start.")
+}
+
+// applySources declares sources from a configuration file. A source whose
+// stored configuration already equals the file's is left alone, so restarts
+// do not fill the ledger with source.changed events.
+func applySources(ctx context.Context, loop *fetch.Loop, reg *registry.Registry, srcs []auditd.Source, principal string) error {
+	for _, src := range srcs {
+		if old, err := reg.GetSource(src.ID); err == nil {
+			headers, _ := reg.RequestHeaders(src.ID)
+			want := src
+			want.Headers = nil
+			if reflect.DeepEqual(old, want) && reflect.DeepEqual(headers, nonNil(src.Headers)) {
+				continue
+			}
+		}
+		if _, err := loop.PutSource(ctx, principal, src); err != nil {
+			return fmt.Errorf("source %s: %w", src.ID, err)
+		}
+	}
+	return nil
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// validateSource is the check a configuration file's sources get: the
+// registry's own validation, reported as field and message.
+func validateSource(reg *registry.Registry, src *auditd.Source) (field, msg string) {
+	err := reg.ValidateSource(*src)
+	if err == nil {
+		return "", ""
+	}
+	var e *auditd.Error
+	if errors.As(err, &e) {
+		return e.Field, e.Message
+	}
+	return "", err.Error()
+}
+
+// codeVersion names the build: the module version or VCS revision.
+func codeVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	return bi.Main.Version
 }

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/auditd/auditd"
+	"gopkg.in/yaml.v3"
+)
+
+// fileConfig is the YAML file `auditd serve --config FILE` reads at start:
+// sources to declare. Sources changed later through the API persist in the
+// data directory; the file is applied again at each start.
+type fileConfig struct {
+	Sources []auditd.Source `yaml:"sources"`
+}
+
+// configError names the line and field of a bad configuration value.
+type configError struct {
+	Path  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+func (e *configError) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s:%d: %s: %s", e.Path, e.Line, e.Field, e.Msg)
+	}
+	return fmt.Sprintf("%s:%d: %s", e.Path, e.Line, e.Msg)
+}
+
+// loadConfig reads and checks a configuration file. validate checks one
+// source and returns the name of the failing field with a message; it is
+// the same validation the API applies. Nothing is applied when any source is
+// bad: the error names the first bad line and field.
+func loadConfig(path string, validate func(*auditd.Source) (field, msg string)) (*fileConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var cfg fileConfig
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	lines := sourceLines(&root)
+	seen := map[string]int{}
+	for i := range cfg.Sources {
+		line := 0
+		if i < len(lines) {
+			line = lines[i]
+		}
+		s := &cfg.Sources[i]
+		if field, msg := validate(s); field != "" || msg != "" {
+			return nil, &configError{Path: path, Line: line, Field: fmt.Sprintf("sources[%d].%s", i, field), Msg: msg}
+		}
+		if prev, dup := seen[s.ID]; dup {
+			return nil, &configError{Path: path, Line: line, Field: fmt.Sprintf("sources[%d].id", i), Msg: fmt.Sprintf("duplicate id %q (first at line %d)", s.ID, prev)}
+		}
+		seen[s.ID] = line
+	}
+	return &cfg, nil
+}
+
+// sourceLines returns the line of each entry of the top-level sources list.
+func sourceLines(root *yaml.Node) []int {
+	if len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+		return nil
+	}
+	m := root.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == "sources" {
+			var lines []int
+			for _, n := range m.Content[i+1].Content {
+				lines = append(lines, n.Line)
+			}
+			return lines
+		}
+	}
+	return nil
+}

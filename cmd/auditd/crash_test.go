@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/sim"
+)
+
+// TestMain lets a test start this binary as auditd itself: with
+// AUDITD_MAIN_ARGS set (a JSON list), the process is `auditd ARGS...`.
+func TestMain(m *testing.M) {
+	if raw := os.Getenv("AUDITD_MAIN_ARGS"); raw != "" {
+		var args []string
+		if err := json.Unmarshal([]byte(raw), &args); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		main2(args)
+	}
+	os.Exit(m.Run())
+}
+
+// main2 is main with explicit arguments.
+func main2(args []string) {
+	os.Args = append([]string{"auditd"}, args...)
+	main()
+}
+
+// child is auditd serve running in a process of its own.
+type child struct {
+	cmd  *exec.Cmd
+	url  string
+	logs *bytes.Buffer
+}
+
+func startServe(tb testing.TB, dataDir, config, token string) *child {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	args, _ := json.Marshal([]string{"serve", "--data", dataDir, "--addr", addr, "--config", config,
+		"--start-limit", "40", "--start-window", "1s"})
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "AUDITD_MAIN_ARGS="+string(args), "AUDITD_BOOTSTRAP_TOKEN="+token)
+	logs := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	c := &child{cmd: cmd, url: "http://" + addr, logs: logs}
+	tb.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for i := 0; ; i++ {
+		resp, err := http.Get(c.url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			return c
+		}
+		if i == 200 {
+			tb.Fatalf("auditd serve did not come up: %v\n%s", err, logs)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func (c *child) call(tb testing.TB, method, path, token string, body any, out any) int {
+	tb.Helper()
+	var rd *bytes.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, _ := http.NewRequest(method, c.url+path, rd)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		json.NewDecoder(resp.Body).Decode(out)
+	}
+	return resp.StatusCode
+}
+
+// After a SIGKILL in the middle of a run and a restart, the run completes,
+// and the ledger never shows fewer dispatches than the upstream received.
+func TestSIGKILLMidRunResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts auditd twice")
+	}
+	sc, err := sim.ParseScenario([]byte(`
+name: crash
+seed: 1
+upstreams:
+  - name: county
+    path: /q
+    limit: {shape: token_bucket, requests: 200, window: 1s, burst: 50}
+    latency: {fixed: 15ms}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sim.New(sc, clock.Real{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls, err := s.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+
+	dir := t.TempDir()
+	config := filepath.Join(dir, "sources.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf("sources:\n  - id: county\n    base_url: %s\n    limit: 40\n    window: 1s\n    concurrency: 4\n", urls["county"])), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	const token = "crash-test-admin-token-0123456789"
+	const items = 120
+
+	first := startServe(t, data, config, token)
+	var reqItems []map[string]any
+	for i := range items {
+		reqItems = append(reqItems, map[string]any{"key": fmt.Sprintf("k%03d", i), "source": "county", "path": fmt.Sprintf("/q?n=%d", i)})
+	}
+	var created struct {
+		ID string `json:"id"`
+	}
+	if code := first.call(t, "POST", "/v1/runs", token, map[string]any{"name": "crash", "items": reqItems}, &created); code != http.StatusCreated {
+		t.Fatalf("create run: %d\n%s", code, first.logs)
+	}
+	for deadline := time.Now().Add(20 * time.Second); s.Stats("county").Received < items/3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the run made no progress: %d received\n%s", s.Stats("county").Received, first.logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	first.cmd.Wait()
+	receivedAtKill := s.Stats("county").Received
+	if receivedAtKill >= items {
+		t.Fatalf("the run finished before the kill (%d received); the test proves nothing", receivedAtKill)
+	}
+
+	second := startServe(t, data, config, token)
+	var got struct {
+		Status string         `json:"status"`
+		Counts map[string]any `json:"counts"`
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		second.call(t, "GET", "/v1/runs/"+created.ID, token, nil, &got)
+		if auditd.RunStatus(got.Status).Terminal() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the resumed run did not finish: %+v\n%s", got, second.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got.Status != string(auditd.RunSucceeded) {
+		t.Errorf("resumed run ended %s: %v", got.Status, got.Counts)
+	}
+	second.cmd.Process.Signal(syscall.SIGTERM)
+	if err := second.cmd.Wait(); err != nil {
+		t.Errorf("graceful shutdown: %v\n%s", err, second.logs)
+	}
+
+	// Offline, from the file: every request the upstream received is on record.
+	db, err := openDB(data, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	counts := map[auditd.EventType]int{}
+	finished := map[string]int{}
+	if err := ledger.NewReader(db).ScanRun(created.ID, 0, func(e *auditd.Event) error {
+		counts[e.Type]++
+		if e.Type == auditd.EventItemFinished {
+			finished[e.ItemKey]++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	received := s.Stats("county").Received
+	t.Logf("received %d (%d before the kill), dispatches %d, interrupted %d, resumed %d",
+		received, receivedAtKill, counts[auditd.EventDispatch], counts[auditd.EventInterrupted], counts[auditd.EventRunResumed])
+	if counts[auditd.EventDispatch] < received {
+		t.Errorf("ledger shows %d dispatches, upstream received %d", counts[auditd.EventDispatch], received)
+	}
+	if counts[auditd.EventRunResumed] != 1 {
+		t.Errorf("%d run.resumed events", counts[auditd.EventRunResumed])
+	}
+	if len(finished) != items {
+		t.Errorf("%d of %d items finished", len(finished), items)
+	}
+	for k, n := range finished {
+		if n != 1 {
+			t.Errorf("item %s finished %d times", k, n)
+		}
+	}
+	outcomes := counts[auditd.EventResponse] + counts[auditd.EventThrottle] + counts[auditd.EventTransportError] + counts[auditd.EventInterrupted]
+	if outcomes != counts[auditd.EventDispatch] {
+		t.Errorf("%d dispatches, %d outcomes (interrupted included)", counts[auditd.EventDispatch], outcomes)
+	}
+	db.Close()
+	var out strings.Builder
+	if code := run(context.Background(), []string{"verify", "--data", data}, &out, &out); code != 0 {
+		t.Errorf("verify after the crash exited %d: %s", code, out.String())
+	}
+}
