@@ -35,8 +35,13 @@ const (
 type Ledger interface {
 	auditd.Appender
 	auditd.EventReader
+	// AppendBatch appends events in order, all durable together or none.
+	AppendBatch(ctx context.Context, events []auditd.Event) ([]auditd.Event, error)
 	Head() (seq uint64, hash [32]byte)
 }
+
+// queueBatch is how many item.queued events share one durable commit.
+const queueBatch = 1000
 
 // Config wires a Loop. DB, Ledger, Registry, Limiter and Staging are required.
 type Config struct {
@@ -296,17 +301,52 @@ func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) er
 	if err := l.cfg.Registry.StartRun(ctx, ar.rec.ID, sourcesOf(items)); err != nil {
 		return fmt.Errorf("snapshot registry: %w", err)
 	}
-	for i := range items {
-		it := &items[i]
-		src, _ := l.cfg.Registry.GetSource(it.SourceID)
-		if _, err := l.record(ctx, ar, auditd.Event{
-			Type: auditd.EventItemQueued, SourceID: it.SourceID, ItemKey: it.Key,
-			Method: it.Method, Path: redactPath(it.Path, src.SecretQuery),
-		}); err != nil {
-			return err
-		}
+	if err := l.queueItems(ctx, ar, items); err != nil {
+		return err
 	}
 	return l.saveRun(ar)
+}
+
+// queueItems records item.queued for items, a commit group at a time.
+func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Item) error {
+	batch := make([]auditd.Event, 0, min(len(items), queueBatch))
+	flush := func() error {
+		got, err := l.cfg.Ledger.AppendBatch(ctx, batch)
+		if err != nil {
+			return fmt.Errorf("append item.queued: %w", err)
+		}
+		ar.mu.Lock()
+		for i := range got {
+			ar.rec.Counts.count(&got[i])
+			ar.rec.LastSeq = got[i].Seq
+		}
+		ar.mu.Unlock()
+		batch = batch[:0]
+		return nil
+	}
+	secret := map[string][]string{}
+	for i := range items {
+		it := &items[i]
+		q, ok := secret[it.SourceID]
+		if !ok {
+			src, _ := l.cfg.Registry.GetSource(it.SourceID)
+			q = src.SecretQuery
+			secret[it.SourceID] = q
+		}
+		batch = append(batch, auditd.Event{
+			Type: auditd.EventItemQueued, RunID: ar.rec.ID, SourceID: it.SourceID, ItemKey: it.Key,
+			Method: it.Method, Path: redactPath(it.Path, q),
+		})
+		if len(batch) == queueBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(batch) > 0 {
+		return flush()
+	}
+	return nil
 }
 
 func sourcesOf(items []auditd.Item) []string {

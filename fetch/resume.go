@@ -76,18 +76,14 @@ func (l *Loop) resume(ctx context.Context, id string) error {
 				return err
 			}
 		}
-		for i := range items {
-			it := &items[i]
-			if queued[it.Key] {
-				continue
+		var unqueued []auditd.Item
+		for _, it := range items {
+			if !queued[it.Key] {
+				unqueued = append(unqueued, it)
 			}
-			src, _ := l.cfg.Registry.GetSource(it.SourceID)
-			if _, err := l.record(ctx, ar, auditd.Event{
-				Type: auditd.EventItemQueued, SourceID: it.SourceID, ItemKey: it.Key,
-				Method: it.Method, Path: redactPath(it.Path, src.SecretQuery),
-			}); err != nil {
-				return err
-			}
+		}
+		if err := l.queueItems(ctx, ar, unqueued); err != nil {
+			return err
 		}
 	}
 	var todo []auditd.Item
