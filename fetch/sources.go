@@ -27,6 +27,9 @@ func (l *Loop) PutSource(ctx context.Context, principal string, src auditd.Sourc
 	return created, l.configureGates(stored)
 }
 
+// minBackoffBase is the shortest own backoff after a failure.
+const minBackoffBase = 50 * time.Millisecond
+
 // configureGates sets a source's gates from its configuration (the ceiling)
 // and what the registry has learned (the pace).
 func (l *Loop) configureGates(src auditd.Source) error {
@@ -40,6 +43,12 @@ func (l *Loop) configureGates(src auditd.Source) error {
 		// Members share one budget, so they must describe it alike: the
 		// group's ceiling, and the default burst.
 		cfg.Limit, cfg.Window, cfg.Burst = st.GroupCeilingLimit, st.GroupCeilingWindow, 0
+	}
+	// The own backoff starts at one request interval of the ceiling, not at
+	// a fixed second: a 429 without Retry-After from a 10 r/s gateway should
+	// cost about one slot, and the registry's cut does the slowing down.
+	if cfg.Limit > 0 && cfg.Window > 0 {
+		cfg.BackoffBase = min(max(cfg.Window/time.Duration(cfg.Limit), minBackoffBase), limiter.DefaultBackoffMax)
 	}
 	if err := l.cfg.Limiter.Configure(src.ID, cfg); err != nil {
 		return fmt.Errorf("configure limiter: %w", err)
