@@ -173,6 +173,7 @@ func (h *harness) step() {
 		h.clk.Set(next)
 	}
 }
+
 // finish drives the clock until run id reaches a terminal status.
 func (h *harness) finish(tb testing.TB, id string) fetch.RunView {
 	tb.Helper()
