@@ -2,12 +2,169 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/reports"
 )
 
-// runReconcile is a placeholder until its issue lands; it says so and fails.
+// reconcileTimeout bounds a reconciliation fetched from a server.
+const reconcileTimeout = 2 * time.Minute
+
+// runReconcile prints a run's reconciliation, from a running server or
+// offline from a stopped server's data directory: exit 0 when it balances,
+// 1 when it does not, 2 on any error, so a CI step is one line.
 func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "auditd reconcile: not built yet")
-	return 2
+	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	server := fs.String("server", "", "`URL` of a running auditd")
+	data := fs.String("data", "", "data `directory` of a stopped auditd (offline)")
+	runID := fs.String("run", "", "run `id`")
+	token := fs.String("token", "", "API `token` (default $AUDITD_TOKEN)")
+	format := fs.String("format", "table", "output: table, json or csv")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	case *runID == "":
+		return fail(errors.New("--run is required"))
+	case (*server == "") == (*data == ""):
+		return fail(errors.New("give exactly one of --server (a running auditd) or --data (offline)"))
+	case *format != "table" && *format != "json" && *format != "csv":
+		return fail(fmt.Errorf("unknown --format %q", *format))
+	}
+
+	var rep *reports.Report
+	var err error
+	if *server != "" {
+		if *token == "" {
+			*token = os.Getenv("AUDITD_TOKEN")
+		}
+		rep, err = fetchReconciliation(ctx, http.DefaultClient, *server, *runID, *token)
+	} else {
+		rep, err = reconcileOffline(ctx, *data, *runID)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if *format == "table" {
+		err = reports.WriteTable(stdout, rep)
+	} else {
+		err = reports.Write(stdout, rep, *format)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if !rep.Balanced {
+		return 1
+	}
+	return 0
+}
+
+// fetchReconciliation gets GET {server}/v1/runs/{id}/reconciliation, the
+// same JSON the offline path computes.
+func fetchReconciliation(ctx context.Context, client *http.Client, server, runID, token string) (*reports.Report, error) {
+	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
+	defer cancel()
+	u := strings.TrimRight(server, "/") + "/v1/runs/" + url.PathEscape(runID) + "/reconciliation"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("server URL: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("server: %s", problem(resp))
+	}
+	var rep reports.Report
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&rep); err != nil {
+		return nil, fmt.Errorf("server: decode reconciliation: %w", err)
+	}
+	if rep.Run.ID != runID || len(rep.Checks) == 0 {
+		return nil, fmt.Errorf("server: response is not the reconciliation of run %s", runID)
+	}
+	return &rep, nil
+}
+
+// problem describes a failed response from its problem+json body when it
+// has one.
+func problem(resp *http.Response) string {
+	var p struct {
+		Title  string `json:"title"`
+		Detail string `json:"detail"`
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if json.Unmarshal(b, &p) == nil && (p.Title != "" || p.Detail != "") {
+		return strings.TrimSpace(fmt.Sprintf("%s: %s %s", resp.Status, p.Title, p.Detail))
+	}
+	return resp.Status
+}
+
+// reconcileOffline reconciles a run from the ledger of a stopped server's
+// data directory, opened read-only. Live counters and staged payloads
+// belong to the running service, so R7 is n/a and R6 counts payloads
+// without re-hashing them; the report's notes say so.
+func reconcileOffline(ctx context.Context, dir, runID string) (*reports.Report, error) {
+	db, err := openDB(dir, true)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	r := reports.NewReconciler(ledger.NewReader(db))
+	r.Hash = newLedgerHash()
+	rep, err := r.Reconcile(ctx, runID, nil)
+	if errors.Is(err, reports.ErrRunNotFound) {
+		return nil, fmt.Errorf("run %s: %w", runID, err)
+	}
+	return rep, err
+}
+
+// liveCounters are the fetch loop's counters of a run as R7 takes them.
+// The loop keeps them in total only, so R7 compares totals.
+func liveCounters(c fetch.Counts) *reports.LiveCounters {
+	return &reports.LiveCounters{Total: reports.Counters{
+		Queued: int64(c.Items), Succeeded: int64(c.Succeeded), Cached: int64(c.Cached), Failed: int64(c.Failed),
+		Shed: int64(c.Shed), Dispatches: int64(c.Dispatches), Retries: int64(c.Retries),
+		Status2xx: int64(c.Status2xx), Status429: int64(c.Status429), Status5xx: int64(c.Status5xx),
+		StatusOther: int64(c.StatusOther), TransportErrors: int64(c.TransportErrors), Interrupted: int64(c.Interrupted),
+		Waits: int64(c.Waits), BreakerOpens: int64(c.BreakerOpens), Staged: int64(c.Staged), Acknowledged: int64(c.Acknowledged),
+	}}
+}
+
+// newLedgerHash returns the ledger's chain hash, SHA-256 of the previous
+// hash and the canonical encoding, reusing one buffer: a Reconciler calls
+// it from one goroutine.
+// TODO(ledger): use ledger.HashEvent once the ledger package exports it.
+func newLedgerHash() reports.HashFunc {
+	buf := make([]byte, 0, 1024)
+	return func(prev [32]byte, e *auditd.Event) [32]byte {
+		buf = append(buf[:0], prev[:]...)
+		buf = ledger.MarshalCanonical(buf, e)
+		return sha256.Sum256(buf)
+	}
 }

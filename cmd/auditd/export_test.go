@@ -1,0 +1,95 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/xuri/excelize/v2"
+
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/reports/reportstest"
+)
+
+func TestExport(t *testing.T) {
+	dir := reconcileDataDir(t, reportstest.Mutation{})
+	outDir := t.TempDir()
+	out := filepath.Join(outDir, "evidence.xlsx")
+	code, stdout, stderr := runCmd(t, "export", "--data", dir, "--run", reportstest.FixtureRun, "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "balanced=true") {
+		t.Errorf("stdout %q", stdout)
+	}
+	f, err := excelize.OpenFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got := f.GetSheetList(); len(got) != 10 || got[0] != reports.SheetManifest {
+		t.Errorf("sheets %q", got)
+	}
+	key, err := ledger.ReadPublicKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := f.GetRows(reports.SheetManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, r := range rows {
+		found = found || len(r) > 1 && r[1] == key
+	}
+	if !found {
+		t.Error("Manifest lacks the ledger's public key")
+	}
+
+	// The same range exported again is the same file.
+	again := filepath.Join(outDir, "again.xlsx")
+	if code, _, stderr := runCmd(t, "export", "--data", dir, "--run", reportstest.FixtureRun, "--out", again); code != 0 {
+		t.Fatal(stderr)
+	}
+	a, _ := os.ReadFile(out)
+	b, _ := os.ReadFile(again)
+	if string(a) != string(b) {
+		t.Error("two offline exports of the same run differ")
+	}
+}
+
+// TestExportNothingHalfWritten: a failed export leaves neither the file
+// nor a temporary one behind.
+func TestExportNothingHalfWritten(t *testing.T) {
+	dir := reconcileDataDir(t, reportstest.Mutation{})
+	outDir := t.TempDir()
+	out := filepath.Join(outDir, "evidence.xlsx")
+	code, _, stderr := runCmd(t, "export", "--data", dir, "--run", "01JNOSUCHRUN00000000000000", "--out", out)
+	if code != 2 || !strings.Contains(stderr, "not found") {
+		t.Fatalf("exit %d, stderr %q; want 2 and run not found", code, stderr)
+	}
+	if entries, _ := os.ReadDir(outDir); len(entries) != 0 {
+		t.Errorf("left behind: %v", entries)
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	var buf strings.Builder
+	p := &progressBar{w: &buf}
+	p.update(0, 200)
+	p.update(1, 200) // same percentage: not redrawn
+	p.update(100, 200)
+	p.update(200, 200)
+	p.done()
+	got := buf.String()
+	if n := strings.Count(got, "\r"); n != 3 {
+		t.Errorf("%d redraws, want 3: %q", n, got)
+	}
+	if !strings.Contains(got, " 50% 100/200 events") || !strings.HasSuffix(got, "100% 200/200 events\n") {
+		t.Errorf("progress output %q", got)
+	}
+	var none *progressBar
+	none.done() // no terminal: nothing to finish
+}

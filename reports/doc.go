@@ -1,0 +1,56 @@
+// Package reports recounts a run from its raw ledger events and turns the
+// recount into the two things auditors and CI consume: the reconciliation
+// (JSON for CI, CSV, a text table, XLSX) and the evidence workbook.
+//
+// # Reconciliation
+//
+// Reconciler.Reconcile reads a run's events afresh through an
+// auditd.EventReader and checks the identities R1 to R10 of EVIDENCE.md,
+// per source and in total, as a recount of the rules in docs/EVENTS.md. It
+// never trusts a counter kept while the run was running: those are an input
+// to R7, compared against the recount. Every check reports expected, actual,
+// their difference (actual - expected) and, when it fails, the sequence
+// numbers of the first offending events. A check passes only when the
+// difference is zero and no event offended, so two errors cannot cancel
+// out. A check that cannot be applied (R7 without live counters, R10 without
+// acknowledgements, R9 for a source with no recorded limit) is "n/a", never a
+// silent pass. Report.Balanced is true only when no applicable check fails.
+//
+// Reconcile reads the ledger once, in sequence order, over the range from
+// the run's first event to its last (both found with a few run-index
+// probes): the run's events feed the recount, every event of the range feeds
+// R8. The recount holds state per item and per open request, not per event,
+// so memory grows with the items of a run, not its events.
+//
+// # Evidence workbook
+//
+// Exporter writes the sheets of EVIDENCE.md with excelize's StreamWriter, so
+// rows go to disk as they are produced. The reconciliation reads the run's
+// range in a goroutine of its own while a second read of the same range
+// writes the event sheets; the sheets built from the reconciliation follow.
+// A population past the row limit continues on a numbered sheet, created
+// when reached and moved after its first sheet at the end. The Manifest is
+// the first sheet but is written last, once every other sheet's row count
+// and row hash is known.
+//
+// Output is deterministic: the same events and Request give byte-identical
+// files. Document properties are fixed, nothing reads the clock (the
+// generated-at time is part of the Request), and the ZIP container is written
+// by a writer that orders its entries by name, because excelize emits
+// streamed sheets in map order. That writer also deflates each entry in
+// fixed-size chunks on every core (the chunks are cut at fixed offsets, so
+// the bytes do not depend on scheduling).
+//
+// A sheet's row hash is the hex SHA-256 over its rows, header included, each
+// rendered as its cells' text joined by a tab and ended by a newline: strings
+// as stored (backslash, tab and newline escaped as \\, \t and \n), integers in
+// decimal, timestamps as RFC 3339 UTC with milliseconds, booleans as
+// TRUE/FALSE, as spreadsheets show them. A third party can recompute it
+// from a CSV of the sheet (LibreOffice's, cells as shown, does).
+//
+// Paths are checked for credentials again on the way out (RedactPath):
+// query parameters whose names look like credentials are removed.
+//
+// Heavy exports go through an Admission: a bounded number run at once, each
+// under a deadline; the rest get a *BusyError carrying an honest Retry-After.
+package reports

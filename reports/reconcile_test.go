@@ -1,0 +1,162 @@
+package reports_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/reports/reportstest"
+)
+
+// mutation is a change to the clean fixture (reportstest.Mutation).
+type mutation = reportstest.Mutation
+
+// drop removes the fixture events with the given seqs.
+func drop(seqs ...uint64) func([]auditd.Event) []auditd.Event {
+	return func(evs []auditd.Event) []auditd.Event {
+		return slices.DeleteFunc(evs, func(e auditd.Event) bool { return slices.Contains(seqs, e.Seq) })
+	}
+}
+
+func reconcile(tb testing.TB, m mutation) *reports.Report {
+	tb.Helper()
+	rep, err := newReconciler(m.Apply(tb)).Reconcile(context.Background(), fixtureRun, m.Live)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return rep
+}
+
+func statuses(rep *reports.Report) map[string]reports.Status {
+	m := make(map[string]reports.Status)
+	for _, c := range rep.Checks {
+		m[c.ID] = c.Status
+	}
+	return m
+}
+
+func TestReconcile_Clean(t *testing.T) {
+	rep := reconcile(t, mutation{Live: cleanLive()})
+	if !rep.Balanced {
+		t.Errorf("clean fixture not balanced: failed %v", rep.Failed())
+	}
+	for _, c := range rep.Checks {
+		if c.Status != reports.StatusPass {
+			t.Errorf("%s = %s (%s), want pass", c.ID, c.Status, c.Note)
+		}
+		if c.Expected == 0 {
+			t.Errorf("%s expected 0: the fixture does not exercise it", c.ID)
+		}
+	}
+	for _, s := range rep.Sources {
+		for _, c := range s.Checks {
+			if c.Status == reports.StatusFail {
+				t.Errorf("source %s: %s failed", s.SourceID, c.ID)
+			}
+		}
+	}
+	want := reports.Counts{Events: 59, Queued: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11,
+		FirstAttempts: 6, Retries: 5, Status2xx: 5, Status429: 1, Status5xx: 2, StatusOther: 1, TransportErrors: 1,
+		Interrupted: 1, Throttles: 1, Waits: 4, Breaker: 3, BreakerOpens: 1, Registry: 5, Staged: 3, CacheServed: 1, Acknowledged: 4, Access: 1}
+	if rep.Counts != want {
+		t.Errorf("counts\n got %+v\nwant %+v", rep.Counts, want)
+	}
+	if rep.Run.FirstSeq != 1 || rep.Run.LastSeq != 60 || rep.Run.Award.FAIN != "NA24OAR4310001" || rep.Run.Status != "partial" {
+		t.Errorf("run summary %+v", rep.Run)
+	}
+
+	var buf bytes.Buffer
+	if err := reports.WriteJSON(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	goldenCompare(t, "clean.reconciliation.json", buf.Bytes())
+}
+
+func TestReconcile_NotApplicable(t *testing.T) {
+	rep := reconcile(t, mutation{Before: drop(56, 57, 58, 59)})
+	got := statuses(rep)
+	if got[reports.R7] != reports.StatusNA || got[reports.R10] != reports.StatusNA {
+		t.Errorf("R7 = %s, R10 = %s; want n/a without live counters and acknowledgements", got[reports.R7], got[reports.R10])
+	}
+	if !rep.Balanced {
+		t.Errorf("n/a checks must not unbalance: failed %v", rep.Failed())
+	}
+}
+
+func TestReconcile_RunNotFound(t *testing.T) {
+	l := newMemLedger(loadFixture(t, "clean.ndjson"))
+	_, err := newReconciler(l).Reconcile(context.Background(), "01JNOSUCHRUN00000000000000", nil)
+	if !errors.Is(err, reports.ErrRunNotFound) {
+		t.Fatalf("err = %v, want ErrRunNotFound", err)
+	}
+}
+
+func TestReconcile_Cancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l := newMemLedger(loadFixture(t, "clean.ndjson"))
+	if _, err := newReconciler(l).Reconcile(ctx, fixtureRun, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+}
+
+// TestReconcile_Mutations breaks exactly one identity per case and expects
+// exactly that check to fail, the others to pass or not apply.
+func TestReconcile_Mutations(t *testing.T) {
+	for _, tt := range reportstest.Mutations() {
+		t.Run(tt.Name, func(t *testing.T) {
+			rep := reconcile(t, tt)
+			if rep.Balanced {
+				t.Errorf("balanced after breaking %s", tt.Breaks)
+			}
+			for _, c := range rep.Checks {
+				switch {
+				case c.ID == tt.Breaks && c.Status != reports.StatusFail:
+					t.Errorf("%s = %s, want fail", c.ID, c.Status)
+				case c.ID != tt.Breaks && c.Status == reports.StatusFail:
+					t.Errorf("%s also failed: expected %d actual %d offending %v note %q", c.ID, c.Expected, c.Actual, c.Offending, c.Note)
+				case c.ID == tt.Breaks && tt.Offending != 0 && !slices.Contains(c.Offending, tt.Offending):
+					t.Errorf("%s offending %v, want it to name seq %d", c.ID, c.Offending, tt.Offending)
+				}
+			}
+		})
+	}
+}
+
+func TestReconcile_WithoutSeams(t *testing.T) {
+	l := newMemLedger(loadFixture(t, "clean.ndjson"))
+	l.Events[28].Bytes = 999 // undetectable without re-hashing
+	rep, err := reports.NewReconciler(l).Reconcile(context.Background(), fixtureRun, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Checks {
+		if (c.ID == reports.R6 || c.ID == reports.R8) && (c.Status != reports.StatusPass || c.Note == "") {
+			t.Errorf("%s = %s note %q: want pass with a note saying what was not verified", c.ID, c.Status, c.Note)
+		}
+	}
+}
+
+func TestReport_JSONRoundTrip(t *testing.T) {
+	rep := reconcile(t, mutation{Live: cleanLive()})
+	var buf bytes.Buffer
+	if err := reports.WriteJSON(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	var back reports.Report
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	var again bytes.Buffer
+	if err := reports.WriteJSON(&again, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf.Bytes(), again.Bytes()) {
+		t.Error("report does not survive a JSON round trip (the CLI's server path decodes it)")
+	}
+}

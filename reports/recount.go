@@ -1,0 +1,746 @@
+package reports
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/auditd/auditd"
+)
+
+// Breaker states as the fetch loop records them (docs/EVENTS.md).
+const (
+	breakerClosed   = "closed"
+	breakerOpen     = "open"
+	breakerHalfOpen = "half_open"
+)
+
+// ctxEvery is how many events pass between context checks.
+const ctxEvery = 1 << 14
+
+// errStop ends a scan early; it never leaves this package.
+var errStop = errors.New("stop scan")
+
+// tally is one check's running count in one scope.
+type tally struct {
+	expected, actual int64
+	offending        []uint64
+	na               string // non-empty: the check does not apply, and why
+	note             string
+}
+
+func (t *tally) offend(seq uint64, most int) {
+	t.offending = append(t.offending, seq)
+	if len(t.offending) > 4*most+16 {
+		t.offending = firstSeqs(t.offending, most)
+	}
+}
+
+func firstSeqs(s []uint64, most int) []uint64 {
+	slices.Sort(s)
+	s = slices.Compact(s)
+	if len(s) > most {
+		s = s[:most:most]
+	}
+	return s
+}
+
+// scope is the recount of one source (or of run-level events, id "").
+type scope struct {
+	id     string
+	counts Counts
+	checks [numChecks]tally
+
+	// R4: throttle seqs found violated.
+	violated map[uint64]bool
+
+	// R5: breaker state.
+	breaker string
+
+	// R9: limit in force and dispatch times inside the current window.
+	limit, burst int
+	window       time.Duration
+	times        []int64 // unix nanos, ascending; times[head:] are live
+	head         int
+	control      ControlEvidence
+	margin       int64 // smallest allowance - count seen; starts high
+	limited      bool  // a limit was ever recorded
+}
+
+// item is what the recount remembers per item of the run.
+type item struct {
+	src         *scope
+	queuedSeq   uint64
+	finishedSeq uint64
+	outcome     auditd.Outcome
+	maxPage     uint32
+	finished    bool
+	staged      bool
+	acked       bool
+	// awaitThrottle is the seq of a throttle whose pause wait has not been
+	// seen yet, for the request (item, awaitPage).
+	awaitThrottle uint64
+	awaitPage     uint32
+	awaitSrc      *scope // scope the throttle counted in
+	stagedSeq     uint64
+}
+
+type reqKey struct {
+	item string
+	page uint32
+}
+
+// request is the state of one (item, page) between its dispatches.
+type request struct {
+	attempts    uint32 // highest attempt dispatched
+	dispatchSeq uint64 // seq of that dispatch
+	outstanding bool   // dispatched, no outcome yet
+	retryable   bool   // last outcome allows a retry
+}
+
+// pause is the latest pause of a source or group, set by a throttle.
+type pause struct {
+	from, until time.Time
+	seq         uint64
+	src         *scope
+}
+
+// recount is one pass over a run's events.
+type recount struct {
+	runID        string
+	maxOffending int
+	bursts       map[string]int
+	hash         HashFunc
+	payloads     PayloadVerifier
+	payloadErr   error
+
+	run      RunSummary
+	finished bool
+	first    uint64
+	last     uint64
+	total    Counts // events of the run, all scopes
+
+	sources map[string]*scope
+	items   map[string]*item
+	reqs    map[reqKey]request
+	groupOf map[string]string
+	pauses  map[string]*pause
+	hasAck  bool
+
+	chain *chainCheck
+}
+
+func (r *Reconciler) newRecount(runID string) *recount {
+	most := r.MaxOffending
+	if most <= 0 {
+		most = DefaultMaxOffending
+	}
+	return &recount{
+		runID:        runID,
+		maxOffending: most,
+		bursts:       r.Bursts,
+		hash:         r.Hash,
+		payloads:     r.Payloads,
+		run:          RunSummary{ID: runID, Status: "unfinished"},
+		sources:      make(map[string]*scope),
+		items:        make(map[string]*item),
+		reqs:         make(map[reqKey]request),
+		groupOf:      make(map[string]string),
+		pauses:       make(map[string]*pause),
+	}
+}
+
+// source returns the scope of source id, creating it. The id is cloned: the
+// reader may reuse the memory behind the event it hands out.
+func (rc *recount) source(id string) *scope {
+	if s, ok := rc.sources[id]; ok {
+		return s
+	}
+	id = strings.Clone(id)
+	s := &scope{id: id, breaker: breakerClosed, violated: make(map[uint64]bool), margin: 1 << 62}
+	s.control.SourceID = id
+	s.burst = rc.bursts[id]
+	rc.sources[id] = s
+	return s
+}
+
+func (rc *recount) observe(e *auditd.Event) {
+	rc.total.Events++
+	if rc.first == 0 {
+		rc.first = e.Seq
+		rc.run.HeadAtStart = hex.EncodeToString(e.PrevHash[:])
+	}
+	rc.last = e.Seq
+	rc.run.HeadAtEnd = hex.EncodeToString(e.Hash[:])
+
+	s := rc.source(e.SourceID)
+	s.counts.Events++
+	most := rc.maxOffending
+	chk := func(i int) *tally { return &s.checks[i-1] }
+
+	switch e.Type {
+	case auditd.EventRunStarted:
+		rc.runStarted(e)
+	case auditd.EventRunFinished:
+		rc.finished = true
+		rc.run.Status = string(e.Outcome)
+		rc.run.FinishedAt = e.Time.UTC()
+
+	case auditd.EventRegistrySnapshot, auditd.EventRegistryChanged:
+		s.counts.Registry++
+		if e.Group != "" {
+			rc.groupOf[s.id] = strings.Clone(e.Group)
+		}
+		if e.NewLimit > 0 && e.NewWindow > 0 {
+			s.limit, s.window, s.limited = e.NewLimit, e.NewWindow, true
+		}
+
+	case auditd.EventItemQueued:
+		s.counts.Queued++
+		chk(1).expected++
+		if _, dup := rc.items[e.ItemKey]; dup {
+			chk(1).offend(e.Seq, most)
+			break
+		}
+		rc.items[strings.Clone(e.ItemKey)] = &item{src: s, queuedSeq: e.Seq}
+
+	case auditd.EventDispatch:
+		rc.dispatch(s, e)
+
+	case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
+		rc.outcome(s, e)
+
+	case auditd.EventWait:
+		s.counts.Waits++
+		if e.Cause == "pause" {
+			if it := rc.items[e.ItemKey]; it != nil {
+				it.awaitThrottle = 0
+			}
+		}
+
+	case auditd.EventBreaker:
+		s.counts.Breaker++
+		if e.To == breakerOpen {
+			s.counts.BreakerOpens++
+		}
+		c := chk(5)
+		c.expected++
+		if e.From != s.breaker || !legalTransition(e.From, e.To) {
+			c.offend(e.Seq, most)
+		} else {
+			c.actual++
+		}
+		s.breaker = e.To
+
+	case auditd.EventPayloadStaged:
+		rc.staged(s, e)
+
+	case auditd.EventCacheServed:
+		s.counts.CacheServed++
+
+	case auditd.EventItemFinished:
+		rc.itemFinished(s, e)
+
+	case auditd.EventAcknowledged:
+		rc.hasAck = true
+		it := rc.items[e.ItemKey]
+		if it != nil {
+			s = it.src
+		}
+		s.counts.Acknowledged++
+		c := &s.checks[9]
+		c.actual++
+		if it == nil || !it.finished || it.acked || (it.outcome != auditd.ItemSucceeded && it.outcome != auditd.ItemCached) {
+			c.offend(e.Seq, most)
+		}
+		if it != nil {
+			it.acked = true
+		}
+
+	case auditd.EventExport:
+		s.counts.Access++
+	}
+}
+
+// runDetail is run.started's Detail (docs/EVENTS.md).
+type runDetail struct {
+	Award       auditd.Award `json:"award"`
+	ConfigHash  string       `json:"config_hash"`
+	CodeVersion string       `json:"code_version"`
+	Name        string       `json:"name"`
+}
+
+func (rc *recount) runStarted(e *auditd.Event) {
+	rc.run.StartedAt = e.Time.UTC()
+	rc.run.InitiatedBy = e.Principal
+	var d runDetail
+	if e.Detail != "" && json.Unmarshal([]byte(e.Detail), &d) == nil {
+		rc.run.Award, rc.run.ConfigHash, rc.run.CodeVersion, rc.run.Name = d.Award, d.ConfigHash, d.CodeVersion, d.Name
+	}
+}
+
+func legalTransition(from, to string) bool {
+	switch {
+	case from == breakerClosed && to == breakerOpen,
+		from == breakerOpen && to == breakerHalfOpen,
+		from == breakerHalfOpen && to == breakerClosed,
+		from == breakerHalfOpen && to == breakerOpen:
+		return true
+	}
+	return false
+}
+
+func (rc *recount) dispatch(s *scope, e *auditd.Event) {
+	most := rc.maxOffending
+	s.counts.Dispatches++
+	for _, i := range []int{1, 2, 4, 8} { // R2, R3, R5, R9 count every dispatch
+		s.checks[i].expected++
+	}
+
+	// R3: a first attempt, or a retry after a non-final outcome, numbered
+	// without gaps, of a request of a queued item that has not finished.
+	it := rc.items[e.ItemKey]
+	k := reqKey{e.ItemKey, e.Page}
+	req, known := rc.reqs[k]
+	switch {
+	case it == nil || it.finished:
+		s.checks[2].offend(e.Seq, most)
+	case e.Attempt == 1 && req.attempts == 0:
+		s.counts.FirstAttempts++
+		s.checks[2].actual++
+	case e.Attempt == req.attempts+1 && !req.outstanding && req.retryable:
+		s.counts.Retries++
+		s.checks[2].actual++
+	default:
+		s.checks[2].offend(e.Seq, most)
+	}
+	if req.outstanding { // the previous dispatch never got its outcome
+		s.checks[1].offend(req.dispatchSeq, most)
+	}
+	if !known {
+		k.item = strings.Clone(k.item)
+	}
+	rc.reqs[k] = request{attempts: e.Attempt, dispatchSeq: e.Seq, outstanding: true}
+	if it != nil && e.Page > it.maxPage {
+		it.maxPage = e.Page
+	}
+
+	// R4: the request honoured its throttle's pause wait, and no pause of
+	// the source or its group covers this dispatch.
+	if it != nil && it.awaitThrottle != 0 && it.awaitPage == e.Page {
+		it.awaitSrc.violated[it.awaitThrottle] = true
+		it.awaitSrc.checks[3].offend(it.awaitThrottle, most)
+		it.awaitThrottle = 0
+	}
+	if p := rc.pauseFor(s); p != nil && !e.Time.Before(p.from) && e.Time.Before(p.until) {
+		p.src.violated[p.seq] = true
+		p.src.checks[3].offend(p.seq, most)
+		s.checks[3].offend(e.Seq, most)
+	}
+
+	// R5: the breaker allowed it.
+	switch {
+	case s.breaker == breakerOpen, s.breaker == breakerHalfOpen && e.Cause != "probe":
+		s.checks[4].offend(e.Seq, most)
+	default:
+		s.checks[4].actual++
+	}
+
+	// R9: the sliding window (t - window, t] holds no more than limit+burst.
+	rc.window(s, e)
+}
+
+func (rc *recount) pauseFor(s *scope) *pause {
+	key := s.id
+	if g := rc.groupOf[s.id]; g != "" {
+		key = "group:" + g
+	}
+	return rc.pauses[key]
+}
+
+func (rc *recount) window(s *scope, e *auditd.Event) {
+	c := &s.checks[8]
+	t := e.Time.UnixNano()
+	s.times = append(s.times, t)
+	if !s.limited {
+		c.actual++ // unchecked; the scope reports n/a
+		return
+	}
+	for s.head < len(s.times) && s.times[s.head] <= t-int64(s.window) {
+		s.head++
+	}
+	if s.head > 1024 && s.head*2 > len(s.times) {
+		s.times = append(s.times[:0], s.times[s.head:]...)
+		s.head = 0
+	}
+	n := int64(len(s.times) - s.head)
+	allowed := int64(s.limit + s.burst)
+	if n > allowed {
+		c.offend(e.Seq, rc.maxOffending)
+	} else {
+		c.actual++
+	}
+	if m := allowed - n; m < s.margin {
+		s.margin = m
+		s.control = ControlEvidence{
+			SourceID: s.id, Peak: n, PeakSeq: e.Seq, PeakAt: e.Time.UTC(),
+			Limit: s.limit, Burst: s.burst, Window: s.window,
+		}
+	}
+}
+
+func (rc *recount) outcome(s *scope, e *auditd.Event) {
+	most := rc.maxOffending
+	switch e.Type {
+	case auditd.EventThrottle:
+		s.counts.Throttles++
+		s.checks[3].expected++
+		if e.Status == 429 {
+			s.counts.Status429++
+		} else {
+			s.counts.Status5xx++
+		}
+		key := s.id
+		if g := rc.groupOf[s.id]; g != "" {
+			key = "group:" + g
+		}
+		until := e.Time.Add(e.Wait)
+		if p := rc.pauses[key]; p == nil || !until.Before(p.until) {
+			rc.pauses[key] = &pause{from: e.Time, until: until, seq: e.Seq, src: s}
+		}
+		if it := rc.items[e.ItemKey]; it != nil {
+			it.awaitThrottle, it.awaitPage, it.awaitSrc = e.Seq, e.Page, s
+		}
+	case auditd.EventResponse:
+		switch {
+		case e.Status >= 200 && e.Status < 300:
+			s.counts.Status2xx++
+		case e.Status == 429:
+			s.counts.Status429++
+		case e.Status >= 500 && e.Status < 600:
+			s.counts.Status5xx++
+		default:
+			s.counts.StatusOther++
+		}
+	case auditd.EventTransportError:
+		s.counts.TransportErrors++
+	case auditd.EventInterrupted:
+		s.counts.Interrupted++
+	}
+	c := &s.checks[1]
+	c.actual++
+	k := reqKey{e.ItemKey, e.Page}
+	req, ok := rc.reqs[k]
+	if !ok || !req.outstanding || req.attempts != e.Attempt {
+		c.offend(e.Seq, most) // an outcome with no dispatch waiting for it
+		return
+	}
+	req.outstanding = false
+	req.retryable = retryable(e)
+	rc.reqs[k] = req
+}
+
+// retryable reports whether an outcome leaves its request open to a retry:
+// everything except a success and a client error, which are final.
+func retryable(e *auditd.Event) bool {
+	if e.Type != auditd.EventResponse {
+		return true
+	}
+	return e.Outcome != auditd.OutcomeSuccess && e.Outcome != auditd.OutcomeClientError
+}
+
+func (rc *recount) staged(s *scope, e *auditd.Event) {
+	it := rc.items[e.ItemKey]
+	if it != nil {
+		s = it.src
+	}
+	s.counts.Staged++
+	c := &s.checks[5]
+	if rc.payloads != nil {
+		if err := rc.payloads.VerifyPayload(e.PayloadHash); err != nil {
+			if rc.payloadErr == nil {
+				rc.payloadErr = err
+			}
+			c.offend(e.Seq, rc.maxOffending)
+			return
+		}
+	}
+	c.actual++
+	if it == nil || it.staged || it.finished {
+		c.offend(e.Seq, rc.maxOffending)
+		return
+	}
+	it.staged, it.stagedSeq = true, e.Seq
+}
+
+func (rc *recount) itemFinished(s *scope, e *auditd.Event) {
+	most := rc.maxOffending
+	it := rc.items[e.ItemKey]
+	if it != nil {
+		s = it.src
+	}
+	c := &s.checks[0]
+	switch e.Outcome {
+	case auditd.ItemSucceeded:
+		s.counts.Succeeded++
+	case auditd.ItemCached:
+		s.counts.Cached++
+	case auditd.ItemFailed:
+		s.counts.Failed++
+	case auditd.ItemShed:
+		s.counts.Shed++
+	default:
+		c.offend(e.Seq, most) // not an item outcome: counts nowhere
+		return
+	}
+	c.actual++
+	if it == nil || it.finished {
+		c.offend(e.Seq, most)
+		return
+	}
+	it.finished, it.outcome, it.finishedSeq = true, e.Outcome, e.Seq
+	if it.staged && e.Outcome != auditd.ItemSucceeded {
+		s.checks[5].offend(it.stagedSeq, most) // a payload staged for an item that did not succeed
+	}
+	// The item's requests are over: one still waiting for its outcome never
+	// got it (R2), and later dispatches offend R3 via the item.
+	for p := uint32(0); p <= it.maxPage; p++ {
+		k := reqKey{e.ItemKey, p}
+		if req, ok := rc.reqs[k]; ok && req.outstanding {
+			s.checks[1].offend(req.dispatchSeq, most)
+		}
+		delete(rc.reqs, k)
+	}
+}
+
+// report closes the recount: it settles what only the end can tell
+// (pending items, dispatches left without outcome, payloads and
+// acknowledgements missing) and sums the scopes.
+func (rc *recount) report(live *LiveCounters) *Report {
+	most := rc.maxOffending
+	for _, it := range rc.items {
+		s := it.src
+		switch {
+		case !it.finished:
+			s.counts.Pending++
+			s.checks[0].actual++
+		case it.outcome == auditd.ItemSucceeded:
+			s.checks[5].expected++
+			if !it.staged {
+				s.checks[5].offend(it.finishedSeq, most)
+			}
+		}
+		if it.finished && (it.outcome == auditd.ItemSucceeded || it.outcome == auditd.ItemCached) {
+			s.checks[9].expected++
+			if rc.hasAck && !it.acked {
+				s.checks[9].offend(it.finishedSeq, most)
+			}
+		}
+	}
+	for k, req := range rc.reqs {
+		if !req.outstanding {
+			continue
+		}
+		s := rc.sources[""]
+		if it := rc.items[k.item]; it != nil {
+			s = it.src
+		}
+		if rc.finished {
+			s.checks[1].offend(req.dispatchSeq, most)
+			continue
+		}
+		s.counts.InFlight++
+		s.checks[1].actual++
+	}
+
+	rep := &Report{RunID: rc.run.ID, Run: rc.run}
+	rep.Run.FirstSeq, rep.Run.LastSeq = rc.first, rc.last
+	ids := make([]string, 0, len(rc.sources))
+	for id := range rc.sources {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+
+	var totals [numChecks]tally
+	var anyApplies [numChecks]bool
+	var anyFails [numChecks]bool
+	for _, id := range ids {
+		s := rc.sources[id]
+		rc.settle(s, live)
+		rep.Counts.add(s.counts)
+		scope := id
+		if scope == "" {
+			scope = "run"
+		}
+		checks := make([]Check, numChecks)
+		for i := range numChecks {
+			checks[i] = s.checks[i].check(i, scope, most)
+			if checks[i].Status != StatusNA {
+				anyApplies[i] = true
+				totals[i].expected += s.checks[i].expected
+				totals[i].actual += s.checks[i].actual
+				totals[i].offending = append(totals[i].offending, s.checks[i].offending...)
+			}
+			if checks[i].Status == StatusFail {
+				anyFails[i] = true
+			}
+		}
+		if id == "" {
+			continue
+		}
+		sr := SourceReport{SourceID: id, Balanced: balanced(checks), Counts: s.counts, Checks: checks}
+		rep.Sources = append(rep.Sources, sr)
+		if s.limited {
+			ce := s.control
+			ce.Within = checks[8].Status != StatusFail
+			rep.Control = append(rep.Control, ce)
+		}
+	}
+	rep.Checks = make([]Check, numChecks)
+	for i := range numChecks {
+		t := totals[i]
+		if i == 6 && live != nil {
+			// R7 in total compares the total counters, not a sum of sources.
+			t = rc.liveTally(live.Total, rep.Counts)
+		} else if !anyApplies[i] {
+			t.na = naTotal(i)
+		}
+		if note := rc.totalNote(i); note != "" && t.na == "" {
+			t.note = note
+		}
+		c := t.check(i, "total", most)
+		if anyFails[i] {
+			c.Status, c.Pass = StatusFail, false
+		}
+		rep.Checks[i] = c
+	}
+	rep.Balanced = balanced(rep.Checks)
+	return rep
+}
+
+// settle fills the parts of a scope's checks known only at the end.
+func (rc *recount) settle(s *scope, live *LiveCounters) {
+	s.checks[3].actual = s.checks[3].expected - int64(len(s.violated))
+	if !rc.hasAck {
+		s.checks[9].na = "no acknowledgements recorded for the run"
+	}
+	if !s.limited {
+		s.checks[8].na = "no limit in force recorded for the source"
+	}
+	s.checks[6].na = "no live counters given"
+	if live != nil {
+		s.checks[6].na = "live counters kept in total only"
+	}
+	if s.id == "" {
+		for _, i := range []int{0, 1, 2, 3, 4, 5, 8, 9} {
+			if s.checks[i].expected == 0 && s.checks[i].actual == 0 && len(s.checks[i].offending) == 0 {
+				s.checks[i].na = "no events of this kind without a source"
+			}
+		}
+	}
+	if live != nil && live.Sources != nil && s.id != "" {
+		c := live.Sources[s.id]
+		s.checks[6] = rc.liveTally(c, s.counts)
+	}
+}
+
+func naTotal(i int) string {
+	switch i {
+	case 6:
+		return "no live counters given"
+	case 8:
+		return "no limit in force recorded for any source"
+	case 9:
+		return "no acknowledgements recorded for the run"
+	}
+	return "no events for this check"
+}
+
+func (rc *recount) totalNote(i int) string {
+	switch i {
+	case 5:
+		if rc.payloads == nil {
+			return "payload count checked; hashes not verified (no payload store given)"
+		}
+		if rc.payloadErr != nil {
+			return "first payload error: " + rc.payloadErr.Error()
+		}
+	case 7:
+		return rc.chain.note
+	}
+	return ""
+}
+
+// counterPair is one live counter beside its recount.
+type counterPair struct {
+	name          string
+	live, recount int64
+}
+
+func counterPairs(live Counters, c Counts) []counterPair {
+	return []counterPair{
+		{"queued", live.Queued, c.Queued},
+		{"succeeded", live.Succeeded, c.Succeeded},
+		{"cached", live.Cached, c.Cached},
+		{"failed", live.Failed, c.Failed},
+		{"shed", live.Shed, c.Shed},
+		{"dispatches", live.Dispatches, c.Dispatches},
+		{"retries", live.Retries, c.Retries},
+		{"status_2xx", live.Status2xx, c.Status2xx},
+		{"status_429", live.Status429, c.Status429},
+		{"status_5xx", live.Status5xx, c.Status5xx},
+		{"status_other", live.StatusOther, c.StatusOther},
+		{"transport_errors", live.TransportErrors, c.TransportErrors},
+		{"interrupted", live.Interrupted, c.Interrupted},
+		{"waits", live.Waits, c.Waits},
+		{"breaker_opens", live.BreakerOpens, c.BreakerOpens},
+		{"staged", live.Staged, c.Staged},
+		{"acknowledged", live.Acknowledged, c.Acknowledged},
+	}
+}
+
+// liveTally is R7 in one scope: how many counters equal their recount, and
+// a note naming those that do not.
+func (rc *recount) liveTally(live Counters, c Counts) tally {
+	var t tally
+	var diffs []string
+	for _, p := range counterPairs(live, c) {
+		t.expected++
+		if p.live == p.recount {
+			t.actual++
+			continue
+		}
+		diffs = append(diffs, fmt.Sprintf("%s live %d recount %d", p.name, p.live, p.recount))
+	}
+	t.note = strings.Join(diffs, "; ")
+	return t
+}
+
+func (t tally) check(i int, scope string, most int) Check {
+	c := Check{ID: checkIDs[i], Scope: scope, Description: checkDescriptions[i], Pass: true,
+		Expected: t.expected, Actual: t.actual, Difference: t.actual - t.expected, Note: t.note}
+	switch {
+	case t.na != "":
+		c.Status, c.Note = StatusNA, t.na
+	case c.Difference != 0 || len(t.offending) > 0:
+		c.Status, c.Pass = StatusFail, false
+		c.Offending = firstSeqs(slices.Clone(t.offending), most)
+	default:
+		c.Status = StatusPass
+	}
+	return c
+}
+
+func balanced(checks []Check) bool {
+	for _, c := range checks {
+		if c.Status == StatusFail {
+			return false
+		}
+	}
+	return true
+}

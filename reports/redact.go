@@ -1,0 +1,197 @@
+package reports
+
+import (
+	"bytes"
+	"strings"
+)
+
+// credentialNames are fragments of query parameter names that carry
+// credentials, matched against the name lowercased with '_', '-' and '.'
+// removed. "key" matches only as a suffix ("api_key", "accessKey") so that
+// "keyword" survives.
+var credentialNames = [...]string{"token", "apikey", "password", "passwd", "secret", "signature", "credential", "authorization", "session"}
+
+// credentialName reports whether a query parameter named name looks like it
+// carries a credential.
+func credentialName(name string) bool {
+	var buf [64]byte
+	n := normalizeName(buf[:0], name)
+	switch string(n) {
+	case "sig", "pwd", "auth", "code":
+		return true
+	}
+	if bytes.HasSuffix(n, []byte("key")) {
+		return true
+	}
+	for _, c := range credentialNames {
+		if bytes.Contains(n, []byte(c)) {
+			return true
+		}
+	}
+	return false
+}
+
+// normalizeName appends name lowercased without '_', '-' and '.' to b.
+func normalizeName(b []byte, name string) []byte {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '_' || c == '-' || c == '.':
+			continue
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// RedactPath removes from a recorded path or URL every query parameter whose
+// name looks like a credential (token, key, api_key, apikey, password,
+// secret, signature, ...), keeping the others as they were written and in
+// their order. The ledger redacts at recording time; exports check again,
+// because a miss there must not become a miss in the evidence.
+func RedactPath(p string) string { return redactPath(p, credentialParam) }
+
+// credentialParam reports whether a raw (possibly escaped) parameter name
+// looks like a credential.
+func credentialParam(name string) bool { return credentialName(unescapeName(name)) }
+
+func redactPath(p string, isCredential func(name string) bool) string {
+	frag := ""
+	if h := strings.IndexByte(p, '#'); h >= 0 {
+		p, frag = p[:h], p[h:]
+	}
+	q := strings.IndexByte(p, '?')
+	if q < 0 {
+		return p + frag
+	}
+	if !anyCredential(p[q+1:], isCredential) {
+		return p + frag // the common case: nothing to strip, nothing to copy
+	}
+	var b strings.Builder
+	b.Grow(len(p) + len(frag))
+	b.WriteString(p[:q])
+	first := true
+	rest := p[q+1:]
+	sep := byte('?')
+	for {
+		end := strings.IndexAny(rest, "&;")
+		kv := rest
+		if end >= 0 {
+			kv = rest[:end]
+		}
+		name, _, _ := strings.Cut(kv, "=")
+		if kv != "" && !isCredential(name) {
+			if first {
+				b.WriteByte('?')
+				first = false
+			} else {
+				b.WriteByte(sep)
+			}
+			b.WriteString(kv)
+		}
+		if end < 0 {
+			break
+		}
+		sep, rest = rest[end], rest[end+1:]
+	}
+	b.WriteString(frag)
+	return b.String()
+}
+
+// anyCredential reports whether a query string holds a parameter whose
+// name looks like a credential.
+func anyCredential(query string, isCredential func(string) bool) bool {
+	for query != "" {
+		kv := query
+		if end := strings.IndexAny(query, "&;"); end >= 0 {
+			kv, query = query[:end], query[end+1:]
+		} else {
+			query = ""
+		}
+		name, _, _ := strings.Cut(kv, "=")
+		if isCredential(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// RedactText applies RedactPath to every word of free text that carries a
+// query string (an error message quoting a URL).
+func RedactText(s string) string { return redactText(s, credentialParam) }
+
+func redactText(s string, isCredential func(string) bool) string {
+	if !strings.Contains(s, "?") {
+		return s
+	}
+	words := strings.Split(s, " ")
+	for i, w := range words {
+		if strings.Contains(w, "?") {
+			trim := strings.TrimRight(w, `":,;)'`)
+			words[i] = redactPath(trim, isCredential) + w[len(trim):]
+		}
+	}
+	return strings.Join(words, " ")
+}
+
+// unescapeName decodes percent escapes in a parameter name so that
+// "api%5Fkey" cannot slip through; an invalid escape leaves it as written.
+func unescapeName(s string) string {
+	if !strings.ContainsAny(s, "%+") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '+':
+			b.WriteByte(' ')
+		case c == '%' && i+2 < len(s) && ishex(s[i+1]) && ishex(s[i+2]):
+			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+			i += 2
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+func ishex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0'
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+// maxJudgedNames bounds a redactor's memory of parameter names.
+const maxJudgedNames = 4096
+
+// redactor is RedactPath and RedactText remembering the parameter names it
+// has judged: an export meets the same few names millions of times.
+type redactor struct {
+	judged map[string]bool
+}
+
+func newRedactor() *redactor { return &redactor{judged: make(map[string]bool)} }
+
+func (r *redactor) isCredential(name string) bool {
+	if v, ok := r.judged[name]; ok {
+		return v
+	}
+	v := credentialParam(name)
+	if len(r.judged) < maxJudgedNames {
+		r.judged[strings.Clone(name)] = v
+	}
+	return v
+}
+
+func (r *redactor) path(p string) string { return redactPath(p, r.isCredential) }
+func (r *redactor) text(s string) string { return redactText(s, r.isCredential) }
