@@ -103,6 +103,11 @@ func (s *Server) handleError(err error, c echo.Context) {
 	}
 	// A download may have set its own headers before it failed.
 	h := c.Response().Header()
+	// Work refused for now (a busy export slot) says when to come back.
+	var busy interface{ RetryAfter() time.Duration }
+	if (st == http.StatusTooManyRequests || st == http.StatusServiceUnavailable) && errors.As(err, &busy) {
+		h.Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(busy.RetryAfter().Seconds()))), 10))
+	}
 	h.Del(echo.HeaderContentDisposition)
 	h.Set(echo.HeaderContentType, "application/problem+json")
 	if c.Request().Method == http.MethodHead {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -184,6 +185,37 @@ upstreams:
 	if got.Status != string(auditd.RunSucceeded) {
 		t.Errorf("resumed run ended %s: %v", got.Status, got.Counts)
 	}
+	// CI's question, asked the way CI asks it: does the run reconcile?
+	var rec struct {
+		Balanced bool `json:"balanced"`
+		Checks   []struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+			Note   string `json:"note"`
+		} `json:"checks"`
+	}
+	if code := second.call(t, "GET", "/v1/runs/"+created.ID+"/reconciliation", token, nil, &rec); code != http.StatusOK {
+		t.Fatalf("reconciliation: %d", code)
+	}
+	if !rec.Balanced {
+		t.Errorf("the resumed run does not reconcile: %+v", rec.Checks)
+	}
+	var table strings.Builder
+	if code := run(context.Background(), []string{"reconcile", "--server", second.url, "--run", created.ID, "--token", token}, &table, &table); code != 0 {
+		t.Errorf("auditd reconcile --server exited %d:\n%s", code, table.String())
+	}
+	req, _ := http.NewRequest("GET", second.url+"/v1/runs/"+created.ID+"/evidence.xlsx", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	book, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.HasPrefix(book, []byte("PK")) {
+		t.Errorf("evidence workbook: %d, %d bytes", resp.StatusCode, len(book))
+	}
+
 	second.cmd.Process.Signal(syscall.SIGTERM)
 	if err := second.cmd.Wait(); err != nil {
 		t.Errorf("graceful shutdown: %v\n%s", err, second.logs)

@@ -2,34 +2,121 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/fetch"
 	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/staging"
 )
 
-// reportsAPI is filled in when the reports package lands.
+// reportsAPI serves reconciliations and evidence workbooks from the live
+// ledger, with the fetch loop's live counters for R7 and the staging store
+// to re-hash payloads for R6. Evidence exports are admission-controlled.
 type reportsAPI struct {
-	led   *ledger.Ledger
-	loop  *fetch.Loop
-	stage *staging.Store
+	led       *ledger.Ledger
+	loop      *fetch.Loop
+	stage     *staging.Store
+	admission *reports.Admission
 }
 
 func newReportsAPI(led *ledger.Ledger, loop *fetch.Loop, stage *staging.Store) reportsAPI {
-	return reportsAPI{led: led, loop: loop, stage: stage}
+	return reportsAPI{led: led, loop: loop, stage: stage, admission: reports.NewAdmission()}
 }
 
-func (reportsAPI) WriteReconciliation(ctx context.Context, w io.Writer, runID, format string) error {
-	return auditd.Errorf(auditd.EUNAVAILABLE, "reports are not built yet")
+func (a reportsAPI) reconciler() *reports.Reconciler {
+	r := reports.NewReconciler(a.led)
+	r.Hash = newLedgerHash()
+	r.Payloads = a.stage
+	return r
 }
 
-func (reportsAPI) WriteRunEvidence(ctx context.Context, w io.Writer, runID string) error {
-	return auditd.Errorf(auditd.EUNAVAILABLE, "reports are not built yet")
+func (a reportsAPI) live(runID string) (*reports.LiveCounters, error) {
+	v, err := a.loop.Run(runID)
+	if err != nil {
+		return nil, err
+	}
+	return liveCounters(v.Counts), nil
 }
 
-func (reportsAPI) WriteAwardEvidence(ctx context.Context, w io.Writer, q api.EvidenceQuery) error {
-	return auditd.Errorf(auditd.EUNAVAILABLE, "reports are not built yet")
+func (a reportsAPI) WriteReconciliation(ctx context.Context, w io.Writer, runID, format string) error {
+	live, err := a.live(runID)
+	if err != nil {
+		return err
+	}
+	rep, err := a.reconciler().Reconcile(ctx, runID, live)
+	if err != nil {
+		return err
+	}
+	return reports.Write(w, rep, format)
+}
+
+func (a reportsAPI) WriteRunEvidence(ctx context.Context, w io.Writer, runID string) error {
+	if _, err := a.loop.Run(runID); err != nil {
+		return err
+	}
+	return a.export(ctx, w, []string{runID}, "run="+runID)
+}
+
+func (a reportsAPI) WriteAwardEvidence(ctx context.Context, w io.Writer, q api.EvidenceQuery) error {
+	var ids []string
+	f := fetch.RunFilter{FAIN: q.FAIN, From: q.From, To: q.To, Limit: 500}
+	for {
+		runs, next, err := a.loop.Runs(f)
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
+			ids = append(ids, r.ID)
+		}
+		if next == "" {
+			break
+		}
+		f.After = next
+	}
+	if len(ids) == 0 {
+		return auditd.Errorf(auditd.ENOTFOUND, "no run of award %q in that period", q.FAIN)
+	}
+	// Oldest first, as an auditor reads a period.
+	for i, j := 0, len(ids)-1; i < j; i, j = i+1, j-1 {
+		ids[i], ids[j] = ids[j], ids[i]
+	}
+	filters := fmt.Sprintf("award=%s from=%s to=%s", q.FAIN, stamp(q.From), stamp(q.To))
+	return a.export(ctx, w, ids, filters)
+}
+
+func (a reportsAPI) export(ctx context.Context, w io.Writer, runIDs []string, filters string) error {
+	live := map[string]*reports.LiveCounters{}
+	for _, id := range runIDs {
+		lc, err := a.live(id)
+		if err != nil {
+			return err
+		}
+		live[id] = lc
+	}
+	head, _ := a.led.Head()
+	x := reports.NewExporter(a.reconciler())
+	x.Ledger = a.led
+	req := reports.Request{
+		ExportID:    fmt.Sprintf("%s@%d", filters, head),
+		RunIDs:      runIDs,
+		Filters:     filters,
+		GeneratedAt: time.Now().UTC(),
+		Live:        live,
+	}
+	return a.admission.Do(ctx, func(ctx context.Context) error {
+		_, err := x.Export(ctx, w, req)
+		return err
+	})
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
