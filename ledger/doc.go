@@ -9,7 +9,10 @@
 //   - Append returns only after the bbolt transaction holding the event has
 //     committed with fsync. One writer goroutine takes every waiting append
 //     into one transaction (group commit), so concurrent appenders share
-//     fsyncs; there is no timer-driven delay.
+//     fsyncs; there is no timer-driven delay. The writer encodes and hashes
+//     the appends that arrive while a group commits, outside any
+//     transaction, and commits them as the next group as soon as that one
+//     is durable (writer.go).
 //   - Every event is hash-chained: Hash = SHA-256(PrevHash || canonical),
 //     where PrevHash is the Hash of the event before (zero for event 1).
 //   - Every event is also leaf Seq-1 of an RFC 6962 Merkle tree
@@ -41,11 +44,23 @@
 // # Buckets
 //
 //	ledger.events       8-byte big-endian seq -> PrevHash | canonical | Hash
-//	ledger.tree         seq -> the tlog stored hashes leaf seq-1 completed, packed
+//	ledger.tree         seq -> the tlog stored hashes of leaves up to seq-1 (see below)
 //	ledger.checkpoints  tree size -> signed checkpoint (at least CheckpointEvery apart)
 //	ledger.meta         "checkpoint" -> the latest signed checkpoint
-//	ledger.runs         uvarint(len run) | run | seq -> empty (the run index)
+//	ledger.runs         uvarint(len run) | run | seq -> the run's earlier seqs (the run index)
 //	ledger.idempotency  key -> seq
+//
+// A tree entry holds, leaf after leaf, the hashes that each leaf of a run of
+// consecutive leaves completed, in tlog.StoredHashes order, keyed by the Seq
+// of the last one; entries never span two commit groups and hold at most 8
+// leaves. So the entry under n holding k hashes is tlog stored hash indexes
+// StoredHashCount(n)-k up to StoredHashCount(n). (An entry of one leaf, as
+// ledgers written before entries were shared have throughout, is the same
+// format.)
+//
+// A run index entry covers the run's events in one commit group: its key
+// ends with the Seq of the last one, its value lists the earlier ones, in
+// order, as uvarint distances back from it; an empty value is one event.
 //
 // The append-only buckets (events, tree, checkpoints) are written with
 // FillPercent 1.0, since their keys only grow.

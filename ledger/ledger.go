@@ -16,7 +16,6 @@ import (
 	"github.com/auditd/auditd/clock"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/mod/sumdb/note"
-	"golang.org/x/mod/sumdb/tlog"
 )
 
 // Defaults for Options.
@@ -58,9 +57,9 @@ var (
 // Bucket names. Nothing outside this package writes to them.
 const (
 	bucketEvents      = "ledger.events"      // seq -> PrevHash | canonical | Hash
-	bucketTree        = "ledger.tree"        // seq -> the tree hashes leaf seq-1 completed
+	bucketTree        = "ledger.tree"        // seq -> the tree hashes of up to 8 leaves, the last seq-1
 	bucketCheckpoints = "ledger.checkpoints" // tree size -> signed checkpoint note (history)
-	bucketRuns        = "ledger.runs"        // uvarint(len run) | run | seq -> empty
+	bucketRuns        = "ledger.runs"        // uvarint(len run) | run | seq -> the run's earlier seqs in its group
 	bucketIdempotency = "ledger.idempotency" // key -> seq
 	bucketMeta        = "ledger.meta"        // metaCheckpoint -> latest signed checkpoint
 )
@@ -86,7 +85,8 @@ type Options struct {
 }
 
 // Ledger is the append-only event store. It is safe for concurrent use; one
-// writer goroutine, started by Open and stopped by Close, owns every write.
+// writer goroutine, started by Open and stopped by Close, owns every write
+// (see writer.go for the write path).
 type Ledger struct {
 	db              *bolt.DB
 	clock           clock.Clock
@@ -96,15 +96,16 @@ type Ledger struct {
 	checkpointEvery uint64
 	maxGroup        int
 
-	reqs      chan *request
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
+	appends sync.Pool     // of *request, recycled by Append
+	wake    chan struct{} // buffered: the queue may have requests, or Close was called
+	done    chan struct{} // closed when the writer has stopped
+
+	qmu    sync.Mutex
+	queue  []*request // appends waiting for the writer, in arrival order
+	closed bool       // Close was called: the queue takes no more
 
 	// Owned by the writer goroutine (and by Open before it starts).
-	front       frontier
-	chain       [32]byte
-	lastHistory uint64
+	tip tip
 
 	mu       sync.RWMutex // guards what Head and Checkpoint read
 	head     uint64
@@ -114,10 +115,13 @@ type Ledger struct {
 
 // request is one Append or AppendBatch waiting for its commit group.
 type request struct {
-	in   []auditd.Event
-	out  []auditd.Event
-	err  error
-	done chan struct{}
+	// events is the writer's own copy of what was appended, which it
+	// overwrites with the events as stored: a caller whose ctx ends may
+	// reuse its slice while the group is still being written.
+	events []auditd.Event
+	one    [1]auditd.Event // backs events for Append
+	err    error
+	done   chan struct{} // buffered: the writer's one send never waits
 }
 
 // Open opens the ledger kept in db, creating its buckets and, for a new
@@ -130,8 +134,7 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 		clock:           opts.Clock,
 		checkpointEvery: opts.CheckpointEvery,
 		maxGroup:        opts.MaxGroup,
-		reqs:            make(chan *request),
-		stop:            make(chan struct{}),
+		wake:            make(chan struct{}, 1),
 		done:            make(chan struct{}),
 	}
 	if l.clock == nil {
@@ -159,23 +162,23 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 				return fmt.Errorf("%w: last event record malformed", ErrCorrupt)
 			}
 			l.head = binary.BigEndian.Uint64(k)
-			copy(l.chain[:], v[len(v)-sha256.Size:])
+			copy(l.headHash[:], v[len(v)-sha256.Size:])
 		}
 		if k, _ := tx.Bucket([]byte(bucketTree)).Cursor().Last(); l.head > 0 && (k == nil || binary.BigEndian.Uint64(k) != l.head) {
 			return fmt.Errorf("%w: tree does not end at event %d", ErrCorrupt, l.head)
 		}
 		if k, _ := tx.Bucket([]byte(bucketCheckpoints)).Cursor().Last(); k != nil {
-			l.lastHistory = binary.BigEndian.Uint64(k)
+			l.tip.lastHistory = binary.BigEndian.Uint64(k)
 		}
 		l.latest = bytes.Clone(tx.Bucket([]byte(bucketMeta)).Get([]byte(metaCheckpoint)))
 		var err error
-		l.front, err = loadFrontier(treeReader{tx.Bucket([]byte(bucketTree))}, l.head)
+		l.tip.front, err = loadFrontier(treeReader{tx.Bucket([]byte(bucketTree))}, l.head)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
 	}
-	l.headHash = l.chain
+	l.tip.seq, l.tip.chain = l.head, l.headHash
 
 	if l.signer, l.vkey, err = loadKey(keyDir, l.head == 0); err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
@@ -185,7 +188,7 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 		// A new ledger starts with a signed empty tree, so Checkpoint
 		// always has something to hand out.
 		err := l.db.Update(func(tx *bolt.Tx) (err error) {
-			l.latest, err = l.putCheckpoint(tx, 0, l.start)
+			l.latest, err = l.putCheckpoint(tx, l.tip.tree(l.signer.Name(), l.start), true)
 			return err
 		})
 		if err != nil {
@@ -196,7 +199,7 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open ledger: latest checkpoint: %w", err)
 		}
-		if t.Size != l.head || t.Root != l.front.root() || t.Chain != l.chain {
+		if t.Size != l.head || t.Root != l.tip.front.root() || t.Chain != l.headHash {
 			return nil, fmt.Errorf("open ledger: %w: latest checkpoint (size %d) does not match the head (%d); run auditd verify", ErrCorrupt, t.Size, l.head)
 		}
 	}
@@ -205,32 +208,33 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 	return l, nil
 }
 
-// putCheckpoint signs the tree as it stands in the writer's state and stores
-// it as the latest, and in the history when CheckpointEvery has passed.
-func (l *Ledger) putCheckpoint(tx *bolt.Tx, size uint64, now time.Time) ([]byte, error) {
-	t := SignedTree{Origin: l.signer.Name(), Size: size, Root: l.front.root(), Time: now.UTC(), Chain: l.chain}
+// putCheckpoint signs t and stores it as the latest checkpoint, and in the
+// history too when history is set.
+func (l *Ledger) putCheckpoint(tx *bolt.Tx, t SignedTree, history bool) ([]byte, error) {
 	msg, err := note.Sign(&note.Note{Text: t.format()}, l.signer)
 	if err != nil {
-		return nil, fmt.Errorf("sign checkpoint %d: %w", size, err)
+		return nil, fmt.Errorf("sign checkpoint %d: %w", t.Size, err)
 	}
 	if err := tx.Bucket([]byte(bucketMeta)).Put([]byte(metaCheckpoint), msg); err != nil {
-		return nil, fmt.Errorf("store checkpoint %d: %w", size, err)
+		return nil, fmt.Errorf("store checkpoint %d: %w", t.Size, err)
 	}
-	if size == 0 || size-l.lastHistory >= l.checkpointEvery {
+	if history {
 		b := tx.Bucket([]byte(bucketCheckpoints))
 		b.FillPercent = 1.0
-		if err := b.Put(seqKey(size), msg); err != nil {
-			return nil, fmt.Errorf("store checkpoint %d: %w", size, err)
+		if err := b.Put(seqKey(t.Size), msg); err != nil {
+			return nil, fmt.Errorf("store checkpoint %d: %w", t.Size, err)
 		}
-		l.lastHistory = size
 	}
 	return msg, nil
 }
 
-// Close stops accepting appends, commits those already handed to the
-// writer, and waits for it to stop or for ctx to end. It does not close db.
+// Close stops accepting appends, commits those already queued, and waits
+// for the writer to stop or for ctx to end. It does not close db.
 func (l *Ledger) Close(ctx context.Context) error {
-	l.closeOnce.Do(func() { close(l.stop) })
+	l.qmu.Lock()
+	l.closed = true
+	l.qmu.Unlock()
+	l.signal()
 	select {
 	case <-l.done:
 		return nil
@@ -268,11 +272,23 @@ func (l *Ledger) Checkpoint() ([]byte, error) {
 // ctx's error, but the event may still be recorded: retry with the same
 // idempotency key to learn which.
 func (l *Ledger) Append(ctx context.Context, e auditd.Event) (auditd.Event, error) {
-	out, err := l.AppendBatch(ctx, []auditd.Event{e})
-	if err != nil {
+	if err := validate(&e); err != nil {
 		return auditd.Event{}, err
 	}
-	return out[0], nil
+	// One request per Append would be most of what an append allocates.
+	r, _ := l.appends.Get().(*request)
+	if r == nil {
+		r = &request{done: make(chan struct{}, 1)}
+	}
+	r.one[0] = e
+	r.events = r.one[:]
+	if err := l.submit(ctx, r); err != nil {
+		return auditd.Event{}, err // r stays out of the pool: the writer may still hold it
+	}
+	e = r.events[0]
+	*r = request{done: r.done}
+	l.appends.Put(r)
+	return e, nil
 }
 
 // AppendBatch records events in order in one commit group: all are durable
@@ -286,28 +302,46 @@ func (l *Ledger) AppendBatch(ctx context.Context, events []auditd.Event) ([]audi
 			return nil, err
 		}
 	}
-	if err := ctx.Err(); err != nil {
+	r := &request{events: slices.Clone(events), done: make(chan struct{}, 1)}
+	if err := l.submit(ctx, r); err != nil {
 		return nil, err
 	}
-	// The writer reads its own copy: a caller whose ctx ends may reuse the
-	// slice while the group is still being written.
-	r := &request{in: slices.Clone(events), done: make(chan struct{})}
-	select {
-	case l.reqs <- r:
-	case <-l.done:
-		return nil, ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	return r.events, nil
+}
+
+// submit queues r for the writer and waits until its group has committed.
+func (l *Ledger) submit(ctx context.Context, r *request) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l.qmu.Lock()
+	if l.closed {
+		l.qmu.Unlock()
+		return ErrClosed
+	}
+	l.queue = append(l.queue, r)
+	first := len(l.queue) == 1
+	l.qmu.Unlock()
+	if first {
+		// The writer sleeps with requests queued only while it waits for
+		// a batch to be written, and looks again when it is: only an
+		// empty queue needs a wake-up.
+		l.signal()
 	}
 	select {
 	case <-r.done:
+		return r.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
-	if r.err != nil {
-		return nil, r.err
+}
+
+// signal wakes the writer, or leaves it a wake-up if it is busy.
+func (l *Ledger) signal() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
 	}
-	return r.out, nil
 }
 
 // validate rejects what the ledger must never store. The size test counts
@@ -323,141 +357,6 @@ func validate(e *auditd.Event) error {
 		return auditd.Errorf(auditd.EINVALID, "event of %d bytes is too large", n)
 	}
 	return nil
-}
-
-// run is the writer: it takes whatever appends are waiting, commits them in
-// one transaction and answers them, until Close.
-func (l *Ledger) run() {
-	defer close(l.done)
-	for {
-		var group []*request
-		select {
-		case r := <-l.reqs:
-			group = append(group, r)
-		case <-l.stop:
-			// Appenders already blocked on the channel get their events
-			// committed; later ones see done and ErrClosed.
-			for {
-				select {
-				case r := <-l.reqs:
-					l.commit([]*request{r})
-					continue
-				default:
-				}
-				return
-			}
-		}
-		n := len(group[0].in)
-	fill:
-		for n < l.maxGroup {
-			select {
-			case r := <-l.reqs:
-				group = append(group, r)
-				n += len(r.in)
-			default:
-				break fill
-			}
-		}
-		l.commit(group)
-	}
-}
-
-// commit writes one group in one transaction. The writer's state moves on
-// only when the transaction committed, so a failed group leaves no gap.
-func (l *Ledger) commit(group []*request) {
-	now := l.clock.Now()
-	stamp := time.Unix(0, now.UnixNano()).UTC() // what decoding gives back
-	mono := now.Sub(l.start)
-	front, chain, lastHistory := l.front.clone(), l.chain, l.lastHistory
-	seq := l.head
-	var latest []byte
-
-	err := l.db.Update(func(tx *bolt.Tx) error {
-		events, tree, runs, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketTree)),
-			tx.Bucket([]byte(bucketRuns)), tx.Bucket([]byte(bucketIdempotency))
-		events.FillPercent, tree.FillPercent = 1.0, 1.0
-		var pending map[string]auditd.Event // keys first seen in this group
-		var stored []tlog.Hash
-		for _, r := range group {
-			r.out = make([]auditd.Event, len(r.in))
-			for i, e := range r.in {
-				if k := e.IdempotencyKey; k != "" {
-					if first, ok := pending[k]; ok {
-						r.out[i] = first
-						continue
-					}
-					if v := idem.Get([]byte(k)); v != nil {
-						first, err := getEvent(events, v)
-						if err != nil {
-							return fmt.Errorf("idempotency key %q: %w", k, err)
-						}
-						r.out[i] = first
-						continue
-					}
-				}
-				seq++
-				e.Seq, e.Time, e.Mono, e.PrevHash = seq, stamp, mono, l.chain
-				val := make([]byte, sha256.Size, sha256.Size+256)
-				copy(val, l.chain[:])
-				val = MarshalCanonical(val, &e)
-				e.Hash = sha256.Sum256(val)
-				val = append(val, e.Hash[:]...)
-				l.chain = e.Hash
-
-				stored = l.front.push(tlog.RecordHash(val[sha256.Size:len(val)-sha256.Size]), stored[:0])
-				packed := make([]byte, 0, len(stored)*tlog.HashSize)
-				for _, h := range stored {
-					packed = append(packed, h[:]...)
-				}
-				key := seqKey(seq)
-				if err := events.Put(key, val); err != nil {
-					return fmt.Errorf("append event %d: %w", seq, err)
-				}
-				if err := tree.Put(key, packed); err != nil {
-					return fmt.Errorf("append tree hashes %d: %w", seq, err)
-				}
-				if e.RunID != "" {
-					if err := runs.Put(runKey(e.RunID, seq), nil); err != nil {
-						return fmt.Errorf("index event %d: %w", seq, err)
-					}
-				}
-				if k := e.IdempotencyKey; k != "" {
-					if err := idem.Put([]byte(k), key); err != nil {
-						return fmt.Errorf("index event %d: %w", seq, err)
-					}
-					if pending == nil {
-						pending = make(map[string]auditd.Event)
-					}
-					pending[k] = e
-				}
-				r.out[i] = e
-			}
-		}
-		if seq == l.head {
-			return nil // only idempotent repeats: nothing new to sign
-		}
-		var err error
-		latest, err = l.putCheckpoint(tx, seq, now)
-		return err
-	})
-	if err != nil {
-		// Roll the writer's state back to the last committed group.
-		l.front, l.chain, l.lastHistory = front, chain, lastHistory
-		for _, r := range group {
-			r.out, r.err = nil, err
-			close(r.done)
-		}
-		return
-	}
-	l.mu.Lock()
-	l.head, l.headHash = seq, l.chain
-	if latest != nil {
-		l.latest = latest
-	}
-	l.mu.Unlock()
-	for _, r := range group {
-		close(r.done)
-	}
 }
 
 // getEvent decodes the event stored under the 8-byte key k.
@@ -485,12 +384,4 @@ func decodeRecord(v []byte, e *auditd.Event) error {
 	copy(e.PrevHash[:], v)
 	copy(e.Hash[:], v[len(v)-sha256.Size:])
 	return nil
-}
-
-// runKey is the run index key: the run id, length-prefixed so that no run id
-// is a prefix of another's keys, then the sequence number.
-func runKey(runID string, seq uint64) []byte {
-	k := binary.AppendUvarint(make([]byte, 0, len(runID)+12), uint64(len(runID)))
-	k = append(k, runID...)
-	return binary.BigEndian.AppendUint64(k, seq)
 }

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 
@@ -68,24 +67,17 @@ func (r *Reader) ScanRun(runID string, after uint64, fn func(*auditd.Event) erro
 		if events == nil || runs == nil {
 			return nil // no ledger in this file yet
 		}
-		c := runs.Cursor()
-		start := runKey(runID, after+1)
-		prefix := start[:len(start)-8]
 		var e auditd.Event
-		for k, _ := c.Seek(start); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			seq := k[len(k)-8:]
-			v := events.Get(seq)
+		return scanRunIndex(runs, runID, after, func(seq uint64) error {
+			v := events.Get(seqKey(seq))
 			if v == nil {
-				return fmt.Errorf("scan run %s: %w: indexed event %d missing", runID, ErrCorrupt, binary.BigEndian.Uint64(seq))
+				return fmt.Errorf("scan run %s: %w: indexed event %d missing", runID, ErrCorrupt, seq)
 			}
 			if err := decodeRecord(v, &e); err != nil {
-				return fmt.Errorf("scan run %s: event %d: %w", runID, binary.BigEndian.Uint64(seq), err)
+				return fmt.Errorf("scan run %s: event %d: %w", runID, seq, err)
 			}
-			if err := fn(&e); err != nil {
-				return err
-			}
-		}
-		return nil
+			return fn(&e)
+		})
 	})
 }
 

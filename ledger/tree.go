@@ -72,22 +72,27 @@ func loadFrontier(r tlog.HashReader, size uint64) (frontier, error) {
 	return f, nil
 }
 
-// treeReader serves tlog's stored hash indexes from the tree bucket, where
-// the hashes leaf n completed are kept together under key n+1 (its Seq), in
-// the order tlog.StoredHashes returns them. The hash at (level, m) was
-// written by the last leaf under it, ((m+1) << level) - 1, at position level.
+// treeReader serves tlog's stored hash indexes from the tree bucket, whose
+// entry under seq n holding k hashes is stored hash indexes
+// StoredHashCount(n)-k up to StoredHashCount(n) (see doc.go).
 type treeReader struct{ b *bolt.Bucket }
 
 func (r treeReader) ReadHashes(indexes []int64) ([]tlog.Hash, error) {
 	out := make([]tlog.Hash, len(indexes))
+	c := r.b.Cursor()
 	for i, index := range indexes {
+		// The hash at (level, m) was stored by the last leaf under it.
 		level, m := tlog.SplitStoredHashIndex(index)
-		leaf := uint64(m+1)<<level - 1
-		v := r.b.Get(seqKey(leaf + 1))
-		if len(v) < (level+1)*tlog.HashSize {
+		seq := uint64(m+1) << level
+		k, v := c.Seek(seqKey(seq))
+		if len(k) != 8 || len(v)%tlog.HashSize != 0 {
 			return nil, fmt.Errorf("%w: tree hash (level %d, node %d) missing", ErrCorrupt, level, m)
 		}
-		copy(out[i][:], v[level*tlog.HashSize:])
+		at := index - (tlog.StoredHashCount(int64(binary.BigEndian.Uint64(k))) - int64(len(v)/tlog.HashSize))
+		if at < 0 || at >= int64(len(v)/tlog.HashSize) {
+			return nil, fmt.Errorf("%w: tree hash (level %d, node %d) missing", ErrCorrupt, level, m)
+		}
+		copy(out[i][:], v[at*tlog.HashSize:])
 	}
 	return out, nil
 }

@@ -249,10 +249,20 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 		for _, sh := range stored {
 			packed = append(packed, sh[:]...)
 		}
-		if tk == nil || !bytes.Equal(tk, k) || !bytes.Equal(tv, packed) {
+		// A tree entry holds the hashes of each of its events in turn (see
+		// doc.go): this event's come next, and the entry ends exactly with
+		// the event its key names.
+		if len(tk) != 8 || binary.BigEndian.Uint64(tk) < seq || !bytes.HasPrefix(tv, packed) {
 			return fail(seq, "event %d: stored tree hashes do not match the event", seq)
 		}
-		tk, tv = tree.Next()
+		tv = tv[len(packed):]
+		last := binary.BigEndian.Uint64(tk) == seq
+		if last != (len(tv) == 0) {
+			return fail(seq, "event %d: stored tree hashes do not match the event", seq)
+		}
+		if last {
+			tk, tv = tree.Next()
+		}
 		r.Events++
 		if !check(seq) {
 			return nil

@@ -1,0 +1,360 @@
+package ledger
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/auditd/auditd"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// The write path, in order:
+//
+//  1. Append and AppendBatch queue a request and wait (submit).
+//  2. The writer goroutine (run) takes queued requests and prepares them
+//     into the pending batch as they come (prepare): it hands out sequence
+//     numbers, encodes and hashes the records and extends the tree, all
+//     outside any transaction.
+//  3. When no batch is being committed, the writer seals the pending one
+//     (seal: the checkpoint it will sign) and commits it on its own
+//     goroutine (write): one fsynced bbolt transaction with the puts and
+//     the signed checkpoint, then it answers the batch's requests.
+//  4. While that fsync runs, the writer prepares the next batch from the
+//     appends that arrive meanwhile, so each commit takes everything that
+//     waited for the one before, already prepared.
+//
+// Batches commit one at a time, in order. A batch is prepared on top of the
+// one being committed; if that one fails, the pending one fails with it and
+// the writer goes back to the last committed state, so no gap is left.
+
+// maxKeptScratch is the most buffer space a batch keeps for the next one; a
+// batch of unusually large events gets its own, then drops it.
+const maxKeptScratch = 4 << 20
+
+// treeEntryLeaves is how many leaves at most share a tree bucket entry
+// (see doc.go). One entry per event costs a Put each; one per batch is a
+// value of tens of KiB on overflow pages, which bbolt copies again when the
+// next batch adds to its leaf. Eight leaves' hashes, about 500 bytes, pack
+// seven entries to a 4 KiB page.
+const treeEntryLeaves = 8
+
+// tip is where the writer has got to: the last sequence number handed out,
+// and the chain and tree after it.
+type tip struct {
+	seq         uint64
+	chain       [32]byte
+	front       frontier
+	lastHistory uint64 // size of the last checkpoint kept in the history
+}
+
+func (t *tip) clone() tip {
+	c := *t
+	c.front = t.front.clone()
+	return c
+}
+
+// tree is what a checkpoint of the tip says.
+func (t *tip) tree(origin string, now time.Time) SignedTree {
+	return SignedTree{Origin: origin, Size: t.seq, Root: t.front.root(), Time: now.UTC(), Chain: t.chain}
+}
+
+// batch is one commit group, prepared before its transaction.
+//
+// bbolt keeps the key and value slices given to Put until the transaction
+// ends, so they are cut from buf and hashes, which are only rewound (reset)
+// once the batch has been written. When an append outgrows one of them the
+// slices already cut stay in the old array, untouched.
+type batch struct {
+	reqs   []*request
+	events int // events requested, for MaxGroup
+	before tip // the writer's tip before this batch, to roll back to
+
+	records []kv                    // events bucket
+	tree    []kv                    // tree bucket
+	idem    []kv                    // idempotency bucket
+	keys    map[string]auditd.Event // idempotency keys first seen in this batch
+	runs    runIndex
+
+	checkpoint SignedTree // set by seal
+	history    bool       // keep the checkpoint in the history too
+
+	buf    []byte      // backs the keys and values of records
+	hashes []byte      // backs the values of tree
+	entry  int         // where the tree entry being built starts in hashes
+	stored []tlog.Hash // what one leaf completed
+}
+
+type kv struct{ key, val []byte }
+
+func (b *batch) reset() {
+	if cap(b.buf) > maxKeptScratch || cap(b.hashes) > maxKeptScratch {
+		*b = batch{}
+		return
+	}
+	clear(b.reqs) // let the requests go
+	clear(b.keys)
+	b.runs.reset()
+	*b = batch{
+		reqs: b.reqs[:0], records: b.records[:0], tree: b.tree[:0], idem: b.idem[:0], keys: b.keys, runs: b.runs,
+		buf: b.buf[:0], hashes: b.hashes[:0], stored: b.stored[:0],
+	}
+}
+
+// run is the writer. It prepares queued appends into the pending batch and
+// commits one batch at a time, until Close; appends queued before Close are
+// committed first.
+func (l *Ledger) run() {
+	defer close(l.done)
+	var (
+		pending  = &batch{}
+		inflight *batch             // being written
+		spare    = &batch{}         // written, kept for its buffers
+		written  = make(chan error) // the outcome of writing inflight
+		group    []*request
+		closed   bool
+	)
+	for {
+		group, closed = l.take(group[:0], l.maxGroup-pending.events, len(pending.reqs) == 0)
+		for _, r := range group {
+			l.prepare(pending, r, inflight)
+		}
+		clear(group)
+		if inflight == nil && len(pending.reqs) > 0 {
+			l.seal(pending)
+			inflight, pending, spare = pending, spare, nil
+			go func(b *batch) { written <- l.write(b) }(inflight)
+			continue
+		}
+		if inflight == nil && closed {
+			return // and the queue is empty: take had room for all of it
+		}
+		select {
+		case <-l.wake:
+		case err := <-written:
+			if err != nil {
+				// pending was prepared on top of the batch that failed.
+				l.tip = inflight.before
+				answer(pending.reqs, fmt.Errorf("previous commit group failed: %w", err))
+				pending.reset()
+			}
+			inflight.reset()
+			spare, inflight = inflight, nil
+		}
+	}
+}
+
+// take moves into group the requests at the head of the queue that fit in
+// room events (the first one in any case when first is set, so that no
+// request is too large to ever be taken), and says whether Close was
+// called. The queue keeps its array: appenders need not grow a new one for
+// every batch.
+func (l *Ledger) take(group []*request, room int, first bool) ([]*request, bool) {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	n := 0
+	for n < len(l.queue) && (len(l.queue[n].events) <= room || first && n == 0) {
+		room -= len(l.queue[n].events)
+		n++
+	}
+	group = append(group, l.queue[:n]...)
+	rest := copy(l.queue, l.queue[n:])
+	clear(l.queue[rest:])
+	l.queue = l.queue[:rest]
+	return group, l.closed
+}
+
+// prepare adds r to b: it resolves r's idempotency keys, hands out sequence
+// numbers and builds every record, hash and index entry, moving the tip on.
+// inflight, when not nil, is the batch being written before b.
+func (l *Ledger) prepare(b *batch, r *request, inflight *batch) {
+	firsts, err := l.storedFirsts(r, b, inflight)
+	if err != nil {
+		answer([]*request{r}, err)
+		return
+	}
+	if len(b.reqs) == 0 {
+		b.before = l.tip.clone()
+	}
+	b.reqs = append(b.reqs, r)
+	b.events += len(r.events)
+	now := l.clock.Now()
+	stamp := time.Unix(0, now.UnixNano()).UTC() // what decoding gives back
+	mono := now.Sub(l.start)
+	for i := range r.events {
+		e := &r.events[i]
+		if k := e.IdempotencyKey; k != "" {
+			if first, ok := b.firstWithKey(k, inflight, firsts); ok {
+				*e = first
+				continue
+			}
+		}
+		l.tip.seq++
+		e.Seq, e.Time, e.Mono, e.PrevHash = l.tip.seq, stamp, mono, l.tip.chain
+		key, canonical := b.record(e)
+		l.tip.chain = e.Hash
+		b.pushLeaf(&l.tip.front, tlog.RecordHash(canonical))
+		if e.Seq%treeEntryLeaves == 0 {
+			b.tree = append(b.tree, kv{key, b.treeEntry()})
+		}
+		b.runs.add(e.RunID, e.Seq)
+		if k := e.IdempotencyKey; k != "" {
+			b.idem = append(b.idem, kv{[]byte(k), key})
+			if b.keys == nil {
+				b.keys = make(map[string]auditd.Event)
+			}
+			b.keys[k] = *e
+		}
+	}
+}
+
+// storedFirsts looks up the committed events under r's idempotency keys
+// that neither b nor inflight holds, in one read transaction, and only when
+// r has such keys.
+func (l *Ledger) storedFirsts(r *request, b, inflight *batch) (map[string]auditd.Event, error) {
+	var keys []string
+	for i := range r.events {
+		if k := r.events[i].IdempotencyKey; k != "" {
+			if _, ok := b.firstWithKey(k, inflight, nil); !ok {
+				keys = append(keys, k)
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	firsts := make(map[string]auditd.Event)
+	err := l.db.View(func(tx *bolt.Tx) error {
+		events, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketIdempotency))
+		for _, k := range keys {
+			if v := idem.Get([]byte(k)); v != nil {
+				first, err := getEvent(events, v)
+				if err != nil {
+					return fmt.Errorf("idempotency key %q: %w", k, err)
+				}
+				firsts[k] = first
+			}
+		}
+		return nil
+	})
+	return firsts, err
+}
+
+// firstWithKey returns the first event appended with idempotency key k, if
+// b, inflight or the committed events (firsts) hold it.
+func (b *batch) firstWithKey(k string, inflight *batch, firsts map[string]auditd.Event) (auditd.Event, bool) {
+	if e, ok := b.keys[k]; ok {
+		return e, true
+	}
+	if inflight != nil {
+		if e, ok := inflight.keys[k]; ok {
+			return e, true
+		}
+	}
+	e, ok := firsts[k]
+	return e, ok
+}
+
+// record encodes e, whose Seq and PrevHash are set, sets e.Hash, adds its
+// record to b and returns its events bucket key and the canonical encoding.
+func (b *batch) record(e *auditd.Event) (key, canonical []byte) {
+	start := len(b.buf)
+	b.buf = binary.BigEndian.AppendUint64(b.buf, e.Seq)
+	b.buf = append(b.buf, e.PrevHash[:]...)
+	b.buf = MarshalCanonical(b.buf, e)
+	e.Hash = sha256.Sum256(b.buf[start+8:])
+	b.buf = append(b.buf, e.Hash[:]...)
+	end := len(b.buf)
+	key, val := b.buf[start:start+8:start+8], b.buf[start+8:end:end]
+	b.records = append(b.records, kv{key, val})
+	return key, val[sha256.Size : len(val)-sha256.Size]
+}
+
+// pushLeaf pushes leaf onto front and adds the hashes it completed to the
+// tree entry being built.
+func (b *batch) pushLeaf(front *frontier, leaf tlog.Hash) {
+	b.stored = front.push(leaf, b.stored[:0])
+	for _, h := range b.stored {
+		b.hashes = append(b.hashes, h[:]...)
+	}
+}
+
+// treeEntry returns the tree entry built since the last call.
+func (b *batch) treeEntry() []byte {
+	start, end := b.entry, len(b.hashes)
+	b.entry = end
+	return b.hashes[start:end:end]
+}
+
+// seal ends b: its last tree entry and the checkpoint that will cover it.
+func (l *Ledger) seal(b *batch) {
+	if len(b.records) == 0 {
+		return // only idempotent repeats: nothing new to sign
+	}
+	if entry := b.treeEntry(); len(entry) > 0 {
+		b.tree = append(b.tree, kv{seqKey(l.tip.seq), entry})
+	}
+	b.checkpoint = l.tip.tree(l.signer.Name(), l.clock.Now())
+	b.history = l.tip.seq-l.tip.lastHistory >= l.checkpointEvery
+	if b.history {
+		l.tip.lastHistory = l.tip.seq
+	}
+}
+
+// write commits b in one transaction, publishes the new head and answers
+// b's requests. It runs on its own goroutine, one batch at a time.
+func (l *Ledger) write(b *batch) error {
+	if len(b.records) == 0 {
+		// Only idempotent repeats, of events already committed (by an
+		// earlier batch, written before this one) or in this batch.
+		answer(b.reqs, nil)
+		return nil
+	}
+	var latest []byte
+	err := l.db.Update(func(tx *bolt.Tx) error {
+		events, tree, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketTree)), tx.Bucket([]byte(bucketIdempotency))
+		events.FillPercent, tree.FillPercent = 1.0, 1.0
+		for _, p := range b.records {
+			if err := events.Put(p.key, p.val); err != nil {
+				return fmt.Errorf("append event %d: %w", binary.BigEndian.Uint64(p.key), err)
+			}
+		}
+		for _, p := range b.tree {
+			if err := tree.Put(p.key, p.val); err != nil {
+				return fmt.Errorf("append tree hashes to %d: %w", binary.BigEndian.Uint64(p.key), err)
+			}
+		}
+		for _, p := range b.idem {
+			if err := idem.Put(p.key, p.val); err != nil {
+				return fmt.Errorf("index event %d: %w", binary.BigEndian.Uint64(p.val), err)
+			}
+		}
+		if err := b.runs.put(tx.Bucket([]byte(bucketRuns))); err != nil {
+			return err
+		}
+		var err error
+		latest, err = l.putCheckpoint(tx, b.checkpoint, b.history)
+		return err
+	})
+	if err != nil {
+		answer(b.reqs, err)
+		return err
+	}
+	l.mu.Lock()
+	l.head, l.headHash, l.latest = b.checkpoint.Size, b.checkpoint.Chain, latest
+	l.mu.Unlock()
+	answer(b.reqs, nil)
+	return nil
+}
+
+// answer wakes the appenders of reqs, with err or with their events.
+func answer(reqs []*request, err error) {
+	for _, r := range reqs {
+		if err != nil {
+			r.events, r.err = nil, err
+		}
+		r.done <- struct{}{}
+	}
+}
