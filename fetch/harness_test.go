@@ -14,6 +14,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/sim"
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
@@ -27,6 +28,7 @@ type harness struct {
 	db     *bolt.DB
 	ledger *ledger.Ledger
 	reg    *registry.Registry
+	stage  *staging.Store
 	loop   *fetch.Loop
 	sim    *sim.Sim
 	urls   map[string]string // upstream name -> base URL
@@ -87,7 +89,7 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err := loop.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	h.db, h.ledger, h.reg, h.loop = db, led, reg, loop
+	h.db, h.ledger, h.reg, h.stage, h.loop = db, led, reg, stage, loop
 	tb.Cleanup(func() { h.close(tb) })
 }
 
@@ -213,4 +215,36 @@ func count(events []auditd.Event, typ auditd.EventType, source string) int {
 		}
 	}
 	return n
+}
+
+// reconcile recounts run id from the ledger with the reports package and
+// fails the test unless every applicable identity holds: the events the
+// loop wrote are exactly what docs/EVENTS.md promises.
+func (h *harness) reconcile(tb testing.TB, id string) {
+	tb.Helper()
+	r := reports.NewReconciler(h.ledger)
+	var buf []byte
+	r.Hash = func(prev [32]byte, e *auditd.Event) (sum [32]byte) {
+		sum, buf = ledger.HashEvent(buf, prev, e)
+		return sum
+	}
+	r.Payloads = h.stage
+	rep, err := r.Reconcile(context.Background(), id, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if !rep.Balanced {
+		for _, c := range rep.Checks {
+			if c.Status == "fail" {
+				tb.Errorf("%s %s: expected %d, actual %d, offending %v %s", c.ID, c.Description, c.Expected, c.Actual, c.Offending, c.Note)
+			}
+		}
+		for _, s := range rep.Sources {
+			for _, c := range s.Checks {
+				if c.Status == "fail" {
+					tb.Errorf("source %s: %s offending %v", s.SourceID, c.ID, c.Offending)
+				}
+			}
+		}
+	}
 }

@@ -77,6 +77,7 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 	}
 	v = h.finish(t, v.ID)
 	events := h.events(t, v.ID)
+	h.reconcile(t, v.ID)
 
 	for _, up := range []string{"parcels", "zoning", "grants"} {
 		got, want := count(events, auditd.EventDispatch, up), h.sim.Stats(up).Received
@@ -224,6 +225,8 @@ func TestOutageServesLastGoodCopy(t *testing.T) {
 	}
 	v := h.finish(t, second2.ID)
 	events := h.events(t, v.ID)
+	h.reconcile(t, first.ID)
+	h.reconcile(t, v.ID)
 	if v.Counts.Succeeded != 5 {
 		t.Errorf("the healthy source finished %d of 5", v.Counts.Succeeded)
 	}
@@ -287,6 +290,7 @@ func TestGatewayGroupSharesOneBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	v = h.finish(t, v.ID)
+	h.reconcile(t, v.ID)
 	if v.Counts.Succeeded != 30 {
 		t.Fatalf("%d of 30 succeeded: %+v", v.Counts.Succeeded, v.Counts)
 	}

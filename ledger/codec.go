@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -318,4 +319,13 @@ func varintLen(v int64) int {
 		u = ^u
 	}
 	return uvarintLen(u)
+}
+
+// HashEvent returns the chain hash of e after prev: SHA-256 of prev and e's
+// canonical encoding, exactly as the ledger computes Event.Hash. buf, which
+// may be nil, is reused for the encoding and returned for the next call.
+func HashEvent(buf []byte, prev [32]byte, e *auditd.Event) ([32]byte, []byte) {
+	buf = append(buf[:0], prev[:]...)
+	buf = MarshalCanonical(buf, e)
+	return sha256.Sum256(buf), buf
 }

@@ -16,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/clock"
 )
 
@@ -710,6 +711,10 @@ type snapshotDetail struct {
 	GroupWindow      auditd.Duration `json:"group_window,omitempty"`
 	MembersLimit     int             `json:"members_limit,omitempty"`
 	Tier             string          `json:"tier,omitempty"`
+	// Burst is how many requests the source may send back to back on top
+	// of its pace (the limiter's token bucket); reconciliation's R9 allows
+	// it on top of the limit in force.
+	Burst int `json:"burst"`
 }
 
 func (r *Registry) snapshot(ctx context.Context, runID, cause string, sourceIDs []string) error {
@@ -738,6 +743,7 @@ func (r *Registry) snapshot(ctx context.Context, runID, cause string, sourceIDs 
 			GroupWindow:      auditd.Duration(s.GroupWindow),
 			MembersLimit:     s.MembersLimit,
 			Tier:             s.Source.Tier,
+			Burst:            effectiveBurst(s),
 		})
 		if err != nil {
 			return fmt.Errorf("encode snapshot of %q: %w", id, err)
@@ -814,3 +820,13 @@ func validHeaderName(name string) bool {
 // ValidateSource checks src as PutSource would, storing nothing. A
 // configuration file is checked whole with it before any source is applied.
 func (r *Registry) ValidateSource(src auditd.Source) error { return r.validateSource(src) }
+
+// effectiveBurst is the burst the limiter gives a source: its configured
+// Burst, the limiter's default when it sets none, and the default for a
+// gateway group member (members share one budget, described alike).
+func effectiveBurst(s State) int {
+	if s.Source.Burst > 0 && s.Group == "" {
+		return s.Source.Burst
+	}
+	return limiter.DefaultBurst
+}

@@ -199,6 +199,16 @@ func (rc *recount) observe(e *auditd.Event) {
 		if e.NewLimit > 0 && e.NewWindow > 0 {
 			s.limit, s.window, s.limited = e.NewLimit, e.NewWindow, true
 		}
+		// A snapshot records the burst the limiter allowed; a burst given
+		// to the Reconciler wins.
+		if _, given := rc.bursts[s.id]; !given && e.Type == auditd.EventRegistrySnapshot && e.Detail != "" {
+			var d struct {
+				Burst int `json:"burst"`
+			}
+			if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Burst > 0 {
+				s.burst = d.Burst
+			}
+		}
 
 	case auditd.EventItemQueued:
 		s.counts.Queued++
@@ -217,10 +227,12 @@ func (rc *recount) observe(e *auditd.Event) {
 
 	case auditd.EventWait:
 		s.counts.Waits++
-		if e.Cause == "pause" {
-			if it := rc.items[e.ItemKey]; it != nil {
-				it.awaitThrottle = 0
-			}
+		// Any wait of the throttled request honours its throttle: the
+		// limiter names the gate that held it longest (a rate cut by the
+		// same 429 can outlast the pause), and the pause check in dispatch
+		// proves no request went before the pause ended.
+		if it := rc.items[e.ItemKey]; it != nil && it.awaitThrottle != 0 && it.awaitPage == e.Page {
+			it.awaitThrottle = 0
 		}
 
 	case auditd.EventBreaker:

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -156,15 +155,12 @@ func liveCounters(c fetch.Counts) *reports.LiveCounters {
 	}}
 }
 
-// newLedgerHash returns the ledger's chain hash, SHA-256 of the previous
-// hash and the canonical encoding, reusing one buffer: a Reconciler calls
-// it from one goroutine.
-// TODO(ledger): use ledger.HashEvent once the ledger package exports it.
+// newLedgerHash returns the ledger's chain hash for a Reconciler, reusing
+// one buffer: a Reconciler calls it from one goroutine.
 func newLedgerHash() reports.HashFunc {
-	buf := make([]byte, 0, 1024)
-	return func(prev [32]byte, e *auditd.Event) [32]byte {
-		buf = append(buf[:0], prev[:]...)
-		buf = ledger.MarshalCanonical(buf, e)
-		return sha256.Sum256(buf)
+	var buf []byte
+	return func(prev [32]byte, e *auditd.Event) (h [32]byte) {
+		h, buf = ledger.HashEvent(buf, prev, e)
+		return h
 	}
 }
