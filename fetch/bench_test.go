@@ -1,0 +1,460 @@
+//go:build linux
+
+package fetch_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/staging"
+	bolt "go.etcd.io/bbolt"
+)
+
+// The shape of issue 4's benchmark.
+const (
+	benchSources   = 1000
+	benchPerSource = 20
+	benchRequests  = benchSources * benchPerSource
+)
+
+// BenchmarkLoop1000x20 is issue 4's benchmark: one run of 1,000 sources x 20
+// items (20,000 requests) against one fast local upstream, with limits so
+// generous that pacing never waits, on the production parts: clock.Real, a
+// bbolt file that fsyncs every commit, the ledger, registry, limiter and
+// staging, and the production HTTP client (fetch.NewClient).
+//
+// One iteration is one whole run in a fresh data directory. Opening the
+// file, registering the sources and the checks afterwards are outside the
+// timer; the timed part is Submit until the run is terminal, so ns/op is the
+// wall time of one run. A run takes tens of seconds: use -benchtime=1x (or
+// 3x) with -count, see docs/bench/fetch.md.
+//
+// Metrics (per dispatched request unless they say otherwise):
+//
+//   - us/req-wall: the run's wall time / dispatches; req/s is its inverse.
+//   - us/req-overhead: CPU time of the whole process (getrusage, user+sys)
+//     during the run / dispatches. CPU time leaves out every wait: for the
+//     network, for fsync to reach the disk, for a commit group, for a lock.
+//     It counts everything the run makes this process do: Submit, the
+//     limiter, registry, ledger (encoding, hashing, signing, bbolt, the
+//     write and fsync syscalls), staging (temp file, write, fsync, rename),
+//     the run's own bbolt records, the GC, the HTTP client, and, because the
+//     upstream runs in this process, its server side too. So it is an upper
+//     bound of the loop's own overhead per request.
+//   - us/req-http: CPU per request of the same 20,000 requests sent straight
+//     with the same client, no loop (measured once, before the runs): what
+//     the HTTP exchange alone costs this process, client and server side.
+//     us/req-loop = us/req-overhead - us/req-http is the loop's own share.
+//   - us/req-rtt: the mean round trip as the loop recorded it (Latency of
+//     the response events), a wall time; us/req-upstream is the mean time
+//     inside the upstream's handler.
+//   - ms-submit: the wall time of Submit (storing the run, run.started, the
+//     registry snapshots and one item.queued per item), inside the run.
+//   - allocs/req: heap allocations of the whole process during the run.
+//   - conns/run: TCP connections the upstream accepted during a run: the
+//     client keeps at most DefaultClientOptions().MaxIdlePerHost idle per
+//     host, and here all 1,000 sources share one host.
+//   - MB-heap-after: heap in use after the run and a forced GC, with the
+//     loop, ledger and bbolt file still open: what a finished run leaves.
+//   - MB-live-peak: the largest live heap a GC found during the run.
+//   - MB-peak-rss: the process's peak RSS (VmHWM) since it started, setup
+//     and the calibration included.
+//
+// Each run is checked before it counts: every item finished succeeded, the
+// ledger holds one dispatch per request the upstream received, one outcome
+// per dispatch, and no wait (pacing never held a request back), so the
+// benchmark cannot pass by doing nothing or by measuring the limiter.
+func BenchmarkLoop1000x20(b *testing.B) {
+	if testing.Short() {
+		b.Skip("a 20,000-request run on an fsync'ing file; not in -short")
+	}
+	up := newBenchUpstream(b)
+	client := fetch.NewClient(fetch.DefaultClientOptions())
+	b.Cleanup(client.CloseIdleConnections)
+	httpCPU := up.calibrate(b, client, benchRequests, 64)
+
+	b.ReportAllocs()
+	b.ResetTimer()
+	var sum benchTotals
+	for range b.N {
+		b.StopTimer()
+		bl := openBenchLoop(b, up.srv.URL, client)
+		b.StartTimer()
+		res := bl.run(b, up)
+		b.StopTimer()
+		bl.check(b, &res)
+		bl.close(b)
+		sum.add(res)
+		b.StartTimer()
+	}
+	b.StopTimer()
+
+	n := float64(sum.dispatches)
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / n }
+	b.ReportMetric(us(sum.wall), "us/req-wall")
+	b.ReportMetric(n/sum.wall.Seconds(), "req/s")
+	b.ReportMetric(us(sum.cpu), "us/req-overhead")
+	b.ReportMetric(float64(httpCPU)/float64(time.Microsecond), "us/req-http")
+	b.ReportMetric(us(sum.cpu)-float64(httpCPU)/float64(time.Microsecond), "us/req-loop")
+	b.ReportMetric(us(sum.rtt), "us/req-rtt")
+	b.ReportMetric(us(sum.upstream), "us/req-upstream")
+	b.ReportMetric(float64(sum.submit)/float64(time.Millisecond)/float64(sum.runs), "ms-submit")
+	b.ReportMetric(float64(sum.allocs)/n, "allocs/req")
+	b.ReportMetric(float64(sum.conns)/float64(sum.runs), "conns/run")
+	b.ReportMetric(float64(sum.heapAfter)/(1<<20), "MB-heap-after")
+	b.ReportMetric(float64(sum.livePeak)/(1<<20), "MB-live-peak")
+	b.ReportMetric(float64(peakRSS(b))/(1<<20), "MB-peak-rss")
+}
+
+// benchUpstream is one fast local upstream: it answers every request at
+// once with a small JSON body naming the path (so every item stages a
+// payload of its own), and counts what it served.
+type benchUpstream struct {
+	srv      *httptest.Server
+	requests atomic.Int64
+	handler  atomic.Int64 // nanoseconds spent in the handler
+	conns    atomic.Int64 // connections accepted
+}
+
+func newBenchUpstream(tb testing.TB) *benchUpstream {
+	tb.Helper()
+	u := &benchUpstream{}
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	u.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			u.conns.Add(1)
+		}
+	}
+	u.srv.Start()
+	tb.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *benchUpstream) serve(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	body := make([]byte, 0, 128)
+	body = append(body, `{"path":`...)
+	body = strconv.AppendQuote(body, r.URL.Path)
+	body = append(body, `,"count":1,"records":[{"id":1,"status":"active"}]}`...)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.Write(body)
+	u.requests.Add(1)
+	u.handler.Add(int64(time.Since(start)))
+}
+
+// calibrate returns the process CPU time per request of n requests sent
+// with client by conc workers, without the loop: the HTTP exchange's own
+// cost, client and (in-process) server side.
+func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc int) time.Duration {
+	tb.Helper()
+	var next atomic.Int64
+	var failed atomic.Value
+	before := cpuTime(tb)
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				// Built as fetch's send builds it: a non-replayable empty body.
+				req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/calibrate/%d?f=json", u.srv.URL, i), io.NopCloser(strings.NewReader("")))
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				req.Header.Set("User-Agent", "auditd")
+				resp, err := client.Do(req)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				_, err = io.ReadAll(io.LimitReader(resp.Body, fetch.DefaultMaxBodyBytes+1))
+				resp.Body.Close()
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		tb.Fatalf("calibration request: %v", err)
+	}
+	return (cpuTime(tb) - before) / time.Duration(n)
+}
+
+// benchLoop is a loop on the production parts in a fresh data directory,
+// with benchSources sources registered, all pointing at one upstream.
+type benchLoop struct {
+	dir    string
+	db     *bolt.DB
+	ledger *ledger.Ledger
+	loop   *fetch.Loop
+	items  []auditd.Item
+	runID  string
+}
+
+func openBenchLoop(tb testing.TB, upstreamURL string, client *http.Client) *benchLoop {
+	tb.Helper()
+	dir, err := os.MkdirTemp(tb.TempDir(), "run")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	led, err := ledger.Open(db, ledger.Options{KeyDir: dir, Clock: clock.Real{}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	reg, err := registry.Open(db, registry.Options{Ledger: led, Clock: clock.Real{}, DefaultLimit: 1_000_000, DefaultWindow: time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stage, err := staging.Open(db, filepath.Join(dir, "payloads"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	loop, err := fetch.New(fetch.Config{
+		DB: db, Ledger: led, Registry: reg, Limiter: limiter.New(clock.Real{}), Staging: stage,
+		Client: client, Clock: clock.Real{}, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := loop.Start(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	bl := &benchLoop{dir: dir, db: db, ledger: led, loop: loop}
+
+	// Registering is setup: do it from many goroutines so the sources'
+	// source.changed events share commit groups.
+	var wg sync.WaitGroup
+	errs := make(chan error, benchSources)
+	ids := make(chan string)
+	for range 32 {
+		wg.Go(func() {
+			for id := range ids {
+				_, err := loop.PutSource(context.Background(), "bench", auditd.Source{
+					ID: id, BaseURL: upstreamURL,
+					Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 4,
+				})
+				if err != nil {
+					errs <- fmt.Errorf("put source %s: %w", id, err)
+				}
+			}
+		})
+	}
+	for s := range benchSources {
+		id := fmt.Sprintf("s%04d", s)
+		ids <- id
+		for i := range benchPerSource {
+			bl.items = append(bl.items, auditd.Item{
+				Key: fmt.Sprintf("%s/%02d", id, i), SourceID: id,
+				Path: fmt.Sprintf("/items/%s/%02d?f=json", id, i),
+			})
+		}
+	}
+	close(ids)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		tb.Fatal(err)
+	}
+	return bl
+}
+
+// benchResult is what one run measured.
+type benchResult struct {
+	wall, cpu, submit   time.Duration
+	allocs              uint64
+	livePeak, heapAfter uint64
+	upRequests, upConns int64
+	upHandler           time.Duration
+	// Filled in by check, from the ledger.
+	dispatches int
+	rtt        time.Duration
+}
+
+// run submits the run and waits until it is terminal. The caller's timer
+// runs for exactly this.
+func (bl *benchLoop) run(b *testing.B, up *benchUpstream) benchResult {
+	var res benchResult
+	upReq, upHandler, upConns := up.requests.Load(), up.handler.Load(), up.conns.Load()
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	mallocs := ms.Mallocs
+	cpu := cpuTime(b)
+	start := time.Now()
+
+	v, created, err := bl.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "bench", Items: bl.items, Principal: "bench"})
+	if err != nil || !created {
+		b.Fatalf("submit: created %v, %v", created, err)
+	}
+	res.submit = time.Since(start)
+	bl.runID = v.ID
+	for !v.Status.Terminal() {
+		if time.Since(start) > 20*time.Minute {
+			b.Fatalf("run did not finish in 20 minutes: %+v", v.Counts)
+		}
+		metrics.Read(sample)
+		res.livePeak = max(res.livePeak, sample[0].Value.Uint64())
+		time.Sleep(25 * time.Millisecond)
+		if v, err = bl.loop.Run(v.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	res.wall = time.Since(start)
+	res.cpu = cpuTime(b) - cpu
+	runtime.ReadMemStats(&ms)
+	res.allocs = ms.Mallocs - mallocs
+	res.upRequests = up.requests.Load() - upReq
+	res.upHandler = time.Duration(up.handler.Load() - upHandler)
+	res.upConns = up.conns.Load() - upConns
+	metrics.Read(sample)
+	res.livePeak = max(res.livePeak, sample[0].Value.Uint64())
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	res.heapAfter = ms.HeapInuse
+	if v.Status != auditd.RunSucceeded || v.Counts.Succeeded != benchRequests {
+		b.Fatalf("run ended %s: %+v", v.Status, v.Counts)
+	}
+	return res
+}
+
+// check recounts the run from the ledger: the benchmark only counts a run
+// that did all its work, and did it without waiting on the gates.
+func (bl *benchLoop) check(b *testing.B, res *benchResult) {
+	counts := map[auditd.EventType]int{}
+	succeeded := 0
+	if err := bl.ledger.ScanRun(bl.runID, 0, func(e *auditd.Event) error {
+		counts[e.Type]++
+		switch e.Type {
+		case auditd.EventItemFinished:
+			if e.Outcome == auditd.ItemSucceeded {
+				succeeded++
+			}
+		case auditd.EventResponse:
+			res.rtt += e.Latency
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	res.dispatches = counts[auditd.EventDispatch]
+	outcomes := counts[auditd.EventResponse] + counts[auditd.EventThrottle] + counts[auditd.EventTransportError]
+	switch {
+	case counts[auditd.EventItemFinished] != benchRequests || succeeded != benchRequests:
+		b.Fatalf("%d item.finished (%d succeeded) for %d items", counts[auditd.EventItemFinished], succeeded, benchRequests)
+	case counts[auditd.EventItemQueued] != benchRequests || counts[auditd.EventPayloadStaged] != benchRequests:
+		b.Fatalf("%d item.queued and %d payload.staged for %d items", counts[auditd.EventItemQueued], counts[auditd.EventPayloadStaged], benchRequests)
+	case int64(res.dispatches) != res.upRequests || res.dispatches < benchRequests:
+		b.Fatalf("%d dispatches recorded, upstream received %d, %d items", res.dispatches, res.upRequests, benchRequests)
+	case outcomes != res.dispatches:
+		b.Fatalf("%d dispatches but %d outcome events", res.dispatches, outcomes)
+	case counts[auditd.EventWait] != 0:
+		b.Fatalf("%d wait events: pacing held requests back, so this measures the gates, not the loop", counts[auditd.EventWait])
+	case counts[auditd.EventRunFinished] != 1:
+		b.Fatalf("%d run.finished events", counts[auditd.EventRunFinished])
+	}
+}
+
+func (bl *benchLoop) close(tb testing.TB) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := bl.loop.Close(ctx); err != nil {
+		tb.Errorf("close loop: %v", err)
+	}
+	if err := bl.ledger.Close(ctx); err != nil {
+		tb.Errorf("close ledger: %v", err)
+	}
+	if err := bl.db.Close(); err != nil {
+		tb.Errorf("close bbolt: %v", err)
+	}
+	// Every run stages 20,000 payload files: do not keep them until the
+	// benchmark ends.
+	if err := os.RemoveAll(bl.dir); err != nil {
+		tb.Errorf("remove run directory: %v", err)
+	}
+}
+
+// benchTotals adds up the runs of one benchmark.
+type benchTotals struct {
+	runs, dispatches                 int
+	conns                            int64
+	allocs                           uint64
+	wall, cpu, submit, rtt, upstream time.Duration
+	heapAfter, livePeak              uint64
+}
+
+func (t *benchTotals) add(r benchResult) {
+	t.runs++
+	t.dispatches += r.dispatches
+	t.conns += r.upConns
+	t.allocs += r.allocs
+	t.wall += r.wall
+	t.cpu += r.cpu
+	t.submit += r.submit
+	t.rtt += r.rtt
+	t.upstream += r.upHandler
+	t.heapAfter = max(t.heapAfter, r.heapAfter)
+	t.livePeak = max(t.livePeak, r.livePeak)
+}
+
+// cpuTime is the CPU time, user and system, this process has used.
+func cpuTime(tb testing.TB) time.Duration {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// peakRSS is the process's peak resident set (VmHWM), in bytes.
+func peakRSS(tb testing.TB) uint64 {
+	tb.Helper()
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				tb.Fatalf("parse VmHWM %q: %v", rest, err)
+			}
+			return kb << 10
+		}
+	}
+	tb.Fatal("no VmHWM in /proc/self/status")
+	return 0
+}
