@@ -22,7 +22,7 @@ func DefaultClientOptions() ClientOptions {
 		ConnectTimeout: 10 * time.Second,
 		HeaderTimeout:  30 * time.Second,
 		RequestTimeout: 2 * time.Minute,
-		MaxIdlePerHost: 16,
+		MaxIdlePerHost: 64,
 		MaxRedirects:   5,
 	}
 }
@@ -40,6 +40,7 @@ func NewClient(o ClientOptions) *http.Client {
 		TLSHandshakeTimeout:   o.ConnectTimeout,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		MaxIdleConnsPerHost:   o.MaxIdlePerHost,
+		MaxIdleConns:          16 * o.MaxIdlePerHost,
 		IdleConnTimeout:       90 * time.Second,
 	}
 	return &http.Client{

@@ -36,12 +36,12 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 	// drains: the events describe what already happened.
 	rctx := context.WithoutCancel(ctx)
 	if ar.isCancelled() {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil)
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "")
 		return
 	}
 	src, err := l.cfg.Registry.GetSource(it.SourceID)
 	if err != nil {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "source removed: "+err.Error(), nil)
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "source removed: "+err.Error(), nil, "")
 		return
 	}
 	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
@@ -53,7 +53,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 
 	w, err := l.cfg.Staging.NewWriter()
 	if err != nil {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil)
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil, "")
 		return
 	}
 	defer w.Abort()
@@ -66,7 +66,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 		}
 		pg, err := pageRequest(it, p)
 		if err != nil {
-			l.endItem(rctx, ar, it, auditd.ItemFailed, err.Error(), nil)
+			l.endItem(rctx, ar, it, auditd.ItemFailed, err.Error(), nil, "")
 			return
 		}
 		body, end, reason := l.fetchPage(ctx, ar, &src, it, pg)
@@ -74,7 +74,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 		case pageAbandon:
 			return
 		case pageCancelled:
-			l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil)
+			l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "")
 			return
 		case pageShed:
 			l.shed(rctx, ar, it, lastGoodKey, reason)
@@ -119,12 +119,9 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 		l.log.Error("record staged payload", "run", ar.rec.ID, "item", it.Key, "err", err)
 		return
 	}
-	if err := l.cfg.Staging.SetLastGood(lastGoodKey, sum); err != nil {
-		l.log.Error("index last good payload", "item", it.Key, "err", err)
-	}
 	res.PayloadHash, res.Bytes, res.Records = sum, n, records
 	res.CountMatched = it.Paging != auditd.PagingNone && res.Advertised == records
-	l.endItem(rctx, ar, it, auditd.ItemSucceeded, "", res)
+	l.endItem(rctx, ar, it, auditd.ItemSucceeded, "", res, lastGoodKey)
 }
 
 // fetchPage sends one page until it succeeds, fails for good, or the run's
@@ -190,9 +187,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			Attempt: attempt, Method: it.Method, Path: path, Cause: cause,
 		})
 		if errors.Is(err, errBreakerOpened) {
-			ar.mu.Lock()
-			ar.attempts[req]-- // nothing was sent: the number is not spent
-			ar.mu.Unlock()
+			ar.unspend(req) // nothing was sent: the number is not spent
 			continue
 		} else if err != nil {
 			// Not durable, so not sent: the ledger never shows fewer
@@ -401,7 +396,7 @@ func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *auditd.Item, 
 	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
 		return
 	}
-	l.endItem(ctx, ar, it, auditd.ItemFailed, reason, nil)
+	l.endItem(ctx, ar, it, auditd.ItemFailed, reason, nil, "")
 }
 
 // shed ends an item the gates could not admit before the run's deadline.
@@ -410,7 +405,7 @@ func (l *Loop) shed(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoo
 	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
 		return
 	}
-	l.endItem(ctx, ar, it, auditd.ItemShed, "deadline", nil)
+	l.endItem(ctx, ar, it, auditd.ItemShed, "deadline", nil, "")
 }
 
 // serveCached serves an item from its last good staged payload, if one
@@ -421,23 +416,19 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *auditd.Item, 
 		return false
 	}
 	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Cause: reason})
-	l.endItem(ctx, ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1})
+	l.endItem(ctx, ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1}, "")
 	return true
 }
 
 // endItem records item.finished and stores the item's result.
-func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult) {
+// A succeeded item also becomes the last good copy of its request
+// (lastGood is its request key; "" for other outcomes), in the same commit.
+func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult, lastGood string) {
 	if res == nil {
 		res = &ItemResult{Key: it.Key, Advertised: -1}
 	}
 	res.Outcome, res.Reason = out, reason
-	ar.mu.Lock()
-	for r, n := range ar.attempts {
-		if r.key == it.Key {
-			res.Attempts += int(n)
-		}
-	}
-	ar.mu.Unlock()
+	res.Attempts = ar.forget(it.Key)
 	if _, err := l.record(ctx, ar, auditd.Event{
 		Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
 		Outcome: out, Cause: reason, PayloadHash: res.PayloadHash,
@@ -445,7 +436,7 @@ func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out 
 		l.log.Error("record item finished", "run", ar.rec.ID, "item", it.Key, "err", err)
 		return
 	}
-	if err := l.saveResultAndRun(ar, res); err != nil {
+	if err := l.saveResult(ar.rec.ID, res, lastGood); err != nil {
 		l.log.Error("store item result", "run", ar.rec.ID, "item", it.Key, "err", err)
 	}
 }

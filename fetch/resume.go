@@ -45,8 +45,10 @@ func (l *Loop) resume(ctx context.Context, id string) error {
 			queued[e.ItemKey] = true
 		case auditd.EventItemFinished:
 			finished[e.ItemKey] = true
+			ar.forgetLocked(e.ItemKey)
 		case auditd.EventDispatch:
 			ar.attempts[r] = max(ar.attempts[r], e.Attempt)
+			ar.noteLocked(r, 1)
 			open[r] = *e
 		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
 			if d, ok := open[r]; ok && d.Attempt == e.Attempt {

@@ -12,9 +12,16 @@ import (
 type activeRun struct {
 	mu        sync.Mutex
 	rec       runRecord
-	attempts  map[request]uint32 // last attempt number of each request
+	attempts  map[request]uint32       // last attempt number of each request
+	items     map[string]*itemAttempts // per unfinished item, for its result
 	cancel    context.CancelFunc
 	cancelled bool
+}
+
+// itemAttempts counts an unfinished item's dispatches over all its pages.
+type itemAttempts struct {
+	total int
+	pages int // pages tried: requests {key, 0..pages-1} may be in attempts
 }
 
 // request identifies one request of a run: an item's page.
@@ -24,7 +31,7 @@ type request struct {
 }
 
 func newActiveRun(rec *runRecord) *activeRun {
-	return &activeRun{rec: *rec, attempts: map[request]uint32{}}
+	return &activeRun{rec: *rec, attempts: map[request]uint32{}, items: map[string]*itemAttempts{}}
 }
 
 // nextAttempt numbers the next dispatch of a request, without gaps.
@@ -32,7 +39,46 @@ func (ar *activeRun) nextAttempt(r request) uint32 {
 	ar.mu.Lock()
 	defer ar.mu.Unlock()
 	ar.attempts[r]++
+	ar.noteLocked(r, 1)
 	return ar.attempts[r]
+}
+
+// unspend takes back an attempt number that was never sent.
+func (ar *activeRun) unspend(r request) {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	ar.attempts[r]--
+	ar.noteLocked(r, -1)
+}
+
+// noteLocked counts n more dispatches of r towards its item; ar.mu is held.
+func (ar *activeRun) noteLocked(r request, n int) {
+	ia := ar.items[r.key]
+	if ia == nil {
+		ia = &itemAttempts{}
+		ar.items[r.key] = ia
+	}
+	ia.total += n
+	ia.pages = max(ia.pages, r.page+1)
+}
+
+// forget drops what is kept of a finished item and returns its dispatches.
+func (ar *activeRun) forget(key string) int {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	return ar.forgetLocked(key)
+}
+
+func (ar *activeRun) forgetLocked(key string) int {
+	ia := ar.items[key]
+	if ia == nil {
+		return 0
+	}
+	for p := range ia.pages {
+		delete(ar.attempts, request{key: key, page: p})
+	}
+	delete(ar.items, key)
+	return ia.total
 }
 
 // launch starts the run's workers: per source, as many as its concurrency
@@ -47,16 +93,20 @@ func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
 	l.active[ar.rec.ID] = ar
 	l.mu.Unlock()
 
-	queues := map[string]chan auditd.Item{}
+	perSource := map[string]int{}
 	var order []string
 	for _, it := range items {
-		q := queues[it.SourceID]
-		if q == nil {
-			q = make(chan auditd.Item, len(items))
-			queues[it.SourceID] = q
+		if perSource[it.SourceID] == 0 {
 			order = append(order, it.SourceID)
 		}
-		q <- it
+		perSource[it.SourceID]++
+	}
+	queues := make(map[string]chan auditd.Item, len(order))
+	for _, id := range order {
+		queues[id] = make(chan auditd.Item, perSource[id])
+	}
+	for _, it := range items {
+		queues[it.SourceID] <- it
 	}
 	var workers sync.WaitGroup
 	for _, id := range order {

@@ -277,21 +277,20 @@ func (l *Loop) bumpAcknowledged(runID string) error {
 	})
 }
 
-func (l *Loop) saveResultAndRun(ar *activeRun, res *ItemResult) error {
-	ar.mu.Lock()
-	rec := ar.rec
-	rec.Counts = ar.rec.Counts.clone()
-	ar.mu.Unlock()
-	// Batch: results of many items finishing together share one commit.
+// saveResult stores how an item ended and, for a success, indexes its
+// payload as the request's last good copy. The run record is not rewritten
+// per item: the live counts are in memory, stored at the run's start and
+// end, and recounted from the ledger on resume. Batch lets the results of
+// items finishing together share one commit.
+func (l *Loop) saveResult(runID string, res *ItemResult, lastGood string) error {
 	return l.cfg.DB.Batch(func(tx *bolt.Tx) error {
-		if err := saveResult(tx, rec.ID, res); err != nil {
+		if err := saveResult(tx, runID, res); err != nil {
 			return err
 		}
-		old, err := loadRun(tx, rec.ID)
-		if err == nil && old.LastSeq > rec.LastSeq {
-			return nil // a later state is already stored
+		if lastGood != "" {
+			return l.cfg.Staging.PutLastGood(tx, lastGood, res.PayloadHash)
 		}
-		return saveRun(tx, &rec)
+		return nil
 	})
 }
 

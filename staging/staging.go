@@ -1,6 +1,7 @@
 package staging
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -13,10 +14,21 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// DefaultMaxBytes caps one staged payload (64 MiB).
-const DefaultMaxBytes = 64 << 20
+// Defaults for Store fields.
+const (
+	// DefaultMaxBytes caps one staged payload (64 MiB).
+	DefaultMaxBytes = 64 << 20
+	// DefaultInlineMax is the largest payload kept inside the bbolt file
+	// rather than as a file of its own: most API pages are a few KiB, and a
+	// file create, fsync and rename per item costs far more than a share of
+	// one batched bbolt commit.
+	DefaultInlineMax = 64 << 10
+)
 
-var bucketLastGood = []byte("staging.lastgood")
+var (
+	bucketLastGood = []byte("staging.lastgood") // request key -> payload hash
+	bucketInline   = []byte("staging.payloads") // payload hash -> bytes, for small payloads
+)
 
 // ErrTooLarge means a payload was larger than the store's cap; nothing was kept.
 var ErrTooLarge = errors.New("payload larger than the staging cap")
@@ -34,27 +46,36 @@ type Store struct {
 
 	// MaxBytes caps one payload. Default DefaultMaxBytes.
 	MaxBytes int64
+	// InlineMax is the largest payload kept in the bbolt file; larger ones
+	// are files below the staging directory. Default DefaultInlineMax.
+	InlineMax int
 }
 
-// Open returns a store keeping payloads below dir and its index in db.
+// Open returns a store keeping payloads below dir and in db.
 func Open(db *bolt.DB, dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create staging directory: %w", err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketLastGood)
-		return err
+		for _, b := range [][]byte{bucketLastGood, bucketInline} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("create staging bucket: %w", err)
+		return nil, fmt.Errorf("create staging buckets: %w", err)
 	}
-	return &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes}, nil
+	return &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax}, nil
 }
 
 // Writer stages one payload written in pieces (the pages of a paged item).
-// Commit makes it durable and returns its hash; Abort discards it.
+// Commit makes it durable and returns its hash; Abort discards it. A payload
+// stays in memory until it outgrows InlineMax; only then is its file created.
 type Writer struct {
 	s    *Store
-	f    *os.File
+	buf  []byte   // the payload while it is small
+	f    *os.File // the payload once it is not
 	h    hash.Hash
 	n    int64
 	done bool
@@ -62,11 +83,7 @@ type Writer struct {
 
 // NewWriter starts a payload.
 func (s *Store) NewWriter() (*Writer, error) {
-	f, err := os.CreateTemp(s.dir, ".staging-*")
-	if err != nil {
-		return nil, fmt.Errorf("create staging file: %w", err)
-	}
-	return &Writer{s: s, f: f, h: sha256.New()}, nil
+	return &Writer{s: s, h: sha256.New()}, nil
 }
 
 // Write appends p to the payload. It fails with ErrTooLarge past the cap.
@@ -74,19 +91,44 @@ func (w *Writer) Write(p []byte) (int, error) {
 	if w.n+int64(len(p)) > w.s.MaxBytes {
 		return 0, ErrTooLarge
 	}
-	n, err := w.f.Write(p)
-	w.h.Write(p[:n])
-	w.n += int64(n)
-	return n, err
+	w.h.Write(p)
+	w.n += int64(len(p))
+	if w.f == nil && len(w.buf)+len(p) <= w.s.InlineMax {
+		w.buf = append(w.buf, p...)
+		return len(p), nil
+	}
+	if w.f == nil {
+		f, err := os.CreateTemp(w.s.dir, ".staging-*")
+		if err != nil {
+			return 0, fmt.Errorf("create staging file: %w", err)
+		}
+		w.f = f
+		if _, err := f.Write(w.buf); err != nil {
+			return 0, err
+		}
+		w.buf = nil
+	}
+	return w.f.Write(p)
 }
 
 // Len is how many bytes were written so far.
 func (w *Writer) Len() int64 { return w.n }
 
-// Commit syncs the payload and files it under its hash. Storing bytes that are
+// Commit makes the payload durable under its hash. Storing bytes that are
 // already there is a no-op that returns the same hash.
 func (w *Writer) Commit() (sum string, n int64, err error) {
 	w.done = true
+	sum = hex.EncodeToString(w.h.Sum(nil))
+	if w.f == nil {
+		// Batch: the payloads of items finishing together share a commit.
+		err := w.s.db.Batch(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketInline).Put([]byte(sum), w.buf)
+		})
+		if err != nil {
+			return "", 0, fmt.Errorf("store payload: %w", err)
+		}
+		return sum, w.n, nil
+	}
 	tmp := w.f.Name()
 	defer os.Remove(tmp) // gone after a successful rename; cleans up otherwise
 	if err := w.f.Sync(); err != nil {
@@ -96,7 +138,6 @@ func (w *Writer) Commit() (sum string, n int64, err error) {
 	if err := w.f.Close(); err != nil {
 		return "", 0, fmt.Errorf("close payload: %w", err)
 	}
-	sum = hex.EncodeToString(w.h.Sum(nil))
 	dst := w.s.path(sum)
 	if _, err := os.Stat(dst); err == nil {
 		return sum, w.n, nil
@@ -116,8 +157,10 @@ func (w *Writer) Abort() {
 		return
 	}
 	w.done = true
-	w.f.Close()
-	os.Remove(w.f.Name())
+	if w.f != nil {
+		w.f.Close()
+		os.Remove(w.f.Name())
+	}
 }
 
 // Put stages everything r yields and returns its hash and size.
@@ -134,9 +177,21 @@ func (s *Store) Put(r io.Reader) (sum string, n int64, err error) {
 }
 
 // Open returns the payload stored under sum.
-func (s *Store) Open(sum string) (*os.File, error) {
+func (s *Store) Open(sum string) (io.ReadCloser, error) {
 	if !validSum(sum) {
 		return nil, ErrNotFound
+	}
+	var inline []byte
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketInline).Get([]byte(sum)); v != nil {
+			inline = bytes.Clone(v)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if inline != nil {
+		return io.NopCloser(bytes.NewReader(inline)), nil
 	}
 	f, err := os.Open(s.path(sum))
 	if errors.Is(err, os.ErrNotExist) {
@@ -165,9 +220,13 @@ func (s *Store) VerifyPayload(sum string) error {
 
 // SetLastGood records sum as the last good payload of a request.
 func (s *Store) SetLastGood(requestKey, sum string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLastGood).Put([]byte(requestKey), []byte(sum))
-	})
+	return s.db.Update(func(tx *bolt.Tx) error { return s.PutLastGood(tx, requestKey, sum) })
+}
+
+// PutLastGood is SetLastGood inside the caller's transaction, so an item's
+// result and its last-good index commit together.
+func (s *Store) PutLastGood(tx *bolt.Tx, requestKey, sum string) error {
+	return tx.Bucket(bucketLastGood).Put([]byte(requestKey), []byte(sum))
 }
 
 // LastGood returns the last good payload of a request, if there is one.

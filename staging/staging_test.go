@@ -31,6 +31,7 @@ func mustOpen(tb testing.TB) (*staging.Store, string) {
 
 func TestPutStoresUnderHashAndVerifies(t *testing.T) {
 	s, dir := mustOpen(t)
+	s.InlineMax = 4 // this payload goes to a file of its own
 	body := `{"features":[1,2,3]}`
 	sum, n, err := s.Put(strings.NewReader(body))
 	if err != nil {
@@ -69,7 +70,7 @@ func TestPutStoresUnderHashAndVerifies(t *testing.T) {
 
 func TestCapLeavesNothingBehind(t *testing.T) {
 	s, dir := mustOpen(t)
-	s.MaxBytes = 8
+	s.MaxBytes, s.InlineMax = 8, 2
 	if _, _, err := s.Put(strings.NewReader("123456789")); !errors.Is(err, staging.ErrTooLarge) {
 		t.Fatalf("got %v", err)
 	}
@@ -97,5 +98,44 @@ func TestLastGoodIndex(t *testing.T) {
 	}
 	if _, ok, _ := s.LastGood(k2); ok {
 		t.Fatal("key leaked to another request")
+	}
+}
+
+func TestSmallPayloadsStayInline(t *testing.T) {
+	s, dir := mustOpen(t)
+	w, _ := s.NewWriter()
+	w.Write([]byte(`{"page":1}`))
+	w.Write([]byte("\n"))
+	w.Write([]byte(`{"page":2}`))
+	sum, n, err := w.Commit()
+	if err != nil || n != 21 {
+		t.Fatalf("commit: %d %v", n, err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("a small payload made %d files", len(entries))
+	}
+	r, err := s.Open(sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(r)
+	if string(got) != "{\"page\":1}\n{\"page\":2}" {
+		t.Fatalf("read back %q", got)
+	}
+	if err := s.VerifyPayload(sum); err != nil {
+		t.Fatal(err)
+	}
+	// The same bytes grown past InlineMax go to a file, and are still found.
+	s.InlineMax = 8
+	big := strings.Repeat("x", 100)
+	bsum, _, err := s.Put(strings.NewReader(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, bsum[:2], bsum)); err != nil {
+		t.Fatalf("large payload not filed: %v", err)
+	}
+	if err := s.VerifyPayload(bsum); err != nil {
+		t.Fatal(err)
 	}
 }
