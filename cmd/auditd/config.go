@@ -49,10 +49,21 @@ func loadConfig(path string, validate func(*auditd.Source) (field, msg string)) 
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	var cfg fileConfig
+	lines := sourceLines(&root)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("%s: %w", path, err) // names its lines already
+		}
+		// A value's own parser refused it (a duration, say): find its source.
+		for i, n := range sourceNodes(&root) {
+			var src auditd.Source
+			if derr := n.Decode(&src); derr != nil {
+				return nil, &configError{Path: path, Line: lines[i], Field: fmt.Sprintf("sources[%d]", i), Msg: auditd.ErrorMessage(derr)}
+			}
+		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	lines := sourceLines(&root)
 	seen := map[string]int{}
 	for i := range cfg.Sources {
 		line := 0
@@ -73,17 +84,22 @@ func loadConfig(path string, validate func(*auditd.Source) (field, msg string)) 
 
 // sourceLines returns the line of each entry of the top-level sources list.
 func sourceLines(root *yaml.Node) []int {
+	var lines []int
+	for _, n := range sourceNodes(root) {
+		lines = append(lines, n.Line)
+	}
+	return lines
+}
+
+// sourceNodes returns the entries of the top-level sources list.
+func sourceNodes(root *yaml.Node) []*yaml.Node {
 	if len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
 		return nil
 	}
 	m := root.Content[0]
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		if m.Content[i].Value == "sources" {
-			var lines []int
-			for _, n := range m.Content[i+1].Content {
-				lines = append(lines, n.Line)
-			}
-			return lines
+			return m.Content[i+1].Content
 		}
 	}
 	return nil

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/registry"
+)
+
+// openRegistry returns a registry on a fresh data directory, for its
+// validation.
+func openRegistry(tb testing.TB) *registry.Registry {
+	tb.Helper()
+	dir := tb.TempDir()
+	db, err := openDB(dir, false)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	led, err := ledger.Open(db, ledger.Options{KeyDir: dir})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { led.Close(tb.Context()) })
+	reg, err := registry.Open(db, registry.Options{Ledger: led})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return reg
+}
+
+func TestConfigExampleLoads(t *testing.T) {
+	reg := openRegistry(t)
+	cfg, err := loadConfig("../../testdata/config/sources.example.yaml", func(s *auditd.Source) (string, string) { return validateSource(reg, s) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Sources) != 2 || cfg.Sources[0].Window.D() != time.Minute || cfg.Sources[0].Breaker.Cooldown.D() != 2*time.Minute {
+		t.Fatalf("parsed %+v", cfg.Sources)
+	}
+}
+
+func TestConfigErrorsNameLineAndField(t *testing.T) {
+	reg := openRegistry(t)
+	validate := func(s *auditd.Source) (string, string) { return validateSource(reg, s) }
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"UnknownField", "sources:\n  - id: a\n    base_url: http://x\n    limitt: 5\n", "line 4"},
+		{"BadDuration", "sources:\n  - id: a\n    base_url: http://x\n  - id: b\n    base_url: http://x\n    window: soon\n", `:4: sources[1]: invalid duration "soon"`},
+		{"BadURL", "sources:\n  - id: a\n    base_url: http://x\n    limit: 5\n  - id: b\n    base_url: not a url\n", ":5: sources[1].base_url"},
+		{"LimitTooHigh", "sources:\n  - id: a\n    base_url: http://x\n    limit: 99999999\n", ":2: sources[0].limit"},
+		{"Duplicate", "sources:\n  - id: a\n    base_url: http://x\n  - id: a\n    base_url: http://y\n", "duplicate id \"a\" (first at line 2)"},
+		{"NotYAML", "sources: [\n", "config.yaml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			os.WriteFile(path, []byte(tc.yaml), 0o600)
+			_, err := loadConfig(path, validate)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want it to say %q", err, tc.want)
+			}
+		})
+	}
+}
