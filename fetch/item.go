@@ -356,11 +356,7 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 // scrubError removes the request's query (which may hold credentials) from
 // a transport error's text before it is recorded.
 func scrubError(err error, path string, secret []string) error {
-	msg := err.Error()
-	if _, q, ok := strings.Cut(path, "?"); ok && q != "" {
-		msg = strings.ReplaceAll(msg, q, strings.TrimPrefix(redactPath(path, secret), strings.SplitN(path, "?", 2)[0]+"?"))
-	}
-	return errors.New(msg)
+	return errors.New(strings.ReplaceAll(err.Error(), path, redactPath(path, secret)))
 }
 
 func (l *Loop) recordWait(ctx context.Context, ar *activeRun, it *auditd.Item, page int, gate string, planned, actual time.Duration) {
