@@ -244,7 +244,10 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			lastReason = fmt.Sprintf("server error (%d)", res.Status)
 			retryAt = l.cfg.Clock.Now().Add(v.Wait)
 		case out == auditd.OutcomeBodyError:
-			return nil, pageFailed, fmt.Sprintf("error in a %d body: %s", res.Status, bodyErr)
+			// Grants.gov reports transient failures ("search is temporarily
+			// unavailable") inside a 200: try again, paced by the gates,
+			// until the attempts are spent.
+			lastReason = fmt.Sprintf("error in a %d body: %s", res.Status, bodyErr)
 		default:
 			return nil, pageFailed, fmt.Sprintf("client error (%d)", res.Status)
 		}
