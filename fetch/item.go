@@ -186,7 +186,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			Type: auditd.EventDispatch, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(pg.index),
 			Attempt: attempt, Method: it.Method, Path: path, Cause: cause,
 		})
-		if errors.Is(err, errBreakerOpened) {
+		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			ar.unspend(req) // nothing was sent: the number is not spent
 			continue
 		} else if err != nil {
@@ -219,10 +219,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 				base.Type = auditd.EventThrottle
 				base.RetryAfterRaw, base.RetryAfter, base.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
 				base.Backoff, base.Wait = v.Backoff, v.Wait
-				ev := l.mustRecord(rctx, ar, base)
-				// The pause runs from the throttle's own record, so no
-				// dispatch can carry a time inside [throttle.Time, +Wait).
-				l.cfg.Limiter.Pause(it.SourceID, ev.Time.Add(v.Wait))
+				l.recordThrottle(rctx, ar, base)
 				out = auditd.OutcomeThrottled
 			} else {
 				base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
@@ -254,27 +251,49 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 }
 
-// errBreakerOpened means the breaker opened between a request's admission
-// and its dispatch record; the request was not sent.
-var errBreakerOpened = errors.New("breaker opened before dispatch")
+// errBreakerOpened and errPausedMeanwhile mean the breaker opened, or a
+// throttle paused the source, between a request's admission and its
+// dispatch record; the request was not sent, and goes back to the gates.
+var (
+	errBreakerOpened   = errors.New("breaker opened before dispatch")
+	errPausedMeanwhile = errors.New("source paused before dispatch")
+)
 
 // dispatch records e, the dispatch of an admitted request, unless the
-// source's breaker opened since the admission (then it releases the permit
-// and returns errBreakerOpened). The source's send lock orders it against
-// breaker events.
+// source's breaker opened or a throttle paused it since the admission (then
+// it releases the permit and says which). The source's send lock orders
+// dispatch records against breaker and throttle records: a dispatch is on
+// record either before a throttle or after its pause is in force.
 func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, e auditd.Event) (auditd.Event, error) {
 	mu := l.sendLock(e.SourceID)
 	mu.Lock()
 	defer mu.Unlock()
-	if st, err := l.cfg.Limiter.State(e.SourceID); err == nil && !p.Probe && st.Breaker != limiter.BreakerClosed {
-		p.Release()
-		return e, errBreakerOpened
+	if st, err := l.cfg.Limiter.State(e.SourceID); err == nil {
+		if !p.Probe && st.Breaker != limiter.BreakerClosed {
+			p.Release()
+			return e, errBreakerOpened
+		}
+		if st.PausedUntil.After(l.cfg.Clock.Now()) {
+			p.Release()
+			return e, errPausedMeanwhile
+		}
 	}
 	got, err := l.record(ctx, ar, e)
 	if err != nil {
 		p.Release()
 	}
 	return got, err
+}
+
+// recordThrottle records a throttle and pauses the source from that record
+// on, under the source's send lock, so no dispatch recorded after it can
+// carry a time inside [throttle.Time, throttle.Time+Wait).
+func (l *Loop) recordThrottle(ctx context.Context, ar *activeRun, e auditd.Event) {
+	mu := l.sendLock(e.SourceID)
+	mu.Lock()
+	defer mu.Unlock()
+	ev := l.mustRecord(ctx, ar, e)
+	l.cfg.Limiter.Pause(e.SourceID, ev.Time.Add(e.Wait))
 }
 
 // recordBreaker records breaker transitions under the source's send lock.

@@ -59,7 +59,6 @@ type Config struct {
 	MaxBodyBytes int64         // default DefaultMaxBodyBytes
 	DrainTimeout time.Duration // default DefaultDrainTimeout
 	CodeVersion  string        // recorded with every run
-	ConfigHash   string        // hash of the service configuration, recorded with every run
 }
 
 // Loop runs runs. Create with New, then Start; Close drains it.
@@ -209,7 +208,7 @@ func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, er
 		Award:       req.Award,
 		Status:      auditd.RunRunning,
 		InitiatedBy: req.Principal,
-		ConfigHash:  l.cfg.ConfigHash,
+		ConfigHash:  l.runConfigHash(req.Items),
 		CodeVersion: l.cfg.CodeVersion,
 		CreatedAt:   now,
 		Deadline:    req.Deadline,
@@ -383,9 +382,23 @@ func (l *Loop) saveRun(ar *activeRun) error {
 	return l.cfg.DB.Update(func(tx *bolt.Tx) error { return saveRun(tx, &rec) })
 }
 
-// configHash returns a stable hash of v's JSON, for recording configurations.
-func configHash(v any) string {
-	b, _ := json.Marshal(v)
+// runConfigHash is the hash recorded with a run of the configuration it
+// runs under: the sources it uses as the registry holds them (secret
+// headers are never part of it) and the loop's own limits. Two runs with
+// the same hash were paced under the same terms.
+func (l *Loop) runConfigHash(items []auditd.Item) string {
+	ids := sortedStrings(sourcesOf(items))
+	srcs := make([]auditd.Source, 0, len(ids))
+	for _, id := range ids {
+		src, _ := l.cfg.Registry.GetSource(id)
+		srcs = append(srcs, src)
+	}
+	b, _ := json.Marshal(struct {
+		Sources      []auditd.Source `json:"sources"`
+		MaxAttempts  int             `json:"max_attempts"`
+		Concurrency  int             `json:"concurrency"`
+		MaxBodyBytes int64           `json:"max_body_bytes"`
+	}{srcs, l.cfg.MaxAttempts, l.cfg.Concurrency, l.cfg.MaxBodyBytes})
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }

@@ -95,6 +95,9 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 	if n := count(events, auditd.EventRunFinished, ""); n != 1 {
 		t.Errorf("%d run.finished events", n)
 	}
+	if len(v.ConfigHash) != 64 {
+		t.Errorf("run carries config hash %q", v.ConfigHash)
+	}
 	if c := v.Counts; c.Done() != c.Items || c.Items != len(mixedItems()) {
 		t.Errorf("counts do not add up: %+v", c)
 	}

@@ -61,16 +61,21 @@ func (l *Loop) configureGates(src auditd.Source) error {
 	return l.cfg.Limiter.SetLimit(src.ID, limit, window)
 }
 
-// sendLock returns the lock that orders a source's dispatch and breaker
-// events: a request admitted just before another worker opens the breaker
-// must not be recorded as dispatched after the breaker opened.
+// sendLock returns the lock that orders a source's dispatch, throttle and
+// breaker records: a request admitted just before another worker opens the
+// breaker or pauses the source must not be recorded as dispatched after it.
+// Members of a gateway group share one lock, as they share one pause.
 func (l *Loop) sendLock(sourceID string) *sync.Mutex {
+	key := sourceID
+	if lim, err := l.cfg.Registry.Limits(sourceID); err == nil && lim.Group != "" {
+		key = "group:" + lim.Group
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := l.sendLocks[sourceID]
+	m := l.sendLocks[key]
 	if m == nil {
 		m = &sync.Mutex{}
-		l.sendLocks[sourceID] = m
+		l.sendLocks[key] = m
 	}
 	return m
 }

@@ -81,6 +81,7 @@ type item struct {
 	maxPage     uint32
 	finished    bool
 	staged      bool
+	restage     bool // staged before a restart and not finished: may be staged again
 	acked       bool
 	// awaitThrottle is the seq of a throttle whose pause wait has not been
 	// seen yet, for the request (item, awaitPage).
@@ -207,6 +208,21 @@ func (rc *recount) observe(e *auditd.Event) {
 			}
 			if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Burst > 0 {
 				s.burst = d.Burst
+			}
+		}
+
+	case auditd.EventRunResumed:
+		// A restart loses what was in memory: an item whose response came
+		// back but whose payload was not yet staged is fetched again, so
+		// after a resume any request of an unfinished item may be retried.
+		for k, req := range rc.reqs {
+			req.retryable = true
+			rc.reqs[k] = req
+		}
+		// Its payload may be staged a second time; the later one stands.
+		for _, it := range rc.items {
+			if it.staged && !it.finished {
+				it.restage = true
 			}
 		}
 
@@ -481,6 +497,11 @@ func (rc *recount) staged(s *scope, e *auditd.Event) {
 			c.offend(e.Seq, rc.maxOffending)
 			return
 		}
+	}
+	if it != nil && it.restage && !it.finished {
+		// Staged again after a restart: the item still counts once.
+		it.restage, it.stagedSeq = false, e.Seq
+		return
 	}
 	c.actual++
 	if it == nil || it.staged || it.finished {

@@ -85,7 +85,7 @@ function sourceRow(x) {
       !zero(learned.changed_at) ? h('div', { class: 'small muted' }, timeEl(learned.changed_at)) : null),
     h('td', null, breakerCell(br)),
     h('td', null, pausedCell(paused)),
-    h('td', { class: 'small' }, cfg.tier || '', cfg.concurrency ? ` \u00b7 ${cfg.concurrency} at once` : ''));
+    h('td', { class: 'small' }, [cfg.tier, cfg.concurrency ? `${cfg.concurrency} at once` : ''].filter(Boolean).join(' \u00b7 ')));
 }
 
 export async function sourcePage(main, { params: [id], signal }) {
