@@ -46,7 +46,7 @@ func TestRedactPath(t *testing.T) {
 		{"/q?token=abc&f=json", "/q?f=json&token=REDACTED"},
 		{"/q?API_KEY=abc", "/q?API_KEY=REDACTED"},
 		{"/q?custom=abc", "/q?custom=REDACTED"}, // named by the source
-		{"/q?%zz", "/q?REDACTED"},              // unparsable: nothing of it is kept
+		{"/q?%zz", "/q?REDACTED"},               // unparsable: nothing of it is kept
 	} {
 		if got := redactPath(tc.in, []string{"custom"}); got != tc.want {
 			t.Errorf("redactPath(%q) = %q, want %q", tc.in, got, tc.want)

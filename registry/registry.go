@@ -16,8 +16,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/limiter"
 )
 
 // Defaults for Options.
