@@ -585,7 +585,9 @@ func (fakeReports) WriteReconciliation(_ context.Context, w io.Writer, runID, fo
 	var err error
 	switch format {
 	case "json":
-		_, err = fmt.Fprintf(w, `{"run_id":%q,"balanced":true,"checks":[{"id":"R1","scope":"total","expected":2,"actual":2,"difference":0,"pass":true}]}`, runID)
+		_, err = fmt.Fprintf(w, `{"run_id":%[1]q,"run":{"id":%[1]q,"status":"succeeded","first_seq":1,"last_seq":9},"balanced":true,"counts":{"queued":2},`+
+			`"checks":[{"id":"R1","scope":"total","description":"items queued = finished + pending","status":"pass","expected":2,"actual":2,"difference":0,"pass":true}],`+
+			`"sources":[],"control":[]}`, runID)
 	case "csv":
 		_, err = io.WriteString(w, "id,scope,expected,actual,difference,pass\nR1,total,2,2,0,true\n")
 	default:
