@@ -42,6 +42,26 @@ func main2(args []string) {
 	main()
 }
 
+// startSim serves a simulator scenario on loopback on the real clock, for
+// auditd serve in a child process to fetch from.
+func startSim(tb testing.TB, scenario string) (*sim.Sim, map[string]string) {
+	tb.Helper()
+	sc, err := sim.ParseScenario([]byte(scenario))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := sim.New(sc, clock.Real{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	urls, err := s.Start(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close(context.Background()) })
+	return s, urls
+}
+
 // child is auditd serve running in a process of its own.
 type child struct {
 	cmd  *exec.Cmd
@@ -110,7 +130,7 @@ func TestSIGKILLMidRunResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts auditd twice")
 	}
-	sc, err := sim.ParseScenario([]byte(`
+	s, urls := startSim(t, `
 name: crash
 seed: 1
 upstreams:
@@ -118,19 +138,7 @@ upstreams:
     path: /q
     limit: {shape: token_bucket, requests: 200, window: 1s, burst: 50}
     latency: {fixed: 15ms}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := sim.New(sc, clock.Real{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	urls, err := s.Start(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close(context.Background()) })
+`)
 
 	dir := t.TempDir()
 	config := filepath.Join(dir, "sources.yaml")

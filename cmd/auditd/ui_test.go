@@ -16,8 +16,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/clock"
-	"github.com/auditd/auditd/sim"
 )
 
 // uiRun is what the test reads of GET /v1/runs/{id}: the fields the run
@@ -118,7 +116,7 @@ func TestUIAgainstRealService(t *testing.T) {
 	// county throttles at 8 requests a second while its ceiling says 40,
 	// so auditd gets 429s with Retry-After, waits, and learns a lower
 	// limit; state never throttles.
-	sc, err := sim.ParseScenario([]byte(`
+	_, urls := startSim(t, `
 name: ui
 seed: 1
 upstreams:
@@ -131,19 +129,7 @@ upstreams:
     path: /s
     limit: {shape: token_bucket, requests: 200, window: 1s, burst: 50}
     latency: {fixed: 5ms}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := sim.New(sc, clock.Real{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	urls, err := s.Start(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close(context.Background()) })
+`)
 
 	dir := t.TempDir()
 	config := filepath.Join(dir, "sources.yaml")
