@@ -12,7 +12,7 @@ import (
 )
 
 func (s *Server) registerReportRoutes(g *echo.Group) {
-	g.GET("/runs/:id/reconciliation", s.handleReconciliation, s.allow(auth.RoleAuditor, costExport))
+	g.GET("/runs/:id/reconciliation", s.handleReconciliation, s.allow(auth.RoleAuditor, costReconcile))
 	g.GET("/runs/:id/evidence.xlsx", s.handleRunEvidence, s.allow(auth.RoleAuditor, costExport))
 	g.GET("/evidence.xlsx", s.handleAwardEvidence, s.allow(auth.RoleAuditor, costExport))
 }

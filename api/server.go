@@ -53,10 +53,11 @@ const (
 // Costs charged to a token's budget. A run costs one unit per item on top
 // of the request; an export reads a whole run, so it costs more than a page.
 const (
-	costRequest = 1
-	costExport  = 50
-	costVerify  = 500
-	costInline  = 0 // the handler charges, once it knows the cost
+	costRequest   = 1
+	costReconcile = 5 // a finished run's reconciliation is served from a cache
+	costExport    = 50
+	costVerify    = 500
+	costInline    = 0 // the handler charges, once it knows the cost
 )
 
 // Server is auditd's REST API. Set its dependencies after NewServer and

@@ -254,9 +254,10 @@ func (l *Loop) Acknowledge(ctx context.Context, runID string, keys []string, pri
 		if ar != nil {
 			_, err = l.record(ctx, ar, e)
 		} else {
-			_, err = l.cfg.Ledger.Append(ctx, e)
+			var got auditd.Event
+			got, err = l.cfg.Ledger.Append(ctx, e)
 			if err == nil {
-				err = l.bumpAcknowledged(runID)
+				err = l.bumpAcknowledged(runID, got.Seq)
 			}
 		}
 		if err != nil {
@@ -266,13 +267,16 @@ func (l *Loop) Acknowledge(ctx context.Context, runID string, keys []string, pri
 	return len(todo), nil
 }
 
-func (l *Loop) bumpAcknowledged(runID string) error {
+// bumpAcknowledged counts an acknowledgement of a finished run, recorded at
+// seq, in its stored record.
+func (l *Loop) bumpAcknowledged(runID string, seq uint64) error {
 	return l.cfg.DB.Update(func(tx *bolt.Tx) error {
 		rec, err := loadRun(tx, runID)
 		if err != nil {
 			return err
 		}
 		rec.Counts.Acknowledged++
+		rec.LastSeq = max(rec.LastSeq, seq)
 		return saveRun(tx, rec)
 	})
 }

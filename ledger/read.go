@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/auditd/auditd"
@@ -28,57 +29,109 @@ func (l *Ledger) ScanRun(runID string, after uint64, fn func(*auditd.Event) erro
 // Event is Reader.Event on the ledger's db.
 func (l *Ledger) Event(seq uint64) (auditd.Event, error) { return NewReader(l.db).Event(seq) }
 
+// scanChunk is how many events one read transaction of a scan visits. A
+// bbolt read transaction holds the file's memory map: while one is open the
+// writer cannot grow the file, so a long scan in one transaction (an export
+// of a million rows, a slow client streaming events) would stall every
+// append. The ledger is append-only, so reading in chunks sees the same
+// events as one snapshot would.
+const scanChunk = 4096
+
+// errChunkFull ends one chunk of a run scan.
+var errChunkFull = errors.New("scan chunk full")
+
 // Scan visits the events with from <= Seq <= to in order; to == 0 means the
-// head as of the start of the scan. It reads one consistent snapshot in one
-// read transaction, so fn should not block for long. The event passed to fn
-// is reused for the next one: fn must copy what it keeps.
+// head as of the start of the scan. It reads in chunks of scanChunk events,
+// each in a read transaction of its own, and never holds one while fn runs
+// past a chunk's end; fn may itself read the database. The event passed to
+// fn is reused for the next one: fn must copy what it keeps.
 func (r *Reader) Scan(from, to uint64, fn func(*auditd.Event) error) error {
-	return r.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte(bucketEvents))
-		if b == nil {
-			return nil // no ledger in this file yet
+	next, head := max(from, 1), to
+	for {
+		done, n := false, 0
+		err := r.db.View(func(tx *bolt.Tx) error {
+			b := tx.Bucket([]byte(bucketEvents))
+			if b == nil {
+				done = true // no ledger in this file yet
+				return nil
+			}
+			c := b.Cursor()
+			if head == 0 {
+				k, _ := c.Last()
+				if k == nil {
+					done = true
+					return nil
+				}
+				head = binary.BigEndian.Uint64(k)
+			}
+			var e auditd.Event
+			for k, v := c.Seek(seqKey(next)); ; k, v = c.Next() {
+				if k == nil {
+					done = true
+					return nil
+				}
+				seq := binary.BigEndian.Uint64(k)
+				if seq > head {
+					done = true
+					return nil
+				}
+				if n == scanChunk {
+					next = seq
+					return nil
+				}
+				if err := decodeRecord(v, &e); err != nil {
+					return fmt.Errorf("scan event %d: %w", seq, err)
+				}
+				if err := fn(&e); err != nil {
+					return err
+				}
+				n++
+			}
+		})
+		if err != nil || done {
+			return err
 		}
-		c := b.Cursor()
-		var e auditd.Event
-		for k, v := c.Seek(seqKey(max(from, 1))); k != nil; k, v = c.Next() {
-			seq := binary.BigEndian.Uint64(k)
-			if to != 0 && seq > to {
-				break
-			}
-			if err := decodeRecord(v, &e); err != nil {
-				return fmt.Errorf("scan event %d: %w", seq, err)
-			}
-			if err := fn(&e); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
 }
 
 // ScanRun visits the events of run runID with Seq > after, in order, through
-// the run index. Like Scan it reads one snapshot and reuses the event.
+// the run index, in chunks like Scan; events appended to the run while it
+// scans may be visited too. It reuses the event like Scan.
 func (r *Reader) ScanRun(runID string, after uint64, fn func(*auditd.Event) error) error {
 	if runID == "" {
 		return auditd.Errorf(auditd.EINVALID, "run id is required")
 	}
-	return r.db.View(func(tx *bolt.Tx) error {
-		events, runs := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketRuns))
-		if events == nil || runs == nil {
-			return nil // no ledger in this file yet
-		}
-		var e auditd.Event
-		return scanRunIndex(runs, runID, after, func(seq uint64) error {
-			v := events.Get(seqKey(seq))
-			if v == nil {
-				return fmt.Errorf("scan run %s: %w: indexed event %d missing", runID, ErrCorrupt, seq)
+	for {
+		more, n := false, 0
+		err := r.db.View(func(tx *bolt.Tx) error {
+			events, runs := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketRuns))
+			if events == nil || runs == nil {
+				return nil // no ledger in this file yet
 			}
-			if err := decodeRecord(v, &e); err != nil {
-				return fmt.Errorf("scan run %s: event %d: %w", runID, seq, err)
-			}
-			return fn(&e)
+			var e auditd.Event
+			return scanRunIndex(runs, runID, after, func(seq uint64) error {
+				if n == scanChunk {
+					more = true
+					return errChunkFull
+				}
+				v := events.Get(seqKey(seq))
+				if v == nil {
+					return fmt.Errorf("scan run %s: %w: indexed event %d missing", runID, ErrCorrupt, seq)
+				}
+				if err := decodeRecord(v, &e); err != nil {
+					return fmt.Errorf("scan run %s: event %d: %w", runID, seq, err)
+				}
+				after, n = seq, n+1
+				return fn(&e)
+			})
 		})
-	})
+		if errors.Is(err, errChunkFull) {
+			err = nil
+		}
+		if err != nil || !more {
+			return err
+		}
+	}
 }
 
 // Event returns the event with sequence number seq, or ErrNotFound.

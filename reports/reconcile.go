@@ -322,5 +322,6 @@ func (r *Reconciler) reconcileRange(ctx context.Context, runID string, first, la
 		return nil, err
 	}
 	rc.chain.settle(rc, last)
+	rc.verifyPayloads()
 	return rc.report(live), nil
 }

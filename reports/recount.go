@@ -119,6 +119,7 @@ type recount struct {
 	hash         HashFunc
 	payloads     PayloadVerifier
 	payloadErr   error
+	pending      []pendingPayload // staged payloads to re-hash after the scan
 
 	run      RunSummary
 	finished bool
@@ -489,26 +490,58 @@ func (rc *recount) staged(s *scope, e *auditd.Event) {
 	}
 	s.counts.Staged++
 	c := &s.checks[5]
-	if rc.payloads != nil {
-		if err := rc.payloads.VerifyPayload(e.PayloadHash); err != nil {
-			if rc.payloadErr == nil {
-				rc.payloadErr = err
-			}
-			c.offend(e.Seq, rc.maxOffending)
-			return
-		}
-	}
+	// The payload is re-hashed after the scan (verifyPayloads): reading the
+	// payload store here would open a read transaction inside the ledger
+	// scan's, which deadlocks once the ledger's writer waits to grow the file.
+	p := pendingPayload{seq: e.Seq, hash: strings.Clone(e.PayloadHash), check: c}
 	if it != nil && it.restage && !it.finished {
 		// Staged again after a restart: the item still counts once.
 		it.restage, it.stagedSeq = false, e.Seq
+		rc.pending = append(rc.pending, p)
 		return
 	}
 	c.actual++
+	p.counted = true
+	rc.pending = append(rc.pending, p)
 	if it == nil || it.staged || it.finished {
 		c.offend(e.Seq, rc.maxOffending)
 		return
 	}
 	it.staged, it.stagedSeq = true, e.Seq
+}
+
+// pendingPayload is a staged payload whose hash is checked after the scan.
+type pendingPayload struct {
+	seq     uint64
+	hash    string
+	check   *tally // the scope's R6
+	counted bool   // counted in check.actual
+}
+
+// verifyPayloads re-hashes every staged payload the scan saw (each distinct
+// hash once); one that is missing or altered breaks R6 at its event.
+func (rc *recount) verifyPayloads() {
+	if rc.payloads == nil {
+		return
+	}
+	bad := map[string]bool{}
+	for _, p := range rc.pending {
+		failed, seen := bad[p.hash]
+		if !seen {
+			err := rc.payloads.VerifyPayload(p.hash)
+			if err != nil && rc.payloadErr == nil {
+				rc.payloadErr = err
+			}
+			failed = err != nil
+			bad[p.hash] = failed
+		}
+		if failed {
+			if p.counted {
+				p.check.actual--
+			}
+			p.check.offend(p.seq, rc.maxOffending)
+		}
+	}
 }
 
 func (rc *recount) itemFinished(s *scope, e *auditd.Event) {

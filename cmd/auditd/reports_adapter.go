@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -22,10 +23,68 @@ type reportsAPI struct {
 	loop      *fetch.Loop
 	stage     *staging.Store
 	admission *reports.Admission
+	cache     *reconcileCache
 }
 
 func newReportsAPI(led *ledger.Ledger, loop *fetch.Loop, stage *staging.Store) reportsAPI {
-	return reportsAPI{led: led, loop: loop, stage: stage, admission: reports.NewAdmission()}
+	return reportsAPI{led: led, loop: loop, stage: stage, admission: reports.NewAdmission(), cache: newReconcileCache()}
+}
+
+// reconcileCacheSize bounds how many finished runs' reconciliations are kept.
+const reconcileCacheSize = 256
+
+// reconcileCache keeps the reconciliation of finished runs: CI jobs and the
+// UI ask for the same report again and again, and a finished run's events
+// change only when one is added to it (an acknowledgement), which moves the
+// run's last sequence number, the cache key. Concurrent requests for one run
+// compute it once.
+type reconcileCache struct {
+	mu      sync.Mutex
+	reports map[string]cachedReport
+	busy    map[string]*sync.Mutex
+}
+
+type cachedReport struct {
+	lastSeq uint64
+	rep     *reports.Report
+}
+
+func newReconcileCache() *reconcileCache {
+	return &reconcileCache{reports: map[string]cachedReport{}, busy: map[string]*sync.Mutex{}}
+}
+
+// get returns the cached report of run id at lastSeq, or computes it.
+func (c *reconcileCache) get(id string, lastSeq uint64, compute func() (*reports.Report, error)) (*reports.Report, error) {
+	c.mu.Lock()
+	m := c.busy[id]
+	if m == nil {
+		m = &sync.Mutex{}
+		c.busy[id] = m
+	}
+	c.mu.Unlock()
+	m.Lock()
+	defer m.Unlock()
+	c.mu.Lock()
+	got, ok := c.reports[id]
+	c.mu.Unlock()
+	if ok && got.lastSeq == lastSeq {
+		return got.rep, nil
+	}
+	rep, err := compute()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.reports) >= reconcileCacheSize {
+		for k := range c.reports { // evict one: any will do
+			delete(c.reports, k)
+			delete(c.busy, k)
+			break
+		}
+	}
+	c.reports[id] = cachedReport{lastSeq: lastSeq, rep: rep}
+	c.mu.Unlock()
+	return rep, nil
 }
 
 func (a reportsAPI) reconciler() *reports.Reconciler {
@@ -44,11 +103,19 @@ func (a reportsAPI) live(runID string) (*reports.LiveCounters, error) {
 }
 
 func (a reportsAPI) WriteReconciliation(ctx context.Context, w io.Writer, runID, format string) error {
-	live, err := a.live(runID)
+	v, err := a.loop.Run(runID)
 	if err != nil {
 		return err
 	}
-	rep, err := a.reconciler().Reconcile(ctx, runID, live)
+	compute := func() (*reports.Report, error) {
+		return a.reconciler().Reconcile(ctx, runID, liveCounters(v.Counts))
+	}
+	var rep *reports.Report
+	if v.Status.Terminal() {
+		rep, err = a.cache.get(runID, v.LastSeq, compute)
+	} else {
+		rep, err = compute() // a running run changes under every request
+	}
 	if err != nil {
 		return err
 	}
