@@ -23,13 +23,12 @@
 #   SLOW_RATE=20                dispatches/s of the background run
 #   KEEP=1                      keep the temporary directory (logs, data)
 #
-# Budget: the reconciliation costs 50 units of its token's budget
-# (api costExport) and a token gets 250,000 units per 5 minutes with a burst
-# of 110,000 (api.DefaultToken*), about 16 reconciliations a second
-# sustained. api.Server.TokenBudget has no flag in `auditd serve`, so the
-# script creates TOKENS auditor tokens through POST /v1/tokens and the load
-# generator uses them round-robin: 200/s over 30 s is 6,000 requests, 750
-# per token, 37,500 units each, inside one token's burst. Any 429 in the
+# Budget: the reconciliation costs 5 units of its token's budget (api
+# costReconcile; a finished run's report is cached) and a token gets 250,000
+# units per 5 minutes with a burst of 110,000 (api.DefaultToken*), about 166
+# reconciliations a second sustained. api.Server.TokenBudget has no flag in
+# `auditd serve`, so the script creates TOKENS auditor tokens through POST
+# /v1/tokens and the load generator uses them round-robin. Any 429 in the
 # figures means the budget, not the server, answered.
 #
 # Needs go, curl and jq (installed with apt-get when missing).
