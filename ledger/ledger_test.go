@@ -26,10 +26,11 @@ func MustOpenDB(tb testing.TB) *bolt.DB {
 	return MustOpenDBAt(tb, filepath.Join(tb.TempDir(), "auditd.db"))
 }
 
-// MustOpenDBAt opens the bbolt file at path, closed at the end of the test.
+// MustOpenDBAt opens the bbolt file at path, closed at the end of the test,
+// with the options cmd/auditd opens it with (a 1 GiB initial map).
 func MustOpenDBAt(tb testing.TB, path string) *bolt.DB {
 	tb.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, InitialMmapSize: 1 << 30})
 	if err != nil {
 		tb.Fatal(err)
 	}
