@@ -493,16 +493,17 @@ func (rc *recount) staged(s *scope, e *auditd.Event) {
 	// The payload is re-hashed after the scan (verifyPayloads): reading the
 	// payload store here would open a read transaction inside the ledger
 	// scan's, which deadlocks once the ledger's writer waits to grow the file.
-	p := pendingPayload{seq: e.Seq, hash: strings.Clone(e.PayloadHash), check: c}
+	p := pendingPayload{seq: e.Seq, check: c}
+	p.hash, p.malformed = decodeSum(e.PayloadHash)
 	if it != nil && it.restage && !it.finished {
 		// Staged again after a restart: the item still counts once.
 		it.restage, it.stagedSeq = false, e.Seq
-		rc.pending = append(rc.pending, p)
+		rc.addPending(p)
 		return
 	}
 	c.actual++
 	p.counted = true
-	rc.pending = append(rc.pending, p)
+	rc.addPending(p)
 	if it == nil || it.staged || it.finished {
 		c.offend(e.Seq, rc.maxOffending)
 		return
@@ -511,38 +512,56 @@ func (rc *recount) staged(s *scope, e *auditd.Event) {
 }
 
 // pendingPayload is a staged payload whose hash is checked after the scan.
+// It is kept small (a million-dispatch export holds hundreds of thousands).
 type pendingPayload struct {
-	seq     uint64
-	hash    string
-	check   *tally // the scope's R6
-	counted bool   // counted in check.actual
+	seq       uint64
+	hash      [32]byte
+	malformed bool   // the recorded hash is not 64 hex digits
+	counted   bool   // counted in check.actual
+	check     *tally // the scope's R6
 }
 
-// verifyPayloads re-hashes every staged payload the scan saw (each distinct
-// hash once); one that is missing or altered breaks R6 at its event.
+func (rc *recount) addPending(p pendingPayload) {
+	if rc.payloads != nil {
+		rc.pending = append(rc.pending, p)
+	}
+}
+
+func decodeSum(s string) (sum [32]byte, malformed bool) {
+	if len(s) != 64 {
+		return sum, true
+	}
+	_, err := hex.Decode(sum[:], []byte(s))
+	return sum, err != nil
+}
+
+// verifyPayloads re-hashes every staged payload the scan saw; one that is
+// missing or altered breaks R6 at its event.
 func (rc *recount) verifyPayloads() {
 	if rc.payloads == nil {
 		return
 	}
-	bad := map[string]bool{}
 	for _, p := range rc.pending {
-		failed, seen := bad[p.hash]
-		if !seen {
-			err := rc.payloads.VerifyPayload(p.hash)
-			if err != nil && rc.payloadErr == nil {
-				rc.payloadErr = err
-			}
-			failed = err != nil
-			bad[p.hash] = failed
+		err := errMalformedSum
+		if !p.malformed {
+			err = rc.payloads.VerifyPayload(hex.EncodeToString(p.hash[:]))
 		}
-		if failed {
-			if p.counted {
-				p.check.actual--
-			}
-			p.check.offend(p.seq, rc.maxOffending)
+		if err == nil {
+			continue
 		}
+		if rc.payloadErr == nil {
+			rc.payloadErr = err
+		}
+		if p.counted {
+			p.check.actual--
+		}
+		p.check.offend(p.seq, rc.maxOffending)
 	}
+	rc.pending = nil
 }
+
+// errMalformedSum is a recorded payload hash that is not a SHA-256 in hex.
+var errMalformedSum = errors.New("payload hash is not 64 hex digits")
 
 func (rc *recount) itemFinished(s *scope, e *auditd.Event) {
 	most := rc.maxOffending
