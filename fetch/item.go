@@ -36,12 +36,12 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 	// drains: the events describe what already happened.
 	rctx := context.WithoutCancel(ctx)
 	if ar.isCancelled() {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "")
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
 		return
 	}
 	src, err := l.cfg.Registry.GetSource(it.SourceID)
 	if err != nil {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "source removed: "+err.Error(), nil, "")
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "source removed: "+err.Error(), nil, "", nil)
 		return
 	}
 	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
@@ -53,7 +53,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 
 	w, err := l.cfg.Staging.NewWriter()
 	if err != nil {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil, "")
+		l.endItem(rctx, ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil, "", nil)
 		return
 	}
 	defer w.Abort()
@@ -66,7 +66,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 		}
 		pg, err := pageRequest(it, p)
 		if err != nil {
-			l.endItem(rctx, ar, it, auditd.ItemFailed, err.Error(), nil, "")
+			l.endItem(rctx, ar, it, auditd.ItemFailed, err.Error(), nil, "", nil)
 			return
 		}
 		body, end, reason := l.fetchPage(ctx, ar, &src, it, pg)
@@ -74,7 +74,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 		case pageAbandon:
 			return
 		case pageCancelled:
-			l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "")
+			l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
 			return
 		case pageShed:
 			l.shed(rctx, ar, it, lastGoodKey, reason)
@@ -107,21 +107,14 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 			break
 		}
 	}
-	sum, n, err := w.Commit()
+	payload, err := w.Finish()
 	if err != nil {
 		l.failOrServe(rctx, ar, it, lastGoodKey, "staging: "+err.Error())
 		return
 	}
-	if _, err := l.record(rctx, ar, auditd.Event{
-		Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
-		PayloadHash: sum, Bytes: n,
-	}); err != nil {
-		l.log.Error("record staged payload", "run", ar.rec.ID, "item", it.Key, "err", err)
-		return
-	}
-	res.PayloadHash, res.Bytes, res.Records = sum, n, records
+	res.PayloadHash, res.Bytes, res.Records = payload.Sum, payload.N, records
 	res.CountMatched = it.Paging != auditd.PagingNone && res.Advertised == records
-	l.endItem(rctx, ar, it, auditd.ItemSucceeded, "", res, lastGoodKey)
+	l.endItem(rctx, ar, it, auditd.ItemSucceeded, "", res, lastGoodKey, &payload)
 }
 
 // fetchPage sends one page until it succeeds, fails for good, or the run's
@@ -414,7 +407,7 @@ func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *auditd.Item, 
 	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
 		return
 	}
-	l.endItem(ctx, ar, it, auditd.ItemFailed, reason, nil, "")
+	l.endItem(ctx, ar, it, auditd.ItemFailed, reason, nil, "", nil)
 }
 
 // shed ends an item the gates could not admit before the run's deadline.
@@ -423,7 +416,7 @@ func (l *Loop) shed(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoo
 	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
 		return
 	}
-	l.endItem(ctx, ar, it, auditd.ItemShed, "deadline", nil, "")
+	l.endItem(ctx, ar, it, auditd.ItemShed, "deadline", nil, "", nil)
 }
 
 // serveCached serves an item from its last good staged payload, if one
@@ -434,28 +427,35 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *auditd.Item, 
 		return false
 	}
 	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Cause: reason})
-	l.endItem(ctx, ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1}, "")
+	l.endItem(ctx, ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1}, "", nil)
 	return true
 }
 
-// endItem records item.finished and stores the item's result.
-// A succeeded item also becomes the last good copy of its request
-// (lastGood is its request key; "" for other outcomes), in the same commit.
-func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult, lastGood string) {
+// endItem ends an item: its result (and, for a success, its payload and
+// its request's last-good index) in one batched commit, then item.finished
+// (preceded, for a success, by payload.staged) in one ledger commit group.
+// The result is stored first: a crash before the ledger has item.finished
+// leaves the item unfinished in the ledger, the truth on resume, which
+// fetches it again and overwrites the result.
+func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
 		res = &ItemResult{Key: it.Key, Advertised: -1}
 	}
 	res.Outcome, res.Reason = out, reason
 	res.Attempts = ar.forget(it.Key)
-	if _, err := l.record(ctx, ar, auditd.Event{
-		Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
-		Outcome: out, Cause: reason, PayloadHash: res.PayloadHash,
-	}); err != nil {
-		l.log.Error("record item finished", "run", ar.rec.ID, "item", it.Key, "err", err)
+	if err := l.saveResult(ar.rec.ID, res, lastGood, payload); err != nil {
+		l.log.Error("store item result", "run", ar.rec.ID, "item", it.Key, "err", err)
 		return
 	}
-	if err := l.saveResult(ar.rec.ID, res, lastGood); err != nil {
-		l.log.Error("store item result", "run", ar.rec.ID, "item", it.Key, "err", err)
+	events := make([]auditd.Event, 0, 2)
+	if payload != nil {
+		events = append(events, auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
+			PayloadHash: payload.Sum, Bytes: payload.N})
+	}
+	events = append(events, auditd.Event{Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
+		Outcome: out, Cause: reason, PayloadHash: res.PayloadHash})
+	if err := l.recordBatch(ctx, ar, events); err != nil {
+		l.log.Error("record item finished", "run", ar.rec.ID, "item", it.Key, "err", err)
 	}
 }
 

@@ -306,20 +306,32 @@ func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) er
 	return l.saveRun(ar)
 }
 
+// recordBatch appends events for run ar as one commit group and counts
+// them. It returns once all are durable.
+func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event) error {
+	for i := range events {
+		events[i].RunID = ar.rec.ID
+	}
+	got, err := l.cfg.Ledger.AppendBatch(ctx, events)
+	if err != nil {
+		return fmt.Errorf("append %d events: %w", len(events), err)
+	}
+	ar.mu.Lock()
+	for i := range got {
+		ar.rec.Counts.count(&got[i])
+		ar.rec.LastSeq = got[i].Seq
+	}
+	ar.mu.Unlock()
+	return nil
+}
+
 // queueItems records item.queued for items, a commit group at a time.
 func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Item) error {
 	batch := make([]auditd.Event, 0, min(len(items), queueBatch))
 	flush := func() error {
-		got, err := l.cfg.Ledger.AppendBatch(ctx, batch)
-		if err != nil {
-			return fmt.Errorf("append item.queued: %w", err)
+		if err := l.recordBatch(ctx, ar, batch); err != nil {
+			return err
 		}
-		ar.mu.Lock()
-		for i := range got {
-			ar.rec.Counts.count(&got[i])
-			ar.rec.LastSeq = got[i].Seq
-		}
-		ar.mu.Unlock()
 		batch = batch[:0]
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -286,8 +287,13 @@ func (l *Loop) bumpAcknowledged(runID string, seq uint64) error {
 // per item: the live counts are in memory, stored at the run's start and
 // end, and recounted from the ledger on resume. Batch lets the results of
 // items finishing together share one commit.
-func (l *Loop) saveResult(runID string, res *ItemResult, lastGood string) error {
+func (l *Loop) saveResult(runID string, res *ItemResult, lastGood string, payload *staging.Payload) error {
 	return l.cfg.DB.Batch(func(tx *bolt.Tx) error {
+		if payload != nil {
+			if err := l.cfg.Staging.PutPayload(tx, *payload); err != nil {
+				return err
+			}
+		}
 		if err := saveResult(tx, runID, res); err != nil {
 			return err
 		}

@@ -114,41 +114,77 @@ func (w *Writer) Write(p []byte) (int, error) {
 // Len is how many bytes were written so far.
 func (w *Writer) Len() int64 { return w.n }
 
+// Payload is a finished payload: its hash and size, and, for a small one,
+// the bytes that PutPayload stores inside the bbolt file.
+type Payload struct {
+	Sum    string
+	N      int64
+	small  bool   // kept inside the bbolt file
+	inline []byte // its bytes, when small
+}
+
 // Commit makes the payload durable under its hash. Storing bytes that are
 // already there is a no-op that returns the same hash.
 func (w *Writer) Commit() (sum string, n int64, err error) {
-	w.done = true
-	sum = hex.EncodeToString(w.h.Sum(nil))
-	if w.f == nil {
-		// Batch: the payloads of items finishing together share a commit.
-		err := w.s.db.Batch(func(tx *bolt.Tx) error {
-			return tx.Bucket(bucketInline).Put([]byte(sum), w.buf)
-		})
-		if err != nil {
-			return "", 0, fmt.Errorf("store payload: %w", err)
-		}
-		return sum, w.n, nil
+	p, err := w.Finish()
+	if err != nil {
+		return "", 0, err
 	}
+	// Batch: the payloads of items finishing together share a commit.
+	if err := w.s.db.Batch(func(tx *bolt.Tx) error { return w.s.PutPayload(tx, p) }); err != nil {
+		return "", 0, fmt.Errorf("store payload: %w", err)
+	}
+	return p.Sum, p.N, nil
+}
+
+// Finish ends the payload: a large one is made durable as its file now; a
+// small one is durable only once PutPayload has committed it, which lets the
+// caller store it in the same transaction as what refers to it.
+func (w *Writer) Finish() (Payload, error) {
+	w.done = true
+	sum := hex.EncodeToString(w.h.Sum(nil))
+	if w.f == nil {
+		return Payload{Sum: sum, N: w.n, small: true, inline: w.buf}, nil
+	}
+	n, err := w.commitFile(sum)
+	return Payload{Sum: sum, N: n}, err
+}
+
+// PutPayload stores a small payload in tx; for a large one, already filed
+// by Finish, it does nothing.
+func (s *Store) PutPayload(tx *bolt.Tx, p Payload) error {
+	if !p.small {
+		return nil
+	}
+	v := p.inline
+	if v == nil {
+		v = []byte{} // the empty payload
+	}
+	return tx.Bucket(bucketInline).Put([]byte(p.Sum), v)
+}
+
+// commitFile syncs the payload's file and files it under sum.
+func (w *Writer) commitFile(sum string) (n int64, err error) {
 	tmp := w.f.Name()
 	defer os.Remove(tmp) // gone after a successful rename; cleans up otherwise
 	if err := w.f.Sync(); err != nil {
 		w.f.Close()
-		return "", 0, fmt.Errorf("sync payload: %w", err)
+		return 0, fmt.Errorf("sync payload: %w", err)
 	}
 	if err := w.f.Close(); err != nil {
-		return "", 0, fmt.Errorf("close payload: %w", err)
+		return 0, fmt.Errorf("close payload: %w", err)
 	}
 	dst := w.s.path(sum)
 	if _, err := os.Stat(dst); err == nil {
-		return sum, w.n, nil
+		return w.n, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		return "", 0, fmt.Errorf("create payload directory: %w", err)
+		return 0, fmt.Errorf("create payload directory: %w", err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		return "", 0, fmt.Errorf("file payload: %w", err)
+		return 0, fmt.Errorf("file payload: %w", err)
 	}
-	return sum, w.n, nil
+	return w.n, nil
 }
 
 // Abort discards an uncommitted payload.
