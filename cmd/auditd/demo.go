@@ -134,7 +134,7 @@ func (d *demoUpstreams) submitRuns(ctx context.Context, loop *fetch.Loop, log *s
 			return
 		}
 		if created {
-			log.Info("demo run submitted", "run", v.ID, "name", name, "items", len(v.Counts.BySource))
+			log.Info("demo run submitted", "run", v.ID, "name", name, "items", v.ItemCount)
 		}
 	}
 	submit("Morning refresh: parcels, zoning, permits, grants", "demo-run-1-"+d.sc.Name)
