@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/auditd/auditd/web"
+	"github.com/auditd/auditd/web/webtest"
 )
 
 const (
@@ -175,24 +175,8 @@ func (f *fakeAPI) download(w http.ResponseWriter, r *http.Request, ctype, name s
 	fmt.Fprintf(w, "fake %s\n", name)
 }
 
-// findChromium returns the browser to drive, or skips the test when there is
-// none outside CI. In CI (CI=true) a missing browser fails the test.
-func findChromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium not found; CI installs it (apt-get install chromium)")
-	}
-	t.Skip("chromium not found; install it with apt-get install chromium")
-	return ""
-}
-
 func TestBrowser(t *testing.T) {
-	exe := findChromium(t)
+	exe := webtest.Chromium(t)
 
 	mux := http.NewServeMux()
 	api, apiHandler := newFakeAPI(t)
@@ -203,20 +187,7 @@ func TestBrowser(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(exe),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-default-browser-check", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 900),
-	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, webtest.AllocatorOptions(exe, t.TempDir())...)
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(actx)
 	defer cancelBrowser()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/web/webtest"
 )
 
 // uiRun is what the test reads of GET /v1/runs/{id}: the fields the run
@@ -111,7 +111,7 @@ func TestUIAgainstRealService(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts auditd serve and a browser")
 	}
-	exe := uiChromium(t)
+	exe := webtest.Chromium(t)
 
 	// county throttles at 8 requests a second while its ceiling says 40,
 	// so auditd gets 429s with Retry-After, waits, and learns a lower
@@ -346,22 +346,6 @@ upstreams:
 	b.consoleErrors()
 }
 
-// uiChromium returns the browser to drive, or skips the test when there is
-// none outside CI. In CI (CI=true) a missing browser fails the test.
-func uiChromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium not found; CI installs it (apt-get install chromium)")
-	}
-	t.Skip("chromium not found; install it with apt-get install chromium")
-	return ""
-}
-
 // uiBrowser is a headless Chromium tab that records every console error and
 // uncaught exception of the pages it shows.
 type uiBrowser struct {
@@ -375,20 +359,7 @@ type uiBrowser struct {
 func newUIBrowser(t *testing.T, exe string) *uiBrowser {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(exe),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-default-browser-check", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 900),
-	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, webtest.AllocatorOptions(exe, t.TempDir())...)
 	bctx, cancelBrowser := chromedp.NewContext(actx)
 	b := &uiBrowser{t: t, ctx: bctx}
 	messages := chromedp.Console(bctx)
