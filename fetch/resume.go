@@ -1,8 +1,10 @@
 package fetch
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
@@ -107,10 +109,6 @@ func sortedDispatches(m map[request]auditd.Event) []auditd.Event {
 	for _, e := range m {
 		out = append(out, e)
 	}
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && out[j].Seq < out[j-1].Seq; j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
+	slices.SortFunc(out, func(a, b auditd.Event) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -105,21 +106,9 @@ func demoItems(d *demoUpstreams) []auditd.Item {
 		Body: []byte(`{"keyword":"broadband","oppStatuses":"forecasted|posted"}`), Paging: auditd.PagingGrantsGov, PageSize: 25})
 	for i, addr := range []string{"100 Main St", "2 Court Sq", "55 Elm Ave", "9 River Rd", "410 Oak Blvd", "71 Pine Ct"} {
 		items = append(items, auditd.Item{Key: fmt.Sprintf("geocode/%d", i+1), SourceID: "county-geocoder",
-			Path: d.sim.Path("county-geocoder") + "?key=demo-secret&address=" + urlQuery(addr)})
+			Path: d.sim.Path("county-geocoder") + "?key=demo-secret&address=" + url.QueryEscape(addr)})
 	}
 	return items
-}
-
-func urlQuery(s string) string {
-	out := []byte{}
-	for i := 0; i < len(s); i++ {
-		if s[i] == ' ' {
-			out = append(out, '+')
-		} else {
-			out = append(out, s[i])
-		}
-	}
-	return string(out)
 }
 
 // submitRuns submits the demo's two runs, unless an earlier start already did.
