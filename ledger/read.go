@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -146,4 +147,17 @@ func (r *Reader) Event(seq uint64) (auditd.Event, error) {
 		return auditd.Event{}, fmt.Errorf("event %d: %w", seq, err)
 	}
 	return e, nil
+}
+
+// Checkpoint returns the latest signed checkpoint note stored in the file
+// (nil for an empty ledger), for offline exports.
+func (r *Reader) Checkpoint() ([]byte, error) {
+	var note []byte
+	err := r.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket([]byte(bucketMeta)); b != nil {
+			note = bytes.Clone(b.Get([]byte(metaCheckpoint)))
+		}
+		return nil
+	})
+	return note, err
 }

@@ -100,14 +100,7 @@ type offlineCheckpoint struct {
 
 func (c offlineCheckpoint) PublicKey() string { return c.key }
 
-func (c offlineCheckpoint) Checkpoint() ([]byte, error) {
-	// TODO(ledger): ledger.Reader does not read the latest checkpoint yet;
-	// until it does, an offline Manifest carries the key only.
-	if r, ok := any(c.reader).(interface{ Checkpoint() ([]byte, error) }); ok {
-		return r.Checkpoint()
-	}
-	return nil, nil
-}
+func (c offlineCheckpoint) Checkpoint() ([]byte, error) { return c.reader.Checkpoint() }
 
 // writeFileAtomic writes path through fn so that path holds either its old
 // content or all of the new: a temporary file beside it, synced, then
