@@ -3,6 +3,10 @@ package fetch_test
 import (
 	"context"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -341,5 +345,82 @@ func TestSubmitRefusesUnknownSource(t *testing.T) {
 	}
 	if runs, _, _ := h.loop.Runs(fetch.RunFilter{}); len(runs) != 0 {
 		t.Errorf("%d runs stored", len(runs))
+	}
+}
+
+// A replayed run reads the staged payloads instead of fetching again, and
+// the pipeline's acknowledgements tie delivered to loaded.
+func TestReplayAndAcknowledge(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	mixedSources(t, h)
+	items := mixedItems()[:4] // the parcels layers
+	first, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "fetch", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := h.finish(t, first.ID); v.Counts.Succeeded != len(items) {
+		t.Fatalf("first run: %+v", v.Counts)
+	}
+	received := h.sim.Stats("parcels").Received
+
+	replay, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "replay", Items: items, Replay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := h.finish(t, replay.ID)
+	if v.Counts.Cached != len(items) || v.Counts.Dispatches != 0 {
+		t.Fatalf("replay fetched instead of reading staged payloads: %+v", v.Counts)
+	}
+	if got := h.sim.Stats("parcels").Received; got != received {
+		t.Fatalf("the upstream received %d more requests during a replay", got-received)
+	}
+
+	// Acknowledging an unknown item records nothing; known ones once each.
+	head, _ := h.ledger.Head()
+	if _, err := h.loop.Acknowledge(context.Background(), first.ID, []string{"p1", "nope"}, "pipeline"); auditd.ErrorCode(err) != auditd.EINVALID {
+		t.Fatalf("unknown key: %v", err)
+	}
+	if after, _ := h.ledger.Head(); after != head {
+		t.Fatalf("a refused acknowledgement wrote %d events", after-head)
+	}
+	keys := []string{"p1", "p2", "p3", "p4"}
+	if n, err := h.loop.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 4 {
+		t.Fatalf("acknowledge: %d %v", n, err)
+	}
+	if n, err := h.loop.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 0 {
+		t.Fatalf("acknowledging again: %d %v", n, err)
+	}
+	h.reconcile(t, first.ID)
+	h.reconcile(t, replay.ID)
+}
+
+// Redirects are followed only to the same host: credentials added for one
+// jurisdiction never reach another.
+func TestRedirectToAnotherHostRefused(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { elsewhere.Add(1) }))
+	defer other.Close()
+	redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/steal", http.StatusFound)
+	}))
+	defer redirecting.Close()
+	src := auditd.Source{ID: "moved", BaseURL: redirecting.URL, Limit: 10, Window: auditd.Duration(time.Second), MaxAttempts: 1,
+		Headers: map[string]string{"X-API-Key": "secret"}}
+	if _, err := h.loop.PutSource(context.Background(), "test", src); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "redirect", Items: []auditd.Item{{Key: "a", SourceID: "moved", Path: "/q"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.finish(t, v.ID)
+	if v.Counts.Failed != 1 || elsewhere.Load() != 0 {
+		t.Fatalf("redirect followed to another host: %+v, other host hit %d times", v.Counts, elsewhere.Load())
+	}
+	for _, e := range h.events(t, v.ID) {
+		if strings.Contains(e.Cause+e.Path+e.Detail, "secret") {
+			t.Fatalf("a secret reached the ledger: %+v", e)
+		}
 	}
 }
