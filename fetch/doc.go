@@ -9,6 +9,18 @@
 // transition and registry change is appended as it happens, in the order
 // docs/EVENTS.md fixes, so reports can recount the run from the ledger alone.
 //
+// Reading order for a newcomer: loop.go (Config, Submit, Start, Close),
+// run.go (workers per source, finishing a run), item.go (one item: pages,
+// attempts, recording, fallback), resume.go, then the small files: paging,
+// classify (status and body-level errors, redaction), store and view (bbolt
+// records and what the API reads), sources (gates configured from the
+// registry), counts, client.
+//
+// The ledger is the truth: run records and item results in bbolt are views
+// for the API. On resume the loop recounts a run from its events, records
+// dispatches without an outcome as interrupted, and continues; an item the
+// ledger does not show finished is fetched again.
+//
 // Invariants:
 //   - A dispatch is durable before its request leaves the process.
 //   - Each dispatch has exactly one outcome event (response, throttle,
