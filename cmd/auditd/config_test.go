@@ -68,3 +68,28 @@ func TestConfigErrorsNameLineAndField(t *testing.T) {
 		})
 	}
 }
+
+// FuzzLoadConfig: whatever the file holds, loading it returns sources or an
+// error, never a panic, and an accepted source passed validation.
+func FuzzLoadConfig(f *testing.F) {
+	ex, _ := os.ReadFile("../../testdata/config/sources.example.yaml")
+	f.Add(ex)
+	f.Add([]byte("sources:\n  - id: a\n    base_url: http://x\n    window: soon\n"))
+	f.Add([]byte("sources: [\n"))
+	reg := openRegistry(f)
+	path := filepath.Join(f.TempDir(), "config.yaml")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadConfig(path, func(s *auditd.Source) (string, string) { return validateSource(reg, s) })
+		if err != nil {
+			return
+		}
+		for i := range cfg.Sources {
+			if err := reg.ValidateSource(cfg.Sources[i]); err != nil {
+				t.Fatalf("accepted a source validation refuses: %v", err)
+			}
+		}
+	})
+}
