@@ -37,6 +37,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	demo := fs.String("demo", "", "also serve the simulator `scenario` and submit demo runs against it (make run)")
 	startLimit := fs.Int("start-limit", registry.DefaultLimit, "requests per --start-window an unknown source starts at")
 	startWindow := fs.Duration("start-window", registry.DefaultWindow, "window of --start-limit")
+	tokenLimit := fs.Int("token-limit", api.DefaultTokenLimit, "units of work each API token may spend per --token-window")
+	tokenWindow := fs.Duration("token-window", api.DefaultTokenWindow, "window of --token-limit")
+	tokenBurst := fs.Int("token-burst", api.DefaultTokenBurst, "units of work a token may spend back to back")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -44,9 +47,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "auditd serve: --start-limit and --start-window must be positive")
 		return 2
 	}
+	budget, err := api.NewKeyedBudget(clock.Real{}, limiter.BudgetConfig{Limit: *tokenLimit, Window: *tokenWindow, Burst: *tokenBurst})
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd serve: token budget: %v\n", err)
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	opts := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
-		registry: registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow}}
+		registry:    registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow},
+		tokenBudget: budget}
 	if err := serve(ctx, opts, stdout, log); err != nil {
 		fmt.Fprintf(stderr, "auditd serve: %v\n", err)
 		return 1
@@ -67,6 +76,7 @@ type service struct {
 type serveOptions struct {
 	dataDir, addr, configPath, demo string
 	registry                        registry.Options // start limits; the ledger is filled in
+	tokenBudget                     api.Budget       // each API token's budget
 }
 
 func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logger) error {
@@ -138,6 +148,9 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 
 	srv := api.NewServer()
 	srv.Tokens, srv.Ledger = tokens, led
+	if o.tokenBudget != nil {
+		srv.TokenBudget = o.tokenBudget
+	}
 	srv.Sources = sourcesAPI{loop: loop, reg: reg, lim: lim}
 	srv.Runs = runsAPI{loop: loop}
 	srv.Integrity = integrityAPI{db: db, led: led}
