@@ -26,10 +26,11 @@
 # Budget: the reconciliation costs 5 units of its token's budget (api
 # costReconcile; a finished run's report is cached) and a token gets 250,000
 # units per 5 minutes with a burst of 110,000 (api.DefaultToken*), about 166
-# reconciliations a second sustained. api.Server.TokenBudget has no flag in
-# `auditd serve`, so the script creates TOKENS auditor tokens through POST
-# /v1/tokens and the load generator uses them round-robin. Any 429 in the
-# figures means the budget, not the server, answered.
+# reconciliations a second sustained. The script keeps serve's default
+# budget (--token-limit/--token-window/--token-burst would raise it) and
+# creates TOKENS auditor tokens through POST /v1/tokens that the load
+# generator uses round-robin. Any 429 in the figures means the budget, not
+# the server, answered.
 #
 # Needs go, curl and jq (installed with apt-get when missing).
 set -euo pipefail
