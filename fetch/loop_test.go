@@ -424,3 +424,41 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 		}
 	}
 }
+
+// Cancelling a run stops it: the items not yet finished end as failed
+// ("cancelled"), the run ends cancelled and still reconciles; cancelling it
+// again is a conflict.
+func TestCancelRun(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
+	var items []auditd.Item
+	for i := range 20 {
+		items = append(items, auditd.Item{Key: "k" + string(rune('a'+i)), SourceID: "slow", Path: "/geoserver/ows?n=" + string(rune('a'+i))})
+	}
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "cancel me", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.drive(func() bool {
+		got, _ := h.loop.Run(v.ID)
+		return got.Counts.Succeeded >= 3
+	}, 10_000)
+	if _, err := h.loop.Cancel(context.Background(), v.ID); err != nil {
+		t.Fatal(err)
+	}
+	v = h.finish(t, v.ID)
+	if v.Status != auditd.RunCancelled {
+		t.Fatalf("run ended %s", v.Status)
+	}
+	if v.Counts.Succeeded < 3 || v.Counts.Succeeded+v.Counts.Failed != len(items) {
+		t.Fatalf("counts after cancel: %+v", v.Counts)
+	}
+	it, err := h.loop.Item(v.ID, "kt")
+	if err != nil || it.Result == nil || it.Result.Reason != "cancelled" {
+		t.Fatalf("last item after cancel: %+v %v", it.Result, err)
+	}
+	if _, err := h.loop.Cancel(context.Background(), v.ID); auditd.ErrorCode(err) != auditd.ECONFLICT {
+		t.Fatalf("second cancel: %v", err)
+	}
+	h.reconcile(t, v.ID)
+}
