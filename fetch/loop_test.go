@@ -462,3 +462,36 @@ func TestCancelRun(t *testing.T) {
 	}
 	h.reconcile(t, v.ID)
 }
+
+// Past the run's deadline the gates shed what they cannot admit in time:
+// items end shed, each recorded with the gate that could not admit it, and
+// the run reaches a terminal status that reconciles.
+func TestDeadlineSheds(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
+	var items []auditd.Item
+	for i := range 10 {
+		items = append(items, auditd.Item{Key: "k" + string(rune('a'+i)), SourceID: "slow", Path: "/geoserver/ows?n=" + string(rune('a'+i))})
+	}
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "deadline", Items: items,
+		Deadline: h.clk.Now().Add(3500 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.finish(t, v.ID)
+	if v.Counts.Shed == 0 || v.Counts.Succeeded == 0 || v.Counts.Succeeded+v.Counts.Shed != len(items) {
+		t.Fatalf("at 1/s with 3.5 s to go: %+v", v.Counts)
+	}
+	if v.Status != auditd.RunPartial {
+		t.Fatalf("run ended %s", v.Status)
+	}
+	for _, e := range h.events(t, v.ID) {
+		if e.Type == auditd.EventShed && e.Cause != "rate" {
+			t.Errorf("shed at gate %q, want rate", e.Cause)
+		}
+		if e.Type == auditd.EventDispatch && e.Time.After(v.Deadline) {
+			t.Errorf("dispatch %d after the deadline", e.Seq)
+		}
+	}
+	h.reconcile(t, v.ID)
+}
