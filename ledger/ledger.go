@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -29,6 +30,9 @@ const (
 	// transaction, one fsync) takes, so a flood of appenders cannot make a
 	// transaction, and the latency of the first appender in it, unbounded.
 	DefaultMaxGroup = 4096
+
+	// DefaultGroupDelay: see Options.GroupDelay.
+	DefaultGroupDelay = 10 * time.Millisecond
 )
 
 // Errors.
@@ -82,6 +86,13 @@ type Options struct {
 
 	// MaxGroup caps the events one commit group takes. Default: DefaultMaxGroup.
 	MaxGroup int
+
+	// GroupDelay is the least time between two commit groups while the
+	// ledger is busy (many appenders at once): the writer lets a group
+	// grow that long rather than pay an fsync for a few events. An
+	// appender on its own is never delayed. Default: DefaultGroupDelay;
+	// negative turns it off.
+	GroupDelay time.Duration
 }
 
 // Ledger is the append-only event store. It is safe for concurrent use; one
@@ -95,6 +106,7 @@ type Ledger struct {
 	vkey            string
 	checkpointEvery uint64
 	maxGroup        int
+	groupDelay      time.Duration
 
 	appends sync.Pool     // of *request, recycled by Append
 	wake    chan struct{} // buffered: the queue may have requests, or Close was called
@@ -106,6 +118,10 @@ type Ledger struct {
 
 	// Owned by the writer goroutine (and by Open before it starts).
 	tip tip
+
+	sideBuckets sync.Map // bucket names AppendWith has found to exist
+
+	groups, grouped atomic.Uint64 // commit groups written, and the events in them
 
 	mu       sync.RWMutex // guards what Head and Checkpoint read
 	head     uint64
@@ -120,6 +136,7 @@ type request struct {
 	// reuse its slice while the group is still being written.
 	events []auditd.Event
 	one    [1]auditd.Event // backs events for Append
+	puts   []Put           // AppendWith's puts, stored with the events
 	err    error
 	done   chan struct{} // buffered: the writer's one send never waits
 }
@@ -134,6 +151,7 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 		clock:           opts.Clock,
 		checkpointEvery: opts.CheckpointEvery,
 		maxGroup:        opts.MaxGroup,
+		groupDelay:      opts.GroupDelay,
 		wake:            make(chan struct{}, 1),
 		done:            make(chan struct{}),
 	}
@@ -146,6 +164,10 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 	if l.maxGroup <= 0 {
 		l.maxGroup = DefaultMaxGroup
 	}
+	if l.groupDelay == 0 {
+		l.groupDelay = DefaultGroupDelay
+	}
+
 	keyDir := opts.KeyDir
 	if keyDir == "" {
 		keyDir = filepath.Dir(db.Path())
@@ -243,6 +265,17 @@ func (l *Ledger) Close(ctx context.Context) error {
 	}
 }
 
+// Stats is what the writer has done since Open.
+type Stats struct {
+	Groups uint64 // commit groups written: bbolt transactions, each one fsync
+	Events uint64 // events they recorded
+}
+
+// Stats returns what the writer has done since Open.
+func (l *Ledger) Stats() Stats {
+	return Stats{Groups: l.groups.Load(), Events: l.grouped.Load()}
+}
+
 // PublicKey returns the note verifier key that checks this ledger's
 // checkpoints; it is safe to publish.
 func (l *Ledger) PublicKey() string { return l.vkey }
@@ -307,6 +340,71 @@ func (l *Ledger) AppendBatch(ctx context.Context, events []auditd.Event) ([]audi
 		return nil, err
 	}
 	return r.events, nil
+}
+
+// Put is one key and value that AppendWith stores in a bucket outside the
+// ledger's own, in the transaction that commits its events.
+type Put struct {
+	Bucket, Key, Value []byte
+}
+
+// AppendWith is AppendBatch that also stores puts, in the same bbolt
+// transaction as the events: the state the events describe (a staged
+// payload) is on disk exactly when they are, never before or without them.
+// AppendWith takes events over, rather than copy them: the caller must not
+// touch the slice again, even when ctx ends first. Puts are applied after the group's events, in the order
+// the requests arrived. They must not name the ledger's own buckets, and
+// each bucket must exist; AppendWith refuses a put that bbolt would, so
+// that one bad put cannot fail the other appenders' commit group.
+func (l *Ledger) AppendWith(ctx context.Context, events []auditd.Event, puts []Put) ([]auditd.Event, error) {
+	if len(events) == 0 {
+		return nil, auditd.Errorf(auditd.EINVALID, "puts need an event that records them")
+	}
+	for i := range events {
+		if err := validate(&events[i]); err != nil {
+			return nil, err
+		}
+	}
+	if err := l.checkPuts(puts); err != nil {
+		return nil, err
+	}
+	r := &request{events: events, puts: puts, done: make(chan struct{}, 1)}
+	if err := l.submit(ctx, r); err != nil {
+		return nil, err
+	}
+	return r.events, nil
+}
+
+// checkPuts refuses puts that would fail their commit group: an empty or
+// oversized key, an oversized value, a ledger bucket, a bucket that does
+// not exist. Buckets found once are remembered; none is ever deleted.
+func (l *Ledger) checkPuts(puts []Put) error {
+	var missing []string
+	for _, p := range puts {
+		switch {
+		case len(p.Key) == 0 || len(p.Key) > bolt.MaxKeySize:
+			return auditd.Errorf(auditd.EINVALID, "put into %s: key of %d bytes", p.Bucket, len(p.Key))
+		case len(p.Value) > bolt.MaxValueSize:
+			return auditd.Errorf(auditd.EINVALID, "put into %s: value of %d bytes", p.Bucket, len(p.Value))
+		case bytes.HasPrefix(p.Bucket, []byte("ledger.")):
+			return auditd.Errorf(auditd.EINVALID, "put into %s: the ledger's buckets take only events", p.Bucket)
+		}
+		if _, ok := l.sideBuckets.Load(string(p.Bucket)); !ok {
+			missing = append(missing, string(p.Bucket))
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return l.db.View(func(tx *bolt.Tx) error {
+		for _, name := range missing {
+			if tx.Bucket([]byte(name)) == nil {
+				return auditd.Errorf(auditd.EINVALID, "put into %s: no such bucket", name)
+			}
+			l.sideBuckets.Store(name, true)
+		}
+		return nil
+	})
 }
 
 // submit queues r for the writer and waits until its group has committed.

@@ -115,6 +115,11 @@ func (l *Ledger) run() {
 		written  = make(chan error) // the outcome of writing inflight
 		group    []*request
 		closed   bool
+
+		sealed  time.Time        // when the last batch was sealed
+		busy    bool             // it held at least busyRequests requests
+		linger  *time.Timer      // armed while a batch waits to grow
+		lingerC <-chan time.Time // linger's channel while armed
 	)
 	for {
 		group, closed = l.take(group[:0], l.maxGroup-pending.events, len(pending.reqs) == 0)
@@ -123,16 +128,34 @@ func (l *Ledger) run() {
 		}
 		clear(group)
 		if inflight == nil && len(pending.reqs) > 0 {
-			l.seal(pending)
-			inflight, pending, spare = pending, spare, nil
-			go func(b *batch) { written <- l.write(b) }(inflight)
-			continue
+			wait := l.lingerFor(pending, busy, sealed, closed)
+			if wait <= 0 {
+				if lingerC != nil {
+					linger.Stop()
+					lingerC = nil
+				}
+				l.seal(pending)
+				sealed, busy = time.Now(), len(pending.reqs) >= busyRequests
+				inflight, pending, spare = pending, spare, nil
+				go func(b *batch) { written <- l.write(b) }(inflight)
+				continue
+			}
+			if lingerC == nil {
+				if linger == nil {
+					linger = time.NewTimer(wait)
+				} else {
+					linger.Reset(wait)
+				}
+				lingerC = linger.C
+			}
 		}
-		if inflight == nil && closed {
+		if inflight == nil && closed && len(pending.reqs) == 0 {
 			return // and the queue is empty: take had room for all of it
 		}
 		select {
 		case <-l.wake:
+		case <-lingerC:
+			lingerC = nil
 		case err := <-written:
 			if err != nil {
 				// pending was prepared on top of the batch that failed.
@@ -144,6 +167,25 @@ func (l *Ledger) run() {
 			spare, inflight = inflight, nil
 		}
 	}
+}
+
+// busyRequests is how many requests a commit group must hold for the
+// writer to count the ledger as busy, and let the next group linger.
+const busyRequests = 16
+
+// lingerFor says how long the pending batch b should wait for more appends
+// before it is sealed: under load (the last group, sealed at sealed, was
+// busy) a group is sealed at most once per GroupDelay, so that each fsync
+// carries more events; otherwise, or once b is half of MaxGroup, or when
+// the ledger is closing, at once. An appender alone never waits for it.
+//
+// This is wall time, not the ledger's clock: it paces fsyncs and records
+// nothing, and a fake clock must not be able to hold a commit back.
+func (l *Ledger) lingerFor(b *batch, busy bool, sealed time.Time, closed bool) time.Duration {
+	if !busy || closed || l.groupDelay <= 0 || b.events >= l.maxGroup/2 {
+		return 0
+	}
+	return l.groupDelay - time.Since(sealed)
 }
 
 // take moves into group the requests at the head of the queue that fit in
@@ -183,11 +225,13 @@ func (l *Ledger) prepare(b *batch, r *request, inflight *batch) {
 	now := l.clock.Now()
 	stamp := time.Unix(0, now.UnixNano()).UTC() // what decoding gives back
 	mono := now.Sub(l.start)
+	repeats := 0
 	for i := range r.events {
 		e := &r.events[i]
 		if k := e.IdempotencyKey; k != "" {
 			if first, ok := b.firstWithKey(k, inflight, firsts); ok {
 				*e = first
+				repeats++
 				continue
 			}
 		}
@@ -207,6 +251,11 @@ func (l *Ledger) prepare(b *batch, r *request, inflight *batch) {
 			}
 			b.keys[k] = *e
 		}
+	}
+	if repeats == len(r.events) {
+		// An AppendWith repeated whole: its puts were stored with the
+		// events the first time, and must not overwrite what came since.
+		r.puts = nil
 	}
 }
 
@@ -334,6 +383,17 @@ func (l *Ledger) write(b *batch) error {
 		if err := b.runs.put(tx.Bucket([]byte(bucketRuns))); err != nil {
 			return err
 		}
+		for _, r := range b.reqs {
+			for _, p := range r.puts {
+				bucket := tx.Bucket(p.Bucket)
+				if bucket == nil {
+					return fmt.Errorf("put into %s: no such bucket", p.Bucket)
+				}
+				if err := bucket.Put(p.Key, p.Value); err != nil {
+					return fmt.Errorf("put into %s: %w", p.Bucket, err)
+				}
+			}
+		}
 		var err error
 		latest, err = l.putCheckpoint(tx, b.checkpoint, b.history)
 		return err
@@ -345,6 +405,8 @@ func (l *Ledger) write(b *batch) error {
 	l.mu.Lock()
 	l.head, l.headHash, l.latest = b.checkpoint.Size, b.checkpoint.Chain, latest
 	l.mu.Unlock()
+	l.groups.Add(1)
+	l.grouped.Add(uint64(len(b.records)))
 	answer(b.reqs, nil)
 	return nil
 }

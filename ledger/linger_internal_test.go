@@ -1,0 +1,37 @@
+package ledger
+
+import (
+	"testing"
+	"time"
+)
+
+// lingerFor lets a commit group wait for more appends only while the ledger
+// is busy, and never past GroupDelay since the last group was sealed.
+func TestLingerFor(t *testing.T) {
+	l := &Ledger{maxGroup: 64, groupDelay: time.Hour}
+	small := &batch{events: 3}
+	sealed := time.Now()
+	cases := []struct {
+		name   string
+		b      *batch
+		busy   bool
+		sealed time.Time
+		closed bool
+		want   func(time.Duration) bool
+	}{
+		{"Idle", small, false, sealed, false, func(d time.Duration) bool { return d <= 0 }},
+		{"Busy", small, true, sealed, false, func(d time.Duration) bool { return d > 59*time.Minute && d <= time.Hour }},
+		{"BusyLongAgo", small, true, sealed.Add(-2 * time.Hour), false, func(d time.Duration) bool { return d <= 0 }},
+		{"HalfFull", &batch{events: 32}, true, sealed, false, func(d time.Duration) bool { return d <= 0 }},
+		{"Closing", small, true, sealed, true, func(d time.Duration) bool { return d <= 0 }},
+	}
+	for _, c := range cases {
+		if got := l.lingerFor(c.b, c.busy, c.sealed, c.closed); !c.want(got) {
+			t.Errorf("%s: lingerFor = %v", c.name, got)
+		}
+	}
+	off := &Ledger{maxGroup: 64, groupDelay: -1}
+	if got := off.lingerFor(small, true, sealed, false); got > 0 {
+		t.Errorf("GroupDelay off: lingerFor = %v", got)
+	}
+}
