@@ -134,6 +134,21 @@ func (b *Budget) Allow(cost int) (Decision, error) {
 	return Decision{Admitted: true}, nil
 }
 
+// Record counts an admission of cost made at a past time, at: one a process
+// before a restart made, read back from the ledger, so that a restart does
+// not begin with empty windows and send a second window's worth at once.
+// Record admissions oldest first, before any new one: one older than an
+// admission the budget already holds is not counted.
+func (b *Budget) Record(at time.Time, cost int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := at.Sub(b.epoch).Nanoseconds()
+	if n := len(b.log); n > b.head && b.log[n-1].at > t || t > b.now() {
+		return
+	}
+	b.commit(t, int64(cost))
+}
+
 // Delay reports how long until cost would be admitted, without admitting it.
 func (b *Budget) Delay(cost int) (time.Duration, error) {
 	b.mu.Lock()

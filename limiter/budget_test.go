@@ -273,3 +273,32 @@ func TestBudgetPropertyMillion(t *testing.T) {
 	}
 	simulate(t, 1, n, limiter.BudgetConfig{Limit: 100, Window: time.Second, Burst: 20})
 }
+
+// Admissions recorded from before a restart count against the windows: a
+// budget rebuilt mid-window admits only what the window has left, and the
+// rest once the recorded admissions have aged out.
+func TestBudgetRecordCountsPastAdmissions(t *testing.T) {
+	c := clock.NewFake(epoch)
+	before := c.Now()
+	c.Advance(400 * time.Millisecond) // the restart took 400 ms
+	b := mustBudget(t, c, limiter.BudgetConfig{Limit: 10, Window: time.Second, Burst: 10})
+	for i := range 8 {
+		b.Record(before.Add(time.Duration(i)*time.Millisecond), 1)
+	}
+	b.Record(before.Add(-time.Hour), 1) // older than what it holds: not counted
+	admitted := 0
+	for allow(t, b, 1).Admitted {
+		admitted++
+	}
+	if admitted != 2 {
+		t.Fatalf("admitted %d in the window that already held 8 of 10", admitted)
+	}
+	d := allow(t, b, 1)
+	if want := 600 * time.Millisecond; d.RetryAfter != want {
+		t.Fatalf("retry after %v, want %v: when the first recorded admission leaves the window", d.RetryAfter, want)
+	}
+	c.Advance(d.RetryAfter)
+	if !allow(t, b, 1).Admitted {
+		t.Fatal("refused once the recorded admissions aged out")
+	}
+}
