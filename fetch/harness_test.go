@@ -32,6 +32,7 @@ type harness struct {
 	loop   *fetch.Loop
 	sim    *sim.Sim
 	urls   map[string]string // upstream name -> base URL
+	dir    string            // the data directory
 }
 
 var epoch = time.Date(2026, 11, 2, 8, 0, 0, 0, time.UTC)
@@ -89,7 +90,7 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err := loop.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	h.db, h.ledger, h.reg, h.stage, h.loop = db, led, reg, stage, loop
+	h.db, h.ledger, h.reg, h.stage, h.loop, h.dir = db, led, reg, stage, loop, dir
 	tb.Cleanup(func() { h.close(tb) })
 }
 

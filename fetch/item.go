@@ -3,6 +3,7 @@ package fetch
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/hints"
+	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/staging"
@@ -69,7 +71,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 			l.endItem(rctx, ar, it, auditd.ItemFailed, err.Error(), nil, "", nil)
 			return
 		}
-		body, end, reason := l.fetchPage(ctx, ar, &src, it, pg)
+		body, end, reason := l.fetchPage(ctx, ar, &src, it, pg, lastGoodKey)
 		switch end {
 		case pageAbandon:
 			return
@@ -119,7 +121,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 
 // fetchPage sends one page until it succeeds, fails for good, or the run's
 // deadline or the loop's life ends. It returns the body of a good response.
-func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, pg page) ([]byte, pageEnd, string) {
+func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, pg page, lastGood string) ([]byte, pageEnd, string) {
 	rctx := context.WithoutCancel(ctx)
 	req := request{key: it.Key, page: pg.index}
 	path := redactPath(pg.path, src.SecretQuery)
@@ -127,7 +129,6 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	if src.MaxAttempts > 0 {
 		maxAttempts = src.MaxAttempts
 	}
-	lastGood := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
 	var retryAt time.Time // own backoff after a 5xx or transport error
 	lastReason := ""
 	for {
@@ -431,32 +432,71 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *auditd.Item, 
 	return true
 }
 
-// endItem ends an item: its result (and, for a success, its payload and
-// its request's last-good index) in one batched commit, then item.finished
-// (preceded, for a success, by payload.staged) in one ledger commit group.
-// The result is stored first: a crash before the ledger has item.finished
-// leaves the item unfinished in the ledger, the truth on resume, which
-// fetches it again and overwrites the result.
+// endItem ends an item: item.finished (preceded, for a success, by
+// payload.staged) in one ledger commit group, whose transaction also
+// stores a small payload's bytes, so the payload is on disk exactly when
+// the ledger says it is staged. The item's result and its request's new
+// last-good copy are kept with the run and stored when it ends (storeEnd);
+// item.finished carries all of the result, so a restart rebuilds them.
 func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
 		res = &ItemResult{Key: it.Key, Advertised: -1}
 	}
 	res.Outcome, res.Reason = out, reason
 	res.Attempts = ar.forget(it.Key)
-	if err := l.saveResult(ar.rec.ID, res, lastGood, payload); err != nil {
-		l.log.Error("store item result", "run", ar.rec.ID, "item", it.Key, "err", err)
-		return
-	}
 	events := make([]auditd.Event, 0, 2)
+	var puts []ledger.Put
 	if payload != nil {
+		if rec, ok := payload.Record(); ok {
+			puts = []ledger.Put{ledger.Put(rec)}
+		}
 		events = append(events, auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
 			PayloadHash: payload.Sum, Bytes: payload.N})
 	}
-	events = append(events, auditd.Event{Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
-		Outcome: out, Cause: reason, PayloadHash: res.PayloadHash})
-	if err := l.recordBatch(ctx, ar, events); err != nil {
+	events = append(events, finishedEvent(it, res))
+	got, err := l.recordBatch(ctx, ar, events, puts...)
+	if err != nil {
 		l.log.Error("record item finished", "run", ar.rec.ID, "item", it.Key, "err", err)
+		return
 	}
+	ar.finished(res, lastGood, got[len(got)-1].Time)
+}
+
+// finishedEvent is the item.finished event of an item that ended with res:
+// the whole result, so that resume can rebuild it (resultOf).
+func finishedEvent(it *auditd.Item, res *ItemResult) auditd.Event {
+	e := auditd.Event{Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
+		Outcome: res.Outcome, Cause: res.Reason, PayloadHash: res.PayloadHash, Bytes: res.Bytes, Attempt: uint32(res.Attempts)}
+	if it.Paging != auditd.PagingNone && res.Pages > 0 {
+		d, _ := json.Marshal(pagedDetail{Pages: res.Pages, Records: res.Records, Advertised: res.Advertised})
+		e.Detail = string(d)
+	}
+	return e
+}
+
+// pagedDetail is the Detail of a paged item's item.finished.
+type pagedDetail struct {
+	Pages      int `json:"pages"`
+	Records    int `json:"records"`
+	Advertised int `json:"advertised"` // -1: the upstream gave no total
+}
+
+// resultOf rebuilds an item's result from its item.finished event, e.
+func resultOf(it *auditd.Item, e *auditd.Event) (*ItemResult, error) {
+	res := &ItemResult{Key: it.Key, Outcome: e.Outcome, Reason: e.Cause, PayloadHash: e.PayloadHash,
+		Bytes: e.Bytes, Attempts: int(e.Attempt), Advertised: -1}
+	switch {
+	case e.Detail != "":
+		var d pagedDetail
+		if err := json.Unmarshal([]byte(e.Detail), &d); err != nil {
+			return nil, fmt.Errorf("item.finished %d of %s: detail: %w", e.Seq, it.Key, err)
+		}
+		res.Pages, res.Records, res.Advertised = d.Pages, d.Records, d.Advertised
+		res.CountMatched = d.Advertised == d.Records
+	case e.Outcome == auditd.ItemSucceeded:
+		res.Pages = 1
+	}
+	return res, nil
 }
 
 // result is what came back for one dispatch.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/staging"
@@ -37,6 +38,9 @@ type Ledger interface {
 	auditd.EventReader
 	// AppendBatch appends events in order, all durable together or none.
 	AppendBatch(ctx context.Context, events []auditd.Event) ([]auditd.Event, error)
+	// AppendWith is AppendBatch that also stores puts in the same
+	// transaction: an item's result lands with its item.finished.
+	AppendWith(ctx context.Context, events []auditd.Event, puts []ledger.Put) ([]auditd.Event, error)
 	Head() (seq uint64, hash [32]byte)
 }
 
@@ -133,10 +137,21 @@ func (l *Loop) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var launches []func()
+	var dispatched []auditd.Event
 	for _, id := range ids {
-		if err := l.resume(ctx, id); err != nil {
+		launch, d, err := l.resume(ctx, id)
+		if err != nil {
 			return fmt.Errorf("resume run %s: %w", id, err)
 		}
+		dispatched = append(dispatched, d...)
+		if launch != nil {
+			launches = append(launches, launch)
+		}
+	}
+	l.seedGates(dispatched)
+	for _, launch := range launches {
+		launch()
 	}
 	return nil
 }
@@ -306,15 +321,21 @@ func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) er
 	return l.saveRun(ar)
 }
 
-// recordBatch appends events for run ar as one commit group and counts
-// them. It returns once all are durable.
-func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event) error {
+// recordBatch appends events for run ar as one commit group, with puts
+// in the same transaction, and counts them. It returns once all are durable.
+func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event, puts ...ledger.Put) ([]auditd.Event, error) {
 	for i := range events {
 		events[i].RunID = ar.rec.ID
 	}
-	got, err := l.cfg.Ledger.AppendBatch(ctx, events)
+	var got []auditd.Event
+	var err error
+	if len(puts) > 0 {
+		got, err = l.cfg.Ledger.AppendWith(ctx, events, puts)
+	} else {
+		got, err = l.cfg.Ledger.AppendBatch(ctx, events)
+	}
 	if err != nil {
-		return fmt.Errorf("append %d events: %w", len(events), err)
+		return nil, fmt.Errorf("append %d events: %w", len(events), err)
 	}
 	ar.mu.Lock()
 	for i := range got {
@@ -322,14 +343,14 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 		ar.rec.LastSeq = got[i].Seq
 	}
 	ar.mu.Unlock()
-	return nil
+	return got, nil
 }
 
 // queueItems records item.queued for items, a commit group at a time.
 func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Item) error {
 	batch := make([]auditd.Event, 0, min(len(items), queueBatch))
 	flush := func() error {
-		if err := l.recordBatch(ctx, ar, batch); err != nil {
+		if _, err := l.recordBatch(ctx, ar, batch); err != nil {
 			return err
 		}
 		batch = batch[:0]

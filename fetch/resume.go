@@ -7,17 +7,24 @@ import (
 	"slices"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
 
 // resume picks up a run that a crash or restart left unfinished. The ledger
-// is the truth: counters are recounted from it, items it shows finished are
+// is the truth: counters are recounted from it, results of the items it
+// shows finished are rebuilt from their item.finished and those items
 // skipped, attempts continue their numbering, and every dispatch it shows
-// without an outcome is recorded as interrupted.
-func (l *Loop) resume(ctx context.Context, id string) error {
+// without an outcome is recorded as interrupted. A run the ledger shows
+// finished only has its end stored.
+//
+// resume returns what starts the run's workers (nil when there is nothing
+// left to do) and the run's dispatches, which the caller counts against
+// the gates before any worker starts (seedGates).
+func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched []auditd.Event, err error) {
 	var rec *runRecord
 	var items []auditd.Item
-	err := l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
+	err = l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
 		if rec, err = loadRun(tx, id); err != nil {
 			return err
 		}
@@ -27,12 +34,17 @@ func (l *Loop) resume(ctx context.Context, id string) error {
 		})
 	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 
 	ar := newActiveRun(rec)
 	ar.rec.Counts = Counts{}
+	byKey := make(map[string]*auditd.Item, len(items))
+	for i := range items {
+		byKey[items[i].Key] = &items[i]
+	}
 	started := false
+	var fin *auditd.Event // run.finished, when the crash came after it
 	queued := map[string]bool{}
 	finished := map[string]bool{}
 	open := map[request]auditd.Event{} // dispatches still waiting for an outcome
@@ -43,12 +55,29 @@ func (l *Loop) resume(ctx context.Context, id string) error {
 		switch e.Type {
 		case auditd.EventRunStarted:
 			started = true
+		case auditd.EventRunFinished:
+			f := *e
+			fin = &f
 		case auditd.EventItemQueued:
 			queued[e.ItemKey] = true
 		case auditd.EventItemFinished:
 			finished[e.ItemKey] = true
 			ar.forgetLocked(e.ItemKey)
+			it := byKey[e.ItemKey]
+			if it == nil {
+				return fmt.Errorf("item.finished %d names %q, no item of the run", e.Seq, e.ItemKey)
+			}
+			res, err := resultOf(it, e)
+			if err != nil {
+				return err
+			}
+			lastGood := ""
+			if res.Outcome == auditd.ItemSucceeded {
+				lastGood = staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
+			}
+			ar.finishedLocked(res, lastGood, e.Time)
 		case auditd.EventDispatch:
+			dispatched = append(dispatched, auditd.Event{SourceID: e.SourceID, Time: e.Time})
 			ar.attempts[r] = max(ar.attempts[r], e.Attempt)
 			ar.noteLocked(r, 1)
 			open[r] = *e
@@ -60,24 +89,30 @@ func (l *Loop) resume(ctx context.Context, id string) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("recount run from the ledger: %w", err)
+		return nil, nil, fmt.Errorf("recount run from the ledger: %w", err)
+	}
+	if fin != nil {
+		// The crash came after run.finished, before the store had the
+		// run's end: store it, and record nothing new.
+		l.log.Info("storing the end of a finished run", "run", id)
+		return nil, dispatched, l.storeEnd(ar, fin)
 	}
 
 	if !started {
 		// The crash came between storing the run and recording its start.
 		if err := l.begin(ctx, ar, items); err != nil {
-			return err
+			return nil, nil, err
 		}
 	} else {
 		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Cause: "restart"}); err != nil {
-			return err
+			return nil, nil, err
 		}
 		for _, d := range sortedDispatches(open) {
 			if _, err := l.record(ctx, ar, auditd.Event{
 				Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
 				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Cause: "no outcome recorded before the restart",
 			}); err != nil {
-				return err
+				return nil, nil, err
 			}
 		}
 		var unqueued []auditd.Item
@@ -87,7 +122,7 @@ func (l *Loop) resume(ctx context.Context, id string) error {
 			}
 		}
 		if err := l.queueItems(ctx, ar, unqueued); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
 	var todo []auditd.Item
@@ -97,11 +132,22 @@ func (l *Loop) resume(ctx context.Context, id string) error {
 		}
 	}
 	if err := l.saveRun(ar); err != nil {
-		return err
+		return nil, nil, err
 	}
 	l.log.Info("resuming run", "run", id, "items_left", len(todo), "interrupted", len(open))
-	l.launch(ar, todo)
-	return nil
+	return func() { l.launch(ar, todo) }, dispatched, nil
+}
+
+// seedGates counts the dispatches of resumed runs against their sources'
+// gates, oldest first, before any worker starts: a restart within a window
+// must not send that window's quota a second time.
+func (l *Loop) seedGates(dispatched []auditd.Event) {
+	slices.SortStableFunc(dispatched, func(a, b auditd.Event) int { return a.Time.Compare(b.Time) })
+	for _, d := range dispatched {
+		if b, err := l.cfg.Limiter.Budget(d.SourceID); err == nil {
+			b.Record(d.Time, 1)
+		}
+	}
 }
 
 func sortedDispatches(m map[request]auditd.Event) []auditd.Event {

@@ -3,9 +3,16 @@ package fetch
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/auditd/auditd"
+	bolt "go.etcd.io/bbolt"
 )
 
 // activeRun is a run the loop is working on.
@@ -16,6 +23,20 @@ type activeRun struct {
 	items     map[string]*itemAttempts // per unfinished item, for its result
 	cancel    context.CancelFunc
 	cancelled bool
+
+	// What finished items leave, kept here until the run ends and stores
+	// them all in one transaction with its final record (storeEnd). The
+	// ledger holds the same facts as they happen, so a restart rebuilds
+	// both from it (resume).
+	results  map[string]*ItemResult // item key -> how it ended
+	lastGood map[string]goodCopy    // request key -> its newest good payload in this run
+}
+
+// goodCopy is a payload fetched by a run: what the last-good index learns
+// when the run ends.
+type goodCopy struct {
+	sum string
+	at  time.Time // when its item finished
 }
 
 // itemAttempts counts an unfinished item's dispatches over all its pages.
@@ -31,7 +52,8 @@ type request struct {
 }
 
 func newActiveRun(rec *runRecord) *activeRun {
-	return &activeRun{rec: *rec, attempts: map[request]uint32{}, items: map[string]*itemAttempts{}}
+	return &activeRun{rec: *rec, attempts: map[request]uint32{}, items: map[string]*itemAttempts{},
+		results: map[string]*ItemResult{}, lastGood: map[string]goodCopy{}}
 }
 
 // nextAttempt numbers the next dispatch of a request, without gaps.
@@ -60,6 +82,29 @@ func (ar *activeRun) noteLocked(r request, n int) {
 	}
 	ia.total += n
 	ia.pages = max(ia.pages, r.page+1)
+}
+
+// finished keeps how an item ended, and its payload as its request's newest
+// good copy when lastGood is set.
+func (ar *activeRun) finished(res *ItemResult, lastGood string, at time.Time) {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	ar.finishedLocked(res, lastGood, at)
+}
+
+func (ar *activeRun) finishedLocked(res *ItemResult, lastGood string, at time.Time) {
+	ar.results[res.Key] = res
+	if lastGood != "" && res.PayloadHash != "" {
+		ar.lastGood[lastGood] = goodCopy{sum: res.PayloadHash, at: at}
+	}
+}
+
+// result returns how an item of the run ended, if it has.
+func (ar *activeRun) result(key string) (*ItemResult, bool) {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	res, ok := ar.results[key]
+	return res, ok
 }
 
 // forget drops what is kept of a finished item and returns its dispatches.
@@ -152,7 +197,7 @@ func (ar *activeRun) isCancelled() bool {
 }
 
 // finish records the end of a run: a registry snapshot and run.finished with
-// the terminal status.
+// the terminal status; then it stores the run's end (storeEnd).
 func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	var sources []string
 	ar.mu.Lock()
@@ -175,14 +220,62 @@ func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	if err != nil {
 		return err
 	}
-	ar.mu.Lock()
-	ar.rec.Status = status
-	ar.rec.FinishedAt = ev.Time
-	ar.rec.HeadAtEnd = hex.EncodeToString(ev.Hash[:])
-	ar.mu.Unlock()
-	if err := l.saveRun(ar); err != nil {
-		return err
+	return l.storeEnd(ar, &ev)
+}
+
+// storeEnd stores what a run leaves, in one transaction: every item's
+// result, in key order (a run's keys are new, so this appends), the newest
+// good copy of each request it fetched into the last-good index, and its
+// terminal record, which run.finished (fin) completes. Then the run leaves
+// the active set. A crash before this commits leaves the run unfinished in
+// the store; resume sees run.finished in the ledger and stores its end.
+func (l *Loop) storeEnd(ar *activeRun, fin *auditd.Event) error {
+	// The run's payloads move from the spool to the payload bucket, many
+	// to a commit (see staging.Store). Payloads are found either way, so a
+	// failure here costs nothing but the spool's size.
+	if _, err := l.cfg.Staging.Compact(); err != nil {
+		l.log.Error("compact staged payloads", "run", ar.rec.ID, "err", err)
 	}
+	ar.mu.Lock()
+	rec := ar.rec
+	rec.Counts = ar.rec.Counts.clone()
+	rec.Status = auditd.RunStatus(fin.Outcome)
+	rec.FinishedAt = fin.Time
+	rec.HeadAtEnd = hex.EncodeToString(fin.Hash[:])
+	results := make([]*ItemResult, 0, len(ar.results)) // stored once, never changed
+	for _, res := range ar.results {
+		results = append(results, res)
+	}
+	copies := maps.Clone(ar.lastGood)
+	ar.mu.Unlock()
+	slices.SortFunc(results, func(a, b *ItemResult) int { return strings.Compare(a.Key, b.Key) })
+
+	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketResults)
+		b.FillPercent = 1 // appended in key order, never inserted into
+		for _, res := range results {
+			v, err := json.Marshal(res)
+			if err != nil {
+				return fmt.Errorf("encode result %s: %w", res.Key, err)
+			}
+			if err := b.Put(namedKey(rec.ID, res.Key), v); err != nil {
+				return err
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(copies)) {
+			if err := l.cfg.Staging.PutLastGood(tx, k, copies[k].sum, copies[k].at); err != nil {
+				return err
+			}
+		}
+		return saveRun(tx, &rec)
+	})
+	if err != nil {
+		return fmt.Errorf("store the end of run %s: %w", rec.ID, err)
+	}
+	// Views show the run ended only now that the store has all of its end.
+	ar.mu.Lock()
+	ar.rec.Status, ar.rec.FinishedAt, ar.rec.HeadAtEnd = rec.Status, rec.FinishedAt, rec.HeadAtEnd
+	ar.mu.Unlock()
 	l.mu.Lock()
 	delete(l.active, ar.rec.ID)
 	l.mu.Unlock()

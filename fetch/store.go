@@ -11,7 +11,8 @@ import (
 )
 
 // Buckets owned by the fetch loop. Runs and item definitions are written once
-// when a run is submitted; results are written when an item finishes. The
+// when a run is submitted; results when the run ends (storeEnd), until
+// then they are kept with the active run. The
 // ledger stays the source of truth: on resume, progress is recounted from it.
 var (
 	bucketRuns    = []byte("fetch.runs")    // run id -> runRecord JSON
@@ -138,14 +139,6 @@ func loadItem(tx *bolt.Tx, runID, key string) (*auditd.Item, error) {
 		return nil, fmt.Errorf("decode item %s: %w", key, err)
 	}
 	return &it, nil
-}
-
-func saveResult(tx *bolt.Tx, runID string, r *ItemResult) error {
-	v, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return tx.Bucket(bucketResults).Put(namedKey(runID, r.Key), v)
 }
 
 func loadResult(tx *bolt.Tx, runID, key string) (*ItemResult, bool, error) {

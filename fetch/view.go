@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -156,6 +155,7 @@ func (l *Loop) Items(runID, after string, limit int) (items []ItemView, next str
 	if limit <= 0 || limit > 1000 {
 		limit = 100
 	}
+	ar := l.activeRun(runID)
 	err = l.cfg.DB.View(func(tx *bolt.Tx) error {
 		if _, err := loadRun(tx, runID); err != nil {
 			return err
@@ -171,7 +171,7 @@ func (l *Loop) Items(runID, after string, limit int) (items []ItemView, next str
 				next = items[len(items)-1].Key
 				return errStop
 			}
-			res, _, err := loadResult(tx, runID, it.Key)
+			res, err := l.itemResult(tx, ar, runID, it.Key)
 			if err != nil {
 				return err
 			}
@@ -192,16 +192,39 @@ func (l *Loop) Items(runID, after string, limit int) (items []ItemView, next str
 // Item returns one item of a run.
 func (l *Loop) Item(runID, key string) (ItemView, error) {
 	var v ItemView
+	ar := l.activeRun(runID)
 	err := l.cfg.DB.View(func(tx *bolt.Tx) error {
 		it, err := loadItem(tx, runID, key)
 		if err != nil {
 			return err
 		}
-		res, _, err := loadResult(tx, runID, key)
+		res, err := l.itemResult(tx, ar, runID, key)
 		v = ItemView{Item: *it, Result: res}
 		return err
 	})
 	return v, err
+}
+
+// activeRun returns the run id while the loop works on it, else nil.
+func (l *Loop) activeRun(id string) *activeRun {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.active[id]
+}
+
+// itemResult returns how an item ended (nil while it is pending): kept
+// with its run while the run is active (ar), stored once the run has ended.
+// A run that ends between the caller's look at the active set and tx has
+// its results in tx.
+func (l *Loop) itemResult(tx *bolt.Tx, ar *activeRun, runID, key string) (*ItemResult, error) {
+	if ar != nil {
+		if res, ok := ar.result(key); ok {
+			c := *res
+			return &c, nil
+		}
+	}
+	res, _, err := loadResult(tx, runID, key)
+	return res, err
 }
 
 // Payload opens the staged payload an item ended with.
@@ -279,28 +302,6 @@ func (l *Loop) bumpAcknowledged(runID string, seq uint64) error {
 		rec.Counts.Acknowledged++
 		rec.LastSeq = max(rec.LastSeq, seq)
 		return saveRun(tx, rec)
-	})
-}
-
-// saveResult stores how an item ended and, for a success, indexes its
-// payload as the request's last good copy. The run record is not rewritten
-// per item: the live counts are in memory, stored at the run's start and
-// end, and recounted from the ledger on resume. Batch lets the results of
-// items finishing together share one commit.
-func (l *Loop) saveResult(runID string, res *ItemResult, lastGood string, payload *staging.Payload) error {
-	return l.cfg.DB.Batch(func(tx *bolt.Tx) error {
-		if payload != nil {
-			if err := l.cfg.Staging.PutPayload(tx, *payload); err != nil {
-				return err
-			}
-		}
-		if err := saveResult(tx, runID, res); err != nil {
-			return err
-		}
-		if lastGood != "" {
-			return l.cfg.Staging.PutLastGood(tx, lastGood, res.PayloadHash)
-		}
-		return nil
 	})
 }
 

@@ -3,6 +3,7 @@ package staging
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -10,6 +11,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -26,8 +32,9 @@ const (
 )
 
 var (
-	bucketLastGood = []byte("staging.lastgood") // request key -> payload hash
+	bucketLastGood = []byte("staging.lastgood") // request key -> fetched at, payload hash
 	bucketInline   = []byte("staging.payloads") // payload hash -> bytes, for small payloads
+	bucketSpool    = []byte("staging.spool")    // spool key -> payload hash (32 bytes), bytes
 )
 
 // ErrTooLarge means a payload was larger than the store's cap; nothing was kept.
@@ -40,9 +47,22 @@ var ErrNotFound = errors.New("payload not found")
 var ErrCorrupt = errors.New("payload does not match its hash")
 
 // Store is a content-addressed payload store with a last-good index.
+//
+// Small payloads are written twice. When an item finishes, its payload is
+// appended to the spool under the next spool key, in the transaction that
+// records it (see Payload.Record): appends touch the spool's last page,
+// where putting it under its hash would rewrite a page of the payload
+// bucket chosen at random for every item. Compact later moves spooled
+// payloads to the payload bucket in hash order, many to a transaction.
+// Until then the store finds a spooled payload through pending, an index
+// in memory; Open compacts, so a restart needs no index.
 type Store struct {
 	dir string
 	db  *bolt.DB
+
+	mu        sync.Mutex
+	spoolNext uint64            // the last spool key handed out
+	pending   map[string]uint64 // payload hash -> spool key, until compacted
 
 	// MaxBytes caps one payload. Default DefaultMaxBytes.
 	MaxBytes int64
@@ -57,7 +77,7 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 		return nil, fmt.Errorf("create staging directory: %w", err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketLastGood, bucketInline} {
+		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -66,7 +86,11 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("create staging buckets: %w", err)
 	}
-	return &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax}, nil
+	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}}
+	if _, err := s.Compact(); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // Writer stages one payload written in pieces (the pages of a paged item).
@@ -115,12 +139,13 @@ func (w *Writer) Write(p []byte) (int, error) {
 func (w *Writer) Len() int64 { return w.n }
 
 // Payload is a finished payload: its hash and size, and, for a small one,
-// the bytes that PutPayload stores inside the bbolt file.
+// the bytes its Record keeps inside the bbolt file.
 type Payload struct {
-	Sum    string
-	N      int64
-	small  bool   // kept inside the bbolt file
-	inline []byte // its bytes, when small
+	Sum      string
+	N        int64
+	small    bool   // kept inside the bbolt file
+	inline   []byte // its bytes, when small
+	spoolKey uint64 // where Record spools them
 }
 
 // Commit makes the payload durable under its hash. Storing bytes that are
@@ -130,37 +155,108 @@ func (w *Writer) Commit() (sum string, n int64, err error) {
 	if err != nil {
 		return "", 0, err
 	}
+	rec, ok := p.Record()
+	if !ok {
+		return p.Sum, p.N, nil // a large payload: Finish filed it
+	}
 	// Batch: the payloads of items finishing together share a commit.
-	if err := w.s.db.Batch(func(tx *bolt.Tx) error { return w.s.PutPayload(tx, p) }); err != nil {
+	if err := w.s.db.Batch(func(tx *bolt.Tx) error { return tx.Bucket(rec.Bucket).Put(rec.Key, rec.Value) }); err != nil {
 		return "", 0, fmt.Errorf("store payload: %w", err)
 	}
 	return p.Sum, p.N, nil
 }
 
 // Finish ends the payload: a large one is made durable as its file now; a
-// small one is durable only once PutPayload has committed it, which lets the
+// small one is durable only once its Record is stored, which lets the
 // caller store it in the same transaction as what refers to it.
 func (w *Writer) Finish() (Payload, error) {
 	w.done = true
 	sum := hex.EncodeToString(w.h.Sum(nil))
 	if w.f == nil {
-		return Payload{Sum: sum, N: w.n, small: true, inline: w.buf}, nil
+		return Payload{Sum: sum, N: w.n, small: true, inline: w.buf, spoolKey: w.s.spool(sum)}, nil
 	}
 	n, err := w.commitFile(sum)
 	return Payload{Sum: sum, N: n}, err
 }
 
-// PutPayload stores a small payload in tx; for a large one, already filed
-// by Finish, it does nothing.
-func (s *Store) PutPayload(tx *bolt.Tx, p Payload) error {
+// spool hands out the next spool key, for the payload sum. The store finds
+// the payload there from now on; until the caller's transaction commits it
+// is not there, and the store looks in the payload bucket and the files
+// instead, which is where a payload Record never committed is not either.
+func (s *Store) spool(sum string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.spoolNext++
+	s.pending[sum] = s.spoolNext
+	return s.spoolNext
+}
+
+// Record is one key and value the store keeps in the bbolt file, for a
+// caller that stores it in a transaction of its own (ledger.AppendWith,
+// with the event that says the payload is staged).
+type Record struct {
+	Bucket, Key, Value []byte
+}
+
+// Record is the spool entry of a small payload: storing it makes the
+// payload durable. ok is false for a large payload, which Finish has
+// already filed.
+func (p Payload) Record() (rec Record, ok bool) {
 	if !p.small {
-		return nil
+		return Record{}, false
 	}
-	v := p.inline
-	if v == nil {
-		v = []byte{} // the empty payload
+	v, _ := hex.AppendDecode(make([]byte, 0, sha256.Size+len(p.inline)), []byte(p.Sum))
+	return Record{Bucket: bucketSpool, Key: binary.BigEndian.AppendUint64(nil, p.spoolKey), Value: append(v, p.inline...)}, true
+}
+
+// Compact moves every spooled payload to the payload bucket, in hash
+// order, in one transaction, and says how many it moved. Moving is always
+// safe: a payload is found in either place. The fetch loop compacts when a
+// run ends; Open compacts what a crash left.
+func (s *Store) Compact() (int, error) {
+	type spooled struct {
+		sum string
+		key uint64
+		val []byte
 	}
-	return tx.Bucket(bucketInline).Put([]byte(p.Sum), v)
+	var moved []spooled
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		moved = moved[:0]
+		c := tx.Bucket(bucketSpool).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) != 8 || len(v) < sha256.Size {
+				return fmt.Errorf("spool entry %x is malformed", k)
+			}
+			moved = append(moved, spooled{hex.EncodeToString(v[:sha256.Size]), binary.BigEndian.Uint64(k), bytes.Clone(v[sha256.Size:])})
+		}
+		if len(moved) == 0 {
+			return nil
+		}
+		slices.SortFunc(moved, func(a, b spooled) int { return strings.Compare(a.sum, b.sum) })
+		payloads := tx.Bucket(bucketInline)
+		for _, p := range moved {
+			if err := payloads.Put([]byte(p.sum), p.val); err != nil {
+				return err
+			}
+		}
+		// Emptied at once: deleting the bucket frees its pages whole.
+		if err := tx.DeleteBucket(bucketSpool); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucket(bucketSpool)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("compact staged payloads: %w", err)
+	}
+	s.mu.Lock()
+	for _, p := range moved {
+		if s.pending[p.sum] == p.key {
+			delete(s.pending, p.sum)
+		}
+	}
+	s.mu.Unlock()
+	return len(moved), nil
 }
 
 // commitFile syncs the payload's file and files it under sum.
@@ -217,8 +313,18 @@ func (s *Store) Open(sum string) (io.ReadCloser, error) {
 	if !validSum(sum) {
 		return nil, ErrNotFound
 	}
+	s.mu.Lock()
+	key, spooled := s.pending[sum]
+	s.mu.Unlock()
 	var inline []byte
 	if err := s.db.View(func(tx *bolt.Tx) error {
+		if spooled {
+			v := tx.Bucket(bucketSpool).Get(binary.BigEndian.AppendUint64(nil, key))
+			if len(v) >= sha256.Size && hex.EncodeToString(v[:sha256.Size]) == sum {
+				inline = bytes.Clone(v[sha256.Size:])
+				return nil
+			}
+		}
 		if v := tx.Bucket(bucketInline).Get([]byte(sum)); v != nil {
 			inline = bytes.Clone(v)
 		}
@@ -254,23 +360,37 @@ func (s *Store) VerifyPayload(sum string) error {
 	return nil
 }
 
-// SetLastGood records sum as the last good payload of a request.
-func (s *Store) SetLastGood(requestKey, sum string) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return s.PutLastGood(tx, requestKey, sum) })
+// SetLastGood records sum, fetched at at, as the last good payload of a
+// request, unless the index already holds a copy fetched later.
+func (s *Store) SetLastGood(requestKey, sum string, at time.Time) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return s.PutLastGood(tx, requestKey, sum, at) })
 }
 
-// PutLastGood is SetLastGood inside the caller's transaction, so an item's
-// result and its last-good index commit together.
-func (s *Store) PutLastGood(tx *bolt.Tx, requestKey, sum string) error {
-	return tx.Bucket(bucketLastGood).Put([]byte(requestKey), []byte(sum))
+// PutLastGood is SetLastGood inside the caller's transaction: a run stores
+// the last good copies of all its requests with its final record. A run
+// that ends after a later one does not put back its older copies.
+func (s *Store) PutLastGood(tx *bolt.Tx, requestKey, sum string, at time.Time) error {
+	b := tx.Bucket(bucketLastGood)
+	if _, was, ok := decodeLastGood(b.Get([]byte(requestKey))); ok && was.After(at) {
+		return nil
+	}
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(sum)), uint64(at.UnixNano()))
+	return b.Put([]byte(requestKey), append(v, sum...))
+}
+
+// decodeLastGood reads a last-good entry: the time its payload was fetched
+// (8 bytes, Unix nanoseconds, big-endian), then the payload's hash.
+func decodeLastGood(v []byte) (sum string, at time.Time, ok bool) {
+	if len(v) <= 8 {
+		return "", time.Time{}, false
+	}
+	return string(v[8:]), time.Unix(0, int64(binary.BigEndian.Uint64(v))), true
 }
 
 // LastGood returns the last good payload of a request, if there is one.
 func (s *Store) LastGood(requestKey string) (sum string, ok bool, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketLastGood).Get([]byte(requestKey)); v != nil {
-			sum, ok = string(v), true
-		}
+		sum, _, ok = decodeLastGood(tx.Bucket(bucketLastGood).Get([]byte(requestKey)))
 		return nil
 	})
 	return sum, ok, err
@@ -280,11 +400,13 @@ func (s *Store) LastGood(requestKey string) (sum string, ok bool, err error) {
 // method, path and body are the same request whatever run asks for it.
 func RequestKey(sourceID, method, path string, body []byte) string {
 	h := sha256.New()
+	var buf [20]byte
 	for _, part := range [][]byte{[]byte(sourceID), []byte(method), []byte(path), body} {
-		fmt.Fprintf(h, "%d:", len(part))
+		h.Write(append(strconv.AppendInt(buf[:0], int64(len(part)), 10), ':'))
 		h.Write(part)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0]))
 }
 
 func (s *Store) path(sum string) string { return filepath.Join(s.dir, sum[:2], sum) }

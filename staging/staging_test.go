@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
@@ -87,14 +88,33 @@ func TestLastGoodIndex(t *testing.T) {
 	if k1 == k2 {
 		t.Fatal("different paths share a key")
 	}
+	// Pinned: stored last-good entries are found by this key. It is the
+	// SHA-256 of "6:county3:GET6:/q?a=10:", each part prefixed by its length.
+	if want := "482f37caa0c05f9f77e5e596799763f6f9d9d4e587fffdebdc58c05b89167b9a"; k1 != want {
+		t.Fatalf("RequestKey changed: got %s, want %s", k1, want)
+	}
 	if _, ok, _ := s.LastGood(k1); ok {
 		t.Fatal("empty index has a last good copy")
 	}
-	if err := s.SetLastGood(k1, "abc"); err != nil {
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	if err := s.SetLastGood(k1, "abc", t0); err != nil {
 		t.Fatal(err)
 	}
 	if sum, ok, _ := s.LastGood(k1); !ok || sum != "abc" {
 		t.Fatalf("got %q %v", sum, ok)
+	}
+	// A run that ends late does not put back a copy older than the index's.
+	if err := s.SetLastGood(k1, "older", t0.Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if sum, _, _ := s.LastGood(k1); sum != "abc" {
+		t.Fatalf("an older copy replaced the newer: got %q", sum)
+	}
+	if err := s.SetLastGood(k1, "newer", t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if sum, _, _ := s.LastGood(k1); sum != "newer" {
+		t.Fatalf("a newer copy did not replace the older: got %q", sum)
 	}
 	if _, ok, _ := s.LastGood(k2); ok {
 		t.Fatal("key leaked to another request")
