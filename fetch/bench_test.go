@@ -5,6 +5,7 @@ package fetch_test
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +34,11 @@ import (
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
+
+// loopProfile names a file for a CPU profile of the first timed run alone:
+// go test's own -cpuprofile also covers the setup and the HTTP calibration,
+// which are most of the process's CPU time.
+var loopProfile = flag.String("loopprofile", "", "write a CPU profile of BenchmarkLoop1000x20's first timed run to this `file`")
 
 // The shape of issue 4's benchmark.
 const (
@@ -112,12 +119,14 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sum benchTotals
-	for range b.N {
+	for i := range b.N {
 		b.StopTimer()
 		bl := openBenchLoop(b, up.srv.URL, client)
+		stopProfile := startLoopProfile(b, i)
 		b.StartTimer()
 		res := bl.run(b, up)
 		b.StopTimer()
+		stopProfile()
 		bl.check(b, &res)
 		bl.close(b)
 		sum.add(res)
@@ -139,9 +148,34 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	b.ReportMetric(float64(sum.submit)/float64(time.Millisecond)/float64(sum.runs), "ms-submit")
 	b.ReportMetric(float64(sum.allocs)/n, "allocs/req")
 	b.ReportMetric(float64(sum.conns)/float64(sum.runs), "conns/run")
+	b.ReportMetric(float64(sum.groups)/n, "groups/req")
+	b.ReportMetric(float64(sum.grouped)/float64(sum.groups), "events/group")
+	b.ReportMetric(float64(sum.pageBytes)/1024/n, "KB-paged/req")
 	b.ReportMetric(float64(sum.heapAfter)/(1<<20), "MB-heap-after")
 	b.ReportMetric(float64(sum.livePeak)/(1<<20), "MB-live-peak")
 	b.ReportMetric(float64(peakRSS(b))/(1<<20), "MB-peak-rss")
+}
+
+// startLoopProfile starts the -loopprofile CPU profile for the first run and
+// returns what stops it.
+func startLoopProfile(b *testing.B, run int) (stop func()) {
+	if *loopProfile == "" || run > 0 {
+		return func() {}
+	}
+	f, err := os.Create(*loopProfile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatalf("-loopprofile does not combine with -cpuprofile: %v", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
+	}
 }
 
 // benchUpstream is one fast local upstream: it answers every request at
@@ -310,6 +344,8 @@ type benchResult struct {
 	livePeak, heapAfter uint64
 	upRequests, upConns int64
 	upHandler           time.Duration
+	groups, grouped     uint64 // ledger commit groups and their events
+	pageBytes           int64  // bytes of pages bbolt allocated for writing
 	// Filled in by check, from the ledger.
 	dispatches int
 	rtt        time.Duration
@@ -324,6 +360,7 @@ func (bl *benchLoop) run(b *testing.B, up *benchUpstream) benchResult {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	mallocs := ms.Mallocs
+	groups, boltStats := bl.ledger.Stats(), bl.db.Stats()
 	cpu := cpuTime(b)
 	start := time.Now()
 
@@ -349,6 +386,11 @@ func (bl *benchLoop) run(b *testing.B, up *benchUpstream) benchResult {
 	res.cpu = cpuTime(b) - cpu
 	runtime.ReadMemStats(&ms)
 	res.allocs = ms.Mallocs - mallocs
+	st := bl.ledger.Stats()
+	res.groups, res.grouped = st.Groups-groups.Groups, st.Events-groups.Events
+	after := bl.db.Stats()
+	bs := after.Sub(&boltStats)
+	res.pageBytes = bs.TxStats.GetPageAlloc()
 	res.upRequests = up.requests.Load() - upReq
 	res.upHandler = time.Duration(up.handler.Load() - upHandler)
 	res.upConns = up.conns.Load() - upConns
@@ -426,6 +468,8 @@ type benchTotals struct {
 	allocs                           uint64
 	wall, cpu, submit, rtt, upstream time.Duration
 	heapAfter, livePeak              uint64
+	groups, grouped                  uint64
+	pageBytes                        int64
 }
 
 func (t *benchTotals) add(r benchResult) {
@@ -438,6 +482,9 @@ func (t *benchTotals) add(r benchResult) {
 	t.submit += r.submit
 	t.rtt += r.rtt
 	t.upstream += r.upHandler
+	t.groups += r.groups
+	t.grouped += r.grouped
+	t.pageBytes += r.pageBytes
 	t.heapAfter = max(t.heapAfter, r.heapAfter)
 	t.livePeak = max(t.livePeak, r.livePeak)
 }
