@@ -99,8 +99,9 @@ func (h *harness) close(tb testing.TB) {
 		return
 	}
 	ctx := context.Background()
-	stop := make(chan struct{})
+	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { // let draining requests' timers fire
+		defer close(stopped)
 		for {
 			select {
 			case <-stop:
@@ -112,6 +113,7 @@ func (h *harness) close(tb testing.TB) {
 	}()
 	err := h.loop.Close(ctx)
 	close(stop)
+	<-stopped // before anything, a reopen included, changes h
 	if err != nil {
 		tb.Errorf("close loop: %v", err)
 	}

@@ -19,8 +19,8 @@ import (
 // finished only has its end stored.
 //
 // resume returns what starts the run's workers (nil when there is nothing
-// left to do) and the run's dispatches, which the caller counts against
-// the gates before any worker starts (seedGates).
+// left to do) and the run's dispatches and throttles, which the caller
+// gives the gates before any worker starts (seedGates).
 func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched []auditd.Event, err error) {
 	var rec *runRecord
 	var items []auditd.Item
@@ -77,11 +77,16 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 			}
 			ar.finishedLocked(res, lastGood, e.Time)
 		case auditd.EventDispatch:
-			dispatched = append(dispatched, auditd.Event{SourceID: e.SourceID, Time: e.Time})
+			dispatched = append(dispatched, auditd.Event{Type: e.Type, SourceID: e.SourceID, Time: e.Time})
 			ar.attempts[r] = max(ar.attempts[r], e.Attempt)
 			ar.noteLocked(r, 1)
 			open[r] = *e
-		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
+		case auditd.EventThrottle:
+			dispatched = append(dispatched, auditd.Event{Type: e.Type, SourceID: e.SourceID, Time: e.Time, Wait: e.Wait})
+			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
+				delete(open, r)
+			}
+		case auditd.EventResponse, auditd.EventTransportError, auditd.EventInterrupted:
 			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
 				delete(open, r)
 			}
@@ -138,14 +143,22 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 	return func() { l.launch(ar, todo) }, dispatched, nil
 }
 
-// seedGates counts the dispatches of resumed runs against their sources'
-// gates, oldest first, before any worker starts: a restart within a window
-// must not send that window's quota a second time.
-func (l *Loop) seedGates(dispatched []auditd.Event) {
-	slices.SortStableFunc(dispatched, func(a, b auditd.Event) int { return a.Time.Compare(b.Time) })
-	for _, d := range dispatched {
-		if b, err := l.cfg.Limiter.Budget(d.SourceID); err == nil {
-			b.Record(d.Time, 1)
+// seedGates gives the gates what resumed runs did before the restart,
+// oldest first, before any worker starts: dispatches count against their
+// sources' windows (a restart within a window must not send its quota a
+// second time), and a throttle's pause still in force holds again.
+func (l *Loop) seedGates(events []auditd.Event) {
+	slices.SortStableFunc(events, func(a, b auditd.Event) int { return a.Time.Compare(b.Time) })
+	for _, e := range events {
+		switch e.Type {
+		case auditd.EventDispatch:
+			if b, err := l.cfg.Limiter.Budget(e.SourceID); err == nil {
+				b.Record(e.Time, 1)
+			}
+		case auditd.EventThrottle:
+			if until := e.Time.Add(e.Wait); until.After(l.cfg.Clock.Now()) {
+				l.cfg.Limiter.Pause(e.SourceID, until)
+			}
 		}
 	}
 }
