@@ -9,7 +9,7 @@ import (
 // is busy, and never past GroupDelay since the last group was sealed.
 func TestLingerFor(t *testing.T) {
 	l := &Ledger{maxGroup: 64, groupDelay: time.Hour}
-	small := &batch{events: 3}
+	small := &batch{events: 15}
 	sealed := time.Now()
 	cases := []struct {
 		name   string
@@ -22,7 +22,7 @@ func TestLingerFor(t *testing.T) {
 		{"Idle", small, false, sealed, false, func(d time.Duration) bool { return d <= 0 }},
 		{"Busy", small, true, sealed, false, func(d time.Duration) bool { return d > 59*time.Minute && d <= time.Hour }},
 		{"BusyLongAgo", small, true, sealed.Add(-2 * time.Hour), false, func(d time.Duration) bool { return d <= 0 }},
-		{"HalfFull", &batch{events: 32}, true, sealed, false, func(d time.Duration) bool { return d <= 0 }},
+		{"QuarterFull", &batch{events: 16}, true, sealed, false, func(d time.Duration) bool { return d <= 0 }},
 		{"Closing", small, true, sealed, true, func(d time.Duration) bool { return d <= 0 }},
 	}
 	for _, c := range cases {

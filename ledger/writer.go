@@ -176,13 +176,16 @@ const busyRequests = 16
 // lingerFor says how long the pending batch b should wait for more appends
 // before it is sealed: under load (the last group, sealed at sealed, was
 // busy) a group is sealed at most once per GroupDelay, so that each fsync
-// carries more events; otherwise, or once b is half of MaxGroup, or when
-// the ledger is closing, at once. An appender alone never waits for it.
+// carries more events; otherwise at once: an appender alone never waits,
+// nor does a batch of a quarter of MaxGroup (an fsync's share per event is
+// small by then, and appenders that all wait for the group being written
+// come back together: the next batch should start while it is written),
+// nor the last batch before Close.
 //
 // This is wall time, not the ledger's clock: it paces fsyncs and records
 // nothing, and a fake clock must not be able to hold a commit back.
 func (l *Ledger) lingerFor(b *batch, busy bool, sealed time.Time, closed bool) time.Duration {
-	if !busy || closed || l.groupDelay <= 0 || b.events >= l.maxGroup/2 {
+	if !busy || closed || l.groupDelay <= 0 || b.events >= l.maxGroup/4 {
 		return 0
 	}
 	return l.groupDelay - time.Since(sealed)
