@@ -186,6 +186,7 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 		front    frontier
 		chain    [32]byte
 		stored   []tlog.Hash
+		leaf     leafHasher
 		packed   []byte
 		e        auditd.Event
 		vouched  uint64 // events up to here match a signed checkpoint
@@ -244,7 +245,7 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 			return fail(seq, "event stored as %d says it is %d", seq, e.Seq)
 		}
 		chain = h
-		stored = front.push(tlog.RecordHash(canon), stored[:0])
+		stored = front.push(leaf.hash(canon), stored[:0])
 		packed = packed[:0]
 		for _, sh := range stored {
 			packed = append(packed, sh[:]...)

@@ -85,6 +85,7 @@ type batch struct {
 	hashes []byte      // backs the values of tree
 	entry  int         // where the tree entry being built starts in hashes
 	stored []tlog.Hash // what one leaf completed
+	leaf   leafHasher
 }
 
 type kv struct{ key, val []byte }
@@ -99,7 +100,7 @@ func (b *batch) reset() {
 	b.runs.reset()
 	*b = batch{
 		reqs: b.reqs[:0], records: b.records[:0], tree: b.tree[:0], idem: b.idem[:0], keys: b.keys, runs: b.runs,
-		buf: b.buf[:0], hashes: b.hashes[:0], stored: b.stored[:0],
+		buf: b.buf[:0], hashes: b.hashes[:0], stored: b.stored[:0], leaf: b.leaf,
 	}
 }
 
@@ -242,7 +243,7 @@ func (l *Ledger) prepare(b *batch, r *request, inflight *batch) {
 		e.Seq, e.Time, e.Mono, e.PrevHash = l.tip.seq, stamp, mono, l.tip.chain
 		key, canonical := b.record(e)
 		l.tip.chain = e.Hash
-		b.pushLeaf(&l.tip.front, tlog.RecordHash(canonical))
+		b.pushLeaf(&l.tip.front, b.leaf.hash(canonical))
 		if e.Seq%treeEntryLeaves == 0 {
 			b.tree = append(b.tree, kv{key, b.treeEntry()})
 		}
@@ -414,11 +415,16 @@ func (l *Ledger) write(b *batch) error {
 	return nil
 }
 
-// answer wakes the appenders of reqs, with err or with their events.
+// answer wakes the appenders of reqs, with err or with their events, and
+// tells posters the same through their then.
 func answer(reqs []*request, err error) {
 	for _, r := range reqs {
 		if err != nil {
 			r.events, r.err = nil, err
+		}
+		if r.then != nil {
+			r.then(r.events, r.err)
+			continue
 		}
 		r.done <- struct{}{}
 	}

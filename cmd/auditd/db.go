@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
+	"github.com/auditd/auditd/ledger"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -28,10 +28,7 @@ func openDB(dir string, readOnly bool) (*bolt.DB, error) {
 			return nil, fmt.Errorf("open %s: %w", path, err)
 		}
 	}
-	// A large initial map: bbolt grows the file by remapping it, and a remap
-	// waits for every open read transaction; mapping 1 GiB of address space
-	// up front makes that rare for a ledger under a gigabyte.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: readOnly, InitialMmapSize: 1 << 30})
+	db, err := bolt.Open(path, 0o600, ledger.BoltOptions(readOnly))
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: another process (a running auditd serve?) holds it; stop it or use its API", path)
 	} else if err != nil {
