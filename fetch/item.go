@@ -38,12 +38,12 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 	// drains: the events describe what already happened.
 	rctx := context.WithoutCancel(ctx)
 	if ar.isCancelled() {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
+		l.endItem(ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
 		return
 	}
 	src, err := l.cfg.Registry.GetSource(it.SourceID)
 	if err != nil {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "source removed: "+err.Error(), nil, "", nil)
+		l.endItem(ar, it, auditd.ItemFailed, "source removed: "+err.Error(), nil, "", nil)
 		return
 	}
 	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
@@ -55,7 +55,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 
 	w, err := l.cfg.Staging.NewWriter()
 	if err != nil {
-		l.endItem(rctx, ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil, "", nil)
+		l.endItem(ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil, "", nil)
 		return
 	}
 	defer w.Abort()
@@ -68,7 +68,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 		}
 		pg, err := pageRequest(it, p)
 		if err != nil {
-			l.endItem(rctx, ar, it, auditd.ItemFailed, err.Error(), nil, "", nil)
+			l.endItem(ar, it, auditd.ItemFailed, err.Error(), nil, "", nil)
 			return
 		}
 		body, end, reason := l.fetchPage(ctx, ar, &src, it, pg, lastGoodKey)
@@ -76,7 +76,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 		case pageAbandon:
 			return
 		case pageCancelled:
-			l.endItem(rctx, ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
+			l.endItem(ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
 			return
 		case pageShed:
 			l.shed(rctx, ar, it, lastGoodKey, reason)
@@ -116,7 +116,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 	}
 	res.PayloadHash, res.Bytes, res.Records = payload.Sum, payload.N, records
 	res.CountMatched = it.Paging != auditd.PagingNone && res.Advertised == records
-	l.endItem(rctx, ar, it, auditd.ItemSucceeded, "", res, lastGoodKey, &payload)
+	l.endItem(ar, it, auditd.ItemSucceeded, "", res, lastGoodKey, &payload)
 }
 
 // fetchPage sends one page until it succeeds, fails for good, or the run's
@@ -205,7 +205,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		switch {
 		case sendErr != nil:
 			base.Type, base.Cause = auditd.EventTransportError, sendErr.Error()
-			l.mustRecord(rctx, ar, base)
+			l.post(ar, []auditd.Event{base}, nil, nil)
 		default:
 			out, bodyErr = classify(res.Status, hint.RetryAfterRaw != "", src.BodyError, body)
 			base.Status, base.Bytes = res.Status, int64(len(body))
@@ -217,7 +217,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 				out = auditd.OutcomeThrottled
 			} else {
 				base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
-				l.mustRecord(rctx, ar, base)
+				l.post(ar, []auditd.Event{base}, nil, nil)
 			}
 		}
 		l.recordBreaker(rctx, ar, it, v.Breaker)
@@ -408,7 +408,7 @@ func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *auditd.Item, 
 	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
 		return
 	}
-	l.endItem(ctx, ar, it, auditd.ItemFailed, reason, nil, "", nil)
+	l.endItem(ar, it, auditd.ItemFailed, reason, nil, "", nil)
 }
 
 // shed ends an item the gates could not admit before the run's deadline.
@@ -417,7 +417,7 @@ func (l *Loop) shed(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoo
 	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
 		return
 	}
-	l.endItem(ctx, ar, it, auditd.ItemShed, "deadline", nil, "", nil)
+	l.endItem(ar, it, auditd.ItemShed, "deadline", nil, "", nil)
 }
 
 // serveCached serves an item from its last good staged payload, if one
@@ -428,17 +428,19 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *auditd.Item, 
 		return false
 	}
 	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Cause: reason})
-	l.endItem(ctx, ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1}, "", nil)
+	l.endItem(ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1}, "", nil)
 	return true
 }
 
 // endItem ends an item: item.finished (preceded, for a success, by
 // payload.staged) in one ledger commit group, whose transaction also
 // stores a small payload's bytes, so the payload is on disk exactly when
-// the ledger says it is staged. The item's result and its request's new
-// last-good copy are kept with the run and stored when it ends (storeEnd);
-// item.finished carries all of the result, so a restart rebuilds them.
-func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
+// the ledger says it is staged. It posts them (the worker goes on to its
+// next item at once); once they are durable the item's result and its
+// request's new last-good copy are kept with the run, and stored when it
+// ends (storeEnd); item.finished carries all of the result, so a restart
+// rebuilds them.
+func (l *Loop) endItem(ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
 		res = &ItemResult{Key: it.Key, Advertised: -1}
 	}
@@ -454,12 +456,7 @@ func (l *Loop) endItem(ctx context.Context, ar *activeRun, it *auditd.Item, out 
 			PayloadHash: payload.Sum, Bytes: payload.N})
 	}
 	events = append(events, finishedEvent(it, res))
-	got, err := l.recordBatch(ctx, ar, events, puts...)
-	if err != nil {
-		l.log.Error("record item finished", "run", ar.rec.ID, "item", it.Key, "err", err)
-		return
-	}
-	ar.finished(res, lastGood, got[len(got)-1].Time)
+	l.post(ar, events, puts, func(got []auditd.Event) { ar.finished(res, lastGood, got[len(got)-1].Time) })
 }
 
 // finishedEvent is the item.finished event of an item that ended with res:

@@ -41,6 +41,8 @@ type Ledger interface {
 	// AppendWith is AppendBatch that also stores puts in the same
 	// transaction: an item's result lands with its item.finished.
 	AppendWith(ctx context.Context, events []auditd.Event, puts []ledger.Put) ([]auditd.Event, error)
+	// Post is AppendWith without the wait: then learns the outcome.
+	Post(events []auditd.Event, puts []ledger.Put, then func([]auditd.Event, error)) error
 	Head() (seq uint64, hash [32]byte)
 }
 
@@ -340,10 +342,46 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 	ar.mu.Lock()
 	for i := range got {
 		ar.rec.Counts.count(&got[i])
-		ar.rec.LastSeq = got[i].Seq
+		ar.rec.LastSeq = max(ar.rec.LastSeq, got[i].Seq)
 	}
 	ar.mu.Unlock()
 	return got, nil
+}
+
+// post records events for run ar, with puts in the same transaction,
+// without waiting for them to be durable: for what has already happened
+// when nothing the caller does next depends on the record (a response, an
+// item's end). Whatever the run records after post returns is stored after
+// them; a run's run.finished therefore waits for all of them. Once they are
+// durable they are counted and then, if not nil, is called with them, on
+// the ledger's commit goroutine (it must be quick and must not record). A
+// failure is logged, as mustRecord logs it: the record describes something
+// that happened, and the reconciliation will show the gap.
+func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, then func([]auditd.Event)) {
+	for i := range events {
+		events[i].RunID = ar.rec.ID
+	}
+	ar.posts.Add(1)
+	err := l.cfg.Ledger.Post(events, puts, func(got []auditd.Event, err error) {
+		defer ar.posts.Done()
+		if err != nil {
+			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", events[0].Type, "item", events[0].ItemKey, "err", err)
+			return
+		}
+		ar.mu.Lock()
+		for i := range got {
+			ar.rec.Counts.count(&got[i])
+			ar.rec.LastSeq = max(ar.rec.LastSeq, got[i].Seq)
+		}
+		ar.mu.Unlock()
+		if then != nil {
+			then(got)
+		}
+	})
+	if err != nil {
+		ar.posts.Done()
+		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", events[0].Type, "item", events[0].ItemKey, "err", err)
+	}
 }
 
 // queueItems records item.queued for items, a commit group at a time.
@@ -402,7 +440,7 @@ func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (audit
 	}
 	ar.mu.Lock()
 	ar.rec.Counts.count(&got)
-	ar.rec.LastSeq = got.Seq
+	ar.rec.LastSeq = max(ar.rec.LastSeq, got.Seq)
 	ar.mu.Unlock()
 	return got, nil
 }

@@ -23,6 +23,7 @@ type activeRun struct {
 	items     map[string]*itemAttempts // per unfinished item, for its result
 	cancel    context.CancelFunc
 	cancelled bool
+	posts     sync.WaitGroup // records posted and not yet durable (Loop.post)
 
 	// What finished items leave, kept here until the run ends and stores
 	// them all in one transaction with its final record (storeEnd). The
@@ -199,6 +200,8 @@ func (ar *activeRun) isCancelled() bool {
 // finish records the end of a run: a registry snapshot and run.finished with
 // the terminal status; then it stores the run's end (storeEnd).
 func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
+	// The items' ends are counted, and their results kept, once durable.
+	ar.posts.Wait()
 	var sources []string
 	ar.mu.Lock()
 	for id := range ar.rec.Counts.BySource {
