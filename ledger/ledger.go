@@ -108,9 +108,9 @@ type Ledger struct {
 	maxGroup        int
 	groupDelay      time.Duration
 
-	appends sync.Pool     // of *request, recycled by Append
-	wake    chan struct{} // buffered: the queue may have requests, or Close was called
-	done    chan struct{} // closed when the writer has stopped
+	requests sync.Pool     // of *request, for Append and Post
+	wake     chan struct{} // buffered: the queue may have requests, or Close was called
+	done     chan struct{} // closed when the writer has stopped
 
 	qmu    sync.Mutex
 	queue  []*request // appends waiting for the writer, in arrival order
@@ -129,18 +129,36 @@ type Ledger struct {
 	latest   []byte
 }
 
-// request is one Append or AppendBatch waiting for its commit group.
+// request is one append waiting for its commit group.
 type request struct {
 	// events is the writer's own copy of what was appended, which it
 	// overwrites with the events as stored: a caller whose ctx ends may
 	// reuse its slice while the group is still being written.
 	events []auditd.Event
-	one    [1]auditd.Event // backs events for Append
+	small  [2]auditd.Event // backs events for Append and a Post of one or two
 	puts   []Put           // AppendWith's puts, stored with the events
 	err    error
 	done   chan struct{} // buffered: the writer's one send never waits
 	// then, for a Post, is called with the outcome instead of a send on done.
 	then func([]auditd.Event, error)
+}
+
+// pooled returns a request from the pool of Append and Post, whose events
+// are copies of events: one request per append would be most of what an
+// append allocates (an event is some 500 bytes).
+func (l *Ledger) pooled(events []auditd.Event) *request {
+	r, _ := l.requests.Get().(*request)
+	if r == nil {
+		r = &request{done: make(chan struct{}, 1)}
+	}
+	r.events = append(r.small[:0], events...)
+	return r
+}
+
+// recycle puts r back in the pool, once nothing holds it.
+func (l *Ledger) recycle(r *request) {
+	*r = request{done: r.done}
+	l.requests.Put(r)
 }
 
 // BoltOptions are the options auditd opens its bbolt file with (main does;
@@ -321,19 +339,12 @@ func (l *Ledger) Append(ctx context.Context, e auditd.Event) (auditd.Event, erro
 	if err := validate(&e); err != nil {
 		return auditd.Event{}, err
 	}
-	// One request per Append would be most of what an append allocates.
-	r, _ := l.appends.Get().(*request)
-	if r == nil {
-		r = &request{done: make(chan struct{}, 1)}
-	}
-	r.one[0] = e
-	r.events = r.one[:]
+	r := l.pooled([]auditd.Event{e})
 	if err := l.submit(ctx, r); err != nil {
 		return auditd.Event{}, err // r stays out of the pool: the writer may still hold it
 	}
 	e = r.events[0]
-	*r = request{done: r.done}
-	l.appends.Put(r)
+	l.recycle(r)
 	return e, nil
 }
 
@@ -398,9 +409,10 @@ func (l *Ledger) AppendWith(ctx context.Context, events []auditd.Event, puts []P
 // then, which is required, learns the outcome once the commit group is
 // decided: the events as stored, or the error that kept them out. It runs
 // on the ledger's commit goroutine, one request after another in order, so
-// it must be quick and must not append (it would wait for itself). Post
-// takes events and puts over, as AppendWith does. After Close it fails
-// with ErrClosed and then is not called.
+// it must be quick, must not append (it would wait for itself) and must not
+// keep the slice it is given. Post copies events, so the caller may reuse
+// them; it takes puts over, as AppendWith does. After Close it fails with
+// ErrClosed and then is not called.
 func (l *Ledger) Post(events []auditd.Event, puts []Put, then func([]auditd.Event, error)) error {
 	if len(events) == 0 || then == nil {
 		return auditd.Errorf(auditd.EINVALID, "post needs events and a function to tell their outcome")
@@ -413,7 +425,13 @@ func (l *Ledger) Post(events []auditd.Event, puts []Put, then func([]auditd.Even
 	if err := l.checkPuts(puts); err != nil {
 		return err
 	}
-	return l.enqueue(&request{events: events, puts: puts, then: then})
+	r := l.pooled(events)
+	r.puts, r.then = puts, then
+	if err := l.enqueue(r); err != nil {
+		l.recycle(r)
+		return err
+	}
+	return nil
 }
 
 // checkPuts refuses puts that would fail their commit group: an empty or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +29,7 @@ func TestPostIsOrderedBeforeLaterAppends(t *testing.T) {
 
 	told := make(chan outcome, 1)
 	err := l.Post([]auditd.Event{sampleEvent("r", 1)}, []ledger.Put{{Bucket: side, Key: []byte("k"), Value: []byte("v")}},
-		func(got []auditd.Event, err error) { told <- outcome{got, err} })
+		func(got []auditd.Event, err error) { told <- outcome{slices.Clone(got), err} })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestPostToldOfFailedGroup(t *testing.T) {
 	bad := sampleEvent("r", 0)
 	bad.IdempotencyKey = strings.Repeat("k", bolt.MaxKeySize+1) // bbolt refuses the key
 	told := make(chan outcome, 1)
-	if err := l.Post([]auditd.Event{bad}, nil, func(got []auditd.Event, err error) { told <- outcome{got, err} }); err != nil {
+	if err := l.Post([]auditd.Event{bad}, nil, func(got []auditd.Event, err error) { told <- outcome{slices.Clone(got), err} }); err != nil {
 		t.Fatal(err)
 	}
 	o := <-told

@@ -161,7 +161,7 @@ func (l *Ledger) run() {
 			if err != nil {
 				// pending was prepared on top of the batch that failed.
 				l.tip = inflight.before
-				answer(pending.reqs, fmt.Errorf("previous commit group failed: %w", err))
+				l.answer(pending.reqs, fmt.Errorf("previous commit group failed: %w", err))
 				pending.reset()
 			}
 			inflight.reset()
@@ -218,7 +218,7 @@ func (l *Ledger) take(group []*request, room int, first bool) ([]*request, bool)
 func (l *Ledger) prepare(b *batch, r *request, inflight *batch) {
 	firsts, err := l.storedFirsts(r, b, inflight)
 	if err != nil {
-		answer([]*request{r}, err)
+		l.answer([]*request{r}, err)
 		return
 	}
 	if len(b.reqs) == 0 {
@@ -362,7 +362,7 @@ func (l *Ledger) write(b *batch) error {
 	if len(b.records) == 0 {
 		// Only idempotent repeats, of events already committed (by an
 		// earlier batch, written before this one) or in this batch.
-		answer(b.reqs, nil)
+		l.answer(b.reqs, nil)
 		return nil
 	}
 	var latest []byte
@@ -403,7 +403,7 @@ func (l *Ledger) write(b *batch) error {
 		return err
 	})
 	if err != nil {
-		answer(b.reqs, err)
+		l.answer(b.reqs, err)
 		return err
 	}
 	l.mu.Lock()
@@ -411,19 +411,22 @@ func (l *Ledger) write(b *batch) error {
 	l.mu.Unlock()
 	l.groups.Add(1)
 	l.grouped.Add(uint64(len(b.records)))
-	answer(b.reqs, nil)
+	l.answer(b.reqs, nil)
 	return nil
 }
 
 // answer wakes the appenders of reqs, with err or with their events, and
-// tells posters the same through their then.
-func answer(reqs []*request, err error) {
+// tells posters the same through their then. A posted request is done
+// with once told (the batch holding it uses it no more), so it goes back to
+// the pool here.
+func (l *Ledger) answer(reqs []*request, err error) {
 	for _, r := range reqs {
 		if err != nil {
 			r.events, r.err = nil, err
 		}
 		if r.then != nil {
 			r.then(r.events, r.err)
+			l.recycle(r)
 			continue
 		}
 		r.done <- struct{}{}
