@@ -354,18 +354,20 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // item's end). Whatever the run records after post returns is stored after
 // them; a run's run.finished therefore waits for all of them. Once they are
 // durable they are counted and then, if not nil, is called with them, on
-// the ledger's commit goroutine (it must be quick and must not record). A
+// the ledger's commit goroutine (it must be quick, must not record and must
+// not keep the events: the ledger reuses them). A
 // failure is logged, as mustRecord logs it: the record describes something
 // that happened, and the reconciliation will show the gap.
 func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, then func([]auditd.Event)) {
 	for i := range events {
 		events[i].RunID = ar.rec.ID
 	}
+	typ, item := events[0].Type, events[0].ItemKey
 	ar.posts.Add(1)
 	err := l.cfg.Ledger.Post(events, puts, func(got []auditd.Event, err error) {
 		defer ar.posts.Done()
 		if err != nil {
-			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", events[0].Type, "item", events[0].ItemKey, "err", err)
+			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
 			return
 		}
 		ar.mu.Lock()
@@ -380,7 +382,7 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, the
 	})
 	if err != nil {
 		ar.posts.Done()
-		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", events[0].Type, "item", events[0].ItemKey, "err", err)
+		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package fetch_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -494,4 +495,41 @@ func TestDeadlineSheds(t *testing.T) {
 		}
 	}
 	h.reconcile(t, v.ID)
+}
+
+// Wait blocks until the run's end is stored, gives up with its context,
+// and answers at once for a run that has ended.
+func TestWaitReturnsOnceRunEnds(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
+	items := []auditd.Item{{Key: "a", SourceID: "slow", Path: "/geoserver/ows?n=a"}, {Key: "b", SourceID: "slow", Path: "/geoserver/ows?n=b"}}
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "wait for me", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := h.loop.Wait(gone, v.ID); !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait with an ended context on a running run: %v", err)
+	}
+	type waited struct {
+		v   fetch.RunView
+		err error
+	}
+	done := make(chan waited, 1)
+	go func() {
+		v, err := h.loop.Wait(context.Background(), v.ID)
+		done <- waited{v, err}
+	}()
+	want := h.finish(t, v.ID)
+	got := <-done
+	if got.err != nil || got.v.Status != want.Status || !got.v.Status.Terminal() || got.v.Counts.Succeeded != 2 {
+		t.Fatalf("wait returned %s %+v, %v; the run ended %s", got.v.Status, got.v.Counts, got.err, want.Status)
+	}
+	if again, err := h.loop.Wait(gone, v.ID); err != nil || again.Status != want.Status {
+		t.Fatalf("wait on an ended run: %s, %v", again.Status, err)
+	}
+	if _, err := h.loop.Wait(context.Background(), "no-such-run"); auditd.ErrorCode(err) != auditd.ENOTFOUND {
+		t.Fatalf("wait on an unknown run: %v, want ENOTFOUND", err)
+	}
 }

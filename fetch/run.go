@@ -24,6 +24,7 @@ type activeRun struct {
 	cancel    context.CancelFunc
 	cancelled bool
 	posts     sync.WaitGroup // records posted and not yet durable (Loop.post)
+	ended     chan struct{}  // closed once the run's end is stored (storeEnd)
 
 	// What finished items leave, kept here until the run ends and stores
 	// them all in one transaction with its final record (storeEnd). The
@@ -53,8 +54,8 @@ type request struct {
 }
 
 func newActiveRun(rec *runRecord) *activeRun {
-	return &activeRun{rec: *rec, attempts: map[request]uint32{}, items: map[string]*itemAttempts{},
-		results: map[string]*ItemResult{}, lastGood: map[string]goodCopy{}}
+	return &activeRun{rec: *rec, ended: make(chan struct{}), attempts: map[request]uint32{}, items: map[string]*itemAttempts{},
+		results: make(map[string]*ItemResult, rec.ItemCount), lastGood: make(map[string]goodCopy, rec.ItemCount)}
 }
 
 // nextAttempt numbers the next dispatch of a request, without gaps.
@@ -279,6 +280,7 @@ func (l *Loop) storeEnd(ar *activeRun, fin *auditd.Event) error {
 	ar.mu.Lock()
 	ar.rec.Status, ar.rec.FinishedAt, ar.rec.HeadAtEnd = rec.Status, rec.FinishedAt, rec.HeadAtEnd
 	ar.mu.Unlock()
+	close(ar.ended)
 	l.mu.Lock()
 	delete(l.active, ar.rec.ID)
 	l.mu.Unlock()

@@ -206,6 +206,20 @@ func (l *Loop) Item(runID, key string) (ItemView, error) {
 }
 
 // activeRun returns the run id while the loop works on it, else nil.
+// Wait returns the view of run id once it has ended (its end is stored),
+// or ctx's error when ctx ends first. A run the loop is not working on is
+// returned at once: one that ended, and one a shutdown left unfinished.
+func (l *Loop) Wait(ctx context.Context, id string) (RunView, error) {
+	if ar := l.activeRun(id); ar != nil {
+		select {
+		case <-ar.ended:
+		case <-ctx.Done():
+			return RunView{}, ctx.Err()
+		}
+	}
+	return l.Run(id)
+}
+
 func (l *Loop) activeRun(id string) *activeRun {
 	l.mu.Lock()
 	defer l.mu.Unlock()
