@@ -359,12 +359,21 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // failure is logged, as mustRecord logs it: the record describes something
 // that happened, and the reconciliation will show the gap.
 func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, then func([]auditd.Event)) {
-	for i := range events {
-		events[i].RunID = ar.rec.ID
+	// Post copies the events, but they would escape to the heap through
+	// the interface call all the same (an event is some 500 bytes, and a
+	// request posts two or three): they go through a pooled buffer instead.
+	buf := postBuffers.Get().(*[2]auditd.Event)
+	defer func() {
+		clear(buf[:])
+		postBuffers.Put(buf)
+	}()
+	evs := append(buf[:0], events...)
+	for i := range evs {
+		evs[i].RunID = ar.rec.ID
 	}
-	typ, item := events[0].Type, events[0].ItemKey
+	typ, item := evs[0].Type, evs[0].ItemKey
 	ar.posts.Add(1)
-	err := l.cfg.Ledger.Post(events, puts, func(got []auditd.Event, err error) {
+	err := l.cfg.Ledger.Post(evs, puts, func(got []auditd.Event, err error) {
 		defer ar.posts.Done()
 		if err != nil {
 			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
@@ -385,6 +394,9 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, the
 		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
 	}
 }
+
+// postBuffers hold the events of one post while the ledger copies them.
+var postBuffers = sync.Pool{New: func() any { return new([2]auditd.Event) }}
 
 // queueItems records item.queued for items, a commit group at a time.
 func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Item) error {
