@@ -27,30 +27,30 @@ const (
 // ProblemTypeBase prefixes every problem type URI; the code follows it.
 const ProblemTypeBase = "urn:auditd:problem:"
 
-// status maps every error code to its HTTP status: the only place that
-// does. An unknown code is a 500.
+// codeStatuses pairs every error code with its HTTP status: the only place
+// that does. status reads it one way, echoCode the other.
+var codeStatuses = []struct {
+	code   string
+	status int
+}{
+	{auditd.EINVALID, http.StatusBadRequest},
+	{auditd.EUNAUTHORIZED, http.StatusUnauthorized},
+	{auditd.EFORBIDDEN, http.StatusForbidden},
+	{auditd.ENOTFOUND, http.StatusNotFound},
+	{codeMethodNotAllowed, http.StatusMethodNotAllowed},
+	{auditd.ECONFLICT, http.StatusConflict},
+	{codeTooLarge, http.StatusRequestEntityTooLarge},
+	{codeUnsupportedMedia, http.StatusUnsupportedMediaType},
+	{auditd.ETOOMANY, http.StatusTooManyRequests},
+	{auditd.EUNAVAILABLE, http.StatusServiceUnavailable},
+}
+
+// status is the HTTP status of an error code. An unknown code is a 500.
 func status(code string) int {
-	switch code {
-	case auditd.EINVALID:
-		return http.StatusBadRequest
-	case auditd.EUNAUTHORIZED:
-		return http.StatusUnauthorized
-	case auditd.EFORBIDDEN:
-		return http.StatusForbidden
-	case auditd.ENOTFOUND:
-		return http.StatusNotFound
-	case codeMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case auditd.ECONFLICT:
-		return http.StatusConflict
-	case codeTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case codeUnsupportedMedia:
-		return http.StatusUnsupportedMediaType
-	case auditd.ETOOMANY:
-		return http.StatusTooManyRequests
-	case auditd.EUNAVAILABLE:
-		return http.StatusServiceUnavailable
+	for _, cs := range codeStatuses {
+		if cs.code == code {
+			return cs.status
+		}
 	}
 	return http.StatusInternalServerError
 }
@@ -127,23 +127,10 @@ func (s *Server) handleError(err error, c echo.Context) {
 // echoCode names the code for an error echo itself raised (no route, wrong
 // method, a body-limit from its middleware).
 func echoCode(st int) string {
-	switch st {
-	case http.StatusNotFound:
-		return auditd.ENOTFOUND
-	case http.StatusMethodNotAllowed:
-		return codeMethodNotAllowed
-	case http.StatusRequestEntityTooLarge:
-		return codeTooLarge
-	case http.StatusUnsupportedMediaType:
-		return codeUnsupportedMedia
-	case http.StatusUnauthorized:
-		return auditd.EUNAUTHORIZED
-	case http.StatusForbidden:
-		return auditd.EFORBIDDEN
-	case http.StatusTooManyRequests:
-		return auditd.ETOOMANY
-	case http.StatusServiceUnavailable:
-		return auditd.EUNAVAILABLE
+	for _, cs := range codeStatuses {
+		if cs.status == st {
+			return cs.code
+		}
 	}
 	if st >= 400 && st < 500 {
 		return auditd.EINVALID
