@@ -33,7 +33,8 @@ const (
 // doItem carries out one item: every page in order, staging the payload,
 // and ends it with exactly one item.finished, unless the loop shuts down
 // first, in which case the item resumes at the next start.
-func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
+func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
+	it := &job{Item: item, attempts: ar.takeAttempts(item.Key)}
 	// Records must land even while the run is being cancelled or the loop
 	// drains: the events describe what already happened.
 	rctx := context.WithoutCancel(ctx)
@@ -66,7 +67,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 			l.failOrServe(rctx, ar, it, lastGoodKey, fmt.Sprintf("more than %d pages", maxPages))
 			return
 		}
-		pg, err := pageRequest(it, p)
+		pg, err := pageRequest(it.Item, p)
 		if err != nil {
 			l.endItem(ar, it, auditd.ItemFailed, err.Error(), nil, "", nil)
 			return
@@ -121,9 +122,8 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, it *auditd.Item) {
 
 // fetchPage sends one page until it succeeds, fails for good, or the run's
 // deadline or the loop's life ends. It returns the body of a good response.
-func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, pg page, lastGood string) ([]byte, pageEnd, string) {
+func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *job, pg page, lastGood string) ([]byte, pageEnd, string) {
 	rctx := context.WithoutCancel(ctx)
-	req := request{key: it.Key, page: pg.index}
 	path := redactPath(pg.path, src.SecretQuery)
 	maxAttempts := l.cfg.MaxAttempts
 	if src.MaxAttempts > 0 {
@@ -138,10 +138,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 			return nil, pageAbandon, ""
 		}
-		ar.mu.Lock()
-		spent := int(ar.attempts[req])
-		ar.mu.Unlock()
-		if spent >= maxAttempts {
+		if spent := it.attempts.spent(pg.index); spent >= maxAttempts {
 			return nil, pageFailed, fmt.Sprintf("%d attempts spent; last: %s", spent, lastReason)
 		}
 		// A source that is down is served from its last good copy at once
@@ -154,9 +151,9 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt})
-		l.recordTransitions(rctx, ar, it, p.Breaker)
+		l.recordTransitions(rctx, ar, it.Item, p.Breaker)
 		for _, w := range p.Waits {
-			l.recordWait(rctx, ar, it, pg.index, string(w.Gate), w.Planned, w.Actual)
+			l.recordWait(rctx, ar, it.Item, pg.index, string(w.Gate), w.Planned, w.Actual)
 		}
 		var shed *limiter.ShedError
 		switch {
@@ -171,7 +168,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			return nil, pageFailed, "limiter: " + err.Error()
 		}
 
-		attempt := ar.nextAttempt(req)
+		attempt := it.attempts.next(pg.index)
 		cause := ""
 		if p.Probe {
 			cause = "probe"
@@ -181,7 +178,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			Attempt: attempt, Method: it.Method, Path: path, Cause: cause,
 		})
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
-			ar.unspend(req) // nothing was sent: the number is not spent
+			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
 			continue
 		} else if err != nil {
 			// Not durable, so not sent: the ledger never shows fewer
@@ -190,7 +187,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			return nil, pageAbandon, ""
 		}
 
-		body, res, latency, sendErr := l.send(rctx, src, it, pg)
+		body, res, latency, sendErr := l.send(rctx, src, it.Item, pg)
 		hint := hints.Parse(res.Header, res.ReceivedAt)
 		// The registry owns what Remaining and Reset teach (a pause of one
 		// quota interval); handing them to the limiter as well would pause
@@ -220,7 +217,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 				l.post(ar, []auditd.Event{base}, nil, nil)
 			}
 		}
-		l.recordBreaker(rctx, ar, it, v.Breaker)
+		l.recordBreaker(rctx, ar, it.Item, v.Breaker)
 		l.learn(rctx, ar, it.SourceID, res.Status, out, dispatched.Time, hint)
 
 		switch {
@@ -404,7 +401,7 @@ func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) au
 
 // failOrServe ends an item that could not be fetched: from the last good
 // copy when there is one, as failed otherwise.
-func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoodKey, reason string) {
+func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) {
 	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
 		return
 	}
@@ -412,7 +409,7 @@ func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *auditd.Item, 
 }
 
 // shed ends an item the gates could not admit before the run's deadline.
-func (l *Loop) shed(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoodKey, gate string) {
+func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, gate string) {
 	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Cause: gate})
 	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
 		return
@@ -422,7 +419,7 @@ func (l *Loop) shed(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoo
 
 // serveCached serves an item from its last good staged payload, if one
 // exists and still verifies.
-func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *auditd.Item, lastGoodKey, reason string) bool {
+func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) bool {
 	sum, ok, err := l.cfg.Staging.LastGood(lastGoodKey)
 	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
 		return false
@@ -440,12 +437,12 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *auditd.Item, 
 // request's new last-good copy are kept with the run, and stored when it
 // ends (storeEnd); item.finished carries all of the result, so a restart
 // rebuilds them.
-func (l *Loop) endItem(ar *activeRun, it *auditd.Item, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
+func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
 		res = &ItemResult{Key: it.Key, Advertised: -1}
 	}
 	res.Outcome, res.Reason = out, reason
-	res.Attempts = ar.forget(it.Key)
+	res.Attempts = it.attempts.total
 	events := make([]auditd.Event, 0, 2)
 	var puts []ledger.Put
 	if payload != nil {
@@ -455,7 +452,7 @@ func (l *Loop) endItem(ar *activeRun, it *auditd.Item, out auditd.Outcome, reaso
 		events = append(events, auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
 			PayloadHash: payload.Sum, Bytes: payload.N})
 	}
-	events = append(events, finishedEvent(it, res))
+	events = append(events, finishedEvent(it.Item, res))
 	l.post(ar, events, puts, func(got []auditd.Event) { ar.finished(res, lastGood, got[len(got)-1].Time) })
 }
 

@@ -62,7 +62,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 			queued[e.ItemKey] = true
 		case auditd.EventItemFinished:
 			finished[e.ItemKey] = true
-			ar.forgetLocked(e.ItemKey)
+			delete(ar.resumed, e.ItemKey)
 			it := byKey[e.ItemKey]
 			if it == nil {
 				return fmt.Errorf("item.finished %d names %q, no item of the run", e.Seq, e.ItemKey)
@@ -78,8 +78,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 			ar.finishedLocked(res, lastGood, e.Time)
 		case auditd.EventDispatch:
 			dispatched = append(dispatched, auditd.Event{Type: e.Type, SourceID: e.SourceID, Time: e.Time})
-			ar.attempts[r] = max(ar.attempts[r], e.Attempt)
-			ar.noteLocked(r, 1)
+			ar.seenLocked(r, e.Attempt)
 			open[r] = *e
 		case auditd.EventThrottle:
 			dispatched = append(dispatched, auditd.Event{Type: e.Type, SourceID: e.SourceID, Time: e.Time, Wait: e.Wait})

@@ -17,10 +17,12 @@ import (
 
 // activeRun is a run the loop is working on.
 type activeRun struct {
-	mu        sync.Mutex
-	rec       runRecord
-	attempts  map[request]uint32       // last attempt number of each request
-	items     map[string]*itemAttempts // per unfinished item, for its result
+	mu  sync.Mutex
+	rec runRecord
+	// resumed holds, per unfinished item, the dispatches earlier lives of
+	// the run recorded (resume); the worker that takes the item up takes
+	// them over (takeAttempts).
+	resumed   map[string]*itemAttempts
 	cancel    context.CancelFunc
 	cancelled bool
 	posts     sync.WaitGroup // records posted and not yet durable (Loop.post)
@@ -41,10 +43,50 @@ type goodCopy struct {
 	at  time.Time // when its item finished
 }
 
-// itemAttempts counts an unfinished item's dispatches over all its pages.
+// job is an item being done, with what its worker alone keeps of it.
+type job struct {
+	*auditd.Item
+	attempts *itemAttempts
+}
+
+// itemAttempts counts an item's dispatches: the last attempt number of each
+// page, and all of them together.
 type itemAttempts struct {
 	total int
-	pages int // pages tried: requests {key, 0..pages-1} may be in attempts
+	pages []uint32
+}
+
+// spent is how many attempts a page has had.
+func (ia *itemAttempts) spent(page int) int {
+	if page < len(ia.pages) {
+		return int(ia.pages[page])
+	}
+	return 0
+}
+
+// next numbers the next dispatch of a page, without gaps.
+func (ia *itemAttempts) next(page int) uint32 {
+	for len(ia.pages) <= page {
+		ia.pages = append(ia.pages, 0)
+	}
+	ia.pages[page]++
+	ia.total++
+	return ia.pages[page]
+}
+
+// unspend takes back an attempt number that was never sent.
+func (ia *itemAttempts) unspend(page int) {
+	ia.pages[page]--
+	ia.total--
+}
+
+// seen counts a dispatch recorded by an earlier life of the run.
+func (ia *itemAttempts) seen(page int, attempt uint32) {
+	for len(ia.pages) <= page {
+		ia.pages = append(ia.pages, 0)
+	}
+	ia.pages[page] = max(ia.pages[page], attempt)
+	ia.total++
 }
 
 // request identifies one request of a run: an item's page.
@@ -54,36 +96,32 @@ type request struct {
 }
 
 func newActiveRun(rec *runRecord) *activeRun {
-	return &activeRun{rec: *rec, ended: make(chan struct{}), attempts: map[request]uint32{}, items: map[string]*itemAttempts{},
+	return &activeRun{rec: *rec, ended: make(chan struct{}), resumed: map[string]*itemAttempts{},
 		results: make(map[string]*ItemResult, rec.ItemCount), lastGood: make(map[string]goodCopy, rec.ItemCount)}
 }
 
-// nextAttempt numbers the next dispatch of a request, without gaps.
-func (ar *activeRun) nextAttempt(r request) uint32 {
+// takeAttempts hands the worker taking item key up what earlier lives of
+// the run dispatched for it.
+func (ar *activeRun) takeAttempts(key string) *itemAttempts {
 	ar.mu.Lock()
 	defer ar.mu.Unlock()
-	ar.attempts[r]++
-	ar.noteLocked(r, 1)
-	return ar.attempts[r]
+	ia := ar.resumed[key]
+	if ia == nil {
+		return &itemAttempts{}
+	}
+	delete(ar.resumed, key)
+	return ia
 }
 
-// unspend takes back an attempt number that was never sent.
-func (ar *activeRun) unspend(r request) {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	ar.attempts[r]--
-	ar.noteLocked(r, -1)
-}
-
-// noteLocked counts n more dispatches of r towards its item; ar.mu is held.
-func (ar *activeRun) noteLocked(r request, n int) {
-	ia := ar.items[r.key]
+// seenLocked counts a dispatch of request r recorded by an earlier life of
+// the run; ar.mu is held.
+func (ar *activeRun) seenLocked(r request, attempt uint32) {
+	ia := ar.resumed[r.key]
 	if ia == nil {
 		ia = &itemAttempts{}
-		ar.items[r.key] = ia
+		ar.resumed[r.key] = ia
 	}
-	ia.total += n
-	ia.pages = max(ia.pages, r.page+1)
+	ia.seen(r.page, attempt)
 }
 
 // finished keeps how an item ended, and its payload as its request's newest
@@ -107,25 +145,6 @@ func (ar *activeRun) result(key string) (*ItemResult, bool) {
 	defer ar.mu.Unlock()
 	res, ok := ar.results[key]
 	return res, ok
-}
-
-// forget drops what is kept of a finished item and returns its dispatches.
-func (ar *activeRun) forget(key string) int {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	return ar.forgetLocked(key)
-}
-
-func (ar *activeRun) forgetLocked(key string) int {
-	ia := ar.items[key]
-	if ia == nil {
-		return 0
-	}
-	for p := range ia.pages {
-		delete(ar.attempts, request{key: key, page: p})
-	}
-	delete(ar.items, key)
-	return ia.total
 }
 
 // launch starts the run's workers: per source, as many as its concurrency
