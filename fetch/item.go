@@ -151,10 +151,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt})
-		l.recordTransitions(rctx, ar, it.Item, p.Breaker)
-		for _, w := range p.Waits {
-			l.recordWait(rctx, ar, it.Item, pg.index, string(w.Gate), w.Planned, w.Actual)
-		}
+		l.recordAdmission(rctx, ar, it.Item, pg.index, p)
 		var shed *limiter.ShedError
 		switch {
 		case errors.As(err, &shed):
@@ -169,14 +166,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		attempt := it.attempts.next(pg.index)
-		cause := ""
-		if p.Probe {
-			cause = "probe"
-		}
-		dispatched, err := l.dispatch(rctx, ar, p, auditd.Event{
-			Type: auditd.EventDispatch, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(pg.index),
-			Attempt: attempt, Method: it.Method, Path: path, Cause: cause,
-		})
+		sent, err := l.dispatch(rctx, ar, p, it.Item, pg.index, attempt, path)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
 			continue
@@ -188,49 +178,18 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		body, res, latency, sendErr := l.send(rctx, src, it.Item, pg)
-		hint := hints.Parse(res.Header, res.ReceivedAt)
-		// The registry owns what Remaining and Reset teach (a pause of one
-		// quota interval); handing them to the limiter as well would pause
-		// until Reset on nearly every response of a source paced at its quota.
-		gateHint := hint
-		gateHint.HasRemaining, gateHint.HasReset = false, false
-		v := p.Observe(limiter.Outcome{Status: res.Status, Err: sendErr, Hint: gateHint, Attempt: int(attempt)})
-
-		base := auditd.Event{SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(pg.index), Attempt: attempt, Latency: latency}
-		var out auditd.Outcome
-		var bodyErr string
-		switch {
-		case sendErr != nil:
-			base.Type, base.Cause = auditd.EventTransportError, sendErr.Error()
-			l.post(ar, []auditd.Event{base}, nil, nil)
-		default:
-			out, bodyErr = classify(res.Status, hint.RetryAfterRaw != "", src.BodyError, body)
-			base.Status, base.Bytes = res.Status, int64(len(body))
-			if v.Class == limiter.ClassThrottled {
-				base.Type = auditd.EventThrottle
-				base.RetryAfterRaw, base.RetryAfter, base.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
-				base.Backoff, base.Wait = v.Backoff, v.Wait
-				l.recordThrottle(rctx, ar, base)
-				out = auditd.OutcomeThrottled
-			} else {
-				base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
-				l.post(ar, []auditd.Event{base}, nil, nil)
-			}
-		}
-		l.recordBreaker(rctx, ar, it.Item, v.Breaker)
-		l.learn(rctx, ar, it.SourceID, res.Status, out, dispatched.Time, hint)
-
+		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, pg.index, p, attempt, sent, body, res, latency, sendErr)
 		switch {
 		case sendErr != nil:
 			lastReason = "transport error: " + sendErr.Error()
-			retryAt = l.cfg.Clock.Now().Add(v.Wait)
+			retryAt = l.cfg.Clock.Now().Add(wait)
 		case out == auditd.OutcomeSuccess:
 			return body, pageOK, ""
 		case out == auditd.OutcomeThrottled:
 			lastReason = fmt.Sprintf("throttled (%d)", res.Status)
 		case out == auditd.OutcomeServerError:
 			lastReason = fmt.Sprintf("server error (%d)", res.Status)
-			retryAt = l.cfg.Clock.Now().Add(v.Wait)
+			retryAt = l.cfg.Clock.Now().Add(wait)
 		case out == auditd.OutcomeBodyError:
 			// Grants.gov reports transient failures ("search is temporarily
 			// unavailable") inside a 200: try again, paced by the gates,
@@ -242,6 +201,46 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 }
 
+// settle records how a dispatched request came back (its outcome event,
+// breaker transitions) and lets the gates and the registry learn from it.
+// It returns the outcome (none for a transport error), the code found in
+// the body of a body error, and the wait the gates chose before a retry.
+// It is a function of its own so that what it works with is not on the
+// worker's stack while the request is in flight.
+func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, page int, p *limiter.Permit,
+	attempt uint32, sent time.Time, body []byte, res result, latency time.Duration, sendErr error) (out auditd.Outcome, bodyErr string, wait time.Duration) {
+	hint := hints.Parse(res.Header, res.ReceivedAt)
+	// The registry owns what Remaining and Reset teach (a pause of one
+	// quota interval); handing them to the limiter as well would pause
+	// until Reset on nearly every response of a source paced at its quota.
+	gateHint := hint
+	gateHint.HasRemaining, gateHint.HasReset = false, false
+	v := p.Observe(limiter.Outcome{Status: res.Status, Err: sendErr, Hint: gateHint, Attempt: int(attempt)})
+
+	base := auditd.Event{SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt, Latency: latency}
+	switch {
+	case sendErr != nil:
+		base.Type, base.Cause = auditd.EventTransportError, sendErr.Error()
+		l.post(ar, []auditd.Event{base}, nil, nil)
+	default:
+		out, bodyErr = classify(res.Status, hint.RetryAfterRaw != "", src.BodyError, body)
+		base.Status, base.Bytes = res.Status, int64(len(body))
+		if v.Class == limiter.ClassThrottled {
+			base.Type = auditd.EventThrottle
+			base.RetryAfterRaw, base.RetryAfter, base.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
+			base.Backoff, base.Wait = v.Backoff, v.Wait
+			l.recordThrottle(ctx, ar, base)
+			out = auditd.OutcomeThrottled
+		} else {
+			base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
+			l.post(ar, []auditd.Event{base}, nil, nil)
+		}
+	}
+	l.recordBreaker(ctx, ar, it, v.Breaker)
+	l.learn(ctx, ar, it.SourceID, res.Status, out, sent, hint)
+	return out, bodyErr, v.Wait
+}
+
 // errBreakerOpened and errPausedMeanwhile mean the breaker opened, or a
 // throttle paused the source, between a request's admission and its
 // dispatch record; the request was not sent, and goes back to the gates.
@@ -250,30 +249,38 @@ var (
 	errPausedMeanwhile = errors.New("source paused before dispatch")
 )
 
-// dispatch records e, the dispatch of an admitted request, unless the
-// source's breaker opened or a throttle paused it since the admission (then
-// it releases the permit and says which). The source's send lock orders
-// dispatch records against breaker and throttle records: a dispatch is on
-// record either before a throttle or after its pause is in force.
-func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, e auditd.Event) (auditd.Event, error) {
-	mu := l.sendLock(e.SourceID)
+// dispatch records the dispatch of attempt of an item's page, admitted by
+// p, and returns its recorded time, unless the source's breaker opened or a
+// throttle paused it since the admission (then it releases the permit and
+// says which). The source's send lock orders dispatch records against
+// breaker and throttle records: a dispatch is on record either before a
+// throttle or after its pause is in force.
+func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, it *auditd.Item, page int, attempt uint32, path string) (time.Time, error) {
+	mu := l.sendLock(it.SourceID)
 	mu.Lock()
 	defer mu.Unlock()
-	if st, err := l.cfg.Limiter.State(e.SourceID); err == nil {
+	if st, err := l.cfg.Limiter.State(it.SourceID); err == nil {
 		if !p.Probe && st.Breaker != limiter.BreakerClosed {
 			p.Release()
-			return e, errBreakerOpened
+			return time.Time{}, errBreakerOpened
 		}
 		if st.PausedUntil.After(l.cfg.Clock.Now()) {
 			p.Release()
-			return e, errPausedMeanwhile
+			return time.Time{}, errPausedMeanwhile
 		}
 	}
-	got, err := l.record(ctx, ar, e)
+	cause := ""
+	if p.Probe {
+		cause = "probe"
+	}
+	got, err := l.record(ctx, ar, auditd.Event{
+		Type: auditd.EventDispatch, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page),
+		Attempt: attempt, Method: it.Method, Path: path, Cause: cause,
+	})
 	if err != nil {
 		p.Release()
 	}
-	return got, err
+	return got.Time, err
 }
 
 // recordThrottle records a throttle and pauses the source from that record
@@ -370,6 +377,16 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 // a transport error's text before it is recorded.
 func scrubError(err error, path string, secret []string) error {
 	return errors.New(strings.ReplaceAll(err.Error(), path, redactPath(path, secret)))
+}
+
+// recordAdmission records what the gates did before admitting a page's
+// request (p; empty when Acquire failed): breaker transitions, then the
+// waits.
+func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, p *limiter.Permit) {
+	l.recordTransitions(ctx, ar, it, p.Breaker)
+	for _, w := range p.Waits {
+		l.recordWait(ctx, ar, it, page, string(w.Gate), w.Planned, w.Actual)
+	}
 }
 
 func (l *Loop) recordWait(ctx context.Context, ar *activeRun, it *auditd.Item, page int, gate string, planned, actual time.Duration) {
