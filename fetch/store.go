@@ -73,6 +73,10 @@ func putRun(tx *bolt.Tx, rec *runRecord, items []auditd.Item, idemKey string) er
 		return err
 	}
 	ib, kb := tx.Bucket(bucketItems), tx.Bucket(bucketKeys)
+	// A run's keys start with its id, which sorts after earlier runs': its
+	// items are appended, so their pages are filled (bbolt's default of half
+	// full leaves room for inserts that do not come).
+	ib.FillPercent, kb.FillPercent = 1, 1
 	for i := range items {
 		v, err := json.Marshal(&items[i])
 		if err != nil {
