@@ -339,12 +339,7 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 	if err != nil {
 		return nil, fmt.Errorf("append %d events: %w", len(events), err)
 	}
-	ar.mu.Lock()
-	for i := range got {
-		ar.rec.Counts.count(&got[i])
-		ar.rec.LastSeq = max(ar.rec.LastSeq, got[i].Seq)
-	}
-	ar.mu.Unlock()
+	ar.count(got)
 	return got, nil
 }
 
@@ -355,9 +350,9 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // them; a run's run.finished therefore waits for all of them. Once they are
 // durable they are counted and then, if not nil, is called with them, on
 // the ledger's commit goroutine (it must be quick, must not record and must
-// not keep the events: the ledger reuses them). A
-// failure is logged, as mustRecord logs it: the record describes something
-// that happened, and the reconciliation will show the gap.
+// not keep the events: the ledger reuses them). A failure is logged, as
+// mustRecord logs it: the record describes something that happened, and
+// the reconciliation will show the gap.
 func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, then func([]auditd.Event)) {
 	// Post copies the events, but they would escape to the heap through
 	// the interface call all the same (an event is some 500 bytes, and a
@@ -379,12 +374,7 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, the
 			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
 			return
 		}
-		ar.mu.Lock()
-		for i := range got {
-			ar.rec.Counts.count(&got[i])
-			ar.rec.LastSeq = max(ar.rec.LastSeq, got[i].Seq)
-		}
-		ar.mu.Unlock()
+		ar.count(got)
 		if then != nil {
 			then(got)
 		}
@@ -452,10 +442,7 @@ func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (audit
 	if err != nil {
 		return got, fmt.Errorf("append %s: %w", e.Type, err)
 	}
-	ar.mu.Lock()
-	ar.rec.Counts.count(&got)
-	ar.rec.LastSeq = max(ar.rec.LastSeq, got.Seq)
-	ar.mu.Unlock()
+	ar.count([]auditd.Event{got})
 	return got, nil
 }
 

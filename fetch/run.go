@@ -66,12 +66,10 @@ func (ia *itemAttempts) spent(page int) int {
 
 // next numbers the next dispatch of a page, without gaps.
 func (ia *itemAttempts) next(page int) uint32 {
-	for len(ia.pages) <= page {
-		ia.pages = append(ia.pages, 0)
-	}
-	ia.pages[page]++
+	n := ia.at(page)
+	*n++
 	ia.total++
-	return ia.pages[page]
+	return *n
 }
 
 // unspend takes back an attempt number that was never sent.
@@ -82,11 +80,17 @@ func (ia *itemAttempts) unspend(page int) {
 
 // seen counts a dispatch recorded by an earlier life of the run.
 func (ia *itemAttempts) seen(page int, attempt uint32) {
+	n := ia.at(page)
+	*n = max(*n, attempt)
+	ia.total++
+}
+
+// at is a page's last attempt number, the pages before it counted too.
+func (ia *itemAttempts) at(page int) *uint32 {
 	for len(ia.pages) <= page {
 		ia.pages = append(ia.pages, 0)
 	}
-	ia.pages[page] = max(ia.pages[page], attempt)
-	ia.total++
+	return &ia.pages[page]
 }
 
 // request identifies one request of a run: an item's page.
@@ -98,6 +102,18 @@ type request struct {
 func newActiveRun(rec *runRecord) *activeRun {
 	return &activeRun{rec: *rec, ended: make(chan struct{}), resumed: map[string]*itemAttempts{},
 		results: make(map[string]*ItemResult, rec.ItemCount), lastGood: make(map[string]goodCopy, rec.ItemCount)}
+}
+
+// count counts events the run recorded, once they are durable. Records
+// posted by different workers become durable in an order of their own, so
+// LastSeq is the largest seen.
+func (ar *activeRun) count(events []auditd.Event) {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	for i := range events {
+		ar.rec.Counts.count(&events[i])
+		ar.rec.LastSeq = max(ar.rec.LastSeq, events[i].Seq)
+	}
 }
 
 // takeAttempts hands the worker taking item key up what earlier lives of
