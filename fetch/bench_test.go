@@ -95,9 +95,10 @@ const (
 //     faults/req-http-wide is the median calibration's.
 //   - conns/run: TCP connections the upstream accepted during a run. All
 //     1,000 sources share one listener here, where in production each is a
-//     host of its own with its own idle pool; the client therefore keeps
-//     as many idle connections to it as requests can be in flight (4 per
-//     source), so the run measures the loop, not TCP handshakes.
+//     host of its own with its own pool; the client therefore keeps, and
+//     opens at most, as many connections to it as requests can be in
+//     flight (4 per source), as production's per-host pools add up to, so
+//     the run measures the loop, not TCP handshakes.
 //   - MB-heap-after: heap in use after the run and a forced GC, with the
 //     loop, ledger and bbolt file still open: what a finished run leaves.
 //   - MB-live-peak: the largest live heap a GC found during the run.
@@ -114,7 +115,7 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	}
 	up := newBenchUpstream(b)
 	opts := fetch.DefaultClientOptions()
-	opts.MaxIdlePerHost = benchSources * 4
+	opts.MaxIdlePerHost, opts.MaxConnsPerHost = benchSources*4, benchSources*4
 	client := fetch.NewClient(opts)
 	b.Cleanup(client.CloseIdleConnections)
 	httpCPU, _ := up.calibrate(b, client, benchRequests, 64)

@@ -13,7 +13,10 @@ type ClientOptions struct {
 	HeaderTimeout  time.Duration // from sending to the response headers
 	RequestTimeout time.Duration // the whole exchange, body included
 	MaxIdlePerHost int
-	MaxRedirects   int
+	// MaxConnsPerHost caps the connections to one host, idle or in use;
+	// 0 means no cap. A request that finds none free waits for one.
+	MaxConnsPerHost int
+	MaxRedirects    int
 }
 
 // DefaultClientOptions are the bounds a production loop uses.
@@ -23,7 +26,13 @@ func DefaultClientOptions() ClientOptions {
 		HeaderTimeout:  30 * time.Second,
 		RequestTimeout: 2 * time.Minute,
 		MaxIdlePerHost: 64,
-		MaxRedirects:   5,
+		// As many as the pool keeps. A connection beyond that would be
+		// closed after one exchange, and dispatches come in bursts (a
+		// commit group makes hundreds durable at once): uncapped, a burst
+		// dials for every request that finds no idle connection at that
+		// instant, even when one comes free a moment later.
+		MaxConnsPerHost: 64,
+		MaxRedirects:    5,
 	}
 }
 
@@ -40,6 +49,7 @@ func NewClient(o ClientOptions) *http.Client {
 		TLSHandshakeTimeout:   o.ConnectTimeout,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		MaxIdleConnsPerHost:   o.MaxIdlePerHost,
+		MaxConnsPerHost:       o.MaxConnsPerHost,
 		MaxIdleConns:          16 * o.MaxIdlePerHost,
 		IdleConnTimeout:       90 * time.Second,
 	}
