@@ -269,18 +269,19 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, i
 			return time.Time{}, errPausedMeanwhile
 		}
 	}
-	cause := ""
+	buf := eventBuffers.Get().(*[2]auditd.Event)
+	defer putEventBuffer(buf)
+	e := &buf[0] // filled in place: see recordTo
+	e.Type, e.SourceID, e.ItemKey, e.Page = auditd.EventDispatch, it.SourceID, it.Key, uint32(page)
+	e.Attempt, e.Method, e.Path = attempt, it.Method, path
 	if p.Probe {
-		cause = "probe"
+		e.Cause = "probe"
 	}
-	got, err := l.record(ctx, ar, auditd.Event{
-		Type: auditd.EventDispatch, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page),
-		Attempt: attempt, Method: it.Method, Path: path, Cause: cause,
-	})
-	if err != nil {
+	if err := l.recordTo(ctx, ar, e); err != nil {
 		p.Release()
+		return time.Time{}, err
 	}
-	return got.Time, err
+	return e.Time, nil
 }
 
 // recordThrottle records a throttle and pauses the source from that record

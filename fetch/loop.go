@@ -36,11 +36,12 @@ const (
 type Ledger interface {
 	auditd.Appender
 	auditd.EventReader
-	// AppendBatch appends events in order, all durable together or none.
-	AppendBatch(ctx context.Context, events []auditd.Event) ([]auditd.Event, error)
-	// AppendWith is AppendBatch that also stores puts in the same
-	// transaction: an item's result lands with its item.finished.
+	// AppendWith appends events in order, all durable together or none,
+	// with puts in the same transaction (a payload lands with its
+	// payload.staged). It takes events over.
 	AppendWith(ctx context.Context, events []auditd.Event, puts []ledger.Put) ([]auditd.Event, error)
+	// AppendTo is Append in place: e becomes the event as stored.
+	AppendTo(ctx context.Context, e *auditd.Event) error
 	// Post is AppendWith without the wait: then learns the outcome.
 	Post(events []auditd.Event, puts []ledger.Put, then func([]auditd.Event, error)) error
 	Head() (seq uint64, hash [32]byte)
@@ -323,24 +324,20 @@ func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) er
 	return l.saveRun(ar)
 }
 
-// recordBatch appends events for run ar as one commit group, with puts
-// in the same transaction, and counts them. It returns once all are durable.
-func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event, puts ...ledger.Put) ([]auditd.Event, error) {
+// recordBatch appends events for run ar as one commit group and counts
+// them. It returns once all are durable, and takes events over (as
+// ledger.AppendWith does): the caller may reuse the slice only after a nil
+// error.
+func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event) error {
 	for i := range events {
 		events[i].RunID = ar.rec.ID
 	}
-	var got []auditd.Event
-	var err error
-	if len(puts) > 0 {
-		got, err = l.cfg.Ledger.AppendWith(ctx, events, puts)
-	} else {
-		got, err = l.cfg.Ledger.AppendBatch(ctx, events)
-	}
+	got, err := l.cfg.Ledger.AppendWith(ctx, events, nil)
 	if err != nil {
-		return nil, fmt.Errorf("append %d events: %w", len(events), err)
+		return fmt.Errorf("append %d events: %w", len(events), err)
 	}
 	ar.count(got)
-	return got, nil
+	return nil
 }
 
 // post records events for run ar, with puts in the same transaction,
@@ -357,11 +354,8 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, the
 	// Post copies the events, but they would escape to the heap through
 	// the interface call all the same (an event is some 500 bytes, and a
 	// request posts two or three): they go through a pooled buffer instead.
-	buf := postBuffers.Get().(*[2]auditd.Event)
-	defer func() {
-		clear(buf[:])
-		postBuffers.Put(buf)
-	}()
+	buf := eventBuffers.Get().(*[2]auditd.Event)
+	defer putEventBuffer(buf)
 	evs := append(buf[:0], events...)
 	for i := range evs {
 		evs[i].RunID = ar.rec.ID
@@ -385,14 +379,20 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, the
 	}
 }
 
-// postBuffers hold the events of one post while the ledger copies them.
-var postBuffers = sync.Pool{New: func() any { return new([2]auditd.Event) }}
+// eventBuffers hold the events of one post or record while the ledger
+// copies them.
+var eventBuffers = sync.Pool{New: func() any { return new([2]auditd.Event) }}
+
+func putEventBuffer(buf *[2]auditd.Event) {
+	clear(buf[:])
+	eventBuffers.Put(buf)
+}
 
 // queueItems records item.queued for items, a commit group at a time.
 func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Item) error {
 	batch := make([]auditd.Event, 0, min(len(items), queueBatch))
 	flush := func() error {
-		if _, err := l.recordBatch(ctx, ar, batch); err != nil {
+		if err := l.recordBatch(ctx, ar, batch); err != nil {
 			return err
 		}
 		batch = batch[:0]
@@ -437,13 +437,26 @@ func sourcesOf(items []auditd.Item) []string {
 
 // record appends e for run ar and counts it. It returns once e is durable.
 func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (auditd.Event, error) {
+	buf := eventBuffers.Get().(*[2]auditd.Event)
+	defer putEventBuffer(buf)
+	buf[0] = e
+	err := l.recordTo(ctx, ar, &buf[0])
+	return buf[0], err
+}
+
+// recordTo is record in place: e, which must not be on the caller's stack
+// (it would escape to the heap; take it from eventBuffers), becomes the
+// event as stored. A worker records each dispatch with it, so that while
+// it waits for the commit its stack holds no copy of the event: with them,
+// the wait took over 9 KB of stack, which a worker then grew to 16 KB
+// after every GC had shrunk it.
+func (l *Loop) recordTo(ctx context.Context, ar *activeRun, e *auditd.Event) error {
 	e.RunID = ar.rec.ID
-	got, err := l.cfg.Ledger.Append(ctx, e)
-	if err != nil {
-		return got, fmt.Errorf("append %s: %w", e.Type, err)
+	if err := l.cfg.Ledger.AppendTo(ctx, e); err != nil {
+		return fmt.Errorf("append %s: %w", e.Type, err)
 	}
-	ar.count([]auditd.Event{got})
-	return got, nil
+	ar.countOne(e)
+	return nil
 }
 
 func (l *Loop) saveRun(ar *activeRun) error {

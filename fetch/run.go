@@ -111,9 +111,19 @@ func (ar *activeRun) count(events []auditd.Event) {
 	ar.mu.Lock()
 	defer ar.mu.Unlock()
 	for i := range events {
-		ar.rec.Counts.count(&events[i])
-		ar.rec.LastSeq = max(ar.rec.LastSeq, events[i].Seq)
+		ar.countLocked(&events[i])
 	}
+}
+
+func (ar *activeRun) countOne(e *auditd.Event) {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	ar.countLocked(e)
+}
+
+func (ar *activeRun) countLocked(e *auditd.Event) {
+	ar.rec.Counts.count(e)
+	ar.rec.LastSeq = max(ar.rec.LastSeq, e.Seq)
 }
 
 // takeAttempts hands the worker taking item key up what earlier lives of

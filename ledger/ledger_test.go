@@ -529,3 +529,42 @@ func TestReaderOnReadOnlyFile(t *testing.T) {
 	}
 	mustVerify(t, ro, key, nil)
 }
+
+// TestAppendToFillsInPlace: AppendTo leaves in *e what Append would return
+// (the event as stored, read back the same), the first event for a
+// repeated idempotency key, and *e untouched when it refuses the event.
+func TestAppendToFillsInPlace(t *testing.T) {
+	ctx := context.Background()
+	l := MustOpen(t, MustOpenDB(t), ledger.Options{})
+	if _, err := l.Append(ctx, sampleEvent("r", 1)); err != nil {
+		t.Fatal(err)
+	}
+	e := fullEvent()
+	if err := l.AppendTo(ctx, &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Seq != 2 || e.Time.IsZero() || e.Hash == ([32]byte{}) || e.PrevHash == ([32]byte{}) {
+		t.Fatalf("AppendTo left seq %d, time %v, hash %x, prev %x: not filled in", e.Seq, e.Time, e.Hash, e.PrevHash)
+	}
+	stored, err := l.Event(2)
+	if err != nil || !reflect.DeepEqual(stored, e) {
+		t.Fatalf("stored event 2 = %+v, %v\nAppendTo left %+v", stored, err, e)
+	}
+
+	again := fullEvent() // the same idempotency key
+	again.Path = "/different"
+	if err := l.AppendTo(ctx, &again); err != nil || !reflect.DeepEqual(again, e) {
+		t.Fatalf("AppendTo with a repeated key left %+v, %v; want the first event", again, err)
+	}
+
+	bad := auditd.Event{RunID: "no-type"}
+	if err := l.AppendTo(ctx, &bad); auditd.ErrorCode(err) != auditd.EINVALID {
+		t.Fatalf("AppendTo without a type: %v, want code %s", err, auditd.EINVALID)
+	}
+	if !reflect.DeepEqual(bad, auditd.Event{RunID: "no-type"}) {
+		t.Fatalf("a refused event was changed: %+v", bad)
+	}
+	if seq, _ := l.Head(); seq != 2 {
+		t.Fatalf("head %d, want 2", seq)
+	}
+}
