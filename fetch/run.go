@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -295,9 +294,17 @@ func (l *Loop) storeEnd(ar *activeRun, fin *auditd.Event) error {
 	for _, res := range ar.results {
 		results = append(results, res)
 	}
-	copies := maps.Clone(ar.lastGood)
+	type keyedCopy struct {
+		key string
+		goodCopy
+	}
+	copies := make([]keyedCopy, 0, len(ar.lastGood))
+	for k, c := range ar.lastGood {
+		copies = append(copies, keyedCopy{k, c})
+	}
 	ar.mu.Unlock()
 	slices.SortFunc(results, func(a, b *ItemResult) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(copies, func(a, b keyedCopy) int { return strings.Compare(a.key, b.key) })
 
 	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketResults)
@@ -311,8 +318,8 @@ func (l *Loop) storeEnd(ar *activeRun, fin *auditd.Event) error {
 				return err
 			}
 		}
-		for _, k := range slices.Sorted(maps.Keys(copies)) {
-			if err := l.cfg.Staging.PutLastGood(tx, k, copies[k].sum, copies[k].at); err != nil {
+		for _, c := range copies {
+			if err := l.cfg.Staging.PutLastGood(tx, c.key, c.sum, c.at); err != nil {
 				return err
 			}
 		}

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -215,11 +214,14 @@ func (p Payload) Record() (rec Record, ok bool) {
 // run ends; Open compacts what a crash left.
 func (s *Store) Compact() (int, error) {
 	type spooled struct {
-		sum string
+		sum [sha256.Size]byte
 		key uint64
-		val []byte
+		val []byte // in the spool's pages: valid until the transaction ends
 	}
-	var moved []spooled
+	var (
+		moved []spooled
+		keys  []byte // the payloads' keys, hex, one after another
+	)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		moved = moved[:0]
 		c := tx.Bucket(bucketSpool).Cursor()
@@ -227,19 +229,26 @@ func (s *Store) Compact() (int, error) {
 			if len(k) != 8 || len(v) < sha256.Size {
 				return fmt.Errorf("spool entry %x is malformed", k)
 			}
-			moved = append(moved, spooled{hex.EncodeToString(v[:sha256.Size]), binary.BigEndian.Uint64(k), bytes.Clone(v[sha256.Size:])})
+			moved = append(moved, spooled{[sha256.Size]byte(v), binary.BigEndian.Uint64(k), v[sha256.Size:]})
 		}
 		if len(moved) == 0 {
 			return nil
 		}
-		slices.SortFunc(moved, func(a, b spooled) int { return strings.Compare(a.sum, b.sum) })
+		// Hex keeps the order of the bytes it encodes.
+		slices.SortFunc(moved, func(a, b spooled) int { return bytes.Compare(a.sum[:], b.sum[:]) })
+		// The keys, hex, cut from one buffer: bbolt keeps them until the
+		// transaction ends.
+		keys = make([]byte, 0, len(moved)*hex.EncodedLen(sha256.Size))
 		payloads := tx.Bucket(bucketInline)
 		for _, p := range moved {
-			if err := payloads.Put([]byte(p.sum), p.val); err != nil {
+			start := len(keys)
+			keys = hex.AppendEncode(keys, p.sum[:])
+			if err := payloads.Put(keys[start:], p.val); err != nil {
 				return err
 			}
 		}
-		// Emptied at once: deleting the bucket frees its pages whole.
+		// Emptied at once: deleting the bucket frees its pages whole. The
+		// values put above stay readable until the transaction ends.
 		if err := tx.DeleteBucket(bucketSpool); err != nil {
 			return err
 		}
@@ -250,9 +259,10 @@ func (s *Store) Compact() (int, error) {
 		return 0, fmt.Errorf("compact staged payloads: %w", err)
 	}
 	s.mu.Lock()
-	for _, p := range moved {
-		if s.pending[p.sum] == p.key {
-			delete(s.pending, p.sum)
+	const n = 2 * sha256.Size
+	for i, p := range moved {
+		if sum := keys[i*n : (i+1)*n]; s.pending[string(sum)] == p.key {
+			delete(s.pending, string(sum))
 		}
 	}
 	s.mu.Unlock()
@@ -371,20 +381,29 @@ func (s *Store) SetLastGood(requestKey, sum string, at time.Time) error {
 // that ends after a later one does not put back its older copies.
 func (s *Store) PutLastGood(tx *bolt.Tx, requestKey, sum string, at time.Time) error {
 	b := tx.Bucket(bucketLastGood)
-	if _, was, ok := decodeLastGood(b.Get([]byte(requestKey))); ok && was.After(at) {
+	key := []byte(requestKey)
+	if was, ok := lastGoodAt(b.Get(key)); ok && was.After(at) {
 		return nil
 	}
 	v := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(sum)), uint64(at.UnixNano()))
-	return b.Put([]byte(requestKey), append(v, sum...))
+	return b.Put(key, append(v, sum...))
 }
 
 // decodeLastGood reads a last-good entry: the time its payload was fetched
 // (8 bytes, Unix nanoseconds, big-endian), then the payload's hash.
 func decodeLastGood(v []byte) (sum string, at time.Time, ok bool) {
-	if len(v) <= 8 {
+	if at, ok = lastGoodAt(v); !ok {
 		return "", time.Time{}, false
 	}
-	return string(v[8:]), time.Unix(0, int64(binary.BigEndian.Uint64(v))), true
+	return string(v[8:]), at, true
+}
+
+// lastGoodAt reads only the time of a last-good entry.
+func lastGoodAt(v []byte) (time.Time, bool) {
+	if len(v) <= 8 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), true
 }
 
 // LastGood returns the last good payload of a request, if there is one.
