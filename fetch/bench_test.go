@@ -133,7 +133,6 @@ func BenchmarkLoop1000x20(b *testing.B) {
 		wide := fetch.NewClient(opts)
 		cpu, faults := up.calibrate(b, wide, benchRequests, benchSources*4)
 		wide.CloseIdleConnections()
-		b.Logf("wide calibration: %v per request, %d page faults", cpu, faults)
 		wideTries = append(wideTries, try{cpu, faults})
 	}
 	slices.SortFunc(wideTries, func(a, b try) int { return cmp.Compare(a.cpu, b.cpu) })
@@ -145,7 +144,7 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		bl := openBenchLoop(b, up.srv.URL, client)
-		coldStart()
+		b.Logf("run %d from a heap of %d MB", i, coldStart()>>20)
 		stopProfile := startLoopProfile(b, i)
 		b.StartTimer()
 		res := bl.run(b, up)
@@ -249,7 +248,7 @@ func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc in
 	tb.Helper()
 	var next atomic.Int64
 	var failed atomic.Value
-	coldStart()
+	heap := coldStart()
 	faults := minorFaults(tb)
 	before := cpuTime(tb)
 	var wg sync.WaitGroup
@@ -281,7 +280,9 @@ func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc in
 	if err, _ := failed.Load().(error); err != nil {
 		tb.Fatalf("calibration request: %v", err)
 	}
-	return (cpuTime(tb) - before) / time.Duration(n), minorFaults(tb) - faults
+	cpu, faulted := (cpuTime(tb)-before)/time.Duration(n), minorFaults(tb)-faults
+	tb.Logf("calibration %d wide: %v per request, %d page faults, from a heap of %d MB", conc, cpu, faulted, heap>>20)
+	return cpu, faulted
 }
 
 // coldStart collects the heap and returns its free memory to the system,
@@ -290,7 +291,17 @@ func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc in
 // runtime's memory still mapped and takes almost no page faults, while one
 // that follows a small one (the run follows its setup) faults its heap in
 // again: 55,000 faults (about 10 us per request) against a calibration's 28.
-func coldStart() { debug.FreeOSMemory() }
+// It collects twice: what sync.Pools hold survives one collection, and
+// after a wide calibration that is some 60 MB of the closed connections'
+// buffers, which the next phase would reuse instead of allocating. It
+// returns the live heap after.
+func coldStart() (live uint64) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(sample)
+	return sample[0].Value.Uint64()
+}
 
 // benchLoop is a loop on the production parts in a fresh data directory,
 // with benchSources sources registered, all pointing at one upstream.
