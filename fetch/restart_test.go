@@ -1,8 +1,10 @@
 package fetch_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -110,9 +112,19 @@ func TestRestartAfterRunFinishedStoresItsEnd(t *testing.T) {
 		if err := runs.Put([]byte(v.ID), b); err != nil {
 			return err
 		}
-		res := tx.Bucket([]byte("fetch.results"))
-		for key := range want {
-			if err := res.Delete(append(append([]byte(v.ID), 0), key...)); err != nil {
+		// The run's results, in chunks keyed by the run id, 0, a key.
+		res := tx.Bucket([]byte("fetch.resultchunks"))
+		prefix := append([]byte(v.ID), 0)
+		var chunks [][]byte
+		c := res.Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			chunks = append(chunks, bytes.Clone(k))
+		}
+		if len(chunks) == 0 {
+			return fmt.Errorf("run %s stored no results", v.ID)
+		}
+		for _, k := range chunks {
+			if err := res.Delete(k); err != nil {
 				return err
 			}
 		}

@@ -28,7 +28,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 		if rec, err = loadRun(tx, id); err != nil {
 			return err
 		}
-		return forEachItem(tx, id, func(_ uint32, it *auditd.Item) error {
+		return forEachItem(tx, id, func(it *auditd.Item) error {
 			items = append(items, *it)
 			return nil
 		})

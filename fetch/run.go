@@ -3,7 +3,6 @@ package fetch
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -307,16 +306,8 @@ func (l *Loop) storeEnd(ar *activeRun, fin *auditd.Event) error {
 	slices.SortFunc(copies, func(a, b keyedCopy) int { return strings.Compare(a.key, b.key) })
 
 	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketResults)
-		b.FillPercent = 1 // appended in key order, never inserted into
-		for _, res := range results {
-			v, err := json.Marshal(res)
-			if err != nil {
-				return fmt.Errorf("encode result %s: %w", res.Key, err)
-			}
-			if err := b.Put(namedKey(rec.ID, res.Key), v); err != nil {
-				return err
-			}
+		if err := putResults(tx, rec.ID, results); err != nil {
+			return err
 		}
 		for _, c := range copies {
 			if err := l.cfg.Staging.PutLastGood(tx, c.key, c.sum, c.at); err != nil {

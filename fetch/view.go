@@ -162,7 +162,8 @@ func (l *Loop) Items(runID, after string, limit int) (items []ItemView, next str
 		}
 		skipping := after != ""
 		errStop := fmt.Errorf("stop")
-		err := forEachItem(tx, runID, func(_ uint32, it *auditd.Item) error {
+		results := &resultReader{tx: tx, runID: runID}
+		err := forEachItem(tx, runID, func(it *auditd.Item) error {
 			if skipping {
 				skipping = it.Key != after
 				return nil
@@ -171,7 +172,7 @@ func (l *Loop) Items(runID, after string, limit int) (items []ItemView, next str
 				next = items[len(items)-1].Key
 				return errStop
 			}
-			res, err := l.itemResult(tx, ar, runID, it.Key)
+			res, err := itemResult(ar, results, it.Key)
 			if err != nil {
 				return err
 			}
@@ -198,7 +199,7 @@ func (l *Loop) Item(runID, key string) (ItemView, error) {
 		if err != nil {
 			return err
 		}
-		res, err := l.itemResult(tx, ar, runID, key)
+		res, err := itemResult(ar, &resultReader{tx: tx, runID: runID}, key)
 		v = ItemView{Item: *it, Result: res}
 		return err
 	})
@@ -228,16 +229,16 @@ func (l *Loop) activeRun(id string) *activeRun {
 
 // itemResult returns how an item ended (nil while it is pending): kept
 // with its run while the run is active (ar), stored once the run has ended.
-// A run that ends between the caller's look at the active set and tx has
-// its results in tx.
-func (l *Loop) itemResult(tx *bolt.Tx, ar *activeRun, runID, key string) (*ItemResult, error) {
+// A run that ends between the caller's look at the active set and the
+// stored results' transaction has its results there.
+func itemResult(ar *activeRun, stored *resultReader, key string) (*ItemResult, error) {
 	if ar != nil {
 		if res, ok := ar.result(key); ok {
 			c := *res
 			return &c, nil
 		}
 	}
-	res, _, err := loadResult(tx, runID, key)
+	res, _, err := stored.result(key)
 	return res, err
 }
 
