@@ -44,12 +44,18 @@ var errMalformed = errors.New("malformed record")
 func putItems(tx *bolt.Tx, runID string, items []auditd.Item) error {
 	ib, kb := tx.Bucket(bucketItemChunks), tx.Bucket(bucketKeyChunks)
 	ib.FillPercent, kb.FillPercent = 1, 1
+	size := 0
+	for i := range items {
+		it := &items[i]
+		size += 2*len(it.Key) + len(it.SourceID) + len(it.Method) + len(it.Path) + len(it.Body) + len(it.Paging) + 9*maxLenLen
+	}
+	cb := chunkBuf{buf: make([]byte, 0, size+len(items)/chunkLen+2)}
 	for n, start := uint32(0), 0; start < len(items); n, start = n+1, start+chunkLen {
-		v := []byte{chunkVersion}
+		cb.start()
 		for i := range items[start:min(start+chunkLen, len(items))] {
-			v = appendItem(v, &items[start+i])
+			cb.buf = appendItem(cb.buf, &items[start+i])
 		}
-		if err := ib.Put(itemKey(runID, n), v); err != nil {
+		if err := ib.Put(itemKey(runID, n), cb.chunk()); err != nil {
 			return fmt.Errorf("store items of run %s: %w", runID, err)
 		}
 	}
@@ -60,28 +66,55 @@ func putItems(tx *bolt.Tx, runID string, items []auditd.Item) error {
 	slices.SortFunc(order, func(a, b uint32) int { return strings.Compare(items[a].Key, items[b].Key) })
 	for start := 0; start < len(order); start += chunkLen {
 		chunk := order[start:min(start+chunkLen, len(order))]
-		v := []byte{chunkVersion}
+		cb.start()
 		for _, i := range chunk {
-			v = binary.AppendUvarint(appendString(v, items[i].Key), uint64(i))
+			cb.buf = binary.AppendUvarint(appendString(cb.buf, items[i].Key), uint64(i))
 		}
-		if err := kb.Put(namedKey(runID, items[chunk[0]].Key), v); err != nil {
+		if err := kb.Put(namedKey(runID, items[chunk[0]].Key), cb.chunk()); err != nil {
 			return fmt.Errorf("index items of run %s: %w", runID, err)
 		}
 	}
 	return nil
 }
 
+// maxLenLen is the most bytes a length or a small number takes encoded:
+// enough for a size estimate (a string's length under 2 MiB takes 3).
+const maxLenLen = 3
+
+// chunkBuf is where a transaction's chunks are encoded, one after another.
+// bbolt keeps a put's value until the transaction ends, so a chunk is cut
+// from the buffer, not copied, and a buffer sized for all of them is one
+// allocation. Should it grow, the chunks already cut keep the old array.
+type chunkBuf struct {
+	buf  []byte
+	from int // where the chunk being encoded starts
+}
+
+// start begins a chunk.
+func (cb *chunkBuf) start() {
+	cb.from = len(cb.buf)
+	cb.buf = append(cb.buf, chunkVersion)
+}
+
+// chunk returns the chunk begun last.
+func (cb *chunkBuf) chunk() []byte { return cb.buf[cb.from:len(cb.buf):len(cb.buf)] }
+
 // putResults stores a run's results, which must be in key order.
 func putResults(tx *bolt.Tx, runID string, results []*ItemResult) error {
 	b := tx.Bucket(bucketResultChunks)
 	b.FillPercent = 1 // appended, as putItems's chunks are
+	size := 0
+	for _, res := range results {
+		size += len(res.Key) + len(res.Outcome) + len(res.Reason) + len(res.PayloadHash) + 4*maxLenLen + 5*binary.MaxVarintLen64 + 1
+	}
+	cb := chunkBuf{buf: make([]byte, 0, size+len(results)/chunkLen+1)}
 	for start := 0; start < len(results); start += chunkLen {
 		chunk := results[start:min(start+chunkLen, len(results))]
-		v := []byte{chunkVersion}
+		cb.start()
 		for _, res := range chunk {
-			v = appendResult(v, res)
+			cb.buf = appendResult(cb.buf, res)
 		}
-		if err := b.Put(namedKey(runID, chunk[0].Key), v); err != nil {
+		if err := b.Put(namedKey(runID, chunk[0].Key), cb.chunk()); err != nil {
 			return fmt.Errorf("store results of run %s: %w", runID, err)
 		}
 	}

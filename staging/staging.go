@@ -218,10 +218,10 @@ func (s *Store) Compact() (int, error) {
 		key uint64
 		val []byte // in the spool's pages: valid until the transaction ends
 	}
-	var (
-		moved []spooled
-		keys  []byte // the payloads' keys, hex, one after another
-	)
+	s.mu.Lock()
+	moved := make([]spooled, 0, len(s.pending)) // what the spool holds, unless a crash left more
+	s.mu.Unlock()
+	var keys []byte // the payloads' keys, hex, one after another
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		moved = moved[:0]
 		c := tx.Bucket(bucketSpool).Cursor()
