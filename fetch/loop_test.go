@@ -533,3 +533,60 @@ func TestWaitReturnsOnceRunEnds(t *testing.T) {
 		t.Fatalf("wait on an unknown run: %v, want ENOTFOUND", err)
 	}
 }
+
+// TestLearnedLimitFollowsItsResponse: a worker holds a success's response
+// to post it with its item's end, but a registry.changed that response
+// teaches is recorded after it all the same (EVENTS.md: it "follows the
+// outcome that taught it"); and a single-page item's response,
+// payload.staged and item.finished are consecutive records of one commit.
+func TestLearnedLimitFollowsItsResponse(t *testing.T) {
+	h := newHarness(t, `
+name: advertised
+seed: 1
+upstreams:
+  - name: adv
+    path: /api
+    limit: {shape: fixed_window, requests: 7, window: 1s}
+    reject: {status: 429, retry_after: delta, advertise: x_ratelimit}
+`)
+	h.source(t, auditd.Source{ID: "adv", Limit: 2, Window: auditd.Duration(time.Second), Concurrency: 1}, "adv")
+	items := []auditd.Item{{Key: "a", SourceID: "adv", Path: "/api?q=a"}, {Key: "b", SourceID: "adv", Path: "/api?q=b"}}
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "adv", Items: items, Principal: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.finish(t, v.ID)
+	if v.Status != auditd.RunSucceeded {
+		t.Fatalf("run ended %s", v.Status)
+	}
+	events := h.events(t, v.ID)
+
+	var firstResponse, firstChange uint64
+	for _, e := range events {
+		switch {
+		case e.Type == auditd.EventResponse && firstResponse == 0:
+			firstResponse = e.Seq
+		case e.Type == auditd.EventRegistryChanged && firstChange == 0:
+			firstChange = e.Seq
+			if e.Cause != "header" || e.NewLimit != 7 {
+				t.Errorf("the first registry change is %+v, want the advertised 7 per second", e)
+			}
+		}
+	}
+	if firstChange == 0 || firstResponse == 0 || firstChange < firstResponse {
+		t.Fatalf("first response at %d, first registry.changed at %d: the change must follow the response that taught it", firstResponse, firstChange)
+	}
+	if n := count(events, auditd.EventRegistryChanged, ""); n != 1 {
+		t.Errorf("%d registry changes; want only the first response's lesson", n)
+	}
+
+	for i, e := range events {
+		if e.Type != auditd.EventItemFinished || e.ItemKey == "a" {
+			continue // a's response taught the limit, and was recorded before the change
+		}
+		if i < 2 || events[i-1].Type != auditd.EventPayloadStaged || events[i-2].Type != auditd.EventResponse ||
+			events[i-2].ItemKey != e.ItemKey || events[i-1].Seq+1 != e.Seq || events[i-2].Seq+2 != e.Seq || !events[i-2].Time.Equal(e.Time) {
+			t.Errorf("item %s: item.finished at %d is not right after its response and payload.staged, in one commit", e.ItemKey, e.Seq)
+		}
+	}
+}
