@@ -4,6 +4,7 @@ package fetch_test
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"flag"
@@ -138,12 +139,52 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	slices.SortFunc(wideTries, func(a, b try) int { return cmp.Compare(a.cpu, b.cpu) })
 	httpWideCPU, httpWideFaults := wideTries[1].cpu, wideTries[1].faults
 
+	sum := runBenchLoops(b, up.srv.URL, client, &up.benchCounts)
+	n := float64(sum.dispatches)
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / n }
+	b.ReportMetric(us(sum.wall), "us/req-wall")
+	b.ReportMetric(n/sum.wall.Seconds(), "req/s")
+	b.ReportMetric(us(sum.cpu), "us/req-overhead")
+	b.ReportMetric(float64(httpCPU)/float64(time.Microsecond), "us/req-http")
+	b.ReportMetric(us(sum.cpu)-float64(httpCPU)/float64(time.Microsecond), "us/req-loop")
+	b.ReportMetric(float64(httpWideCPU)/float64(time.Microsecond), "us/req-http-wide")
+	b.ReportMetric(us(sum.cpu)-float64(httpWideCPU)/float64(time.Microsecond), "us/req-loop-wide")
+	b.ReportMetric(us(sum.rtt), "us/req-rtt")
+	b.ReportMetric(us(sum.upstream), "us/req-upstream")
+	b.ReportMetric(float64(httpWideFaults)/benchRequests, "faults/req-http-wide")
+	b.ReportMetric(float64(sum.conns)/float64(sum.runs), "conns/run")
+	sum.report(b)
+}
+
+// BenchmarkLoopInMemory is BenchmarkLoop1000x20 with the upstream inside
+// the client: a RoundTripper that answers every request at once with the
+// same body, no connection, no server. The process's CPU per request is
+// then the loop's own (us/req-loop-direct), plus http.Client's small share
+// (its request copy and timer) and the answer's construction, measured
+// directly rather than as a difference of two noisy figures: a quick,
+// steadier check of a change to the loop, not the issue's figure (which
+// wants a real upstream).
+func BenchmarkLoopInMemory(b *testing.B) {
+	if testing.Short() {
+		b.Skip("a 20,000-request run on an fsync'ing file; not in -short")
+	}
+	mem := &memUpstream{}
+	client := &http.Client{Transport: mem}
+	sum := runBenchLoops(b, "http://upstream.invalid", client, &mem.benchCounts)
+	n := float64(sum.dispatches)
+	b.ReportMetric(float64(sum.cpu)/float64(time.Microsecond)/n, "us/req-loop-direct")
+	b.ReportMetric(n/sum.wall.Seconds(), "req/s")
+	sum.report(b)
+}
+
+// runBenchLoops does b.N runs, each on a fresh loop, and adds them up.
+func runBenchLoops(b *testing.B, upstreamURL string, client *http.Client, up *benchCounts) benchTotals {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sum benchTotals
 	for i := range b.N {
 		b.StopTimer()
-		bl := openBenchLoop(b, up.srv.URL, client)
+		bl := openBenchLoop(b, upstreamURL, client)
 		b.Logf("run %d from a heap of %d MB", i, coldStart()>>20)
 		stopProfile := startLoopProfile(b, i)
 		b.StartTimer()
@@ -156,23 +197,15 @@ func BenchmarkLoop1000x20(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
+	return sum
+}
 
+// report reports the metrics both benchmarks share.
+func (sum *benchTotals) report(b *testing.B) {
 	n := float64(sum.dispatches)
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / n }
-	b.ReportMetric(us(sum.wall), "us/req-wall")
-	b.ReportMetric(n/sum.wall.Seconds(), "req/s")
-	b.ReportMetric(us(sum.cpu), "us/req-overhead")
-	b.ReportMetric(float64(httpCPU)/float64(time.Microsecond), "us/req-http")
-	b.ReportMetric(us(sum.cpu)-float64(httpCPU)/float64(time.Microsecond), "us/req-loop")
-	b.ReportMetric(float64(httpWideCPU)/float64(time.Microsecond), "us/req-http-wide")
-	b.ReportMetric(us(sum.cpu)-float64(httpWideCPU)/float64(time.Microsecond), "us/req-loop-wide")
-	b.ReportMetric(us(sum.rtt), "us/req-rtt")
-	b.ReportMetric(us(sum.upstream), "us/req-upstream")
 	b.ReportMetric(float64(sum.submit)/float64(time.Millisecond)/float64(sum.runs), "ms-submit")
 	b.ReportMetric(float64(sum.allocs)/n, "allocs/req")
 	b.ReportMetric(float64(sum.faults)/n, "faults/req")
-	b.ReportMetric(float64(httpWideFaults)/benchRequests, "faults/req-http-wide")
-	b.ReportMetric(float64(sum.conns)/float64(sum.runs), "conns/run")
 	b.ReportMetric(float64(sum.groups)/n, "groups/req")
 	b.ReportMetric(float64(sum.grouped)/float64(sum.groups), "events/group")
 	b.ReportMetric(float64(sum.pageBytes)/1024/n, "KB-paged/req")
@@ -207,10 +240,43 @@ func startLoopProfile(b *testing.B, run int) (stop func()) {
 // once with a small JSON body naming the path (so every item stages a
 // payload of its own), and counts what it served.
 type benchUpstream struct {
-	srv      *httptest.Server
+	srv *httptest.Server
+	benchCounts
+}
+
+// benchCounts is what an upstream counts of what it served.
+type benchCounts struct {
 	requests atomic.Int64
-	handler  atomic.Int64 // nanoseconds spent in the handler
+	handler  atomic.Int64 // nanoseconds spent answering
 	conns    atomic.Int64 // connections accepted
+}
+
+// benchBody is the body the upstreams answer a request for path with.
+func benchBody(path string) []byte {
+	body := make([]byte, 0, 128)
+	body = append(body, `{"path":`...)
+	body = strconv.AppendQuote(body, path)
+	return append(body, `,"count":1,"records":[{"id":1,"status":"active"}]}`...)
+}
+
+// memUpstream is an upstream inside the client (BenchmarkLoopInMemory).
+type memUpstream struct{ benchCounts }
+
+func (m *memUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	if r.Body != nil {
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	body := benchBody(r.URL.Path)
+	resp := &http.Response{
+		Status: "200 OK", StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        http.Header{"Content-Type": {"application/json"}},
+		ContentLength: int64(len(body)), Body: io.NopCloser(bytes.NewReader(body)), Request: r,
+	}
+	m.requests.Add(1)
+	m.handler.Add(int64(time.Since(start)))
+	return resp, nil
 }
 
 func newBenchUpstream(tb testing.TB) *benchUpstream {
@@ -229,10 +295,7 @@ func newBenchUpstream(tb testing.TB) *benchUpstream {
 
 func (u *benchUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	body := make([]byte, 0, 128)
-	body = append(body, `{"path":`...)
-	body = strconv.AppendQuote(body, r.URL.Path)
-	body = append(body, `,"count":1,"records":[{"id":1,"status":"active"}]}`...)
+	body := benchBody(r.URL.Path)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.Write(body)
@@ -403,7 +466,7 @@ type benchResult struct {
 
 // run submits the run and waits until it is terminal. The caller's timer
 // runs for exactly this.
-func (bl *benchLoop) run(b *testing.B, up *benchUpstream) benchResult {
+func (bl *benchLoop) run(b *testing.B, up *benchCounts) benchResult {
 	var res benchResult
 	upReq, upHandler, upConns := up.requests.Load(), up.handler.Load(), up.conns.Load()
 	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
