@@ -35,7 +35,6 @@ const (
 // first, in which case the item resumes at the next start.
 func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 	it := &job{Item: item, attempts: ar.takeAttempts(item.Key)}
-	defer l.flush(ar, it) // no path leaves a response unrecorded
 	// Records must land even while the run is being cancelled or the loop
 	// drains: the events describe what already happened.
 	rctx := context.WithoutCancel(ctx)
@@ -124,7 +123,6 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 // fetchPage sends one page until it succeeds, fails for good, or the run's
 // deadline or the loop's life ends. It returns the body of a good response.
 func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *job, pg page, lastGood string) ([]byte, pageEnd, string) {
-	l.flush(ar, it) // the page before's response
 	rctx := context.WithoutCancel(ctx)
 	path := redactPath(pg.path, src.SecretQuery)
 	maxAttempts := l.cfg.MaxAttempts
@@ -180,7 +178,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		body, res, latency, sendErr := l.send(rctx, src, it.Item, pg)
-		out, bodyErr, wait := l.settle(rctx, ar, src, it, pg.index, p, attempt, sent, body, res, latency, sendErr)
+		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, pg.index, p, attempt, sent, body, res, latency, sendErr)
 		switch {
 		case sendErr != nil:
 			lastReason = "transport error: " + sendErr.Error()
@@ -207,12 +205,10 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 // breaker transitions) and lets the gates and the registry learn from it.
 // It returns the outcome (none for a transport error), the code found in
 // the body of a body error, and the wait the gates chose before a retry.
-// A success's response is held (job.held), not posted: the item's end, or
-// its next record, posts it. It is a function of its own so that what it
-// works with is not on the worker's stack while the request is in flight.
-func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, job *job, page int, p *limiter.Permit,
+// It is a function of its own so that what it works with is not on the
+// worker's stack while the request is in flight.
+func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, page int, p *limiter.Permit,
 	attempt uint32, sent time.Time, body []byte, res result, latency time.Duration, sendErr error) (out auditd.Outcome, bodyErr string, wait time.Duration) {
-	it := job.Item
 	hint := hints.Parse(res.Header, res.ReceivedAt)
 	// The registry owns what Remaining and Reset teach (a pause of one
 	// quota interval); handing them to the limiter as well would pause
@@ -221,34 +217,27 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, jo
 	gateHint.HasRemaining, gateHint.HasReset = false, false
 	v := p.Observe(limiter.Outcome{Status: res.Status, Err: sendErr, Hint: gateHint, Attempt: int(attempt)})
 
-	buf := getEventBuffer()
-	base := &buf[0]
-	base.SourceID, base.ItemKey, base.Page, base.Attempt, base.Latency = it.SourceID, it.Key, uint32(page), attempt, latency
+	base := auditd.Event{SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt, Latency: latency}
 	switch {
 	case sendErr != nil:
 		base.Type, base.Cause = auditd.EventTransportError, sendErr.Error()
-		l.post(ar, buf, 1, nil, nil)
+		l.post(ar, []auditd.Event{base}, nil, nil)
 	default:
 		out, bodyErr = classify(res.Status, hint.RetryAfterRaw != "", src.BodyError, body)
 		base.Status, base.Bytes = res.Status, int64(len(body))
-		switch {
-		case v.Class == limiter.ClassThrottled:
+		if v.Class == limiter.ClassThrottled {
 			base.Type = auditd.EventThrottle
 			base.RetryAfterRaw, base.RetryAfter, base.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
 			base.Backoff, base.Wait = v.Backoff, v.Wait
-			l.recordThrottle(ctx, ar, *base)
-			putEventBuffer(buf)
+			l.recordThrottle(ctx, ar, base)
 			out = auditd.OutcomeThrottled
-		case out == auditd.OutcomeSuccess && len(v.Breaker) == 0:
-			base.Type, base.Outcome = auditd.EventResponse, out
-			job.held = buf
-		default:
+		} else {
 			base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
-			l.post(ar, buf, 1, nil, nil)
+			l.post(ar, []auditd.Event{base}, nil, nil)
 		}
 	}
 	l.recordBreaker(ctx, ar, it, v.Breaker)
-	l.learn(ctx, ar, job, res.Status, out, sent, hint)
+	l.learn(ctx, ar, it.SourceID, res.Status, out, sent, hint)
 	return out, bodyErr, v.Wait
 }
 
@@ -280,7 +269,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, i
 			return time.Time{}, errPausedMeanwhile
 		}
 	}
-	buf := getEventBuffer()
+	buf := eventBuffers.Get().(*[2]auditd.Event)
 	defer putEventBuffer(buf)
 	e := &buf[0] // filled in place: see recordTo
 	e.Type, e.SourceID, e.ItemKey, e.Page = auditd.EventDispatch, it.SourceID, it.Key, uint32(page)
@@ -319,12 +308,9 @@ func (l *Loop) recordBreaker(ctx context.Context, ar *activeRun, it *auditd.Item
 
 // learn hands a response to the registry and applies what it decided: a new
 // pace for the source's gates, or a pause the server asked for.
-func (l *Loop) learn(ctx context.Context, ar *activeRun, it *job, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
-	sourceID := it.SourceID
+func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
 	d, err := l.cfg.Registry.Observe(ctx, registry.Observation{
 		RunID: ar.rec.ID, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
-		// A registry.changed follows the response that taught it.
-		Before: func() { l.flush(ar, it) },
 	})
 	if err != nil {
 		l.log.Error("registry observe", "source", sourceID, "err", err)
@@ -434,7 +420,6 @@ func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) au
 // failOrServe ends an item that could not be fetched: from the last good
 // copy when there is one, as failed otherwise.
 func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) {
-	l.flush(ar, it) // a response whose payload could not be staged
 	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
 		return
 	}
@@ -463,8 +448,7 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 }
 
 // endItem ends an item: item.finished (preceded, for a success, by
-// payload.staged, and by the last page's response when the worker held it:
-// see settle) in one ledger commit group, whose transaction also
+// payload.staged) in one ledger commit group, whose transaction also
 // stores a small payload's bytes, so the payload is on disk exactly when
 // the ledger says it is staged. It posts them (the worker goes on to its
 // next item at once); once they are durable the item's result and its
@@ -477,30 +461,17 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 	}
 	res.Outcome, res.Reason = out, reason
 	res.Attempts = it.attempts.total
-	// The last page's response, when held, goes first, in the same post.
-	buf, n := it.held, 1
-	if it.held = nil; buf == nil {
-		buf, n = getEventBuffer(), 0
-	}
+	events := make([]auditd.Event, 0, 2)
 	var puts []ledger.Put
 	if payload != nil {
 		if rec, ok := payload.Record(); ok {
 			puts = []ledger.Put{ledger.Put(rec)}
 		}
-		buf[n] = auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
-			PayloadHash: payload.Sum, Bytes: payload.N}
-		n++
+		events = append(events, auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
+			PayloadHash: payload.Sum, Bytes: payload.N})
 	}
-	buf[n] = finishedEvent(it.Item, res)
-	l.post(ar, buf, n+1, puts, func(got []auditd.Event) { ar.finished(res, lastGood, got[len(got)-1].Time) })
-}
-
-// flush posts the response it holds, if any (job.held).
-func (l *Loop) flush(ar *activeRun, it *job) {
-	if buf := it.held; buf != nil {
-		it.held = nil
-		l.post(ar, buf, 1, nil, nil)
-	}
+	events = append(events, finishedEvent(it.Item, res))
+	l.post(ar, events, puts, func(got []auditd.Event) { ar.finished(res, lastGood, got[len(got)-1].Time) })
 }
 
 // finishedEvent is the item.finished event of an item that ended with res:

@@ -340,20 +340,23 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 	return nil
 }
 
-// post records the first n events of buf for run ar, with puts in the same
-// transaction, without waiting for them to be durable: for what has already
-// happened when nothing the caller does next depends on the record (a
-// response, an item's end). Whatever the run records after post returns is
-// stored after them; a run's run.finished therefore waits for all of them.
-// Once they are durable they are counted and then, if not nil, is called
-// with them, on the ledger's commit goroutine (it must be quick, must not
-// record and must not keep the events: the ledger reuses them). A failure is
-// logged, as mustRecord logs it: the record describes something that
-// happened, and the reconciliation will show the gap. post gives buf back
-// to eventBuffers.
-func (l *Loop) post(ar *activeRun, buf *eventBuffer, n int, puts []ledger.Put, then func([]auditd.Event)) {
+// post records events for run ar, with puts in the same transaction,
+// without waiting for them to be durable: for what has already happened
+// when nothing the caller does next depends on the record (a response, an
+// item's end). Whatever the run records after post returns is stored after
+// them; a run's run.finished therefore waits for all of them. Once they are
+// durable they are counted and then, if not nil, is called with them, on
+// the ledger's commit goroutine (it must be quick, must not record and must
+// not keep the events: the ledger reuses them). A failure is logged, as
+// mustRecord logs it: the record describes something that happened, and
+// the reconciliation will show the gap.
+func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, then func([]auditd.Event)) {
+	// Post copies the events, but they would escape to the heap through
+	// the interface call all the same (an event is some 500 bytes, and a
+	// request posts two or three): they go through a pooled buffer instead.
+	buf := eventBuffers.Get().(*[2]auditd.Event)
 	defer putEventBuffer(buf)
-	evs := buf[:n]
+	evs := append(buf[:0], events...)
 	for i := range evs {
 		evs[i].RunID = ar.rec.ID
 	}
@@ -376,17 +379,11 @@ func (l *Loop) post(ar *activeRun, buf *eventBuffer, n int, puts []ledger.Put, t
 	}
 }
 
-// An eventBuffer holds the events of one post or record until the ledger
-// has copied them: built in place, they do not escape to the heap (an
-// event is some 500 bytes) through the ledger's interface. Three: an
-// item's last response, payload.staged and item.finished.
-type eventBuffer [3]auditd.Event
+// eventBuffers hold the events of one post or record while the ledger
+// copies them.
+var eventBuffers = sync.Pool{New: func() any { return new([2]auditd.Event) }}
 
-var eventBuffers = sync.Pool{New: func() any { return new(eventBuffer) }}
-
-func getEventBuffer() *eventBuffer { return eventBuffers.Get().(*eventBuffer) }
-
-func putEventBuffer(buf *eventBuffer) {
+func putEventBuffer(buf *[2]auditd.Event) {
 	clear(buf[:])
 	eventBuffers.Put(buf)
 }
@@ -440,7 +437,7 @@ func sourcesOf(items []auditd.Item) []string {
 
 // record appends e for run ar and counts it. It returns once e is durable.
 func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (auditd.Event, error) {
-	buf := getEventBuffer()
+	buf := eventBuffers.Get().(*[2]auditd.Event)
 	defer putEventBuffer(buf)
 	buf[0] = e
 	err := l.recordTo(ctx, ar, &buf[0])

@@ -45,10 +45,6 @@ type goodCopy struct {
 type job struct {
 	*auditd.Item
 	attempts *itemAttempts
-	// held is the response of the page just fetched, not yet posted: the
-	// last page's goes to the ledger in one post with its item's end
-	// (endItem); any other record first posts it (flush).
-	held *eventBuffer
 }
 
 // itemAttempts counts an item's dispatches: the last attempt number of each

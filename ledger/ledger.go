@@ -135,7 +135,7 @@ type request struct {
 	// overwrites with the events as stored: a caller whose ctx ends may
 	// reuse its slice while the group is still being written.
 	events []auditd.Event
-	small  [3]auditd.Event // backs events for Append and a Post of up to three
+	small  [2]auditd.Event // backs events for Append and a Post of one or two
 	puts   []Put           // AppendWith's puts, stored with the events
 	err    error
 	done   chan struct{} // buffered: the writer's one send never waits

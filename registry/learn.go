@@ -41,12 +41,6 @@ type Observation struct {
 	// Options.AssumedWindow) sets the learned limit when it changes;
 	// Remaining 0 with a Reset asks for a pause.
 	Hint hints.Hint
-
-	// Before, when set, is called before each change Observe records, so
-	// that the record of the response that taught it can precede it (the
-	// fetch loop holds a success's response back, to post it with its
-	// item's end). It may be called more than once.
-	Before func()
 }
 
 // refused reports whether o is the server saying "too many".
@@ -130,7 +124,7 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 // change made before it committed. Callers hold e.mu and g.mu.
 func (r *Registry) learn(ctx context.Context, e, g *entry, obs *Observation, now time.Time, d *Decision) error {
 	o := &r.opts
-	c := change{runID: obs.RunID, sourceID: obs.SourceID, before: obs.Before}
+	c := change{runID: obs.RunID, sourceID: obs.SourceID}
 
 	// An advertised quota first: a 429 that ships X-RateLimit-Limit corrects
 	// the limit at once instead of merely cutting it.
@@ -266,7 +260,6 @@ type change struct {
 	runID     string
 	sourceID  string
 	principal string
-	before    func() // Observation.Before
 }
 
 // rate returns e's learned limit per window.
@@ -461,9 +454,6 @@ func (r *Registry) commit(ctx context.Context, e *entry, old state, c change) er
 		ev.Group, ev.Detail = e.id, `{"scope":"`+ScopeGroup+`"}`
 	} else {
 		ev.Group, ev.Detail = e.src.Group, `{"scope":"`+ScopeSource+`"}`
-	}
-	if c.before != nil {
-		c.before()
 	}
 	if _, err := r.opts.Ledger.Append(ctx, ev); err != nil {
 		e.st = old
