@@ -533,3 +533,48 @@ func TestWaitReturnsOnceRunEnds(t *testing.T) {
 		t.Fatalf("wait on an unknown run: %v, want ENOTFOUND", err)
 	}
 }
+
+// TestLearnedLimitFollowsItsResponse: a limit the upstream advertises is
+// recorded (registry.changed, Cause "header") after the response that
+// advertised it, as EVENTS.md says: it "follows the outcome that taught
+// it"; and only once, since later responses advertise the same.
+func TestLearnedLimitFollowsItsResponse(t *testing.T) {
+	h := newHarness(t, `
+name: advertised
+seed: 1
+upstreams:
+  - name: adv
+    path: /api
+    limit: {shape: fixed_window, requests: 7, window: 1s}
+    reject: {status: 429, retry_after: delta, advertise: x_ratelimit}
+`)
+	h.source(t, auditd.Source{ID: "adv", Limit: 2, Window: auditd.Duration(time.Second), Concurrency: 1}, "adv")
+	items := []auditd.Item{{Key: "a", SourceID: "adv", Path: "/api?q=a"}, {Key: "b", SourceID: "adv", Path: "/api?q=b"}}
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "adv", Items: items, Principal: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.finish(t, v.ID)
+	if v.Status != auditd.RunSucceeded {
+		t.Fatalf("run ended %s", v.Status)
+	}
+	events := h.events(t, v.ID)
+	var firstResponse, firstChange uint64
+	for _, e := range events {
+		switch {
+		case e.Type == auditd.EventResponse && firstResponse == 0:
+			firstResponse = e.Seq
+		case e.Type == auditd.EventRegistryChanged && firstChange == 0:
+			firstChange = e.Seq
+			if e.Cause != "header" || e.NewLimit != 7 {
+				t.Errorf("the first registry change is %+v, want the advertised 7 per second", e)
+			}
+		}
+	}
+	if firstChange == 0 || firstResponse == 0 || firstChange < firstResponse {
+		t.Fatalf("first response at %d, first registry.changed at %d: the change must follow the response that taught it", firstResponse, firstChange)
+	}
+	if n := count(events, auditd.EventRegistryChanged, ""); n != 1 {
+		t.Errorf("%d registry changes; want only the first response's lesson", n)
+	}
+}
