@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,7 +113,7 @@ func TestChunkedRecords(t *testing.T) {
 				}
 				results = append(results, &ItemResult{Key: it.Key, Outcome: auditd.ItemSucceeded, PayloadHash: "h" + it.Path, Attempts: 1, Advertised: -1})
 			}
-			sortResults(results)
+			slices.SortFunc(results, func(a, b *ItemResult) int { return strings.Compare(a.Key, b.Key) })
 			if err := putResults(tx, run, results); err != nil {
 				return err
 			}
@@ -171,14 +173,6 @@ func TestChunkedRecords(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-func sortResults(results []*ItemResult) {
-	for i := 1; i < len(results); i++ {
-		for j := i; j > 0 && results[j].Key < results[j-1].Key; j-- {
-			results[j], results[j-1] = results[j-1], results[j]
-		}
 	}
 }
 
