@@ -431,11 +431,7 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 // again is a conflict.
 func TestCancelRun(t *testing.T) {
 	h := newHarness(t, mixedScenario)
-	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
-	var items []auditd.Item
-	for i := range 20 {
-		items = append(items, auditd.Item{Key: "k" + string(rune('a'+i)), SourceID: "slow", Path: "/geoserver/ows?n=" + string(rune('a'+i))})
-	}
+	items := slowItems(t, h, 20)
 	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "cancel me", Items: items})
 	if err != nil {
 		t.Fatal(err)
@@ -469,11 +465,7 @@ func TestCancelRun(t *testing.T) {
 // the run reaches a terminal status that reconciles.
 func TestDeadlineSheds(t *testing.T) {
 	h := newHarness(t, mixedScenario)
-	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
-	var items []auditd.Item
-	for i := range 10 {
-		items = append(items, auditd.Item{Key: "k" + string(rune('a'+i)), SourceID: "slow", Path: "/geoserver/ows?n=" + string(rune('a'+i))})
-	}
+	items := slowItems(t, h, 10)
 	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "deadline", Items: items,
 		Deadline: h.clk.Now().Add(3500 * time.Millisecond)})
 	if err != nil {
@@ -577,4 +569,16 @@ upstreams:
 	if n := count(events, auditd.EventRegistryChanged, ""); n != 1 {
 		t.Errorf("%d registry changes; want only the first response's lesson", n)
 	}
+}
+
+// slowItems registers source "slow" (one request a second, one at a time, on
+// the zoning upstream) and returns n items for it, keyed ka, kb, ...
+func slowItems(tb testing.TB, h *harness, n int) []auditd.Item {
+	tb.Helper()
+	h.source(tb, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
+	items := make([]auditd.Item, n)
+	for i := range items {
+		items[i] = auditd.Item{Key: "k" + string(rune('a'+i)), SourceID: "slow", Path: "/geoserver/ows?n=" + string(rune('a'+i))}
+	}
+	return items
 }

@@ -101,6 +101,26 @@ func startServe(tb testing.TB, dataDir, config, token string) *child {
 	}
 }
 
+// awaitRun polls run id until its status is terminal, then decodes the run
+// into out; it fails tb if the run is not done within the given time.
+func (c *child) awaitRun(tb testing.TB, id, token string, within time.Duration, out any) {
+	tb.Helper()
+	var run struct {
+		Status string `json:"status"`
+	}
+	for deadline := time.Now().Add(within); ; {
+		c.call(tb, "GET", "/v1/runs/"+id, token, nil, &run)
+		if auditd.RunStatus(run.Status).Terminal() {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("run %s did not finish within %v (status %q)\n%s", id, within, run.Status, c.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.call(tb, "GET", "/v1/runs/"+id, token, nil, out)
+}
+
 func (c *child) call(tb testing.TB, method, path, token string, body any, out any) int {
 	tb.Helper()
 	var rd *bytes.Reader
@@ -180,16 +200,7 @@ upstreams:
 		Status string         `json:"status"`
 		Counts map[string]any `json:"counts"`
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		second.call(t, "GET", "/v1/runs/"+created.ID, token, nil, &got)
-		if auditd.RunStatus(got.Status).Terminal() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the resumed run did not finish: %+v\n%s", got, second.logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	second.awaitRun(t, created.ID, token, 60*time.Second, &got)
 	if got.Status != string(auditd.RunSucceeded) {
 		t.Errorf("resumed run ended %s: %v", got.Status, got.Counts)
 	}

@@ -166,16 +166,7 @@ upstreams:
 		t.Fatalf("create run: %d\n%s", code, srv.logs)
 	}
 	var run uiRun
-	for deadline := time.Now().Add(15 * time.Second); ; {
-		srv.call(t, "GET", "/v1/runs/"+created.ID, token, nil, &run)
-		if auditd.RunStatus(run.Status).Terminal() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run did not finish: %+v\n%s", run, srv.logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	srv.awaitRun(t, created.ID, token, 15*time.Second, &run)
 	if run.Status != string(auditd.RunSucceeded) {
 		t.Errorf("run ended %s: %v", run.Status, run.Counts)
 	}
