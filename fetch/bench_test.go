@@ -39,10 +39,17 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// loopProfile names a file for a CPU profile of the first timed run alone:
-// go test's own -cpuprofile also covers the setup and the HTTP calibration,
-// which are most of the process's CPU time.
-var loopProfile = flag.String("loopprofile", "", "write a CPU profile of BenchmarkLoop1000x20's first timed run to this `file`")
+// loopProfile names a file for CPU profiles of the timed runs alone: go
+// test's own -cpuprofile also covers the setup and the HTTP calibration,
+// which are most of the process's CPU time. The first timed run writes FILE,
+// later ones (with -count or -benchtime=Nx) FILE.1, FILE.2 and so on, which
+// go tool pprof merges when given them all. Each run also writes the
+// allocation profile before it (FILE.allocs0) and after it (FILE.allocs):
+// pprof's -diff_base of the two is what the run allocated.
+var loopProfile = flag.String("loopprofile", "", "write CPU and allocation profiles of the timed loop runs alone to this `file` (and file.1, file.2, ...)")
+
+// loopProfiles counts the timed runs profiled so far.
+var loopProfiles int
 
 // The shape of issue 4's benchmark.
 const (
@@ -186,7 +193,7 @@ func runBenchLoops(b *testing.B, upstreamURL string, client *http.Client, up *be
 		b.StopTimer()
 		bl := openBenchLoop(b, upstreamURL, client)
 		b.Logf("run %d from a heap of %d MB", i, coldStart()>>20)
-		stopProfile := startLoopProfile(b, i)
+		stopProfile := startLoopProfile(b)
 		b.StartTimer()
 		res := bl.run(b, up)
 		b.StopTimer()
@@ -214,13 +221,19 @@ func (sum *benchTotals) report(b *testing.B) {
 	b.ReportMetric(float64(peakRSS(b))/(1<<20), "MB-peak-rss")
 }
 
-// startLoopProfile starts the -loopprofile CPU profile for the first run and
-// returns what stops it.
-func startLoopProfile(b *testing.B, run int) (stop func()) {
-	if *loopProfile == "" || run > 0 {
+// startLoopProfile starts the -loopprofile profiles of one timed run and
+// returns what stops them.
+func startLoopProfile(b *testing.B) (stop func()) {
+	if *loopProfile == "" {
 		return func() {}
 	}
-	f, err := os.Create(*loopProfile)
+	name := *loopProfile
+	if loopProfiles > 0 {
+		name = fmt.Sprintf("%s.%d", name, loopProfiles)
+	}
+	loopProfiles++
+	writeAllocs(b, name+".allocs0")
+	f, err := os.Create(name)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -233,6 +246,22 @@ func startLoopProfile(b *testing.B, run int) (stop func()) {
 		if err := f.Close(); err != nil {
 			b.Error(err)
 		}
+		runtime.GC() // the allocation profile is as of the last GC
+		writeAllocs(b, name+".allocs")
+	}
+}
+
+// writeAllocs writes the allocation profile so far to name.
+func writeAllocs(b *testing.B, name string) {
+	f, err := os.Create(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		b.Error(err)
+	}
+	if err := f.Close(); err != nil {
+		b.Error(err)
 	}
 }
 
