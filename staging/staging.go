@@ -96,13 +96,24 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 // Commit makes it durable and returns its hash; Abort discards it. A payload
 // stays in memory until it outgrows InlineMax; only then is its file created.
 type Writer struct {
-	s    *Store
-	buf  []byte   // the payload while it is small
-	f    *os.File // the payload once it is not
+	s *Store
+	// rec is, while the payload is small, its spool entry as Record
+	// returns it, in one array: the spool key and the payload's hash
+	// (recordHeader bytes, which Finish fills in), then the payload.
+	// Writing the payload there from the start saves copying it into an
+	// entry of its own. It is nil until the first Write, and once the
+	// payload has a file.
+	rec  []byte
+	f    *os.File // the payload once it is not small
 	h    hash.Hash
 	n    int64
 	done bool
 }
+
+// recordHeader is what comes before a small payload in its spool entry's
+// array (Writer.rec): the spool key (8 bytes, big-endian), then the
+// payload's SHA-256, which starts the entry's value.
+const recordHeader = 8 + sha256.Size
 
 // NewWriter starts a payload.
 func (s *Store) NewWriter() (*Writer, error) {
@@ -116,8 +127,11 @@ func (w *Writer) Write(p []byte) (int, error) {
 	}
 	w.h.Write(p)
 	w.n += int64(len(p))
-	if w.f == nil && len(w.buf)+len(p) <= w.s.InlineMax {
-		w.buf = append(w.buf, p...)
+	if w.f == nil && w.n <= int64(w.s.InlineMax) {
+		if w.rec == nil {
+			w.rec = make([]byte, recordHeader, recordHeader+len(p))
+		}
+		w.rec = append(w.rec, p...)
 		return len(p), nil
 	}
 	if w.f == nil {
@@ -126,10 +140,12 @@ func (w *Writer) Write(p []byte) (int, error) {
 			return 0, fmt.Errorf("create staging file: %w", err)
 		}
 		w.f = f
-		if _, err := f.Write(w.buf); err != nil {
-			return 0, err
+		if w.rec != nil {
+			if _, err := f.Write(w.rec[recordHeader:]); err != nil {
+				return 0, err
+			}
 		}
-		w.buf = nil
+		w.rec = nil
 	}
 	return w.f.Write(p)
 }
@@ -138,13 +154,11 @@ func (w *Writer) Write(p []byte) (int, error) {
 func (w *Writer) Len() int64 { return w.n }
 
 // Payload is a finished payload: its hash and size, and, for a small one,
-// the bytes its Record keeps inside the bbolt file.
+// the spool entry its Record keeps inside the bbolt file.
 type Payload struct {
-	Sum      string
-	N        int64
-	small    bool   // kept inside the bbolt file
-	inline   []byte // its bytes, when small
-	spoolKey uint64 // where Record spools them
+	Sum string
+	N   int64
+	rec []byte // a small payload's spool entry (see Writer.rec); nil for a large one
 }
 
 // Commit makes the payload durable under its hash. Storing bytes that are
@@ -170,12 +184,23 @@ func (w *Writer) Commit() (sum string, n int64, err error) {
 // caller store it in the same transaction as what refers to it.
 func (w *Writer) Finish() (Payload, error) {
 	w.done = true
-	sum := hex.EncodeToString(w.h.Sum(nil))
-	if w.f == nil {
-		return Payload{Sum: sum, N: w.n, small: true, inline: w.buf, spoolKey: w.s.spool(sum)}, nil
+	if w.f != nil {
+		sum := hexSum(w.h.Sum(nil))
+		n, err := w.commitFile(sum)
+		return Payload{Sum: sum, N: n}, err
 	}
-	n, err := w.commitFile(sum)
-	return Payload{Sum: sum, N: n}, err
+	if w.rec == nil { // an empty payload
+		w.rec = make([]byte, recordHeader)
+	}
+	// Sum appends the hash to its argument, here an empty slice of rec
+	// with room for it: the hash lands in its place in the header without
+	// a buffer of its own. (The copy does nothing, unless a Sum did not
+	// append in place.)
+	raw := w.rec[8:recordHeader]
+	copy(raw, w.h.Sum(raw[:0]))
+	sum := hexSum(raw)
+	binary.BigEndian.PutUint64(w.rec, w.s.spool(sum))
+	return Payload{Sum: sum, N: w.n, rec: w.rec}, nil
 }
 
 // spool hands out the next spool key, for the payload sum. The store finds
@@ -199,13 +224,14 @@ type Record struct {
 
 // Record is the spool entry of a small payload: storing it makes the
 // payload durable. ok is false for a large payload, which Finish has
-// already filed.
+// already filed. Key and Value share the payload's array, which nothing
+// changes once it is finished: bbolt copies the key, and keeps the value
+// until the transaction ends.
 func (p Payload) Record() (rec Record, ok bool) {
-	if !p.small {
+	if p.rec == nil {
 		return Record{}, false
 	}
-	v, _ := hex.AppendDecode(make([]byte, 0, sha256.Size+len(p.inline)), []byte(p.Sum))
-	return Record{Bucket: bucketSpool, Key: binary.BigEndian.AppendUint64(nil, p.spoolKey), Value: append(v, p.inline...)}, true
+	return Record{Bucket: bucketSpool, Key: p.rec[:8:8], Value: p.rec[8:]}, true
 }
 
 // Compact moves every spooled payload to the payload bucket, in hash
@@ -381,11 +407,13 @@ func (s *Store) SetLastGood(requestKey, sum string, at time.Time) error {
 // that ends after a later one does not put back its older copies.
 func (s *Store) PutLastGood(tx *bolt.Tx, requestKey, sum string, at time.Time) error {
 	b := tx.Bucket(bucketLastGood)
-	key := []byte(requestKey)
+	// Key and value share one array: bbolt copies the key, and keeps the
+	// value until the transaction ends.
+	key := append(make([]byte, 0, len(requestKey)+8+len(sum)), requestKey...)
 	if was, ok := lastGoodAt(b.Get(key)); ok && was.After(at) {
 		return nil
 	}
-	v := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(sum)), uint64(at.UnixNano()))
+	v := binary.BigEndian.AppendUint64(key[len(key):], uint64(at.UnixNano()))
 	return b.Put(key, append(v, sum...))
 }
 
@@ -425,7 +453,14 @@ func RequestKey(sourceID, method, path string, body []byte) string {
 		h.Write(part)
 	}
 	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0]))
+	return hexSum(h.Sum(sum[:0]))
+}
+
+// hexSum is hex.EncodeToString of a SHA-256 sum, in one allocation (the
+// string's) where EncodeToString takes two: its buffer is on the stack.
+func hexSum(sum []byte) string {
+	var buf [2 * sha256.Size]byte
+	return string(hex.AppendEncode(buf[:0], sum))
 }
 
 func (s *Store) path(sum string) string { return filepath.Join(s.dir, sum[:2], sum) }
