@@ -348,7 +348,7 @@ func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc in
 		wg.Go(func() {
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
 				// Built as fetch's send builds it: a non-replayable empty body.
-				req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/calibrate/%d?f=json", u.srv.URL, i), io.NopCloser(strings.NewReader("")))
+				req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/calibrate/%d?f=json", u.srv.URL, i), emptyBody{})
 				if err != nil {
 					failed.Store(err)
 					return
@@ -376,6 +376,14 @@ func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc in
 	tb.Logf("calibration %d wide: %v per request, %d page faults, from a heap of %d MB", conc, cpu, faulted, heap>>20)
 	return cpu, faulted
 }
+
+// emptyBody is fetch's emptyBody (unexported there): the body of a request
+// that has none, neither nil nor http.NoBody, so that net/http's transport
+// never resends it, and free to give each request.
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
 
 // coldStart collects the heap and returns its free memory to the system,
 // so that every measured phase (each calibration, each run) starts from the

@@ -34,10 +34,11 @@ const (
 // and ends it with exactly one item.finished, unless the loop shuts down
 // first, in which case the item resumes at the next start.
 func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
-	it := &job{Item: item, attempts: ar.takeAttempts(item.Key)}
-	// Records must land even while the run is being cancelled or the loop
-	// drains: the events describe what already happened.
-	rctx := context.WithoutCancel(ctx)
+	// The item's attempts are its worker's alone: a variable of its own,
+	// not an allocation.
+	attempts := ar.takeAttempts(item.Key)
+	it := &job{Item: item, attempts: &attempts}
+	rctx := ar.recordCtx // not cancelled with the run: see activeRun.recordCtx
 	if ar.isCancelled() {
 		l.endItem(ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
 		return
@@ -123,7 +124,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 // fetchPage sends one page until it succeeds, fails for good, or the run's
 // deadline or the loop's life ends. It returns the body of a good response.
 func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *job, pg page, lastGood string) ([]byte, pageEnd, string) {
-	rctx := context.WithoutCancel(ctx)
+	rctx := ar.recordCtx // not cancelled with the run: see activeRun.recordCtx
 	path := redactPath(pg.path, src.SecretQuery)
 	maxAttempts := l.cfg.MaxAttempts
 	if src.MaxAttempts > 0 {
@@ -152,17 +153,21 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt})
 		l.recordAdmission(rctx, ar, it.Item, pg.index, p)
-		var shed *limiter.ShedError
-		switch {
-		case errors.As(err, &shed):
-			return nil, pageShed, string(shed.Gate)
-		case err != nil && ctx.Err() != nil:
-			if ar.isCancelled() {
-				return nil, pageCancelled, "cancelled"
+		if err != nil {
+			// Declared here, off the path of an admitted request: taking
+			// its address for errors.As moves it to the heap.
+			var shed *limiter.ShedError
+			switch {
+			case errors.As(err, &shed):
+				return nil, pageShed, string(shed.Gate)
+			case ctx.Err() != nil:
+				if ar.isCancelled() {
+					return nil, pageCancelled, "cancelled"
+				}
+				return nil, pageAbandon, ""
+			default:
+				return nil, pageFailed, "limiter: " + err.Error()
 			}
-			return nil, pageAbandon, ""
-		case err != nil:
-			return nil, pageFailed, "limiter: " + err.Error()
 		}
 
 		attempt := it.attempts.next(pg.index)
@@ -221,7 +226,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 	switch {
 	case sendErr != nil:
 		base.Type, base.Cause = auditd.EventTransportError, sendErr.Error()
-		l.post(ar, []auditd.Event{base}, nil, nil)
+		l.post(ar, []auditd.Event{base}, nil, nil, "")
 	default:
 		out, bodyErr = classify(res.Status, hint.RetryAfterRaw != "", src.BodyError, body)
 		base.Status, base.Bytes = res.Status, int64(len(body))
@@ -233,7 +238,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 			out = auditd.OutcomeThrottled
 		} else {
 			base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
-			l.post(ar, []auditd.Event{base}, nil, nil)
+			l.post(ar, []auditd.Event{base}, nil, nil, "")
 		}
 	}
 	l.recordBreaker(ctx, ar, it, v.Breaker)
@@ -346,7 +351,7 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 		// its own when a kept-alive connection turns out closed; the upstream
 		// would then receive a request the ledger never saw dispatched. A
 		// non-nil body without GetBody makes it not replayable.
-		req.Body = io.NopCloser(bytes.NewReader(nil))
+		req.Body = emptyBody{}
 	}
 	req.GetBody = nil
 	req.Header.Set("User-Agent", "auditd")
@@ -373,6 +378,14 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 	}
 	return data, result{Status: resp.StatusCode, Header: resp.Header, ReceivedAt: now}, now.Sub(start), nil
 }
+
+// emptyBody is the body of a request that has none (see send): not nil,
+// and not http.NoBody, which the transport takes for no body at all. It
+// has no state, so a request can have one without an allocation.
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
 
 // scrubError removes the request's query (which may hold credentials) from
 // a transport error's text before it is recorded.
@@ -471,7 +484,7 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 			PayloadHash: payload.Sum, Bytes: payload.N})
 	}
 	events = append(events, finishedEvent(it.Item, res))
-	l.post(ar, events, puts, func(got []auditd.Event) { ar.finished(res, lastGood, got[len(got)-1].Time) })
+	l.post(ar, events, puts, res, lastGood)
 }
 
 // finishedEvent is the item.finished event of an item that ended with res:

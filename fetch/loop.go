@@ -279,25 +279,31 @@ func (l *Loop) validate(req SubmitRequest) error {
 	seen := make(map[string]bool, len(req.Items))
 	checked := map[string]bool{}
 	for i, it := range req.Items {
-		field := fmt.Sprintf("items[%d]", i)
 		if it.Key == "" {
-			return &auditd.Error{Code: auditd.EINVALID, Field: field + ".key", Message: "key is required"}
+			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".key"), Message: "key is required"}
 		}
 		if seen[it.Key] {
-			return &auditd.Error{Code: auditd.EINVALID, Field: field + ".key", Message: fmt.Sprintf("duplicate item key %q", it.Key)}
+			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".key"), Message: fmt.Sprintf("duplicate item key %q", it.Key)}
 		}
 		seen[it.Key] = true
 		if !checked[it.SourceID] {
 			if _, err := l.cfg.Registry.GetSource(it.SourceID); err != nil {
-				return &auditd.Error{Code: auditd.EINVALID, Field: field + ".source", Message: fmt.Sprintf("unknown source %q", it.SourceID)}
+				return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".source"), Message: fmt.Sprintf("unknown source %q", it.SourceID)}
 			}
 			checked[it.SourceID] = true
 		}
 		if _, err := pageRequest(&req.Items[i], 0); err != nil {
-			return &auditd.Error{Code: auditd.EINVALID, Field: field, Message: auditd.ErrorMessage(err)}
+			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ""), Message: auditd.ErrorMessage(err)}
 		}
 	}
 	return nil
+}
+
+// itemField names a field of the i-th item in a validation error, such as
+// "items[3].key". It is built only for an error: a run can hold 100,000
+// items.
+func itemField(i int, field string) string {
+	return fmt.Sprintf("items[%d]%s", i, field)
 }
 
 // begin records the start of a new run: run.started, a registry snapshot of
@@ -345,12 +351,13 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // when nothing the caller does next depends on the record (a response, an
 // item's end). Whatever the run records after post returns is stored after
 // them; a run's run.finished therefore waits for all of them. Once they are
-// durable they are counted and then, if not nil, is called with them, on
-// the ledger's commit goroutine (it must be quick, must not record and must
-// not keep the events: the ledger reuses them). A failure is logged, as
-// mustRecord logs it: the record describes something that happened, and
+// durable they are counted, on the ledger's commit goroutine. When they end
+// an item (res is not nil, and the last event is its item.finished), the
+// run then keeps res as the item's result, and its payload as request
+// lastGood's newest good copy (activeRun.finished). A failure is logged,
+// as mustRecord logs it: the record describes something that happened, and
 // the reconciliation will show the gap.
-func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, then func([]auditd.Event)) {
+func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res *ItemResult, lastGood string) {
 	// Post copies the events, but they would escape to the heap through
 	// the interface call all the same (an event is some 500 bytes, and a
 	// request posts two or three): they go through a pooled buffer instead.
@@ -362,6 +369,8 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, the
 	}
 	typ, item := evs[0].Type, evs[0].ItemKey
 	ar.posts.Add(1)
+	// An item's end comes as res and lastGood, not as a function to call
+	// back: each function value made here is an allocation.
 	err := l.cfg.Ledger.Post(evs, puts, func(got []auditd.Event, err error) {
 		defer ar.posts.Done()
 		if err != nil {
@@ -369,8 +378,8 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, the
 			return
 		}
 		ar.count(got)
-		if then != nil {
-			then(got)
+		if res != nil {
+			ar.finished(res, lastGood, got[len(got)-1].Time)
 		}
 	})
 	if err != nil {

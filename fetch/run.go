@@ -23,6 +23,11 @@ type activeRun struct {
 	resumed   map[string]*itemAttempts
 	cancel    context.CancelFunc
 	cancelled bool
+	// recordCtx is the context of the run's records: the run's own without
+	// its cancellation, since records must land even while the run is
+	// being cancelled or the loop drains (the events describe what already
+	// happened). launch sets it before any worker starts.
+	recordCtx context.Context
 	posts     sync.WaitGroup // records posted and not yet durable (Loop.post)
 	ended     chan struct{}  // closed once the run's end is stored (storeEnd)
 
@@ -125,16 +130,17 @@ func (ar *activeRun) countLocked(e *auditd.Event) {
 }
 
 // takeAttempts hands the worker taking item key up what earlier lives of
-// the run dispatched for it.
-func (ar *activeRun) takeAttempts(key string) *itemAttempts {
+// the run dispatched for it. The worker's copy is its own: the run keeps
+// none.
+func (ar *activeRun) takeAttempts(key string) itemAttempts {
 	ar.mu.Lock()
 	defer ar.mu.Unlock()
 	ia := ar.resumed[key]
 	if ia == nil {
-		return &itemAttempts{}
+		return itemAttempts{}
 	}
 	delete(ar.resumed, key)
-	return ia
+	return *ia
 }
 
 // seenLocked counts a dispatch of request r recorded by an earlier life of
@@ -176,6 +182,7 @@ func (ar *activeRun) result(key string) (*ItemResult, bool) {
 // wait for each other.
 func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
 	ctx, cancel := context.WithCancel(l.ctx)
+	ar.recordCtx = context.WithoutCancel(ctx)
 	ar.mu.Lock()
 	ar.cancel = cancel
 	ar.mu.Unlock()
@@ -229,7 +236,7 @@ func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
 		if l.ctx.Err() != nil && !ar.isCancelled() {
 			return // shutdown, not the end of the run
 		}
-		if err := l.finish(context.WithoutCancel(ctx), ar); err != nil {
+		if err := l.finish(ar.recordCtx, ar); err != nil {
 			l.log.Error("finish run", "run", ar.rec.ID, "err", err)
 		}
 	}()
