@@ -347,17 +347,55 @@ func (l *Ledger) Append(ctx context.Context, e auditd.Event) (auditd.Event, erro
 // event's copies in and out (some 500 bytes each) and the stack they take
 // while it waits: the fetch loop's workers record every dispatch with it.
 func (l *Ledger) AppendTo(ctx context.Context, e *auditd.Event) error {
-	if err := validate(e); err != nil {
+	if err := ctx.Err(); err != nil {
 		return err
+	}
+	q, err := l.QueueTo(e)
+	if err != nil {
+		return err
+	}
+	return q.Wait(ctx)
+}
+
+// Queued is an event QueueTo has queued; Wait learns its outcome.
+type Queued struct {
+	l *Ledger
+	r *request
+	e *auditd.Event
+}
+
+// QueueTo is the first half of AppendTo: it validates e and queues it, and
+// returns without waiting for it to be durable. Whatever is appended,
+// posted or queued after QueueTo returns is stored after e. So a caller
+// that orders its records under a lock of its own need only hold the lock
+// while it queues, not while the commit group is written: the fetch loop
+// queues a dispatch under its source's send lock and waits outside it.
+// Wait is the second half; call it once, and do not touch *e until it
+// returns.
+func (l *Ledger) QueueTo(e *auditd.Event) (Queued, error) {
+	if err := validate(e); err != nil {
+		return Queued{}, err
 	}
 	r := l.pooled(nil)
 	r.small[0] = *e
 	r.events = r.small[:1]
-	if err := l.submit(ctx, r); err != nil {
+	if err := l.enqueue(r); err != nil {
+		l.recycle(r)
+		return Queued{}, err
+	}
+	return Queued{l: l, r: r, e: e}, nil
+}
+
+// Wait waits until the queued event is durable, and then leaves in it the
+// event as stored, as AppendTo does; on an error it leaves it as it was. If
+// ctx ends first, Wait returns ctx's error, but the event may still be
+// recorded.
+func (q Queued) Wait(ctx context.Context) error {
+	if err := q.l.wait(ctx, q.r); err != nil {
 		return err // r stays out of the pool: the writer may still hold it
 	}
-	*e = r.events[0]
-	l.recycle(r)
+	*q.e = q.r.events[0]
+	q.l.recycle(q.r)
 	return nil
 }
 
@@ -487,6 +525,11 @@ func (l *Ledger) submit(ctx context.Context, r *request) error {
 	if err := l.enqueue(r); err != nil {
 		return err
 	}
+	return l.wait(ctx, r)
+}
+
+// wait waits until r's group has committed, or ctx ends.
+func (l *Ledger) wait(ctx context.Context, r *request) error {
 	done := ctx.Done()
 	if done == nil {
 		// A context that never ends (the fetch loop records with

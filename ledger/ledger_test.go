@@ -568,3 +568,49 @@ func TestAppendToFillsInPlace(t *testing.T) {
 		t.Fatalf("head %d, want 2", seq)
 	}
 }
+
+// TestQueueToOrdersLaterAppends: an event QueueTo has queued is stored
+// before whatever is appended or posted after QueueTo returns, even when
+// those are appended before its Wait; Wait leaves in it the event as
+// stored; after Close, QueueTo refuses.
+func TestQueueToOrdersLaterAppends(t *testing.T) {
+	ctx := context.Background()
+	l := MustOpen(t, MustOpenDB(t), ledger.Options{})
+	first := sampleEvent("r", 1)
+	q, err := l.QueueTo(&first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	posted := make(chan auditd.Event, 1)
+	if err := l.Post([]auditd.Event{sampleEvent("r", 2)}, nil, func(got []auditd.Event, err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		posted <- got[0]
+	}); err != nil {
+		t.Fatal(err)
+	}
+	appended, err := l.Append(ctx, sampleEvent("r", 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := <-posted
+	if first.Seq != 1 || p.Seq != 2 || appended.Seq != 3 {
+		t.Fatalf("stored as %d (queued), %d (posted after), %d (appended after): want 1, 2, 3", first.Seq, p.Seq, appended.Seq)
+	}
+	stored, err := l.Event(1)
+	if err != nil || !reflect.DeepEqual(stored, first) {
+		t.Fatalf("stored event 1 = %+v, %v\nWait left %+v", stored, err, first)
+	}
+
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	late := sampleEvent("r", 4)
+	if _, err := l.QueueTo(&late); !errors.Is(err, ledger.ErrClosed) {
+		t.Fatalf("QueueTo after Close: %v, want ErrClosed", err)
+	}
+}
