@@ -255,38 +255,58 @@ var (
 )
 
 // dispatch records the dispatch of attempt of an item's page, admitted by
-// p, and returns its recorded time, unless the source's breaker opened or a
-// throttle paused it since the admission (then it releases the permit and
-// says which). The source's send lock orders dispatch records against
-// breaker and throttle records: a dispatch is on record either before a
-// throttle or after its pause is in force.
+// p, and returns its recorded time once it is durable, unless the source's
+// breaker opened or a throttle paused it since the admission (then it
+// releases the permit and says which).
 func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, it *auditd.Item, page int, attempt uint32, path string) (time.Time, error) {
+	buf := eventBuffers.Get().(*[2]auditd.Event)
+	defer putEventBuffer(buf)
+	e := &buf[0] // filled in place: see recordTo
+	q, err := l.queueDispatch(ar, p, it, page, attempt, path, e)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := q.Wait(ctx); err != nil {
+		p.Release()
+		return time.Time{}, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
+	}
+	ar.countOne(e)
+	return e.Time, nil
+}
+
+// queueDispatch checks, under the source's send lock, that p's request may
+// still go, and queues its dispatch record, e, in the ledger. The send lock
+// orders dispatch records against breaker and throttle records: a dispatch
+// is on record either before a throttle or after its pause is in force.
+// Holding it while the dispatch is queued is enough for that, since the
+// ledger stores e before anything queued after it; the wait for e's commit
+// group, the longest part of a dispatch, is the caller's, outside the
+// lock, so that the source's other requests can share the group.
+func (l *Loop) queueDispatch(ar *activeRun, p *limiter.Permit, it *auditd.Item, page int, attempt uint32, path string, e *auditd.Event) (ledger.Queued, error) {
 	mu := l.sendLock(it.SourceID)
 	mu.Lock()
 	defer mu.Unlock()
 	if st, err := l.cfg.Limiter.State(it.SourceID); err == nil {
 		if !p.Probe && st.Breaker != limiter.BreakerClosed {
 			p.Release()
-			return time.Time{}, errBreakerOpened
+			return ledger.Queued{}, errBreakerOpened
 		}
 		if st.PausedUntil.After(l.cfg.Clock.Now()) {
 			p.Release()
-			return time.Time{}, errPausedMeanwhile
+			return ledger.Queued{}, errPausedMeanwhile
 		}
 	}
-	buf := eventBuffers.Get().(*[2]auditd.Event)
-	defer putEventBuffer(buf)
-	e := &buf[0] // filled in place: see recordTo
-	e.Type, e.SourceID, e.ItemKey, e.Page = auditd.EventDispatch, it.SourceID, it.Key, uint32(page)
+	e.Type, e.RunID, e.SourceID, e.ItemKey, e.Page = auditd.EventDispatch, ar.rec.ID, it.SourceID, it.Key, uint32(page)
 	e.Attempt, e.Method, e.Path = attempt, it.Method, path
 	if p.Probe {
 		e.Cause = "probe"
 	}
-	if err := l.recordTo(ctx, ar, e); err != nil {
+	q, err := l.cfg.Ledger.QueueTo(e)
+	if err != nil {
 		p.Release()
-		return time.Time{}, err
+		return ledger.Queued{}, fmt.Errorf("append %s: %w", e.Type, err)
 	}
-	return e.Time, nil
+	return q, nil
 }
 
 // recordThrottle records a throttle and pauses the source from that record

@@ -42,6 +42,9 @@ type Ledger interface {
 	AppendWith(ctx context.Context, events []auditd.Event, puts []ledger.Put) ([]auditd.Event, error)
 	// AppendTo is Append in place: e becomes the event as stored.
 	AppendTo(ctx context.Context, e *auditd.Event) error
+	// QueueTo queues e, to be stored before anything queued after it, and
+	// returns; the Queued's Wait is AppendTo's wait for it to be durable.
+	QueueTo(e *auditd.Event) (ledger.Queued, error)
 	// Post is AppendWith without the wait: then learns the outcome.
 	Post(events []auditd.Event, puts []ledger.Put, then func([]auditd.Event, error)) error
 	Head() (seq uint64, hash [32]byte)
