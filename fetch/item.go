@@ -261,7 +261,7 @@ var (
 func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, it *auditd.Item, page int, attempt uint32, path string) (time.Time, error) {
 	buf := eventBuffers.Get().(*[2]auditd.Event)
 	defer putEventBuffer(buf)
-	e := &buf[0] // filled in place: see recordTo
+	e := &buf[0] // filled in place, off the stack: see recordTo
 	q, err := l.queueDispatch(ar, p, it, page, attempt, path, e)
 	if err != nil {
 		return time.Time{}, err

@@ -458,10 +458,11 @@ func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (audit
 
 // recordTo is record in place: e, which must not be on the caller's stack
 // (it would escape to the heap; take it from eventBuffers), becomes the
-// event as stored. A worker records each dispatch with it, so that while
-// it waits for the commit its stack holds no copy of the event: with them,
-// the wait took over 9 KB of stack, which a worker then grew to 16 KB
-// after every GC had shrunk it.
+// event as stored, so that while the caller waits for the commit its stack
+// holds no copy of the event. (A worker's dispatch is recorded the same
+// way, in two halves: see queueDispatch. With copies, its wait took over
+// 9 KB of stack, which a worker then grew to 16 KB after every GC had
+// shrunk it.)
 func (l *Loop) recordTo(ctx context.Context, ar *activeRun, e *auditd.Event) error {
 	e.RunID = ar.rec.ID
 	if err := l.cfg.Ledger.AppendTo(ctx, e); err != nil {

@@ -345,7 +345,8 @@ func (l *Ledger) Append(ctx context.Context, e auditd.Event) (auditd.Event, erro
 // AppendTo is Append in place: once durable, *e is the event as stored.
 // On an error *e is left as it was. It spares a caller on a hot path an
 // event's copies in and out (some 500 bytes each) and the stack they take
-// while it waits: the fetch loop's workers record every dispatch with it.
+// while it waits: the fetch loop records with it, and its workers record
+// each dispatch with QueueTo and Wait, its two halves.
 func (l *Ledger) AppendTo(ctx context.Context, e *auditd.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
