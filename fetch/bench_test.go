@@ -90,6 +90,10 @@ const (
 //     run 4,000 wide on a fresh client, as the run is (1,000 sources x 4 in
 //     flight), so it pays the same dials and connection count; the median
 //     of three such calibrations, each on a client of its own.
+//   - us/req-gc, us/req-gc-http-wide: the GC's part of us/req-overhead and
+//     of us/req-http-wide (cpuClasses.gcPart: the share of the runtime's
+//     busy CPU in its GC class, applied to the process CPU). Their
+//     difference is the GC the loop adds to the exchange's.
 //   - us/req-rtt: the mean round trip as the loop recorded it (Latency of
 //     the response events), a wall time; us/req-upstream is the mean time
 //     inside the upstream's handler.
@@ -126,25 +130,25 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	opts.MaxIdlePerHost, opts.MaxConnsPerHost = benchSources*4, benchSources*4
 	client := fetch.NewClient(opts)
 	b.Cleanup(client.CloseIdleConnections)
-	httpCPU, _ := up.calibrate(b, client, benchRequests, 64)
+	httpCPU, _, _ := up.calibrate(b, client, benchRequests, 64)
 	// The run keeps up to 4 requests in flight per source, 4,000 at once,
 	// so it dials and keeps that many connections; the same exchange at that
 	// width, on a client of its own, costs more than at 64. It also varies
 	// more from one try to the next (by some 10%, as much as the loop's own
 	// share moves): the median of three fresh clients.
 	type try struct {
-		cpu    time.Duration
-		faults int64
+		cpu, gc time.Duration
+		faults  int64
 	}
 	var wideTries []try
 	for range 3 {
 		wide := fetch.NewClient(opts)
-		cpu, faults := up.calibrate(b, wide, benchRequests, benchSources*4)
+		cpu, gc, faults := up.calibrate(b, wide, benchRequests, benchSources*4)
 		wide.CloseIdleConnections()
-		wideTries = append(wideTries, try{cpu, faults})
+		wideTries = append(wideTries, try{cpu, gc, faults})
 	}
 	slices.SortFunc(wideTries, func(a, b try) int { return cmp.Compare(a.cpu, b.cpu) })
-	httpWideCPU, httpWideFaults := wideTries[1].cpu, wideTries[1].faults
+	httpWideCPU, httpWideGC, httpWideFaults := wideTries[1].cpu, wideTries[1].gc, wideTries[1].faults
 
 	sum := runBenchLoops(b, up.srv.URL, client, &up.benchCounts)
 	n := float64(sum.dispatches)
@@ -159,6 +163,7 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	b.ReportMetric(us(sum.rtt), "us/req-rtt")
 	b.ReportMetric(us(sum.upstream), "us/req-upstream")
 	b.ReportMetric(float64(httpWideFaults)/benchRequests, "faults/req-http-wide")
+	b.ReportMetric(float64(httpWideGC)/float64(time.Microsecond), "us/req-gc-http-wide")
 	b.ReportMetric(float64(sum.conns)/float64(sum.runs), "conns/run")
 	sum.report(b)
 }
@@ -212,6 +217,7 @@ func (sum *benchTotals) report(b *testing.B) {
 	n := float64(sum.dispatches)
 	b.ReportMetric(float64(sum.submit)/float64(time.Millisecond)/float64(sum.runs), "ms-submit")
 	b.ReportMetric(float64(sum.allocs)/n, "allocs/req")
+	b.ReportMetric(float64(sum.gc)/float64(time.Microsecond)/n, "us/req-gc")
 	b.ReportMetric(float64(sum.faults)/n, "faults/req")
 	b.ReportMetric(float64(sum.groups)/n, "groups/req")
 	b.ReportMetric(float64(sum.grouped)/float64(sum.groups), "events/group")
@@ -336,12 +342,13 @@ func (u *benchUpstream) serve(w http.ResponseWriter, r *http.Request) {
 // with client by conc workers, without the loop: the HTTP exchange's own
 // cost, client and (in-process) server side; and the page faults it took.
 // It starts as the run does (coldStart).
-func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc int) (time.Duration, int64) {
+func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc int) (cpu, gc time.Duration, faults int64) {
 	tb.Helper()
 	var next atomic.Int64
 	var failed atomic.Value
 	heap := coldStart()
-	faults := minorFaults(tb)
+	faultsBefore := minorFaults(tb)
+	classes := readCPUClasses()
 	before := cpuTime(tb)
 	var wg sync.WaitGroup
 	for range conc {
@@ -372,9 +379,37 @@ func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc in
 	if err, _ := failed.Load().(error); err != nil {
 		tb.Fatalf("calibration request: %v", err)
 	}
-	cpu, faulted := (cpuTime(tb)-before)/time.Duration(n), minorFaults(tb)-faults
-	tb.Logf("calibration %d wide: %v per request, %d page faults, from a heap of %d MB", conc, cpu, faulted, heap>>20)
-	return cpu, faulted
+	cpu = (cpuTime(tb) - before) / time.Duration(n)
+	gc, faults = classes.gcPart(readCPUClasses(), cpu), minorFaults(tb)-faultsBefore
+	tb.Logf("calibration %d wide: %v per request (GC %v), %d page faults, from a heap of %d MB", conc, cpu, gc, faults, heap>>20)
+	return cpu, gc, faults
+}
+
+// cpuClasses is the runtime's estimate of its CPU time by class
+// (runtime/metrics): the GC's (background marking and assists), the idle
+// Ps', and the total, GOMAXPROCS times wall time.
+type cpuClasses struct{ gc, idle, total float64 }
+
+func readCPUClasses() cpuClasses {
+	s := []metrics.Sample{
+		{Name: "/cpu/classes/gc/total:cpu-seconds"},
+		{Name: "/cpu/classes/idle:cpu-seconds"},
+		{Name: "/cpu/classes/total:cpu-seconds"},
+	}
+	metrics.Read(s)
+	return cpuClasses{gc: s[0].Value.Float64(), idle: s[1].Value.Float64(), total: s[2].Value.Float64()}
+}
+
+// gcPart is the GC's part of cpu, the process CPU of the phase from c to
+// later: the share of the runtime's busy time (not idle) that went to the
+// GC, times cpu. The runtime's classes are estimates from the time Ps spent
+// at each task, not the kernel's accounting, so only the share is used.
+func (c cpuClasses) gcPart(later cpuClasses, cpu time.Duration) time.Duration {
+	busy := (later.total - c.total) - (later.idle - c.idle)
+	if busy <= 0 {
+		return 0
+	}
+	return time.Duration(float64(cpu) * (later.gc - c.gc) / busy)
 }
 
 // emptyBody is fetch's emptyBody (unexported there): the body of a request
@@ -489,6 +524,7 @@ func openBenchLoop(tb testing.TB, upstreamURL string, client *http.Client) *benc
 // benchResult is what one run measured.
 type benchResult struct {
 	wall, cpu, submit   time.Duration
+	gc                  time.Duration // the GC's part of cpu (cpuClasses.gcPart)
 	allocs              uint64
 	faults              int64 // minor page faults
 	livePeak, heapAfter uint64
@@ -512,6 +548,7 @@ func (bl *benchLoop) run(b *testing.B, up *benchCounts) benchResult {
 	mallocs := ms.Mallocs
 	groups, boltStats := bl.ledger.Stats(), bl.db.Stats()
 	faults := minorFaults(b)
+	classes := readCPUClasses()
 	cpu := cpuTime(b)
 	start := time.Now()
 
@@ -549,6 +586,7 @@ func (bl *benchLoop) run(b *testing.B, up *benchCounts) benchResult {
 
 	res.wall = time.Since(start)
 	res.cpu = cpuTime(b) - cpu
+	res.gc = classes.gcPart(readCPUClasses(), res.cpu)
 	res.faults = minorFaults(b) - faults
 	runtime.ReadMemStats(&ms)
 	res.allocs = ms.Mallocs - mallocs
@@ -629,14 +667,14 @@ func (bl *benchLoop) close(tb testing.TB) {
 
 // benchTotals adds up the runs of one benchmark.
 type benchTotals struct {
-	runs, dispatches                 int
-	conns                            int64
-	allocs                           uint64
-	faults                           int64
-	wall, cpu, submit, rtt, upstream time.Duration
-	heapAfter, livePeak              uint64
-	groups, grouped                  uint64
-	pageBytes                        int64
+	runs, dispatches                     int
+	conns                                int64
+	allocs                               uint64
+	faults                               int64
+	wall, cpu, gc, submit, rtt, upstream time.Duration
+	heapAfter, livePeak                  uint64
+	groups, grouped                      uint64
+	pageBytes                            int64
 }
 
 func (t *benchTotals) add(r benchResult) {
@@ -647,6 +685,7 @@ func (t *benchTotals) add(r benchResult) {
 	t.faults += r.faults
 	t.wall += r.wall
 	t.cpu += r.cpu
+	t.gc += r.gc
 	t.submit += r.submit
 	t.rtt += r.rtt
 	t.upstream += r.upHandler
