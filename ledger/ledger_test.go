@@ -614,3 +614,35 @@ func TestQueueToOrdersLaterAppends(t *testing.T) {
 		t.Fatalf("QueueTo after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestSeqAtFindsTheFirstEventAtOrAfter: SeqAt finds the first event recorded
+// at or after a time, one past the head when none is, and 1 in an empty
+// ledger.
+func TestSeqAtFindsTheFirstEventAtOrAfter(t *testing.T) {
+	ctx := context.Background()
+	fake := clock.NewFake(epoch)
+	l := MustOpen(t, MustOpenDB(t), ledger.Options{Clock: fake})
+	if seq, err := l.SeqAt(epoch); err != nil || seq != 1 {
+		t.Fatalf("empty ledger: SeqAt = %d, %v; want 1", seq, err)
+	}
+	// Events 1 to 3 at epoch, 4 to 6 a second later, 7 to 9 two seconds later.
+	for i := range 9 {
+		if i > 0 && i%3 == 0 {
+			fake.Advance(time.Second)
+		}
+		if _, err := l.Append(ctx, sampleEvent("r", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		at   time.Duration
+		want uint64
+	}{
+		{-time.Hour, 1}, {0, 1}, {time.Nanosecond, 4}, {time.Second, 4},
+		{1500 * time.Millisecond, 7}, {2 * time.Second, 7}, {3 * time.Second, 10},
+	} {
+		if seq, err := l.SeqAt(epoch.Add(c.at)); err != nil || seq != c.want {
+			t.Errorf("SeqAt(epoch%+v) = %d, %v; want %d", c.at, seq, err, c.want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
@@ -29,6 +30,9 @@ func (l *Ledger) ScanRun(runID string, after uint64, fn func(*auditd.Event) erro
 
 // Event is Reader.Event on the ledger's db.
 func (l *Ledger) Event(seq uint64) (auditd.Event, error) { return NewReader(l.db).Event(seq) }
+
+// SeqAt is Reader.SeqAt on the ledger's db.
+func (l *Ledger) SeqAt(t time.Time) (uint64, error) { return NewReader(l.db).SeqAt(t) }
 
 // scanChunk is how many events one read transaction of a scan visits. A
 // bbolt read transaction holds the file's memory map: while one is open the
@@ -147,6 +151,45 @@ func (r *Reader) Event(seq uint64) (auditd.Event, error) {
 		return auditd.Event{}, fmt.Errorf("event %d: %w", seq, err)
 	}
 	return e, nil
+}
+
+// SeqAt returns the sequence number of the first event recorded at or after
+// t, or one past the head when there is none. One writer stamps the events
+// in order, each commit group when it is prepared, so their times do not
+// decrease along the sequence, and a binary search reads some twenty events
+// to find it. (A wall clock stepped back between two starts breaks that
+// order; then the answer may be a little early or late.)
+func (r *Reader) SeqAt(t time.Time) (uint64, error) {
+	var seq uint64
+	err := r.db.View(func(tx *bolt.Tx) error {
+		events := tx.Bucket([]byte(bucketEvents))
+		seq = 1
+		if events == nil {
+			return nil // no ledger in this file yet
+		}
+		k, _ := events.Cursor().Last()
+		if k == nil {
+			return nil
+		}
+		// The answer is in [lo, hi]: every event before lo is older than
+		// t, and hi is the head's successor or an event at t or later.
+		lo, hi := uint64(1), binary.BigEndian.Uint64(k)+1
+		for lo < hi {
+			mid := lo + (hi-lo)/2
+			e, err := getEvent(events, seqKey(mid))
+			if err != nil {
+				return fmt.Errorf("event %d: %w", mid, err)
+			}
+			if e.Time.Before(t) {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		seq = lo
+		return nil
+	})
+	return seq, err
 }
 
 // Checkpoint returns the latest signed checkpoint note stored in the file
