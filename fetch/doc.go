@@ -19,7 +19,10 @@
 // The ledger is the truth: run records and item results in bbolt are views
 // for the API. On resume the loop recounts a run from its events, records
 // dispatches without an outcome as interrupted, and continues; an item the
-// ledger does not show finished is fetched again.
+// ledger does not show finished is fetched again. Before any worker starts,
+// the gates are given every dispatch and throttle the ledger holds from the
+// longest window back, whatever run made it: a restart never sends a
+// window's quota a second time.
 //
 // Invariants:
 //   - A dispatch is durable before its request leaves the process.

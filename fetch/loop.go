@@ -42,6 +42,8 @@ type Ledger interface {
 	AppendWith(ctx context.Context, events []auditd.Event, puts []ledger.Put) ([]auditd.Event, error)
 	// AppendTo is Append in place: e becomes the event as stored.
 	AppendTo(ctx context.Context, e *auditd.Event) error
+	// SeqAt returns the first event recorded at or after t (seedGates).
+	SeqAt(t time.Time) (uint64, error)
 	// QueueTo queues e, to be stored before anything queued after it, and
 	// returns; the Queued's Wait is AppendTo's wait for it to be durable.
 	QueueTo(e *auditd.Event) (ledger.Queued, error)
@@ -144,18 +146,18 @@ func (l *Loop) Start(ctx context.Context) error {
 		return err
 	}
 	var launches []func()
-	var dispatched []auditd.Event
 	for _, id := range ids {
-		launch, d, err := l.resume(ctx, id)
+		launch, err := l.resume(ctx, id)
 		if err != nil {
 			return fmt.Errorf("resume run %s: %w", id, err)
 		}
-		dispatched = append(dispatched, d...)
 		if launch != nil {
 			launches = append(launches, launch)
 		}
 	}
-	l.seedGates(dispatched)
+	if err := l.seedGates(); err != nil {
+		return err
+	}
 	for _, launch := range launches {
 		launch()
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -151,4 +152,63 @@ func TestRestartAfterRunFinishedStoresItsEnd(t *testing.T) {
 		t.Fatalf("results after the restart differ from those stored at the end")
 	}
 	h.reconcile(t, v.ID)
+}
+
+const windowScenario = `
+name: window
+seed: 1
+upstreams:
+  - name: api
+    path: /arcgis/rest/services/Parcels/FeatureServer/0/query
+    collection: {kind: arcgis, records: 10, max_page: 10, layer: parcels}
+`
+
+// A restart does not hand a source a fresh window. What a run that ended
+// just before it sent still counts against the source's window, so a run
+// submitted just after it waits until that has aged out: across the
+// restart, no window of the source holds more than its limit. (Only the
+// runs a restart resumed used to be counted.)
+func TestRestartKeepsAFinishedRunsWindow(t *testing.T) {
+	const limit = 4
+	window := time.Minute
+	h := newHarness(t, windowScenario)
+	h.source(t, auditd.Source{ID: "api", Limit: limit, Window: auditd.Duration(window), Burst: limit}, "api")
+	submit := func(name string) string {
+		var items []auditd.Item
+		for i := range limit {
+			items = append(items, auditd.Item{Key: fmt.Sprintf("%s%d", name, i), SourceID: "api",
+				Path: fmt.Sprintf("/arcgis/rest/services/Parcels/FeatureServer/0/query?f=json&run=%s&i=%d", name, i)})
+		}
+		v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: name, Items: items})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v = h.finish(t, v.ID); v.Status != auditd.RunSucceeded {
+			t.Fatalf("run %s ended %s", name, v.Status)
+		}
+		return v.ID
+	}
+	before := submit("before")
+	h.close(t)
+	h.open(t, h.dir)
+	after := submit("after")
+
+	var sent []time.Time
+	for _, id := range []string{before, after} {
+		for _, e := range h.events(t, id) {
+			if e.Type == auditd.EventDispatch {
+				sent = append(sent, e.Time)
+			}
+		}
+	}
+	if len(sent) != 2*limit {
+		t.Fatalf("%d dispatches, want %d", len(sent), 2*limit)
+	}
+	slices.SortFunc(sent, time.Time.Compare)
+	for i := limit; i < len(sent); i++ {
+		if d := sent[i].Sub(sent[i-limit]); d < window {
+			t.Errorf("dispatches at %v and %v are %v apart: %d in one window of %v, limit %d",
+				sent[i-limit].Sub(epoch), sent[i].Sub(epoch), d, limit+1, window, limit)
+		}
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
@@ -19,9 +21,9 @@ import (
 // finished only has its end stored.
 //
 // resume returns what starts the run's workers (nil when there is nothing
-// left to do) and the run's dispatches and throttles, which the caller
-// gives the gates before any worker starts (seedGates).
-func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched []auditd.Event, err error) {
+// left to do); the caller gives the gates what was sent before the restart
+// (seedGates) before it calls that.
+func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error) {
 	var rec *runRecord
 	var items []auditd.Item
 	err = l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
@@ -34,7 +36,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 		})
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 
 	ar := newActiveRun(rec)
@@ -77,11 +79,9 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 			}
 			ar.finishedLocked(res, lastGood, e.Time)
 		case auditd.EventDispatch:
-			dispatched = append(dispatched, auditd.Event{Type: e.Type, SourceID: e.SourceID, Time: e.Time})
 			ar.seenLocked(r, e.Attempt)
 			open[r] = *e
 		case auditd.EventThrottle:
-			dispatched = append(dispatched, auditd.Event{Type: e.Type, SourceID: e.SourceID, Time: e.Time, Wait: e.Wait})
 			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
 				delete(open, r)
 			}
@@ -93,30 +93,30 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("recount run from the ledger: %w", err)
+		return nil, fmt.Errorf("recount run from the ledger: %w", err)
 	}
 	if fin != nil {
 		// The crash came after run.finished, before the store had the
 		// run's end: store it, and record nothing new.
 		l.log.Info("storing the end of a finished run", "run", id)
-		return nil, dispatched, l.storeEnd(ar, fin)
+		return nil, l.storeEnd(ar, fin)
 	}
 
 	if !started {
 		// The crash came between storing the run and recording its start.
 		if err := l.begin(ctx, ar, items); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	} else {
 		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Cause: "restart"}); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		for _, d := range sortedDispatches(open) {
 			if _, err := l.record(ctx, ar, auditd.Event{
 				Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
 				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Cause: "no outcome recorded before the restart",
 			}); err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 		}
 		var unqueued []auditd.Item
@@ -126,7 +126,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 			}
 		}
 		if err := l.queueItems(ctx, ar, unqueued); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	var todo []auditd.Item
@@ -136,30 +136,58 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), dispatched
 		}
 	}
 	if err := l.saveRun(ar); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	l.log.Info("resuming run", "run", id, "items_left", len(todo), "interrupted", len(open))
-	return func() { l.launch(ar, todo) }, dispatched, nil
+	return func() { l.launch(ar, todo) }, nil
 }
 
-// seedGates gives the gates what resumed runs did before the restart,
-// oldest first, before any worker starts: dispatches count against their
-// sources' windows (a restart within a window must not send its quota a
-// second time), and a throttle's pause still in force holds again.
-func (l *Loop) seedGates(events []auditd.Event) {
-	slices.SortStableFunc(events, func(a, b auditd.Event) int { return a.Time.Compare(b.Time) })
-	for _, e := range events {
+// seedGates gives the gates what was sent before this start, oldest first,
+// before any worker starts: every dispatch still inside its source's window
+// counts against it, so that a restart does not send a window's quota a
+// second time, and a throttle's pause still in force holds again. That
+// covers every run, not only those resumed: a run that finished just
+// before a restart used the same windows as one submitted just after it.
+// The ledger is read back as far as the longest window, Retry-After cap or
+// backoff of any source (seedHorizon).
+func (l *Loop) seedGates() error {
+	now := l.cfg.Clock.Now()
+	from, err := l.cfg.Ledger.SeqAt(now.Add(-l.seedHorizon()))
+	if err != nil {
+		return fmt.Errorf("find the events to seed the gates from: %w", err)
+	}
+	return l.cfg.Ledger.Scan(from, 0, func(e *auditd.Event) error {
 		switch e.Type {
 		case auditd.EventDispatch:
 			if b, err := l.cfg.Limiter.Budget(e.SourceID); err == nil {
 				b.Record(e.Time, 1)
 			}
 		case auditd.EventThrottle:
-			if until := e.Time.Add(e.Wait); until.After(l.cfg.Clock.Now()) {
+			if until := e.Time.Add(e.Wait); until.After(now) {
 				l.cfg.Limiter.Pause(e.SourceID, until)
 			}
 		}
+		return nil
+	})
+}
+
+// seedHorizon is how far back a dispatch or a throttle can still hold a
+// gate: the longest window (configured or learned) and Retry-After cap of
+// the registered sources, and the own backoff's longest wait.
+func (l *Loop) seedHorizon() time.Duration {
+	horizon := limiter.DefaultBackoffMax
+	for _, src := range l.cfg.Registry.ListSources() {
+		retryCap := src.RetryCap.D()
+		if retryCap == 0 {
+			retryCap = limiter.DefaultRetryCap
+		}
+		horizon = max(horizon, retryCap)
+		if b, err := l.cfg.Limiter.Budget(src.ID); err == nil {
+			_, window, _, ceilingWindow := b.Limits()
+			horizon = max(horizon, window, ceilingWindow)
+		}
 	}
+	return horizon
 }
 
 func sortedDispatches(m map[request]auditd.Event) []auditd.Event {
