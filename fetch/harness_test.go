@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -148,9 +149,16 @@ func (h *harness) drive(done func() bool, steps int) bool {
 }
 
 // step waits until the loop has gone quiet, then fires the earliest timer.
-// Quiet means nothing moved for a while: no event appended, no request
-// arriving upstream, no timer added. Advancing earlier would let fake time
-// run ahead of work still in progress.
+// Quiet means nothing moved for a while (no event appended, no request
+// arriving upstream, no timer added) and no goroutine of the process is
+// ready to run but for this one. Advancing earlier would let fake time run
+// ahead of work still in progress: a worker that a timer woke, not yet
+// scheduled on a busy machine, would be admitted at one fake time and
+// stamped or heard upstream at a later one. Stillness alone is not enough
+// when other test packages share the CPU (go test ./... runs them side by
+// side): a runnable goroutine can wait there for longer than the stillness
+// takes. A goroutine that never blocks would keep the process from idling:
+// after idleWait, stillness alone does.
 func (h *harness) step() {
 	type state struct {
 		head     uint64
@@ -165,13 +173,23 @@ func (h *harness) step() {
 		}
 		return state{seq, h.clk.Pending(), n}
 	}
-	last, still := look(), 0
-	for still < 10 {
+	sched := []metrics.Sample{
+		{Name: "/sched/goroutines/runnable:goroutines"},
+		{Name: "/sched/goroutines/running:goroutines"},
+		{Name: "/sched/goroutines/not-in-go:goroutines"},
+	}
+	idle := func() bool {
+		metrics.Read(sched)
+		return sched[0].Value.Uint64() == 0 && sched[1].Value.Uint64() <= 1 && sched[2].Value.Uint64() == 0
+	}
+	const idleWait = 2 * time.Second
+	last, still, since := look(), 0, time.Now()
+	for still < 10 || !idle() && time.Since(since) < idleWait {
 		time.Sleep(100 * time.Microsecond)
 		if now := look(); now == last {
 			still++
 		} else {
-			last, still = now, 0
+			last, still, since = now, 0, time.Now()
 		}
 	}
 	if next, ok := h.clk.Next(); ok {
