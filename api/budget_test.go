@@ -168,3 +168,38 @@ func TestKeyedBudget(t *testing.T) {
 		t.Errorf("keys share a budget: %v", d)
 	}
 }
+
+// An Idempotency-Key answers retries of the request that first used it, and
+// only those: the same key with another run in the body is a 409 that
+// creates and charges nothing, and the first run is still what a true retry
+// gets back.
+func TestIdempotencyKeyReusedForAnotherRun(t *testing.T) {
+	e := newEnv(t, withTokenBudget(limiter.BudgetConfig{Limit: 100, Window: time.Minute, Burst: 100}))
+	op := e.secret[auth.RoleOperator]
+	key := map[string]string{"Idempotency-Key": "nightly-1"}
+	first := e.do(request{method: "POST", path: "/v1/runs", secret: op, body: runOf(3), header: key})
+	if first.status != http.StatusCreated {
+		t.Fatalf("first run: %d %s", first.status, first.body)
+	}
+	var created struct{ ID string }
+	first.decode(t, &created)
+	runs, head := e.runs.count(), e.head()
+
+	other := e.do(request{method: "POST", path: "/v1/runs", secret: op, body: runOf(4), header: key})
+	if other.status != http.StatusConflict {
+		t.Fatalf("the key with another run: %d, want 409; body %s", other.status, other.body)
+	}
+	if p := other.problem(t); p.Code != "conflict" || !strings.Contains(p.Detail, created.ID) {
+		t.Errorf("problem %+v: want code conflict naming run %s", p, created.ID)
+	}
+	if e.runs.count() != runs || e.head() != head {
+		t.Fatalf("the refused request created runs (%d to %d) or events (%d to %d)", runs, e.runs.count(), head, e.head())
+	}
+
+	retry := e.do(request{method: "POST", path: "/v1/runs", secret: op, body: runOf(3), header: key})
+	var replay struct{ ID string }
+	retry.decode(t, &replay)
+	if retry.status != http.StatusCreated || retry.header.Get("Idempotent-Replayed") != "true" || replay.ID != created.ID {
+		t.Fatalf("retry of the first request: %d replayed %q id %s, want 201 true %s", retry.status, retry.header.Get("Idempotent-Replayed"), replay.ID, created.ID)
+	}
+}

@@ -69,11 +69,14 @@ type Runs interface {
 	// CreateRun stores and starts a run. The caller has validated nr's shape;
 	// CreateRun still refuses (EINVALID with the field) what only it can
 	// check, storing nothing. When another run already holds
-	// nr.IdempotencyKey it returns that run with created false.
+	// nr.IdempotencyKey it returns that run with created false, or
+	// ECONFLICT when that run was submitted with other contents.
 	CreateRun(ctx context.Context, nr NewRun) (run RunState, created bool, err error)
-	// RunByIdempotencyKey returns the run created with key; ENOTFOUND when
-	// there is none. The API scopes keys to the token that sent them.
-	RunByIdempotencyKey(ctx context.Context, key string) (RunState, error)
+	// RunByIdempotencyKey returns the run created with nr.IdempotencyKey:
+	// ENOTFOUND when there is none, ECONFLICT when it was created from a
+	// request with other contents than nr (a key answers retries of its
+	// first request only). The API scopes keys to the token that sent them.
+	RunByIdempotencyKey(ctx context.Context, nr NewRun) (RunState, error)
 	// Run returns one run with its live counts; ENOTFOUND when unknown.
 	Run(ctx context.Context, id string) (RunState, error)
 	// Runs returns up to f.Limit runs matching f, newest first, after the run

@@ -18,7 +18,7 @@
 //   - Admission: every authenticated request is charged to its token's
 //     Budget before it does work; a run costs one more unit per item, and a
 //     retry with the same Idempotency-Key is answered from the first run
-//     without a second charge. Over budget is a 429 whose Retry-After is the
+//     without a second charge (the same key with other contents is a 409). Over budget is a 429 whose Retry-After is the
 //     time until the same request will be admitted. Failed authentications
 //     are charged to the client address; an address out of budget is refused
 //     before its token is even checked.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -378,6 +379,24 @@ type fakeRun struct {
 	state api.RunState
 	items []api.ItemState
 	acked map[string]bool
+	req   api.NewRun // what it was created from
+}
+
+// sameRequest is whether a and b ask for the same run, whoever asks: what
+// the real store fingerprints for an idempotency key.
+func sameRequest(a, b api.NewRun) bool {
+	return a.Name == b.Name && reflect.DeepEqual(a.Award, b.Award) && reflect.DeepEqual(a.Items, b.Items) &&
+		a.Deadline.Equal(b.Deadline) && a.Replay == b.Replay
+}
+
+// replayed is the run key made, or ECONFLICT when it made it from another
+// request than nr.
+func (f *fakeRuns) replayed(id string, nr api.NewRun) (api.RunState, error) {
+	r := f.runs[id]
+	if !sameRequest(r.req, nr) {
+		return api.RunState{}, auditd.Errorf(auditd.ECONFLICT, "The idempotency key was first used for run %s, submitted with other contents.", id)
+	}
+	return r.state, nil
 }
 
 func newFakeRuns(c *clock.Fake) *fakeRuns {
@@ -411,24 +430,26 @@ func (f *fakeRuns) CreateRun(_ context.Context, nr api.NewRun) (api.RunState, bo
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id, ok := f.idem[nr.IdempotencyKey]; ok && nr.IdempotencyKey != "" {
-		return f.runs[id].state, false, nil
+		st, err := f.replayed(id, nr)
+		return st, false, err
 	}
 	items := make([]api.ItemState, len(nr.Items))
 	for i, it := range nr.Items {
 		items[i] = api.ItemState{Item: it}
 	}
 	id := f.addLocked(auditd.Run{Name: nr.Name, Award: nr.Award, Status: auditd.RunRunning, InitiatedBy: nr.Principal, Deadline: nr.Deadline, Replay: nr.Replay}, items)
+	f.runs[id].req = nr
 	if nr.IdempotencyKey != "" {
 		f.idem[nr.IdempotencyKey] = id
 	}
 	return f.runs[id].state, true, nil
 }
 
-func (f *fakeRuns) RunByIdempotencyKey(_ context.Context, key string) (api.RunState, error) {
+func (f *fakeRuns) RunByIdempotencyKey(_ context.Context, nr api.NewRun) (api.RunState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if id, ok := f.idem[key]; ok {
-		return f.runs[id].state, nil
+	if id, ok := f.idem[nr.IdempotencyKey]; ok {
+		return f.replayed(id, nr)
 	}
 	return api.RunState{}, auditd.Errorf(auditd.ENOTFOUND, "no run with that key")
 }

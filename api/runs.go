@@ -61,30 +61,29 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 	}
 
 	tok := token(c)
-	scoped := ""
+	nr := NewRun{
+		Name:      req.Name,
+		Award:     req.Award,
+		Items:     req.Items,
+		Deadline:  req.Deadline,
+		Replay:    req.Replay,
+		Principal: tok.Principal(),
+	}
 	if key != "" {
 		// Keys are the client's; scoping them to the token keeps one
 		// client from replaying (or squatting on) another's.
-		scoped = tok.ID + ":" + key
-		st, err := s.Runs.RunByIdempotencyKey(ctx, scoped)
+		nr.IdempotencyKey = tok.ID + ":" + key
+		st, err := s.Runs.RunByIdempotencyKey(ctx, nr)
 		if err == nil {
 			return s.renderCreated(c, st, true)
 		} else if auditd.ErrorCode(err) != auditd.ENOTFOUND {
-			return err
+			return err // ECONFLICT: the key made a different run
 		}
 	}
 	if err := s.charge(c, tok, float64(costRequest+len(req.Items))); err != nil {
 		return err
 	}
-	st, created, err := s.Runs.CreateRun(ctx, NewRun{
-		Name:           req.Name,
-		Award:          req.Award,
-		Items:          req.Items,
-		Deadline:       req.Deadline,
-		Replay:         req.Replay,
-		IdempotencyKey: scoped,
-		Principal:      tok.Principal(),
-	})
+	st, created, err := s.Runs.CreateRun(ctx, nr)
 	if err != nil {
 		return err
 	}

@@ -207,11 +207,11 @@ type SubmitRequest struct {
 // item key fails before anything is queued.
 func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, error) {
 	if req.IdempotencyKey != "" {
-		if id, ok, err := l.idempotent(req.IdempotencyKey); err != nil {
+		v, err := l.RunByIdempotencyKey(req)
+		if err == nil {
+			return v, false, nil
+		} else if auditd.ErrorCode(err) != auditd.ENOTFOUND {
 			return RunView{}, false, err
-		} else if ok {
-			v, err := l.Run(id)
-			return v, false, err
 		}
 	}
 	if err := l.validate(req); err != nil {
@@ -238,6 +238,9 @@ func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, er
 		Replay:      req.Replay,
 		ItemCount:   len(req.Items),
 	}}
+	if req.IdempotencyKey != "" {
+		rec.RequestHash = requestHash(req)
+	}
 	for i := range req.Items {
 		if req.Items[i].Method == "" {
 			req.Items[i].Method = http.MethodGet

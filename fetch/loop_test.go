@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -581,4 +582,44 @@ func slowItems(tb testing.TB, h *harness, n int) []auditd.Item {
 		items[i] = auditd.Item{Key: "k" + string(rune('a'+i)), SourceID: "slow", Path: "/geoserver/ows?n=" + string(rune('a'+i))}
 	}
 	return items
+}
+
+// An idempotency key answers retries of the submit that first used it, and
+// only those: the same key with other items is refused (ECONFLICT) and
+// stores nothing, and an item's method left empty is the GET it defaults to.
+func TestIdempotencyKeyAnswersOnlyItsRequest(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	mixedSources(t, h)
+	ctx := context.Background()
+	req := fetch.SubmitRequest{Name: "nightly", Items: mixedItems()[:2], IdempotencyKey: "tok:nightly-1"}
+	first, created, err := h.loop.Submit(ctx, req)
+	if err != nil || !created {
+		t.Fatalf("first submit: created %v, %v", created, err)
+	}
+
+	retry := req
+	retry.Items = slices.Clone(req.Items)
+	retry.Items[0].Method = "GET" // what an empty method defaults to
+	again, created, err := h.loop.Submit(ctx, retry)
+	if err != nil || created || again.ID != first.ID {
+		t.Fatalf("retry: run %s, created %v, %v; want run %s, not created", again.ID, created, err, first.ID)
+	}
+
+	other := req
+	other.Items = mixedItems()[:3]
+	runs, _, err := h.loop.Runs(fetch.RunFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h.loop.Submit(ctx, other); auditd.ErrorCode(err) != auditd.ECONFLICT || !strings.Contains(err.Error(), first.ID) {
+		t.Fatalf("the key with other items: %v; want a conflict naming run %s", err, first.ID)
+	}
+	if _, err := h.loop.RunByIdempotencyKey(other); auditd.ErrorCode(err) != auditd.ECONFLICT {
+		t.Fatalf("RunByIdempotencyKey with other items: %v; want a conflict", err)
+	}
+	after, _, err := h.loop.Runs(fetch.RunFilter{})
+	if err != nil || len(after) != len(runs) {
+		t.Fatalf("%d runs before the refused submit, %d after (%v)", len(runs), len(after), err)
+	}
+	h.finish(t, first.ID)
 }

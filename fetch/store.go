@@ -23,6 +23,10 @@ var (
 type runRecord struct {
 	auditd.Run
 	Counts Counts `json:"counts"`
+	// RequestHash fingerprints what the run was submitted with, when it was
+	// submitted with an idempotency key (requestHash): the key's reuse for
+	// a different run is refused. Runs stored before it have none.
+	RequestHash string `json:"request_hash,omitempty"`
 }
 
 // ItemResult is how an item ended.

@@ -2,10 +2,14 @@ package fetch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -325,15 +329,54 @@ func sortedStrings(s []string) []string {
 	return s
 }
 
-// RunByIdempotencyKey returns the run submitted with key; ENOTFOUND when
-// none was.
-func (l *Loop) RunByIdempotencyKey(key string) (RunView, error) {
-	id, ok, err := l.idempotent(key)
+// RunByIdempotencyKey returns the run submitted with req's idempotency key:
+// ENOTFOUND when none was, ECONFLICT when the key was used for a run
+// submitted with other contents (another name, award, item, deadline or
+// replay setting). A key answers only a retry of the request that used it
+// first; the same key for a different run would be answered with the wrong
+// run otherwise.
+func (l *Loop) RunByIdempotencyKey(req SubmitRequest) (RunView, error) {
+	id, ok, err := l.idempotent(req.IdempotencyKey)
 	if err != nil {
 		return RunView{}, err
 	}
 	if !ok {
 		return RunView{}, auditd.Errorf(auditd.ENOTFOUND, "no run was submitted with that idempotency key")
 	}
+	var rec *runRecord
+	if err := l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
+		rec, err = loadRun(tx, id)
+		return err
+	}); err != nil {
+		return RunView{}, err
+	}
+	if rec.RequestHash != "" && rec.RequestHash != requestHash(req) {
+		return RunView{}, auditd.Errorf(auditd.ECONFLICT,
+			"The idempotency key was first used for run %s, submitted with other contents; use a new key for a new run.", id)
+	}
 	return l.Run(id)
+}
+
+// requestHash fingerprints what a submit asks for: the run's name, award,
+// items (an item's method defaulting to GET), deadline and replay setting;
+// not who asks, nor the key.
+func requestHash(req SubmitRequest) string {
+	items := slices.Clone(req.Items)
+	for i := range items {
+		if items[i].Method == "" {
+			items[i].Method = http.MethodGet
+		}
+	}
+	b, err := json.Marshal(struct {
+		Name     string        `json:"name"`
+		Award    auditd.Award  `json:"award"`
+		Items    []auditd.Item `json:"items"`
+		Deadline time.Time     `json:"deadline"`
+		Replay   bool          `json:"replay"`
+	}{req.Name, req.Award, items, req.Deadline.UTC(), req.Replay})
+	if err != nil {
+		panic(fmt.Sprintf("fingerprint a run request: %v", err)) // plain data: cannot fail
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }

@@ -99,16 +99,20 @@ func itemState(v fetch.ItemView) api.ItemState {
 }
 
 func (a runsAPI) CreateRun(ctx context.Context, nr api.NewRun) (api.RunState, bool, error) {
-	v, created, err := a.loop.Submit(ctx, fetch.SubmitRequest{
-		Name: nr.Name, Award: nr.Award, Items: nr.Items, Deadline: nr.Deadline, Replay: nr.Replay,
-		IdempotencyKey: nr.IdempotencyKey, Principal: nr.Principal,
-	})
+	v, created, err := a.loop.Submit(ctx, submitRequest(nr))
 	return runState(v), created, err
 }
 
-func (a runsAPI) RunByIdempotencyKey(_ context.Context, key string) (api.RunState, error) {
-	v, err := a.loop.RunByIdempotencyKey(key)
+func (a runsAPI) RunByIdempotencyKey(_ context.Context, nr api.NewRun) (api.RunState, error) {
+	v, err := a.loop.RunByIdempotencyKey(submitRequest(nr))
 	return runState(v), err
+}
+
+func submitRequest(nr api.NewRun) fetch.SubmitRequest {
+	return fetch.SubmitRequest{
+		Name: nr.Name, Award: nr.Award, Items: nr.Items, Deadline: nr.Deadline, Replay: nr.Replay,
+		IdempotencyKey: nr.IdempotencyKey, Principal: nr.Principal,
+	}
 }
 
 func (a runsAPI) Run(_ context.Context, id string) (api.RunState, error) {
