@@ -242,9 +242,7 @@ func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, er
 		rec.RequestHash = requestHash(req)
 	}
 	for i := range req.Items {
-		if req.Items[i].Method == "" {
-			req.Items[i].Method = http.MethodGet
-		}
+		req.Items[i].Method = itemMethod(req.Items[i].Method)
 	}
 	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
 		if req.IdempotencyKey != "" && tx.Bucket(bucketIdem).Get([]byte(req.IdempotencyKey)) != nil {
@@ -268,13 +266,25 @@ func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, er
 
 var errIdemRace = errors.New("idempotency key taken concurrently")
 
-func (l *Loop) idempotent(key string) (string, bool, error) {
-	var id string
-	err := l.cfg.DB.View(func(tx *bolt.Tx) error {
-		id = string(tx.Bucket(bucketIdem).Get([]byte(key)))
-		return nil
+// idempotentRun returns the stored record of the run submitted with key,
+// nil when none was, in one read.
+func (l *Loop) idempotentRun(key string) (*runRecord, error) {
+	var rec *runRecord
+	err := l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
+		if id := tx.Bucket(bucketIdem).Get([]byte(key)); id != nil {
+			rec, err = loadRun(tx, string(id))
+		}
+		return err
 	})
-	return id, id != "", err
+	return rec, err
+}
+
+// itemMethod is an item's method: GET when it names none.
+func itemMethod(m string) string {
+	if m == "" {
+		return http.MethodGet
+	}
+	return m
 }
 
 func (l *Loop) validate(req SubmitRequest) error {

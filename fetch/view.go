@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"slices"
 	"sort"
 	"time"
@@ -336,25 +335,18 @@ func sortedStrings(s []string) []string {
 // first; the same key for a different run would be answered with the wrong
 // run otherwise.
 func (l *Loop) RunByIdempotencyKey(req SubmitRequest) (RunView, error) {
-	id, ok, err := l.idempotent(req.IdempotencyKey)
+	rec, err := l.idempotentRun(req.IdempotencyKey)
 	if err != nil {
 		return RunView{}, err
 	}
-	if !ok {
+	if rec == nil {
 		return RunView{}, auditd.Errorf(auditd.ENOTFOUND, "no run was submitted with that idempotency key")
-	}
-	var rec *runRecord
-	if err := l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
-		rec, err = loadRun(tx, id)
-		return err
-	}); err != nil {
-		return RunView{}, err
 	}
 	if rec.RequestHash != "" && rec.RequestHash != requestHash(req) {
 		return RunView{}, auditd.Errorf(auditd.ECONFLICT,
-			"The idempotency key was first used for run %s, submitted with other contents; use a new key for a new run.", id)
+			"The idempotency key was first used for run %s, submitted with other contents; use a new key for a new run.", rec.ID)
 	}
-	return l.Run(id)
+	return l.Run(rec.ID)
 }
 
 // requestHash fingerprints what a submit asks for: the run's name, award,
@@ -363,9 +355,7 @@ func (l *Loop) RunByIdempotencyKey(req SubmitRequest) (RunView, error) {
 func requestHash(req SubmitRequest) string {
 	items := slices.Clone(req.Items)
 	for i := range items {
-		if items[i].Method == "" {
-			items[i].Method = http.MethodGet
-		}
+		items[i].Method = itemMethod(items[i].Method)
 	}
 	b, err := json.Marshal(struct {
 		Name     string        `json:"name"`
