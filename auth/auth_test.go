@@ -3,8 +3,10 @@ package auth_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -198,4 +200,33 @@ func TestBootstrap(t *testing.T) {
 			t.Error("a refused bootstrap stored a token")
 		}
 	})
+}
+
+// TestListKeepsCreationOrderWithinAMillisecond: ids minted at the same
+// instant still sort in the order the tokens were made, so List's "oldest
+// first" holds on a fast machine too.
+func TestListKeepsCreationOrderWithinAMillisecond(t *testing.T) {
+	s, _, _ := mustOpenStore(t)
+	at := time.Date(2026, 11, 30, 1, 30, 7, 954_000_000, time.UTC)
+	s.Now = func() time.Time { return at }
+	ctx := context.Background()
+	var want []string
+	for i := range 32 {
+		tok, _, err := s.Create(ctx, fmt.Sprintf("t%02d", i), auth.RoleAdmin, "setup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, tok.Name)
+	}
+	toks, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, tok := range toks {
+		got = append(got, tok.Name)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("List order %v, want creation order %v", got, want)
+	}
 }

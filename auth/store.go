@@ -13,6 +13,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -94,7 +95,14 @@ type Store struct {
 	// Now stamps CreatedAt and RevokedAt. Default: time.Now.
 	Now func() time.Time
 	// Rand supplies secrets and token ids. Default: crypto/rand.Reader.
+	// Set it before the first Create.
 	Rand io.Reader
+
+	// idsOnce makes ids, the monotonic entropy that keeps ids minted in
+	// the same millisecond in the order they were minted, so that List
+	// (which sorts by id) lists tokens in the order they were created.
+	idsOnce sync.Once
+	ids     *ulid.LockedMonotonicReader
 }
 
 // NewStore returns a Store on db, creating its buckets. Every change is
@@ -145,7 +153,8 @@ func (s *Store) create(ctx context.Context, name string, role Role, by, secret s
 		return Token{}, &auditd.Error{Code: auditd.EINVALID, Field: "name", Message: "name is required"}
 	}
 	now := s.Now().UTC()
-	id, err := ulid.New(ulid.Timestamp(now), s.Rand)
+	s.idsOnce.Do(func() { s.ids = &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(s.Rand, 0)} })
+	id, err := ulid.New(ulid.Timestamp(now), s.ids)
 	if err != nil {
 		return Token{}, fmt.Errorf("new token id: %w", err)
 	}

@@ -86,6 +86,11 @@ type Loop struct {
 	active    map[string]*activeRun
 	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
 	closed    bool
+
+	// runIDs keeps run ids minted in the same millisecond in the order
+	// they were minted, so that Runs (newest first, by id) lists them in
+	// submission order.
+	runIDs *ulid.LockedMonotonicReader
 }
 
 // New returns a Loop; it starts nothing.
@@ -118,7 +123,8 @@ func New(cfg Config) (*Loop, error) {
 		return nil, fmt.Errorf("create fetch buckets: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{}}, nil
+	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{},
+		runIDs: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)}}, nil
 }
 
 // Start configures the gates of every registered source and resumes every
@@ -226,7 +232,7 @@ func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, er
 
 	now := l.cfg.Clock.Now().UTC()
 	rec := &runRecord{Run: auditd.Run{
-		ID:          ulid.MustNew(ulid.Timestamp(now), rand.Reader).String(),
+		ID:          ulid.MustNew(ulid.Timestamp(now), l.runIDs).String(),
 		Name:        req.Name,
 		Award:       req.Award,
 		Status:      auditd.RunRunning,

@@ -3,6 +3,7 @@ package fetch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -622,4 +623,37 @@ func TestIdempotencyKeyAnswersOnlyItsRequest(t *testing.T) {
 		t.Fatalf("%d runs before the refused submit, %d after (%v)", len(runs), len(after), err)
 	}
 	h.finish(t, first.ID)
+}
+
+// TestRunsListsSameInstantRunsInSubmissionOrder: runs submitted at one
+// instant of the clock still list newest first, because their ids keep the
+// order they were minted in.
+func TestRunsListsSameInstantRunsInSubmissionOrder(t *testing.T) {
+	h := newHarness(t, mixedScenario)
+	mixedSources(t, h)
+	ctx := context.Background()
+	var ids []string
+	for i := range 12 {
+		v, _, err := h.loop.Submit(ctx, fetch.SubmitRequest{Name: fmt.Sprintf("r%02d", i), Items: mixedItems()[:1]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, v.ID)
+	}
+	runs, _, err := h.loop.Runs(fetch.RunFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range runs {
+		got = append(got, r.ID)
+	}
+	want := slices.Clone(ids)
+	slices.Reverse(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Runs listed %v, want newest first %v", got, want)
+	}
+	for _, id := range ids {
+		h.finish(t, id)
+	}
 }
