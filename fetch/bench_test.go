@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -126,11 +127,35 @@ func BenchmarkLoop1000x20(b *testing.B) {
 		b.Skip("a 20,000-request run on an fsync'ing file; not in -short")
 	}
 	up := newBenchUpstream(b)
+	benchWide(b, up.srv.URL, &up.benchCounts)
+}
+
+// BenchmarkLoop1000x20Nginx is BenchmarkLoop1000x20 with the upstream in a
+// process of its own: a real nginx answering every request at once
+// (testdata/nginx/bench.conf.tmpl). The process's CPU then holds the loop
+// and the HTTP client, and none of the server, so the calibration is the
+// client alone and does not depend on how hard the server is driven: with
+// the server in process, it costs more per request in the calibration,
+// which sends as fast as it can, than in the run, where the loop's own work
+// spaces the requests out, and that makes us/req-loop-wide read low.
+// us/req-upstream is not reported: nginx's time is not this process's.
+// Without nginx installed the benchmark is skipped.
+func BenchmarkLoop1000x20Nginx(b *testing.B) {
+	if testing.Short() {
+		b.Skip("a 20,000-request run on an fsync'ing file; not in -short")
+	}
+	ng := startNginx(b, nginxConfig{Template: "bench.conf.tmpl"})
+	benchWide(b, ng.url, &nginxCounts{ng: ng})
+}
+
+// benchWide measures the runs of a Loop1000x20 benchmark against the
+// upstream at url, and the HTTP exchange with it alone (the calibrations).
+func benchWide(b *testing.B, url string, up upstreamCounter) {
 	opts := fetch.DefaultClientOptions()
 	opts.MaxIdlePerHost, opts.MaxConnsPerHost = benchSources*4, benchSources*4
 	client := fetch.NewClient(opts)
 	b.Cleanup(client.CloseIdleConnections)
-	httpCPU, _, _ := up.calibrate(b, client, benchRequests, 64)
+	httpCPU, _, _ := calibrate(b, client, url, benchRequests, 64)
 	// The run keeps up to 4 requests in flight per source, 4,000 at once,
 	// so it dials and keeps that many connections; the same exchange at that
 	// width, on a client of its own, costs more than at 64. It also varies
@@ -143,14 +168,14 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	var wideTries []try
 	for range 3 {
 		wide := fetch.NewClient(opts)
-		cpu, gc, faults := up.calibrate(b, wide, benchRequests, benchSources*4)
+		cpu, gc, faults := calibrate(b, wide, url, benchRequests, benchSources*4)
 		wide.CloseIdleConnections()
 		wideTries = append(wideTries, try{cpu, gc, faults})
 	}
 	slices.SortFunc(wideTries, func(a, b try) int { return cmp.Compare(a.cpu, b.cpu) })
 	httpWideCPU, httpWideGC, httpWideFaults := wideTries[1].cpu, wideTries[1].gc, wideTries[1].faults
 
-	sum := runBenchLoops(b, up.srv.URL, client, &up.benchCounts)
+	sum := runBenchLoops(b, url, client, up)
 	n := float64(sum.dispatches)
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / n }
 	b.ReportMetric(us(sum.wall), "us/req-wall")
@@ -161,7 +186,9 @@ func BenchmarkLoop1000x20(b *testing.B) {
 	b.ReportMetric(float64(httpWideCPU)/float64(time.Microsecond), "us/req-http-wide")
 	b.ReportMetric(us(sum.cpu)-float64(httpWideCPU)/float64(time.Microsecond), "us/req-loop-wide")
 	b.ReportMetric(us(sum.rtt), "us/req-rtt")
-	b.ReportMetric(us(sum.upstream), "us/req-upstream")
+	if sum.upstream > 0 {
+		b.ReportMetric(us(sum.upstream), "us/req-upstream")
+	}
 	b.ReportMetric(float64(httpWideFaults)/benchRequests, "faults/req-http-wide")
 	b.ReportMetric(float64(httpWideGC)/float64(time.Microsecond), "us/req-gc-http-wide")
 	b.ReportMetric(float64(sum.conns)/float64(sum.runs), "conns/run")
@@ -190,7 +217,7 @@ func BenchmarkLoopInMemory(b *testing.B) {
 }
 
 // runBenchLoops does b.N runs, each on a fresh loop, and adds them up.
-func runBenchLoops(b *testing.B, upstreamURL string, client *http.Client, up *benchCounts) benchTotals {
+func runBenchLoops(b *testing.B, upstreamURL string, client *http.Client, up upstreamCounter) benchTotals {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sum benchTotals
@@ -279,11 +306,54 @@ type benchUpstream struct {
 	benchCounts
 }
 
-// benchCounts is what an upstream counts of what it served.
+// upstreamCounter is an upstream that can say what it has served so far:
+// requests, the connections they came on, and the time spent answering
+// them (0 when the upstream does not measure it).
+type upstreamCounter interface {
+	served(tb testing.TB) (requests, conns int64, handler time.Duration)
+}
+
+// benchCounts is what an upstream in this process counts of what it served.
 type benchCounts struct {
 	requests atomic.Int64
 	handler  atomic.Int64 // nanoseconds spent answering
 	conns    atomic.Int64 // connections accepted
+}
+
+func (c *benchCounts) served(testing.TB) (requests, conns int64, handler time.Duration) {
+	return c.requests.Load(), c.conns.Load(), time.Duration(c.handler.Load())
+}
+
+// nginxCounts counts what the nginx of BenchmarkLoop1000x20Nginx served
+// from its access log, one line per request naming its connection.
+type nginxCounts struct{ ng *nginx }
+
+// served counts the lines of the access log, and the connections they name.
+// nginx writes a request's line once it has sent the response, so a client
+// may read the response first: it reads the log until it stops growing.
+func (c *nginxCounts) served(tb testing.TB) (requests, conns int64, handler time.Duration) {
+	tb.Helper()
+	path := filepath.Join(c.ng.dir, "access.log")
+	var last []byte
+	for try := 0; ; try++ {
+		b, err := os.ReadFile(path)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			tb.Fatal(err)
+		}
+		if try > 0 && len(b) == len(last) {
+			break
+		}
+		last = b
+		time.Sleep(50 * time.Millisecond)
+	}
+	seen := map[string]bool{}
+	for line := range bytes.Lines(last) {
+		requests++
+		if id, _, ok := bytes.Cut(line, []byte(" ")); ok && !seen[string(id)] {
+			seen[string(id)] = true
+		}
+	}
+	return requests, int64(len(seen)), 0
 }
 
 // benchBody is the body the upstreams answer a request for path with.
@@ -338,11 +408,12 @@ func (u *benchUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.handler.Add(int64(time.Since(start)))
 }
 
-// calibrate returns the process CPU time per request of n requests sent
-// with client by conc workers, without the loop: the HTTP exchange's own
-// cost, client and (in-process) server side; and the page faults it took.
-// It starts as the run does (coldStart).
-func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc int) (cpu, gc time.Duration, faults int64) {
+// calibrate returns the process CPU time per request of n requests sent to
+// the upstream at url with client by conc workers, without the loop: the
+// HTTP exchange's own cost, client and (for an upstream in this process)
+// server side; the GC's part of it; and the page faults it took. It starts
+// as the run does (coldStart).
+func calibrate(tb testing.TB, client *http.Client, url string, n, conc int) (cpu, gc time.Duration, faults int64) {
 	tb.Helper()
 	var next atomic.Int64
 	var failed atomic.Value
@@ -355,7 +426,7 @@ func (u *benchUpstream) calibrate(tb testing.TB, client *http.Client, n, conc in
 		wg.Go(func() {
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
 				// Built as fetch's send builds it: a non-replayable empty body.
-				req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/calibrate/%d?f=json", u.srv.URL, i), emptyBody{})
+				req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/calibrate/%d?f=json", url, i), emptyBody{})
 				if err != nil {
 					failed.Store(err)
 					return
@@ -539,9 +610,9 @@ type benchResult struct {
 
 // run submits the run and waits until it is terminal. The caller's timer
 // runs for exactly this.
-func (bl *benchLoop) run(b *testing.B, up *benchCounts) benchResult {
+func (bl *benchLoop) run(b *testing.B, up upstreamCounter) benchResult {
 	var res benchResult
-	upReq, upHandler, upConns := up.requests.Load(), up.handler.Load(), up.conns.Load()
+	upReq, upConns, upHandler := up.served(b)
 	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -595,9 +666,8 @@ func (bl *benchLoop) run(b *testing.B, up *benchCounts) benchResult {
 	after := bl.db.Stats()
 	bs := after.Sub(&boltStats)
 	res.pageBytes = bs.TxStats.GetPageAlloc()
-	res.upRequests = up.requests.Load() - upReq
-	res.upHandler = time.Duration(up.handler.Load() - upHandler)
-	res.upConns = up.conns.Load() - upConns
+	requests, conns, handler := up.served(b)
+	res.upRequests, res.upConns, res.upHandler = requests-upReq, conns-upConns, handler-upHandler
 	metrics.Read(sample)
 	res.livePeak = max(res.livePeak, sample[0].Value.Uint64())
 	runtime.GC()

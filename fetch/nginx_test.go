@@ -271,8 +271,10 @@ func measure(events []auditd.Event, learning time.Duration) nginxMeasure {
 	return m
 }
 
-// nginxConfig fills testdata/nginx/nginx.conf.tmpl.
+// nginxConfig fills a template in testdata/nginx.
 type nginxConfig struct {
+	Template string // the template's file name; "" is nginx.conf.tmpl
+
 	Dir    string // the prefix: config, logs, temp files
 	Root   string // testdata/nginx, whose ok.json is the body served
 	Port   int
@@ -309,7 +311,10 @@ func startNginx(tb testing.TB, cfg nginxConfig) *nginx {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tmpl, err := template.ParseFiles(filepath.Join(root, "nginx.conf.tmpl"))
+	if cfg.Template == "" {
+		cfg.Template = "nginx.conf.tmpl"
+	}
+	tmpl, err := template.ParseFiles(filepath.Join(root, cfg.Template))
 	if err != nil {
 		tb.Fatal(err)
 	}
