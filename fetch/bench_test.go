@@ -155,25 +155,21 @@ func benchWide(b *testing.B, url string, up upstreamCounter) {
 	opts.MaxIdlePerHost, opts.MaxConnsPerHost = benchSources*4, benchSources*4
 	client := fetch.NewClient(opts)
 	b.Cleanup(client.CloseIdleConnections)
-	httpCPU, _, _ := calibrate(b, client, url, benchRequests, 64)
+	httpCPU := calibrate(b, client, url, benchRequests, 64).cpu
 	// The run keeps up to 4 requests in flight per source, 4,000 at once,
 	// so it dials and keeps that many connections; the same exchange at that
 	// width, on a client of its own, costs more than at 64. It also varies
 	// more from one try to the next (by some 10%, as much as the loop's own
 	// share moves): the median of three fresh clients.
-	type try struct {
-		cpu, gc time.Duration
-		faults  int64
-	}
-	var wideTries []try
+	var wideTries []calibration
 	for range 3 {
 		wide := fetch.NewClient(opts)
-		cpu, gc, faults := calibrate(b, wide, url, benchRequests, benchSources*4)
+		wideTries = append(wideTries, calibrate(b, wide, url, benchRequests, benchSources*4))
 		wide.CloseIdleConnections()
-		wideTries = append(wideTries, try{cpu, gc, faults})
 	}
-	slices.SortFunc(wideTries, func(a, b try) int { return cmp.Compare(a.cpu, b.cpu) })
-	httpWideCPU, httpWideGC, httpWideFaults := wideTries[1].cpu, wideTries[1].gc, wideTries[1].faults
+	slices.SortFunc(wideTries, func(a, b calibration) int { return cmp.Compare(a.cpu, b.cpu) })
+	httpWide := wideTries[1]
+	httpWideCPU, httpWideGC, httpWideFaults := httpWide.cpu, httpWide.gc, httpWide.faults
 
 	sum := runBenchLoops(b, url, client, up)
 	n := float64(sum.dispatches)
@@ -191,6 +187,7 @@ func benchWide(b *testing.B, url string, up upstreamCounter) {
 	}
 	b.ReportMetric(float64(httpWideFaults)/benchRequests, "faults/req-http-wide")
 	b.ReportMetric(float64(httpWideGC)/float64(time.Microsecond), "us/req-gc-http-wide")
+	b.ReportMetric(float64(httpWide.cycles), "gc-cycles-http-wide")
 	b.ReportMetric(float64(sum.conns)/float64(sum.runs), "conns/run")
 	sum.report(b)
 }
@@ -245,6 +242,7 @@ func (sum *benchTotals) report(b *testing.B) {
 	b.ReportMetric(float64(sum.submit)/float64(time.Millisecond)/float64(sum.runs), "ms-submit")
 	b.ReportMetric(float64(sum.allocs)/n, "allocs/req")
 	b.ReportMetric(float64(sum.gc)/float64(time.Microsecond)/n, "us/req-gc")
+	b.ReportMetric(float64(sum.gcCycles)/float64(sum.runs), "gc-cycles/run")
 	b.ReportMetric(float64(sum.faults)/n, "faults/req")
 	b.ReportMetric(float64(sum.groups)/n, "groups/req")
 	b.ReportMetric(float64(sum.grouped)/float64(sum.groups), "events/group")
@@ -408,12 +406,18 @@ func (u *benchUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.handler.Add(int64(time.Since(start)))
 }
 
-// calibrate returns the process CPU time per request of n requests sent to
-// the upstream at url with client by conc workers, without the loop: the
-// HTTP exchange's own cost, client and (for an upstream in this process)
-// server side; the GC's part of it; and the page faults it took. It starts
-// as the run does (coldStart).
-func calibrate(tb testing.TB, client *http.Client, url string, n, conc int) (cpu, gc time.Duration, faults int64) {
+// calibration is what one calibration measured.
+type calibration struct {
+	cpu, gc time.Duration // process CPU per request, and the GC's part of it
+	faults  int64         // minor page faults, in all
+	cycles  uint64        // GC cycles completed
+}
+
+// calibrate measures n requests sent to the upstream at url with client by
+// conc workers, without the loop: the HTTP exchange's own cost, client and
+// (for an upstream in this process) server side. It starts as the run does
+// (coldStart).
+func calibrate(tb testing.TB, client *http.Client, url string, n, conc int) calibration {
 	tb.Helper()
 	var next atomic.Int64
 	var failed atomic.Value
@@ -450,25 +454,30 @@ func calibrate(tb testing.TB, client *http.Client, url string, n, conc int) (cpu
 	if err, _ := failed.Load().(error); err != nil {
 		tb.Fatalf("calibration request: %v", err)
 	}
-	cpu = (cpuTime(tb) - before) / time.Duration(n)
-	gc, faults = classes.gcPart(readCPUClasses(), cpu), minorFaults(tb)-faultsBefore
-	tb.Logf("calibration %d wide: %v per request (GC %v), %d page faults, from a heap of %d MB", conc, cpu, gc, faults, heap>>20)
-	return cpu, gc, faults
+	cpu := (cpuTime(tb) - before) / time.Duration(n)
+	after := readCPUClasses()
+	c := calibration{cpu: cpu, gc: classes.gcPart(after, cpu), faults: minorFaults(tb) - faultsBefore, cycles: after.cycles - classes.cycles}
+	tb.Logf("calibration %d wide: %v per request (GC %v, %d cycles), %d page faults, from a heap of %d MB", conc, c.cpu, c.gc, c.cycles, c.faults, heap>>20)
+	return c
 }
 
 // cpuClasses is the runtime's estimate of its CPU time by class
 // (runtime/metrics): the GC's (background marking and assists), the idle
 // Ps', and the total, GOMAXPROCS times wall time.
-type cpuClasses struct{ gc, idle, total float64 }
+type cpuClasses struct {
+	gc, idle, total float64
+	cycles          uint64 // GC cycles completed
+}
 
 func readCPUClasses() cpuClasses {
 	s := []metrics.Sample{
 		{Name: "/cpu/classes/gc/total:cpu-seconds"},
 		{Name: "/cpu/classes/idle:cpu-seconds"},
 		{Name: "/cpu/classes/total:cpu-seconds"},
+		{Name: "/gc/cycles/total:gc-cycles"},
 	}
 	metrics.Read(s)
-	return cpuClasses{gc: s[0].Value.Float64(), idle: s[1].Value.Float64(), total: s[2].Value.Float64()}
+	return cpuClasses{gc: s[0].Value.Float64(), idle: s[1].Value.Float64(), total: s[2].Value.Float64(), cycles: s[3].Value.Uint64()}
 }
 
 // gcPart is the GC's part of cpu, the process CPU of the phase from c to
@@ -596,6 +605,7 @@ func openBenchLoop(tb testing.TB, upstreamURL string, client *http.Client) *benc
 type benchResult struct {
 	wall, cpu, submit   time.Duration
 	gc                  time.Duration // the GC's part of cpu (cpuClasses.gcPart)
+	gcCycles            uint64
 	allocs              uint64
 	faults              int64 // minor page faults
 	livePeak, heapAfter uint64
@@ -657,7 +667,8 @@ func (bl *benchLoop) run(b *testing.B, up upstreamCounter) benchResult {
 
 	res.wall = time.Since(start)
 	res.cpu = cpuTime(b) - cpu
-	res.gc = classes.gcPart(readCPUClasses(), res.cpu)
+	classesAfter := readCPUClasses()
+	res.gc, res.gcCycles = classes.gcPart(classesAfter, res.cpu), classesAfter.cycles-classes.cycles
 	res.faults = minorFaults(b) - faults
 	runtime.ReadMemStats(&ms)
 	res.allocs = ms.Mallocs - mallocs
@@ -742,6 +753,7 @@ type benchTotals struct {
 	allocs                               uint64
 	faults                               int64
 	wall, cpu, gc, submit, rtt, upstream time.Duration
+	gcCycles                             uint64
 	heapAfter, livePeak                  uint64
 	groups, grouped                      uint64
 	pageBytes                            int64
@@ -756,6 +768,7 @@ func (t *benchTotals) add(r benchResult) {
 	t.wall += r.wall
 	t.cpu += r.cpu
 	t.gc += r.gc
+	t.gcCycles += r.gcCycles
 	t.submit += r.submit
 	t.rtt += r.rtt
 	t.upstream += r.upHandler
