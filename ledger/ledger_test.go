@@ -27,10 +27,10 @@ func MustOpenDB(tb testing.TB) *bolt.DB {
 }
 
 // MustOpenDBAt opens the bbolt file at path, closed at the end of the test,
-// with the options cmd/auditd opens it with (a 1 GiB initial map).
+// with the options cmd/auditd opens it with (ledger.BoltOptions).
 func MustOpenDBAt(tb testing.TB, path string) *bolt.DB {
 	tb.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, InitialMmapSize: 1 << 30})
+	db, err := bolt.Open(path, 0o600, ledger.BoltOptions(false))
 	if err != nil {
 		tb.Fatal(err)
 	}
