@@ -399,6 +399,7 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res
 		defer ar.posts.Done()
 		if err != nil {
 			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
+			l.unspool(puts)
 			return
 		}
 		ar.count(got)
@@ -409,6 +410,15 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res
 	if err != nil {
 		ar.posts.Done()
 		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
+		l.unspool(puts)
+	}
+}
+
+// unspool tells staging that puts, the records of a post that failed, were
+// never stored: a payload's spool entry among them is not to be looked for.
+func (l *Loop) unspool(puts []ledger.Put) {
+	for _, p := range puts {
+		l.cfg.Staging.Unspool(staging.Record(p))
 	}
 }
 

@@ -234,6 +234,25 @@ func (p Payload) Record() (rec Record, ok bool) {
 	return Record{Bucket: bucketSpool, Key: p.rec[:8:8], Value: p.rec[8:]}, true
 }
 
+// Unspool forgets rec, the spool entry of a payload (Payload.Record), when
+// the transaction meant to store it failed: the store stops looking for the
+// payload in the spool under rec's key, and the index of spooled payloads
+// does not keep an entry that no Compact would ever clear. A record of
+// another bucket, or one whose payload has since been spooled again under
+// a later key, is left alone.
+func (s *Store) Unspool(rec Record) {
+	if !bytes.Equal(rec.Bucket, bucketSpool) || len(rec.Key) != 8 || len(rec.Value) < sha256.Size {
+		return
+	}
+	sum := hex.EncodeToString(rec.Value[:sha256.Size])
+	key := binary.BigEndian.Uint64(rec.Key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending[sum] == key {
+		delete(s.pending, sum)
+	}
+}
+
 // Compact moves every spooled payload to the payload bucket, in hash
 // order, in one transaction, and says how many it moved. Moving is always
 // safe: a payload is found in either place. The fetch loop compacts when a
