@@ -95,9 +95,11 @@ const (
 //     of us/req-http-wide (cpuClasses.gcPart: the share of the runtime's
 //     busy CPU in its GC class, applied to the process CPU). Their
 //     difference is the GC the loop adds to the exchange's.
+//   - gc-cycles/run, gc-cycles-http-wide: the GC cycles of one run, and of
+//     the median wide calibration.
 //   - us/req-rtt: the mean round trip as the loop recorded it (Latency of
 //     the response events), a wall time; us/req-upstream is the mean time
-//     inside the upstream's handler.
+//     inside the upstream's handler (in-process upstreams only).
 //   - ms-submit: the wall time of Submit (storing the run, run.started, the
 //     registry snapshots and one item.queued per item), inside the run.
 //   - allocs/req: heap allocations of the whole process during the run.
