@@ -13,5 +13,6 @@
 // Invariants: a payload file exists only complete and fsynced (written to a
 // temporary file, synced, then renamed); a small payload is durable once its
 // commit is; a payload's name is the SHA-256 of its bytes, so VerifyPayload
-// can tell whether it was altered.
+// can tell whether it was altered. OpenReadOnly reads a stopped server's
+// payloads from a read-only file, for auditd reconcile and export offline.
 package staging

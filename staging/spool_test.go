@@ -2,6 +2,7 @@ package staging_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"path/filepath"
 	"testing"
@@ -110,5 +111,25 @@ func TestSpooledPayloadsAreFoundEverywhere(t *testing.T) {
 	}
 	if n, err := s2.Compact(); err != nil || n != 0 {
 		t.Fatalf("Open left %d payloads spooled (%v)", n, err)
+	}
+}
+
+// OpenReadOnly on a file no store was ever opened in says so, and creates
+// nothing there.
+func TestOpenReadOnlyWithoutAStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auditd.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := staging.OpenReadOnly(db, filepath.Join(filepath.Dir(path), "payloads")); !errors.Is(err, staging.ErrNoStore) {
+		t.Fatalf("OpenReadOnly: %v, want ErrNoStore", err)
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, _ *bolt.Bucket) error { return fmt.Errorf("bucket %s created", name) })
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

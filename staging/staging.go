@@ -92,6 +92,38 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 	return s, nil
 }
 
+// ErrNoStore means a bbolt file holds no payload store: nothing ever
+// opened one in it.
+var ErrNoStore = errors.New("no payload store in this file")
+
+// OpenReadOnly returns a store that reads the payloads below dir and in db,
+// which may be opened read-only: auditd reconcile re-hashes a stopped
+// server's payloads this way. It creates and compacts nothing; it indexes
+// the spool as it finds it, skipping an entry too short to name its
+// payload (which is then not found). Only Open, VerifyPayload and LastGood
+// are for use on it. ErrNoStore if db holds no payload store.
+func OpenReadOnly(db *bolt.DB, dir string) (*Store, error) {
+	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}}
+	err := db.View(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool} {
+			if tx.Bucket(b) == nil {
+				return ErrNoStore
+			}
+		}
+		c := tx.Bucket(bucketSpool).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) == 8 && len(v) >= sha256.Size {
+				s.pending[hex.EncodeToString(v[:sha256.Size])] = binary.BigEndian.Uint64(k)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // Writer stages one payload written in pieces (the pages of a paged item).
 // Commit makes it durable and returns its hash; Abort discards it. A payload
 // stays in memory until it outgrows InlineMax; only then is its file created.

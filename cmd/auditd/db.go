@@ -10,8 +10,12 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// dbFile is the bbolt file inside the data directory.
-const dbFile = "auditd.db"
+// dbFile is the bbolt file inside the data directory, and payloadsDir the
+// directory of the staged payloads too large to keep in it.
+const (
+	dbFile      = "auditd.db"
+	payloadsDir = "payloads"
+)
 
 // openDB opens (creating if needed) the one bbolt file of a data directory.
 // Another process holding the file makes it fail within a second instead of

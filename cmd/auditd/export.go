@@ -61,8 +61,10 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(err)
 	}
 	defer db.Close()
-	r := reports.NewReconciler(ledger.NewReader(db))
-	r.Hash = newLedgerHash()
+	r, err := offlineReconciler(db, *data)
+	if err != nil {
+		return fail(err)
+	}
 	x := reports.NewExporter(r)
 	x.TmpDir = filepath.Dir(*out)
 	if key, err := ledger.ReadPublicKey(*data); err == nil {

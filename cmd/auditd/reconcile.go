@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 	"github.com/auditd/auditd/fetch"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/staging"
+	bolt "go.etcd.io/bbolt"
 )
 
 // reconcileTimeout bounds a reconciliation fetched from a server.
@@ -125,22 +128,40 @@ func problem(resp *http.Response) string {
 }
 
 // reconcileOffline reconciles a run from the ledger of a stopped server's
-// data directory, opened read-only. Live counters and staged payloads
-// belong to the running service, so R7 is n/a and R6 counts payloads
-// without re-hashing them; the report's notes say so.
+// data directory, opened read-only, and re-hashes its staged payloads for
+// R6. Live counters belong to the running service, so R7 is n/a; a data
+// directory with no payload store (a ledger alone) has R6 count payloads
+// without re-hashing them. The report's notes say which.
 func reconcileOffline(ctx context.Context, dir, runID string) (*reports.Report, error) {
 	db, err := openDB(dir, true)
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
-	r := reports.NewReconciler(ledger.NewReader(db))
-	r.Hash = newLedgerHash()
+	r, err := offlineReconciler(db, dir)
+	if err != nil {
+		return nil, err
+	}
 	rep, err := r.Reconcile(ctx, runID, nil)
 	if errors.Is(err, reports.ErrRunNotFound) {
 		return nil, fmt.Errorf("run %s: %w", runID, err)
 	}
 	return rep, err
+}
+
+// offlineReconciler reconciles from db, the read-only bbolt file of the
+// stopped server's data directory dir: the ledger's chain re-hashed (R8),
+// and the staged payloads too (R6), unless dir holds no payload store.
+func offlineReconciler(db *bolt.DB, dir string) (*reports.Reconciler, error) {
+	r := reports.NewReconciler(ledger.NewReader(db))
+	r.Hash = newLedgerHash()
+	switch stage, err := staging.OpenReadOnly(db, filepath.Join(dir, payloadsDir)); {
+	case err == nil:
+		r.Payloads = stage
+	case !errors.Is(err, staging.ErrNoStore):
+		return nil, fmt.Errorf("open staged payloads: %w", err)
+	}
+	return r, nil
 }
 
 // liveCounters are the fetch loop's counters of a run as R7 takes them.

@@ -41,9 +41,11 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 
 // TestReconcileOffline: the clean fixture balances (exit 0); every mutation
 // a ledger can carry by itself makes exactly its check fail (exit 1).
-// Mutations needing the running service (live counters for R7, staged
-// payloads for R6's hash) or tampering below the ledger (R8) are covered by
-// TestReconcileServer and TestReconcileOfflineTampered.
+// The fixture's data directory holds a ledger and no payload store, so R6
+// counts payloads without re-hashing them (TestReconcileOfflineRehashesPayloads
+// has a store). Mutations needing the running service (live counters for
+// R7, a payload that does not verify) or tampering below the ledger (R8)
+// are covered by TestReconcileServer and TestReconcileOfflineTampered.
 func TestReconcileOffline(t *testing.T) {
 	t.Run("Clean", func(t *testing.T) {
 		dir := reconcileDataDir(t, reportstest.Mutation{})

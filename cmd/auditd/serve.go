@@ -103,7 +103,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return fmt.Errorf("open registry: %w", err)
 	}
-	stage, err := staging.Open(db, filepath.Join(dataDir, "payloads"))
+	stage, err := staging.Open(db, filepath.Join(dataDir, payloadsDir))
 	if err != nil {
 		return err
 	}
