@@ -38,7 +38,7 @@ func TestReconcileWhileLedgerGrows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer led.Close(context.Background())
-	stage, err := staging.Open(db, filepath.Join(dir, "payloads"))
+	stage, err := staging.Open(db, filepath.Join(dir, payloadsDir))
 	if err != nil {
 		t.Fatal(err)
 	}
