@@ -43,7 +43,9 @@
 //
 // # Buckets
 //
-//	ledger.events       8-byte big-endian seq -> PrevHash | canonical | Hash
+//	ledger.events       8-byte big-endian seq -> PrevHash | canonical | Hash (a record)
+//	                    first seq | last seq -> a block: the records first to last,
+//	                                  each a uvarint length and the record
 //	ledger.tree         seq -> the tlog stored hashes of leaves up to seq-1 (see below)
 //	ledger.checkpoints  tree size -> signed checkpoint (at least CheckpointEvery apart)
 //	ledger.meta         "checkpoint" -> the latest signed checkpoint
@@ -58,6 +60,14 @@
 // ledgers written before entries were shared have throughout, is the same
 // format.)
 //
+// A commit group's records are packed into blocks of at most 2,000 bytes of
+// consecutive events, keyed by the first and last seq (16 bytes); a record
+// stored alone (a group of one, one left over where a group's blocks split,
+// or one larger than a block) keeps the 8-byte key, which is all that ledgers written before
+// blocks hold, and is read the same way. Blocks cut the puts per event, and
+// bbolt's cost is per put. A block never spans two commit groups, and is
+// never rewritten.
+//
 // A run index entry covers the run's events in one commit group: its key
 // ends with the Seq of the last one, its value lists the earlier ones, in
 // order, as uvarint distances back from it; an empty value is one event.
@@ -69,7 +79,9 @@
 //
 // Verify re-reads everything and reports the first sequence number the
 // ledger cannot vouch for. An edited, truncated-in-the-middle, deleted or
-// padded record is named exactly, by its own hash or a gap. A rewrite whose
+// padded record is named exactly, by its own hash or a gap; so is one
+// inside a block, and a deleted, cut or padded block is named by its first
+// event, the first event it lacks, or the last it holds. A rewrite whose
 // chain and tree were re-hashed to match (possible without the key) shows
 // only as a signed checkpoint that no longer matches; Verify then names the
 // first event after the last checkpoint that still matches, so the history

@@ -210,12 +210,16 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
 		}
-		if k, v := tx.Bucket([]byte(bucketEvents)).Cursor().Last(); k != nil {
-			if len(k) != 8 || len(v) < 2*sha256.Size+1 {
+		seq, rec, err := lastRecord(tx.Bucket([]byte(bucketEvents)))
+		if err != nil {
+			return fmt.Errorf("last event: %w", err)
+		}
+		if rec != nil {
+			if len(rec) < 2*sha256.Size+1 {
 				return fmt.Errorf("%w: last event record malformed", ErrCorrupt)
 			}
-			l.head = binary.BigEndian.Uint64(k)
-			copy(l.headHash[:], v[len(v)-sha256.Size:])
+			l.head = seq
+			copy(l.headHash[:], rec[len(rec)-sha256.Size:])
 		}
 		if k, _ := tx.Bucket([]byte(bucketTree)).Cursor().Last(); l.head > 0 && (k == nil || binary.BigEndian.Uint64(k) != l.head) {
 			return fmt.Errorf("%w: tree does not end at event %d", ErrCorrupt, l.head)
@@ -224,7 +228,6 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 			l.tip.lastHistory = binary.BigEndian.Uint64(k)
 		}
 		l.latest = bytes.Clone(tx.Bucket([]byte(bucketMeta)).Get([]byte(metaCheckpoint)))
-		var err error
 		l.tip.front, err = loadFrontier(treeReader{tx.Bucket([]byte(bucketTree))}, l.head)
 		return err
 	})
@@ -588,18 +591,20 @@ func validate(e *auditd.Event) error {
 	return nil
 }
 
-// getEvent decodes the event stored under the 8-byte key k.
-func getEvent(events *bolt.Bucket, k []byte) (auditd.Event, error) {
+// getEventAt decodes event seq, or returns ErrNotFound.
+func getEventAt(events *bolt.Bucket, seq uint64) (auditd.Event, error) {
 	var e auditd.Event
-	if events == nil {
-		return e, ErrNotFound
+	v, err := getRecord(events, seq)
+	if err != nil {
+		return e, err
 	}
-	v := events.Get(k)
-	if v == nil {
-		return e, ErrNotFound
+	if err := decodeRecord(v, &e); err != nil {
+		return e, err
 	}
-	err := decodeRecord(v, &e)
-	return e, err
+	if e.Seq != seq {
+		return e, fmt.Errorf("%w: event stored as %d says it is %d", ErrCorrupt, seq, e.Seq)
+	}
+	return e, nil
 }
 
 // decodeRecord decodes a stored event record into e.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -53,7 +54,13 @@ func Prove(db *bolt.DB, seq uint64, verifierKey string) (*Proof, error) {
 		if seq == 0 || seq > t.Size {
 			return ErrNotFound
 		}
-		v := tx.Bucket([]byte(bucketEvents)).Get(seqKey(seq))
+		v, err := getRecord(tx.Bucket([]byte(bucketEvents)), seq)
+		if errors.Is(err, ErrNotFound) {
+			v, err = nil, nil
+		}
+		if err != nil {
+			return err
+		}
 		if len(v) < 2*sha256.Size+1 {
 			return fmt.Errorf("%w: record missing or short", ErrCorrupt)
 		}

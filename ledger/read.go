@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -60,23 +59,19 @@ func (r *Reader) Scan(from, to uint64, fn func(*auditd.Event) error) error {
 				done = true // no ledger in this file yet
 				return nil
 			}
-			c := b.Cursor()
 			if head == 0 {
-				k, _ := c.Last()
-				if k == nil {
+				if head = headSeq(b); head == 0 {
 					done = true
 					return nil
 				}
-				head = binary.BigEndian.Uint64(k)
 			}
 			var e auditd.Event
-			for k, v := c.Seek(seqKey(next)); ; k, v = c.Next() {
-				if k == nil {
-					done = true
-					return nil
+			ec := newEventsCursor(b)
+			for seq, v, err := ec.seek(next); ; seq, v, err = ec.next() {
+				if err != nil {
+					return fmt.Errorf("scan events from %d: %w", next, err)
 				}
-				seq := binary.BigEndian.Uint64(k)
-				if seq > head {
+				if v == nil || seq > head {
 					done = true
 					return nil
 				}
@@ -114,12 +109,16 @@ func (r *Reader) ScanRun(runID string, after uint64, fn func(*auditd.Event) erro
 				return nil // no ledger in this file yet
 			}
 			var e auditd.Event
+			ec := newEventsCursor(events)
 			return scanRunIndex(runs, runID, after, func(seq uint64) error {
 				if n == scanChunk {
 					more = true
 					return errChunkFull
 				}
-				v := events.Get(seqKey(seq))
+				v, err := ec.at(seq)
+				if err != nil {
+					return fmt.Errorf("scan run %s: event %d: %w", runID, seq, err)
+				}
 				if v == nil {
 					return fmt.Errorf("scan run %s: %w: indexed event %d missing", runID, ErrCorrupt, seq)
 				}
@@ -144,7 +143,7 @@ func (r *Reader) Event(seq uint64) (auditd.Event, error) {
 	var e auditd.Event
 	err := r.db.View(func(tx *bolt.Tx) error {
 		var err error
-		e, err = getEvent(tx.Bucket([]byte(bucketEvents)), seqKey(seq))
+		e, err = getEventAt(tx.Bucket([]byte(bucketEvents)), seq)
 		return err
 	})
 	if err != nil {
@@ -167,16 +166,16 @@ func (r *Reader) SeqAt(t time.Time) (uint64, error) {
 		if events == nil {
 			return nil // no ledger in this file yet
 		}
-		k, _ := events.Cursor().Last()
-		if k == nil {
+		head := headSeq(events)
+		if head == 0 {
 			return nil
 		}
 		// The answer is in [lo, hi]: every event before lo is older than
 		// t, and hi is the head's successor or an event at t or later.
-		lo, hi := uint64(1), binary.BigEndian.Uint64(k)+1
+		lo, hi := uint64(1), head+1
 		for lo < hi {
 			mid := lo + (hi-lo)/2
-			e, err := getEvent(events, seqKey(mid))
+			e, err := getEventAt(events, mid)
 			if err != nil {
 				return fmt.Errorf("event %d: %w", mid, err)
 			}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -173,10 +174,7 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 		return nil
 	}
 	events := tx.Bucket([]byte(bucketEvents))
-	var total uint64
-	if k, _ := events.Cursor().Last(); len(k) == 8 {
-		total = binary.BigEndian.Uint64(k)
-	}
+	total := headSeq(events)
 	var tree *bolt.Cursor
 	if b := tx.Bucket([]byte(bucketTree)); b != nil {
 		tree = b.Cursor()
@@ -213,16 +211,20 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 		return nil
 	}
 
-	c := events.Cursor()
+	ec := newEventsCursor(events)
 	var tk, tv []byte
 	if tree != nil {
 		tk, tv = tree.First()
 	}
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(k) != 8 {
-			return fail(expected, "malformed key %x where event %d belongs", k, expected)
+	for seq, v, err := ec.first(); ; seq, v, err = ec.next() {
+		if bad, ok := errors.AsType[*corruptAt](err); ok {
+			return fail(bad.Seq, "%s", bad.Msg)
+		} else if err != nil {
+			return err
 		}
-		seq := binary.BigEndian.Uint64(k)
+		if v == nil {
+			break
+		}
 		if seq != expected {
 			return fail(expected, "event %d is missing (the next stored event is %d)", expected, seq)
 		}

@@ -82,6 +82,7 @@ type batch struct {
 	history    bool       // keep the checkpoint in the history too
 
 	buf    []byte      // backs the keys and values of records
+	blocks []byte      // backs the blocks write packs records into
 	hashes []byte      // backs the values of tree
 	entry  int         // where the tree entry being built starts in hashes
 	stored []tlog.Hash // what one leaf completed
@@ -91,7 +92,7 @@ type batch struct {
 type kv struct{ key, val []byte }
 
 func (b *batch) reset() {
-	if cap(b.buf) > maxKeptScratch || cap(b.hashes) > maxKeptScratch {
+	if cap(b.buf) > maxKeptScratch || cap(b.blocks) > maxKeptScratch || cap(b.hashes) > maxKeptScratch {
 		*b = batch{}
 		return
 	}
@@ -100,7 +101,7 @@ func (b *batch) reset() {
 	b.runs.reset()
 	*b = batch{
 		reqs: b.reqs[:0], records: b.records[:0], tree: b.tree[:0], idem: b.idem[:0], keys: b.keys, runs: b.runs,
-		buf: b.buf[:0], hashes: b.hashes[:0], stored: b.stored[:0], leaf: b.leaf,
+		buf: b.buf[:0], blocks: b.blocks[:0], hashes: b.hashes[:0], stored: b.stored[:0], leaf: b.leaf,
 	}
 }
 
@@ -283,7 +284,10 @@ func (l *Ledger) storedFirsts(r *request, b, inflight *batch) (map[string]auditd
 		events, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketIdempotency))
 		for _, k := range keys {
 			if v := idem.Get([]byte(k)); v != nil {
-				first, err := getEvent(events, v)
+				if len(v) != 8 {
+					return fmt.Errorf("idempotency key %q: %w: malformed entry", k, ErrCorrupt)
+				}
+				first, err := getEventAt(events, binary.BigEndian.Uint64(v))
 				if err != nil {
 					return fmt.Errorf("idempotency key %q: %w", k, err)
 				}
@@ -369,10 +373,8 @@ func (l *Ledger) write(b *batch) error {
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		events, tree, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketTree)), tx.Bucket([]byte(bucketIdempotency))
 		events.FillPercent, tree.FillPercent = 1.0, 1.0
-		for _, p := range b.records {
-			if err := events.Put(p.key, p.val); err != nil {
-				return fmt.Errorf("append event %d: %w", binary.BigEndian.Uint64(p.key), err)
-			}
+		if err := putRecords(events, b.records, &b.blocks); err != nil {
+			return err
 		}
 		for _, p := range b.tree {
 			if err := tree.Put(p.key, p.val); err != nil {
