@@ -146,19 +146,22 @@ func (ec *eventsCursor) seek(seq uint64) (uint64, []byte, error) {
 // from the entry being read when it holds seq, by a seek otherwise. It
 // returns a nil record when the bucket has no seq.
 func (ec *eventsCursor) at(seq uint64) ([]byte, error) {
-	s, rec, err := uint64(0), []byte(nil), error(nil)
-	if ec.rest != nil && ec.seq <= seq && seq <= ec.last {
-		s, rec, err = ec.next()
-		for err == nil && rec != nil && s < seq {
-			s, rec, err = ec.next()
+	if ec.rest == nil || seq < ec.seq || seq > ec.last {
+		s, rec, err := ec.seek(seq)
+		if err != nil || s != seq {
+			return nil, err
 		}
-	} else {
-		s, rec, err = ec.seek(seq)
+		return rec, nil
 	}
-	if err != nil || s != seq {
-		return nil, err
+	for {
+		s, rec, err := ec.next()
+		if err != nil || rec == nil || s > seq {
+			return nil, err
+		}
+		if s == seq {
+			return rec, nil
+		}
 	}
-	return rec, nil
 }
 
 // next returns the record after the last one returned.
@@ -213,11 +216,8 @@ func (ec *eventsCursor) load(k, v []byte, want uint64) (uint64, []byte, error) {
 // lastRecord returns the seq and record of the bucket's last event; a nil
 // record when it has none.
 func lastRecord(events *bolt.Bucket) (uint64, []byte, error) {
-	k, v := events.Cursor().Last()
-	if k == nil {
-		return 0, nil, nil
-	}
-	ec := &eventsCursor{c: events.Cursor()}
+	ec := newEventsCursor(events)
+	k, v := ec.c.Last()
 	s, rec, err := ec.load(k, v, 0)
 	for err == nil && rec != nil && s < ec.last {
 		s, rec, err = ec.next()
