@@ -90,7 +90,8 @@ const (
 //   - us/req-http-wide, us/req-loop-wide: the same with the calibration
 //     run 4,000 wide on a fresh client, as the run is (1,000 sources x 4 in
 //     flight), so it pays the same dials and connection count; the median
-//     of three such calibrations, each on a client of its own.
+//     of such calibrations, each on a client of its own: two before the
+//     runs and one before each run (seven for -benchtime=5x).
 //   - us/req-gc, us/req-gc-http-wide: the GC's part of us/req-overhead and
 //     of us/req-http-wide (cpuClasses.gcPart: the share of the runtime's
 //     busy CPU in its GC class, applied to the process CPU). Their
@@ -161,19 +162,23 @@ func benchWide(b *testing.B, url string, up upstreamCounter) {
 	// The run keeps up to 4 requests in flight per source, 4,000 at once,
 	// so it dials and keeps that many connections; the same exchange at that
 	// width, on a client of its own, costs more than at 64. It also varies
-	// more from one try to the next (by some 10%, as much as the loop's own
-	// share moves): the median of three fresh clients.
+	// from one try to the next, by as much as 25% within a minute, more
+	// than the loop's own share moves: the median of two fresh clients
+	// before the runs and one more before each run, which also follows the
+	// VM's speed through the runs (seven tries for five runs).
 	var wideTries []calibration
-	for range 3 {
-		wide := fetch.NewClient(opts)
-		wideTries = append(wideTries, calibrate(b, wide, url, benchRequests, benchSources*4))
-		wide.CloseIdleConnections()
+	wide := func() {
+		c := fetch.NewClient(opts)
+		wideTries = append(wideTries, calibrate(b, c, url, benchRequests, benchSources*4))
+		c.CloseIdleConnections()
 	}
+	wide()
+	wide()
+	sum := runBenchLoops(b, url, client, up, wide)
 	slices.SortFunc(wideTries, func(a, b calibration) int { return cmp.Compare(a.cpu, b.cpu) })
-	httpWide := wideTries[1]
+	httpWide := wideTries[len(wideTries)/2]
 	httpWideCPU, httpWideGC, httpWideFaults := httpWide.cpu, httpWide.gc, httpWide.faults
 
-	sum := runBenchLoops(b, url, client, up)
 	n := float64(sum.dispatches)
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / n }
 	b.ReportMetric(us(sum.wall), "us/req-wall")
@@ -208,7 +213,7 @@ func BenchmarkLoopInMemory(b *testing.B) {
 	}
 	mem := &memUpstream{}
 	client := &http.Client{Transport: mem}
-	sum := runBenchLoops(b, "http://upstream.invalid", client, &mem.benchCounts)
+	sum := runBenchLoops(b, "http://upstream.invalid", client, &mem.benchCounts, nil)
 	n := float64(sum.dispatches)
 	b.ReportMetric(float64(sum.cpu)/float64(time.Microsecond)/n, "us/req-loop-direct")
 	b.ReportMetric(n/sum.wall.Seconds(), "req/s")
@@ -221,13 +226,17 @@ func BenchmarkLoopInMemory(b *testing.B) {
 // found the last run's connections open (as a second iteration of
 // -benchtime=3x did, before this) costs some 30 us/req less CPU than the
 // exchange measured by the calibrations, which dial, and its difference
-// from them means nothing.
-func runBenchLoops(b *testing.B, upstreamURL string, client *http.Client, up upstreamCounter) benchTotals {
+// from them means nothing. beforeEach, when not nil, runs before each run
+// with the timer stopped (benchWide calibrates there).
+func runBenchLoops(b *testing.B, upstreamURL string, client *http.Client, up upstreamCounter, beforeEach func()) benchTotals {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sum benchTotals
 	for i := range b.N {
 		b.StopTimer()
+		if beforeEach != nil {
+			beforeEach()
+		}
 		bl := openBenchLoop(b, upstreamURL, client)
 		client.CloseIdleConnections()
 		b.Logf("run %d from a heap of %d MB", i, coldStart()>>20)
