@@ -38,3 +38,5 @@ pool fetch-wide-2026-11-30e.txt base
 pool fetch-blocks-ab-2026-11-30.txt base impl=base
 pool fetch-blocks-ab-2026-11-30.txt blocks impl=blocks
 pool fetch-final-2026-11-30d.txt blocks
+# From here on the calibration is the median of seven (e8a8fa9).
+pool fetch-final-2026-11-30f.txt blocks
