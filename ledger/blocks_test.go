@@ -215,6 +215,19 @@ func TestVerifyNamesTamperInBlock(t *testing.T) {
 			v = binary.AppendUvarint(v, uint64(len(block.val)))
 			return b.Put(block.key, append(v, frame(recs[2:])...))
 		}, third},
+		// The record before a cut, or one whose length swallows the rest
+		// of the block, is still read, and named for its own hash.
+		{"EditedThenCut", func(b *bolt.Bucket) error {
+			edited := bytes.Clone(recs[2])
+			edited[len(edited)-40] ^= 1
+			return b.Put(block.key, frame(append(append([][]byte{}, recs[:2]...), edited)))
+		}, third},
+		{"LengthSwallowsRest", func(b *bolt.Bucket) error {
+			rest := frame(recs[2:])
+			_, w := binary.Uvarint(rest)
+			v := binary.AppendUvarint(frame(recs[:2]), uint64(len(rest)-w))
+			return b.Put(block.key, append(v, rest[w:]...))
+		}, third},
 		{"KeyClaimsOneMore", func(b *bolt.Bucket) error {
 			if err := b.Delete(block.key); err != nil {
 				return err

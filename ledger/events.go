@@ -20,9 +20,11 @@ import (
 // which is also all that ledgers written before blocks hold.
 
 // maxBlock is the most bytes of framed records one block takes, unless a
-// single record is larger (it is then stored alone). Two such blocks share
-// a 4 KiB page, so a block never needs pages of its own, which bbolt would
-// allocate outside its page pool.
+// single record is larger (it is then stored alone). Blocks this size pack
+// two or more to a 4 KiB page, as single records did; a value larger than
+// a page gets pages of its own, which bbolt allocates outside its page
+// pool. (bbolt does not split a node of four entries or fewer, so a few
+// blocks can still share an overflowing node.)
 const maxBlock = 2000
 
 // putRecords stores records, consecutive events of one commit group keyed
@@ -182,13 +184,13 @@ func (ec *eventsCursor) next() (uint64, []byte, error) {
 	}
 	rec := ec.rest[w : w+int(n)]
 	ec.rest, ec.seq = ec.rest[w+int(n):], s+1
-	switch {
-	case s == ec.last && len(ec.rest) > 0:
-		return 0, nil, &corruptAt{s, fmt.Sprintf("block of events to %d: bytes after its last event", ec.last)}
-	case s == ec.last:
+	// A block that ends early is reported when the missing record is
+	// asked for, so that the one before it is still read and checked.
+	if s == ec.last {
+		if len(ec.rest) > 0 {
+			return 0, nil, &corruptAt{s, fmt.Sprintf("block of events to %d: bytes after its last event", ec.last)}
+		}
 		ec.rest = nil
-	case len(ec.rest) == 0:
-		return 0, nil, &corruptAt{s + 1, fmt.Sprintf("block of events to %d ends after event %d", ec.last, s)}
 	}
 	return s, rec, nil
 }
@@ -202,8 +204,10 @@ func (ec *eventsCursor) load(k, v []byte, want uint64) (uint64, []byte, error) {
 		return 0, nil, nil
 	}
 	first, last, ok := entrySpan(k)
-	if !ok {
-		return 0, nil, &corruptAt{max(want, 1), fmt.Sprintf("malformed key %x where event %d belongs", k, max(want, 1))}
+	if !ok && want == 0 {
+		return 0, nil, &corruptAt{1, fmt.Sprintf("malformed events key %x", k)}
+	} else if !ok {
+		return 0, nil, &corruptAt{want, fmt.Sprintf("malformed key %x where event %d belongs", k, want)}
 	}
 	ec.seq, ec.last, ec.block = first, last, len(k) == 16
 	ec.rest = v
@@ -229,8 +233,10 @@ func lastRecord(events *bolt.Bucket) (uint64, []byte, error) {
 // it has none.
 func headSeq(events *bolt.Bucket) uint64 {
 	k, _ := events.Cursor().Last()
-	_, last, _ := entrySpan(k)
-	return last
+	if _, last, ok := entrySpan(k); ok {
+		return last
+	}
+	return 0
 }
 
 // getRecord returns record seq, or ErrNotFound.

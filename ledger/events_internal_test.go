@@ -91,3 +91,37 @@ func FuzzEventsCursor(f *testing.F) {
 		})
 	})
 }
+
+// headSeq reads the head off the last key, and none off a malformed one.
+func TestHeadSeqIgnoresMalformedKey(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "head.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	block := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, 2), 9)
+	for _, tc := range []struct {
+		key  []byte
+		want uint64
+	}{
+		{seqKey(7), 7},
+		{block, 9},
+		{binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, 10), 3), 0}, // first > last
+		{[]byte{0xff}, 0}, // too short
+	} {
+		err := db.Update(func(tx *bolt.Tx) error {
+			_ = tx.DeleteBucket([]byte("events"))
+			b, err := tx.CreateBucket([]byte("events"))
+			if err == nil {
+				err = b.Put(tc.key, []byte("x"))
+			}
+			if got := headSeq(b); err == nil && got != tc.want {
+				t.Errorf("headSeq with last key %x = %d, want %d", tc.key, got, tc.want)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}

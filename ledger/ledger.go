@@ -60,7 +60,7 @@ var (
 
 // Bucket names. Nothing outside this package writes to them.
 const (
-	bucketEvents      = "ledger.events"      // seq -> PrevHash | canonical | Hash
+	bucketEvents      = "ledger.events"      // seq -> PrevHash | canonical | Hash, or first|last seq -> a block of them (events.go)
 	bucketTree        = "ledger.tree"        // seq -> the tree hashes of up to 8 leaves, the last seq-1
 	bucketCheckpoints = "ledger.checkpoints" // tree size -> signed checkpoint note (history)
 	bucketRuns        = "ledger.runs"        // uvarint(len run) | run | seq -> the run's earlier seqs in its group
