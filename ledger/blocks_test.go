@@ -110,8 +110,8 @@ func TestBlocksHoldACommitGroup(t *testing.T) {
 		t.Fatalf("%d blocks over %d entries ending at %d", blocks, len(entries), next-1)
 	}
 	// The first event stands alone (a group of one), and so does the big one.
-	if entries[0].last != 1 || !bytes.Contains(findEntry(t, entries, 78).val, []byte(big.Detail)) || findEntry(t, entries, 78).first != 78 || findEntry(t, entries, 78).last != 78 {
-		t.Errorf("events 1 and 78 are not stored alone: %+v", findEntry(t, entries, 78).key)
+	if bigEntry := findEntry(t, entries, 78); entries[0].last != 1 || bigEntry.first != 78 || bigEntry.last != 78 || !bytes.Contains(bigEntry.val, []byte(big.Detail)) {
+		t.Errorf("events 1 and 78 are not stored alone: entries %x and %x", entries[0].key, bigEntry.key)
 	}
 
 	var scanned []auditd.Event
