@@ -542,7 +542,10 @@ upstreams:
     limit: {shape: fixed_window, requests: 7, window: 1s}
     reject: {status: 429, retry_after: delta, advertise: x_ratelimit}
 `)
-	h.source(t, auditd.Source{ID: "adv", Limit: 2, Window: auditd.Duration(time.Second), Concurrency: 1}, "adv")
+	// The ceiling is above the advertised 7 a second (its window read off
+	// X-RateLimit-Reset), and the harness starts sources at 10 a second, so
+	// the advertisement moves the pace.
+	h.source(t, auditd.Source{ID: "adv", Limit: 20, Window: auditd.Duration(time.Second), Concurrency: 1}, "adv")
 	items := []auditd.Item{{Key: "a", SourceID: "adv", Path: "/api?q=a"}, {Key: "b", SourceID: "adv", Path: "/api?q=b"}}
 	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "adv", Items: items, Principal: "test"})
 	if err != nil {

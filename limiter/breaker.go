@@ -36,8 +36,9 @@ type breaker struct {
 	state     BreakerState
 	failures  int
 	openUntil time.Time
-	probes    int    // probes in flight while half-open
-	gen       uint64 // bumped on every transition
+	probes    int           // probes in flight while half-open
+	gen       uint64        // bumped on every transition
+	cooldown  time.Duration // of the current or last opening; zero when closed
 }
 
 // admit reports whether a request may pass now; when the breaker is open
@@ -78,15 +79,27 @@ func (b *breaker) record(failure, success bool, probe bool, gen uint64, now time
 }
 
 func (b *breaker) move(to BreakerState, now time.Time, c Config, id string) *Transition {
+	switch {
+	case to == BreakerOpen && b.state == BreakerHalfOpen:
+		// The probe failed: the source is still down; wait longer.
+		b.cooldown = min(2*b.cooldown, time.Duration(c.BreakerBackoff)*c.BreakerCooldown)
+	case to == BreakerOpen:
+		b.cooldown = c.BreakerCooldown
+	case to == BreakerClosed:
+		b.cooldown = 0
+	}
 	t := &Transition{
 		Source: id, From: b.state, To: to,
-		Failures: b.failures, Threshold: c.BreakerThreshold, Cooldown: c.BreakerCooldown, At: now,
+		Failures: b.failures, Threshold: c.BreakerThreshold, Cooldown: b.cooldown, At: now,
+	}
+	if to == BreakerHalfOpen {
+		t.Cooldown = 0
 	}
 	b.state = to
 	b.probes = 0
 	b.gen++
 	if to == BreakerOpen {
-		b.openUntil = now.Add(c.BreakerCooldown)
+		b.openUntil = now.Add(b.cooldown)
 	}
 	return t
 }

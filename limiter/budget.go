@@ -164,8 +164,12 @@ func (b *Budget) Delay(cost int) (time.Duration, error) {
 // SetLimit tightens the budget to limit per window (the registry's learned
 // limit). It can only slow the budget down: the configured ceiling stays in
 // force beside it, and the pacing rate is the lower of the two. A limit of 0
-// removes the learned limit. The new window counts the admissions the
-// budget still holds, so a retune never opens a burst.
+// removes the learned limit. A faster or equal limit's window counts the
+// admissions the budget still holds, so a retune never opens a burst; a
+// slower one counts from now on (the bucket's debt carries over, so it
+// opens none either): the admissions made at the faster pace were within
+// the limit in force then, and holding them to the new one would stall the
+// source for a window after every cut. Reconciliation's R9 counts alike.
 func (b *Budget) SetLimit(limit int, per time.Duration) error {
 	if limit == 0 {
 		b.mu.Lock()
@@ -181,13 +185,21 @@ func (b *Budget) SetLimit(limit int, per time.Duration) error {
 	defer b.mu.Unlock()
 	old := b.learned
 	b.learned.limit, b.learned.dur = int64(limit), int64(per)
-	if old.limit == 0 {
+	switch {
+	case old.limit == 0:
 		// Start counting from the oldest entry the ceiling still holds, so
 		// the new window sees the admissions already made inside it.
 		b.learned.start, b.learned.sum = b.ceiling.start, b.ceiling.sum
+	case slower(b.learned, old):
+		b.learned.start, b.learned.sum = len(b.log), 0
 	}
 	b.rescale()
 	return nil
+}
+
+// slower reports whether window a allows fewer units per unit of time than b.
+func slower(a, b window) bool {
+	return float64(a.limit)*float64(b.dur) < float64(b.limit)*float64(a.dur)
 }
 
 // Pause closes the budget until until (taking the later of the current pause

@@ -117,13 +117,13 @@ func TestBudgetSetLimitOnlySlows(t *testing.T) {
 	if n != 10 {
 		t.Fatalf("admitted %d in one instant, want the ceiling's 10", n)
 	}
-	// Tightening to 2 per second counts what was already admitted.
+	// Tightening to 2 per second: the ceiling's window still holds the 10.
 	if err := b.SetLimit(2, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	c.Advance(999 * time.Millisecond)
 	if allow(t, b, 1).Admitted {
-		t.Fatal("admitted inside the learned window that already holds 10")
+		t.Fatal("admitted inside the ceiling's window that already holds 10")
 	}
 	c.Advance(time.Millisecond)
 	if d := allow(t, b, 1); !d.Admitted {
@@ -137,6 +137,46 @@ func TestBudgetSetLimitOnlySlows(t *testing.T) {
 	}
 	if _, err := b.Allow(3); !errors.Is(err, limiter.ErrCostExceedsCapacity) {
 		t.Fatalf("cost 3 over a learned limit of 2: %v", err)
+	}
+}
+
+func TestBudgetSlowerLimitCountsFromTheCut(t *testing.T) {
+	c := clock.NewFake(epoch)
+	b := mustBudget(t, c, limiter.BudgetConfig{Limit: 1000, Window: time.Second, Burst: 1})
+	if err := b.SetLimit(20, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 { // a full learned window at 20 a second
+		if d := allow(t, b, 1); !d.Admitted {
+			t.Fatalf("admission %d refused: %+v", i, d)
+		}
+		c.Advance(50 * time.Millisecond)
+	}
+	// A cut to 10 a second: the 20 admitted at the old pace were within the
+	// limit then, so the new window does not hold them against the source;
+	// the pace does: one interval of the new limit, then steady.
+	if err := b.SetLimit(10, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if d := allow(t, b, 1); !d.Admitted {
+			t.Fatalf("admission %d after the cut refused: %+v", i, d)
+		}
+		if d := allow(t, b, 1); d.Admitted || d.RetryAfter != 100*time.Millisecond {
+			t.Fatalf("%+v, want held one interval of 10 a second", d)
+		}
+		c.Advance(100 * time.Millisecond)
+	}
+	// A rise counts what the window already holds: no burst opens.
+	if err := b.SetLimit(30, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for allow(t, b, 1).Admitted {
+		n++
+	}
+	if n != 1 {
+		t.Fatalf("admitted %d at once after a rise, want 1 (burst 1)", n)
 	}
 }
 

@@ -18,7 +18,8 @@ const (
 	DefaultBackoffBase      = time.Second
 	DefaultBackoffMax       = time.Minute
 	DefaultBreakerThreshold = 5
-	DefaultBreakerCooldown  = 5 * time.Minute
+	DefaultBreakerCooldown  = 30 * time.Second // the first; it doubles after each failed probe
+	DefaultBreakerBackoff   = 8                // the longest cooldown is this many times the first
 	DefaultBreakerProbes    = 1
 )
 
@@ -42,11 +43,15 @@ type Config struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 	// Breaker: Threshold consecutive failures (5xx, transport) open it for
-	// Cooldown, then up to Probes requests at once test the source.
-	// Default DefaultBreakerThreshold, DefaultBreakerCooldown, DefaultBreakerProbes.
+	// Cooldown, then up to Probes requests at once test the source. Each
+	// failed probe doubles the cooldown, up to Backoff times Cooldown, so a
+	// blip costs seconds and a long outage few probes; closing resets it.
+	// Default DefaultBreakerThreshold, DefaultBreakerCooldown,
+	// DefaultBreakerProbes, DefaultBreakerBackoff.
 	BreakerThreshold int
 	BreakerCooldown  time.Duration
 	BreakerProbes    int
+	BreakerBackoff   int
 }
 
 // ConfigFromSource maps an operator's source configuration to a Config.
@@ -87,6 +92,7 @@ func (c Config) withDefaults() Config {
 	def(&c.BreakerThreshold, DefaultBreakerThreshold)
 	defD(&c.BreakerCooldown, DefaultBreakerCooldown)
 	def(&c.BreakerProbes, DefaultBreakerProbes)
+	def(&c.BreakerBackoff, DefaultBreakerBackoff)
 	return c
 }
 
@@ -99,7 +105,7 @@ func (c Config) validate() error {
 		return fmt.Errorf("concurrency %d: %w", c.Concurrency, ErrInvalidConfig)
 	case c.RetryCap < 0, c.BackoffBase < 0, c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("retry cap %v, backoff %v..%v: %w", c.RetryCap, c.BackoffBase, c.BackoffMax, ErrInvalidConfig)
-	case c.BreakerThreshold < 1, c.BreakerCooldown < 0, c.BreakerProbes < 1:
+	case c.BreakerThreshold < 1, c.BreakerCooldown < 0, c.BreakerProbes < 1, c.BreakerBackoff < 1:
 		return fmt.Errorf("breaker %d/%v/%d: %w", c.BreakerThreshold, c.BreakerCooldown, c.BreakerProbes, ErrInvalidConfig)
 	}
 	return nil

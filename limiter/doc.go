@@ -23,9 +23,12 @@
 //   - Learned limits (SetLimit) and server Remaining/Reset only slow a
 //     budget; the configured ceiling stays in force beside them.
 //   - Pauses only lengthen (Pause takes the later deadline).
-//   - Only 5xx and transport failures move a breaker; a 429 pauses instead.
+//   - Only 5xx and transport failures move a breaker; a 429, or a plain 503
+//     the caller knows to be a refusal (Outcome.Refused), pauses instead.
 //     Failures reset only on a success; transitions are closed→open,
 //     open→half_open, half_open→closed and half_open→open, each reported.
+//     A failed probe doubles the cooldown, up to BreakerBackoff times the
+//     first: a blip costs seconds, a long outage few probes.
 //   - A permit's concurrency slot is returned exactly once, by Observe or
 //     Release; Acquire returns none on shed, error or cancellation.
 //   - Blocking waiters of one budget are admitted first in, first out.

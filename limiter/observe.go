@@ -13,7 +13,7 @@ type Class string
 // Outcome classes.
 const (
 	ClassSuccess   Class = "success"      // 1xx-3xx: resets the breaker's failure count
-	ClassThrottled Class = "throttled"    // 429, or 503 with Retry-After: pauses the source or group
+	ClassThrottled Class = "throttled"    // 429, 503 with Retry-After, or a refused plain 503: pauses the source or group
 	ClassServer    Class = "server_error" // other 5xx: a breaker failure
 	ClassClient    Class = "client_error" // other 4xx: moves nothing
 	ClassTransport Class = "transport"    // no response: a breaker failure
@@ -29,6 +29,10 @@ type Outcome struct {
 	// Attempt counts this request's dispatches from 1; it sets the
 	// exponent of the backoff.
 	Attempt int
+	// Refused says the caller knows a plain 503 to be the server refusing
+	// the request for its rate (registry.Registry.Refusal: nginx limit_req
+	// answers so): it is a throttle, and does not move the breaker.
+	Refused bool
 }
 
 // Verdict is everything Observe decided, for the fetch loop to record as is:
@@ -83,8 +87,11 @@ func (p *Permit) Observe(o Outcome) Verdict {
 	probe, gen := p.probe, p.gen
 	v.Probe = p.Probe
 	p.once.Do(p.releaseLocked)
+	// A 503 with Retry-After is a maintenance page as often as a quota: it
+	// pauses the source and counts toward its breaker. A plain 503 known to
+	// be a refusal only pauses it.
 	failure := v.Class == ClassServer || v.Class == ClassTransport ||
-		(v.Class == ClassThrottled && o.Status >= 500)
+		(v.Class == ClassThrottled && o.Status >= 500 && o.Hint.HasRetryAfter)
 	if t := s.breaker.record(failure, v.Class == ClassSuccess, probe, gen, now, cfg, p.Source); t != nil {
 		v.Breaker = append(v.Breaker, *t)
 		s.broadcast()
@@ -124,7 +131,7 @@ func classify(o Outcome) Class {
 	case o.Err != nil || o.Status == 0:
 		return ClassTransport
 	case o.Status == http.StatusTooManyRequests,
-		o.Status == http.StatusServiceUnavailable && o.Hint.HasRetryAfter:
+		o.Status == http.StatusServiceUnavailable && (o.Hint.HasRetryAfter || o.Refused):
 		return ClassThrottled
 	case o.Status >= 500:
 		return ClassServer

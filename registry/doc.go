@@ -13,35 +13,75 @@
 // # Learning
 //
 // An unknown source starts conservative (Options.DefaultLimit per
-// Options.DefaultWindow, 15 a minute) and learns from what it is told:
+// Options.DefaultWindow, 15 a minute) and learns the pace the server
+// tolerates from what it answers, fast enough that a refresh finishes inside
+// its window:
 //
-//   - A refusal (429, any 503, since nginx limit_req answers a plain 503)
-//     multiplies the limit by Options.Decrease and remembers the limit that
-//     was refused. Refusals of requests sent before that cut do not cut
-//     again: they were paced at the old limit.
-//   - A sustained run of successes (at least Options.ProbeAfter of them,
-//     spanning a whole window, sent at Options.ProbeUtilization of the limit
-//     or more) adds a step. Below the limit last refused the step is half the
-//     distance to it, and just below it the limit holds for
-//     Options.ProbeHold runs before trying it again; above it (or before any
-//     refusal) the step starts at Options.ProbeStep and doubles while probes
-//     stay clean, so an unknown source finds its ceiling in a handful of
-//     windows instead of hundreds. A limit that was never used is never
-//     raised.
-//   - An advertised quota (X-RateLimit-Limit/-Window, RateLimit-Policy q/w)
-//     sets the limit when the advertisement changes, and caps probing from
-//     then on. An unchanged advertisement does not undo a refusal's cut.
+//   - Slow start: each clean round (Options.StartRound successes, sent at
+//     Options.ProbeUtilization of the pace or more) multiplies the pace by
+//     Options.Growth, until the first refusal or a Remaining of 0. From 15 a
+//     minute it reaches 16 a second in about 16 seconds.
+//   - A refusal (a 429, a 503 with Retry-After, a plain 503 taken for one;
+//     see below) ends slow start at the pace of the last clean round. After
+//     that it cuts to Options.Decrease times what the server was found to
+//     admit: the lower of the pace the refused request was sent at and, when
+//     the server admitted less than the pace in force since the last cut
+//     (refusing or making the source wait), the rate of its successes since
+//     then, less the waits it asked for. A refusal of a request sent before
+//     the last cut, or within a second (two intervals of the pace) after it,
+//     does not cut again; one after that, before a round proved the new
+//     pace, halves it.
+//   - Recovery and probing: each clean round of Options.ProbeAfter successes
+//     halves the distance back toward the rate last refused (or a step above
+//     what was admitted, if lower), up to Options.ProbeGain below it; there
+//     the pace holds for Options.ProbeHold rounds, then probes
+//     Options.ProbeGain past it. A probe must hold as long, and ten seconds,
+//     to count (a gateway's burst hides a slightly fast pace for seconds);
+//     a refused probe doubles the hold, up to Options.MaxHold rounds.
+//   - An advertised quota (RateLimit-Policy q and w, X-RateLimit-Limit and
+//     -Window) sets the pace and caps it. A limit advertised without a window
+//     learns its window from the longest Reset seen, rounded up to a common
+//     window length: a pace to hold and probe past, not a cap; when
+//     Remaining has gone above the limit (a bucket whose Reset is its time to
+//     refill whole) it only seeds slow start; with no Reset at all, a minute
+//     (Options.AssumedWindow) is assumed. The event says which
+//     (window_from: advertised, reset, bucket, assumed).
 //   - Remaining 0 with a reset asks the caller to pause (Decision.Pause): for
-//     one interval of the advertised quota when there is one (a bucket or a
-//     sliding window frees a request long before it is whole again), else
-//     until the reset. It never changes the learned limit: it only slows.
+//     one interval of the advertised quota when there is one, else until the
+//     reset. In slow start it also ends slow start, as a refusal would.
+//
+// Learned paces are expressed over short windows (about 20 requests each,
+// the advertised window when the server gave one), and the limiter counts a
+// slower pace's window from the cut: so a cut never stalls a source for a
+// minute behind the requests it sent at the faster pace.
+//
+// # Outage is not a limit
+//
+// A 5xx without Retry-After, a transport error and a plain 503 are the
+// breaker's business and teach the pace nothing, with two exceptions for a
+// plain 503, which nginx limit_req answers for a refusal: Refusal takes one
+// for a refusal when the request left within 30 seconds of a rise in the
+// pace with the source answering successes just before; and a plain 503
+// between successes (at most two in a row) is a refusal once the next
+// success shows the server up. Failures for ten seconds in a row, and at
+// least the source's breaker threshold of them, make the source down:
+// plain 503s are then never refusals until it answers a success, and any
+// cut a plain 503 made at the start of the outage is undone (cause
+// "outage"), so the source resumes at the pace it had learned before.
+//
+// A state stored before learning had phases has none: it starts over in slow
+// start from the limit it has, forgetting the limit last refused, so a
+// source an outage cut to a crawl under the old rules recovers on its own.
+//
+// # Groups
 //
 // Sources configured in one gateway group share a group entry with its own
-// learned limit. A refusal seen by a second member of the group within one
-// group window of another member's is correlated and cuts the group's limit;
-// an isolated one cuts the member's own. The limiter paces a group with one
-// budget, so Limits.Pace gives it the lower of the group's limit and the sum
-// of its members' own limits. Successes of every member probe the group.
+// learned pace, and the limiter paces them with one budget, in whatever
+// order their requests come: a refusal of any member acts on the group.
+// Successes of every member count toward the group's rounds. Limits.Pace
+// gives the lower of the group's limit and the sum of its members' own
+// limits, which move only with what their own headers advertise, an
+// operator's SetLimit, and slow start.
 //
 // # Invariants
 //
@@ -62,9 +102,9 @@
 // The registry never calls the ledger inside one of its own bbolt
 // transactions (bbolt allows one writer), so a crash between the append and
 // the persist leaves the ledger one change ahead of the stored state; the
-// next change persists the whole entry again. The in-memory probe counters
-// (the current run of successes, the last refusal's time) are not persisted:
-// after a restart a source must show a fresh sustained run before it probes.
-// A 503 during an outage also cuts the limit; probing restores it once the
-// source answers again.
+// next change persists the whole entry again. What learning keeps in memory
+// (the current round, the recent successes, the time of the last cut and
+// rise, the hold) is not persisted: after a restart a source must show a
+// fresh round before its pace moves, and its first refusal is judged with
+// no history to estimate from.
 package registry

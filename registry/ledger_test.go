@@ -53,7 +53,7 @@ func TestWithRealLedger(t *testing.T) {
 		if enc := ledger.MarshalCanonical(nil, e); bytes.Contains(enc, []byte(secret)) || bytes.Contains(enc, []byte("X-Api-Key")) {
 			t.Errorf("event %d (%s) carries the secret header", e.Seq, e.Type)
 		}
-		if e.Type == auditd.EventRegistryChanged && (e.OldLimit != 15 || e.NewLimit != 10 || e.Cause != registry.CauseThrottle || e.RunID != "run-1") {
+		if e.Type == auditd.EventRegistryChanged && (e.OldLimit != 15 || e.NewLimit != 7 || e.Cause != registry.CauseThrottle || e.RunID != "run-1") {
 			t.Errorf("registry.changed = %+v", e)
 		}
 		return nil
@@ -88,8 +88,8 @@ func TestWithRealLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := reg.Limits("county"); err != nil || l.Limit != 10 {
-		t.Fatalf("after reopen limits = %+v, %v; want 10", l, err)
+	if l, err := reg.Limits("county"); err != nil || l.Limit != 7 {
+		t.Fatalf("after reopen limits = %+v, %v; want 7", l, err)
 	}
 	if h, err := reg.RequestHeaders("county"); err != nil || h["X-Api-Key"] != secret {
 		t.Fatalf("after reopen headers = %v, %v", h, err)

@@ -32,29 +32,44 @@ const (
 	DefaultCeiling       = 600
 	DefaultCeilingWindow = time.Minute
 
-	// DefaultDecrease is the factor applied to the limit after a throttle.
-	// 0.7 (as in TCP CUBIC) rather than 0.5: with the refused limit
-	// remembered, recovery is quick, and the average stays above 85% of the
-	// server's real tolerance.
-	DefaultDecrease = 0.7
+	// DefaultGrowth multiplies the pace after each clean round of slow
+	// start, until the first refusal.
+	DefaultGrowth = 2.0
 
-	// DefaultProbeAfter is the fewest successes in a run that may probe.
+	// DefaultStartRound is how many successes make a round in slow start.
+	DefaultStartRound = 2
+
+	// DefaultDecrease is the factor applied after a refusal to the rate
+	// the server was found to admit (the lower of the refused pace and the
+	// rate admitted over the busy spell before it).
+	DefaultDecrease = 0.9
+
+	// DefaultProbeAfter is how many successes make a round after the first
+	// refusal.
 	DefaultProbeAfter = 10
 
-	// DefaultProbeStep is the first additive step of a probe.
-	DefaultProbeStep = 1
+	// DefaultProbeGain is the first step of a probe above the rate last
+	// refused, as a share of it; it doubles while probes stay clean.
+	DefaultProbeGain = 0.05
 
-	// DefaultProbeHold is how many sustained runs a limit just below the
-	// one last refused holds before it is tried again.
+	// DefaultProbeHold is how many rounds a pace just under the rate last
+	// refused holds before a probe past it; DefaultMaxHold bounds how far a
+	// refused probe doubles it.
 	DefaultProbeHold = 3
+	DefaultMaxHold   = 64
 
-	// DefaultProbeUtilization is the share of the limit a source must have
-	// used during a run for the run to count: a limit that was never tried
-	// is not learned.
+	// DefaultProbeUtilization is the share of the pace a round must have
+	// used to count: a pace that was never tried is not learned.
 	DefaultProbeUtilization = 0.8
 
-	// DefaultAssumedWindow is the window of an advertised limit that comes
-	// without one (X-RateLimit-Limit alone): most such APIs count per minute.
+	// DefaultOutageStreak is how many failures in a row (5xx, transport)
+	// make an outage, for a source that sets no breaker threshold: the
+	// limiter's default threshold.
+	DefaultOutageStreak = limiter.DefaultBreakerThreshold
+
+	// DefaultAssumedWindow is the window of an advertised limit when neither
+	// the headers nor Remaining and Reset tell it: most such APIs count per
+	// minute. Using it is recorded as an assumption.
 	DefaultAssumedWindow = time.Minute
 
 	// DefaultMaxWindow bounds how far the window stretches once the limit is
@@ -64,10 +79,13 @@ const (
 
 // Causes: what taught a change, as recorded in registry.changed events.
 const (
-	CauseHeader   = "header"
-	CauseThrottle = "429"
-	CauseProbeUp  = "probe_up"
-	CauseOperator = "operator"
+	CauseHeader    = "header"     // an advertised quota
+	CauseThrottle  = "throttle"   // a refusal: 429, 503 with Retry-After, a plain 503 between successes
+	CauseSlowStart = "slow_start" // a clean round before any refusal
+	CauseRecover   = "recover"    // a clean round on the way back toward the rate last refused
+	CauseProbeUp   = "probe_up"   // a probe past the rate last refused
+	CauseOutage    = "outage"     // a plain 503's cut undone: an outage followed
+	CauseOperator  = "operator"
 )
 
 // Causes of registry.snapshot events.
@@ -126,15 +144,25 @@ type Options struct {
 	DefaultCeiling       int
 	DefaultCeilingWindow time.Duration
 
-	// Decrease multiplies the limit after a throttle; in (0, 1).
+	// Growth multiplies the pace after each clean round of slow start,
+	// until the first refusal; StartRound successes make such a round.
+	Growth     float64
+	StartRound int
+
+	// Decrease multiplies the rate found admitted after a refusal; in (0, 1).
 	Decrease float64
 
-	// ProbeAfter, ProbeStep, ProbeHold and ProbeUtilization shape the
-	// upward probe; see the package doc.
+	// ProbeAfter, ProbeGain, ProbeHold, MaxHold and ProbeUtilization shape
+	// learning after the first refusal; see the package doc.
 	ProbeAfter       int
-	ProbeStep        int
+	ProbeGain        float64
 	ProbeHold        int
+	MaxHold          int
 	ProbeUtilization float64
+
+	// OutageStreak is how many failures in a row make an outage, for a
+	// source without a breaker threshold of its own.
+	OutageStreak int
 
 	// MaxWindow bounds the window's growth at a limit of one.
 	MaxWindow time.Duration
@@ -159,20 +187,32 @@ func (o *Options) setDefaults() {
 	if o.DefaultCeilingWindow <= 0 {
 		o.DefaultCeilingWindow = DefaultCeilingWindow
 	}
+	if o.Growth <= 1 {
+		o.Growth = DefaultGrowth
+	}
+	if o.StartRound <= 0 {
+		o.StartRound = DefaultStartRound
+	}
 	if o.Decrease <= 0 || o.Decrease >= 1 {
 		o.Decrease = DefaultDecrease
 	}
 	if o.ProbeAfter <= 0 {
 		o.ProbeAfter = DefaultProbeAfter
 	}
-	if o.ProbeStep <= 0 {
-		o.ProbeStep = DefaultProbeStep
+	if o.ProbeGain <= 0 || o.ProbeGain >= 1 {
+		o.ProbeGain = DefaultProbeGain
 	}
 	if o.ProbeHold <= 0 {
 		o.ProbeHold = DefaultProbeHold
 	}
+	if o.MaxHold < o.ProbeHold {
+		o.MaxHold = max(DefaultMaxHold, o.ProbeHold)
+	}
 	if o.ProbeUtilization <= 0 || o.ProbeUtilization > 1 {
 		o.ProbeUtilization = DefaultProbeUtilization
+	}
+	if o.OutageStreak <= 0 {
+		o.OutageStreak = DefaultOutageStreak
 	}
 	if o.MaxWindow <= 0 {
 		o.MaxWindow = DefaultMaxWindow
@@ -253,7 +293,7 @@ func (r *Registry) load(tx *bolt.Tx) error {
 				return fmt.Errorf("request headers of %q: %w", k, err)
 			}
 		}
-		e.step = r.opts.ProbeStep
+		r.startLearning(e)
 		r.sources[src.ID] = e
 		return nil
 	}); err != nil {
@@ -265,12 +305,13 @@ func (r *Registry) load(tx *bolt.Tx) error {
 		}
 		g := r.groups[e.src.Group]
 		if g == nil {
-			g = &entry{id: e.src.Group, group: true, step: r.opts.ProbeStep}
+			g = &entry{id: e.src.Group, group: true}
 			if v := groups.Get([]byte(e.src.Group)); v != nil {
 				if err := json.Unmarshal(v, &g.st); err != nil {
 					return fmt.Errorf("learned state of group %q: %w", e.src.Group, err)
 				}
 			}
+			r.startLearning(g)
 			r.groups[e.src.Group] = g
 		}
 		e.grp = g
@@ -289,11 +330,22 @@ func (r *Registry) load(tx *bolt.Tx) error {
 	return nil
 }
 
+// startLearning readies e's in-memory learning state after a load. A state
+// stored before learning had phases (or with nothing learned) starts in slow
+// start from the limit it has, forgetting the limit last refused: under the
+// old rules an outage's 503s cut the limit, and this lets it recover.
+func (r *Registry) startLearning(e *entry) {
+	e.hold, e.gain = r.opts.ProbeHold, r.opts.ProbeGain
+	if e.st.Phase == "" {
+		e.st.Phase, e.st.Refused, e.st.Bad = PhaseStart, 0, 0
+	}
+}
+
 // initialState is where an entry with nothing learned starts: the default,
 // clamped to its ceiling.
 func (r *Registry) initialState(ceil rate) state {
 	l, w := clamp(r.opts.DefaultLimit, r.opts.DefaultWindow, ceil)
-	return state{Limit: l, Window: auditd.Duration(w), Base: auditd.Duration(w)}
+	return state{Limit: l, Window: auditd.Duration(w), Base: auditd.Duration(w), Phase: PhaseStart}
 }
 
 // sourceCeiling is the configured ceiling of src, or the default.
@@ -402,7 +454,9 @@ type State struct {
 	TaughtAt         time.Time // when; zero for the default
 	TaughtRun        string    // run whose response taught it
 	TaughtBy         string    // source whose response taught it
-	ThrottledAt      int       // the limit last refused; zero when none
+	ThrottledAt      int       // the rate last refused, per Window; zero when none
+	Phase            string    // PhaseStart or PhaseSteady
+	WindowFrom       string    // how the advertised window was learned (WindowAdvertised...); empty when none
 
 	Group              string // gateway group; the Group fields are zero without one
 	GroupLimit         int
@@ -437,7 +491,9 @@ func (r *Registry) State(id string) (State, error) {
 		TaughtAt:         e.st.TaughtAt,
 		TaughtRun:        e.st.RunID,
 		TaughtBy:         e.st.SourceID,
-		ThrottledAt:      e.st.Bad,
+		ThrottledAt:      e.st.refusedLimit(),
+		Phase:            e.st.Phase,
+		WindowFrom:       e.st.WindowFrom,
 		Group:            e.src.Group,
 	}
 	if g := e.grp; g != nil {
@@ -445,7 +501,7 @@ func (r *Registry) State(id string) (State, error) {
 		s.GroupLimit, s.GroupWindow = g.st.Limit, g.st.Window.D()
 		s.GroupCause, s.GroupTaughtAt = g.st.Cause, g.st.TaughtAt
 		s.GroupCeilingLimit, s.GroupCeilingWindow = g.ceil.limit, g.ceil.window
-		s.GroupThrottledAt, s.MembersLimit = g.st.Bad, g.membersLimit
+		s.GroupThrottledAt, s.MembersLimit = g.st.refusedLimit(), g.membersLimit
 		g.mu.Unlock()
 	}
 	return s, nil
@@ -554,9 +610,10 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 
 	e := r.sources[src.ID]
 	if e == nil {
-		e = &entry{id: src.ID, step: r.opts.ProbeStep}
+		e = &entry{id: src.ID}
 		e.ceil = r.sourceCeiling(src)
 		e.st = r.initialState(e.ceil)
+		r.startLearning(e)
 		r.sources[src.ID] = e
 	}
 	e.mu.Lock()
@@ -568,7 +625,8 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	if src.Group != "" {
 		g := r.groups[src.Group]
 		if g == nil {
-			g = &entry{id: src.Group, group: true, step: r.opts.ProbeStep}
+			g = &entry{id: src.Group, group: true}
+			r.startLearning(g)
 			r.groups[src.Group] = g
 		}
 		e.grp = g
@@ -630,6 +688,7 @@ func (r *Registry) loadGroup(g *entry) error {
 	if g.st.Limit == 0 {
 		g.st = r.initialState(g.ceil)
 	}
+	r.startLearning(g)
 	return nil
 }
 
@@ -674,7 +733,9 @@ func (r *Registry) SetLimit(ctx context.Context, principal, id string, limit int
 		c := change{cause: CauseOperator, principal: principal, sourceID: id}
 		old := e.st
 		e.set(l, w, c, r.opts.Clock.Now())
-		e.st.Bad = 0 // the operator's word replaces what throttles taught
+		// The operator's word replaces what refusals taught: hold at it, then
+		// probe past it.
+		e.st.Refused, e.st.Phase, e.probing, e.held = 0, PhaseSteady, false, 0
 		if err := r.commit(ctx, e, old, c); err != nil {
 			return Limits{}, err
 		}

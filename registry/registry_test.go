@@ -23,6 +23,7 @@ type memLedger struct {
 	mu     sync.Mutex
 	events []auditd.Event
 	fail   error
+	clock  clock.Clock // stamps each event's Time when set
 }
 
 func (m *memLedger) Append(_ context.Context, e auditd.Event) (auditd.Event, error) {
@@ -32,6 +33,9 @@ func (m *memLedger) Append(_ context.Context, e auditd.Event) (auditd.Event, err
 		return auditd.Event{}, m.fail
 	}
 	e.Seq = uint64(len(m.events) + 1)
+	if m.clock != nil {
+		e.Time = m.clock.Now()
+	}
 	m.events = append(m.events, e)
 	return e, nil
 }
@@ -338,7 +342,7 @@ func TestSnapshots(t *testing.T) {
 	}
 	want := []snap{
 		{"a", registry.CauseRunStart, "", 10}, {"b", registry.CauseRunStart, "gw", 15},
-		{"a", registry.CauseRunEnd, "", 7}, {"b", registry.CauseRunEnd, "gw", 15},
+		{"a", registry.CauseRunEnd, "", 5}, {"b", registry.CauseRunEnd, "gw", 15},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("snapshots = %+v\nwant %+v", got, want)
@@ -369,13 +373,13 @@ func TestPersistence(t *testing.T) {
 	h.put(t, auditd.Source{ID: "a", Group: "gw", Tier: "relaxed", Headers: map[string]string{"X-Key": "k1"}})
 	h.put(t, auditd.Source{ID: "b", Group: "gw"})
 	h.observeWith(t, registry.Observation{SourceID: "a", RunID: "r1", Outcome: auditd.OutcomeSuccess, Hint: adv(50, time.Minute)})
-	h.observe(t, auditd.OutcomeThrottled, "a")
-	h.observe(t, auditd.OutcomeThrottled, "b") // correlated: cuts the group
+	h.observe(t, auditd.OutcomeThrottled, "a") // a member's throttle cuts the group: 50 -> 45
+	h.observe(t, auditd.OutcomeThrottled, "b") // within the settling time: no second cut
 	before, err := h.reg.State("a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if before.Limit != 35 || before.GroupLimit != 35 || before.Cause != registry.CauseThrottle {
+	if before.Limit != 50 || before.GroupLimit != 45 || before.GroupCause != registry.CauseThrottle || before.Phase != registry.PhaseSteady {
 		t.Fatalf("state before reopen = %+v", before)
 	}
 	if err := db.Close(); err != nil {
@@ -394,7 +398,7 @@ func TestPersistence(t *testing.T) {
 	if hdr, err := reg.RequestHeaders("a"); err != nil || hdr["X-Key"] != "k1" {
 		t.Fatalf("headers after reopen = %v, %v", hdr, err)
 	}
-	if b, err := reg.Limits("b"); err != nil || b.GroupLimit != 35 || b.Limit != 15 {
+	if b, err := reg.Limits("b"); err != nil || b.GroupLimit != 45 || b.Limit != 15 {
 		t.Fatalf("b after reopen = %+v, %v", b, err)
 	}
 }

@@ -199,6 +199,13 @@ func (rc *recount) observe(e *auditd.Event) {
 			rc.groupOf[s.id] = strings.Clone(e.Group)
 		}
 		if e.NewLimit > 0 && e.NewWindow > 0 {
+			// A slower limit counts the dispatches after it (R9): those
+			// before it were within the limit in force then, as the limiter
+			// counts them (limiter.Budget.SetLimit).
+			if e.Type == auditd.EventRegistryChanged && s.limited &&
+				float64(e.NewLimit)*float64(s.window) < float64(s.limit)*float64(e.NewWindow) {
+				s.head = len(s.times)
+			}
 			s.limit, s.window, s.limited = e.NewLimit, e.NewWindow, true
 		}
 		// A snapshot records the burst the limiter allowed; a burst given
