@@ -99,13 +99,13 @@ func TestWindowGuess(t *testing.T) {
 	}{
 		{"Advertised", []*hints.Hint{{Limit: 10, HasLimit: true, Window: 10 * time.Second, HasWindow: true}}, 10 * time.Second, WindowAdvertised},
 		{"Assumed", []*hints.Hint{hint(10, -1, 0)}, time.Minute, WindowAssumed},
-		{"ResetRoundedUp", []*hints.Hint{hint(60, 59, 41 * time.Second)}, time.Minute, WindowReset},
-		{"LongestReset", []*hints.Hint{hint(60, 10, 3 * time.Second), hint(60, 59, 9 * time.Second)}, 10 * time.Second, WindowReset},
+		{"ResetRoundedUp", []*hints.Hint{hint(60, 59, 41*time.Second)}, time.Minute, WindowReset},
+		{"LongestReset", []*hints.Hint{hint(60, 10, 3*time.Second), hint(60, 59, 9*time.Second)}, 10 * time.Second, WindowReset},
 		// A bucket of 20 at 5 a second: a Reset of 4s with 20 missing says
 		// nothing of the window; one with at most 5 missing does.
-		{"Bucket", []*hints.Hint{hint(5, 19, time.Second), hint(5, 0, 4 * time.Second)}, time.Second, WindowBucket},
-		{"NewLimitStartsOver", []*hints.Hint{hint(60, 59, 50 * time.Second), hint(30, 29, 4 * time.Second)}, 5 * time.Second, WindowReset},
-		{"PastAnHour", []*hints.Hint{hint(5000, 4999, 90 * time.Minute)}, time.Hour, WindowReset},
+		{"Bucket", []*hints.Hint{hint(5, 19, time.Second), hint(5, 0, 4*time.Second)}, time.Second, WindowBucket},
+		{"NewLimitStartsOver", []*hints.Hint{hint(60, 59, 50*time.Second), hint(30, 29, 4*time.Second)}, 5 * time.Second, WindowReset},
+		{"PastAnHour", []*hints.Hint{hint(5000, 4999, 90*time.Minute)}, time.Hour, WindowReset},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var g windowGuess
