@@ -105,6 +105,10 @@ const (
 	// above the limit: a token bucket with a burst larger than its rate per
 	// window, whose Reset (time to refill whole) says little of the window.
 	WindowBucket = "bucket"
+	// WindowStatic: as WindowReset, for a Reset not yet seen to move: one
+	// response, or a header the server sends as a constant (nginx
+	// add_header). It says little of the window either.
+	WindowStatic = "static"
 	// WindowAssumed: nothing said; Options.AssumedWindow, recorded as an
 	// assumption.
 	WindowAssumed = "assumed"
@@ -137,11 +141,16 @@ type windowGuess struct {
 	limit    int           // the advertised limit this guess is for
 	maxLeft  int           // most Remaining seen
 	maxReset time.Duration // longest Reset seen with at most a window's quota missing
+	// The first Reset seen, when, and whether one since has differed from
+	// it: a window's Reset counts down, a header sent as a constant does not.
+	firstReset time.Duration
+	firstAt    time.Time
+	moves      bool
 }
 
 // window returns the window of the quota h advertises and how it is known,
 // learning from h's Remaining and Reset first.
-func (g *windowGuess) window(h *hints.Hint, o *Options) (time.Duration, string) {
+func (g *windowGuess) window(h *hints.Hint, now time.Time, o *Options) (time.Duration, string) {
 	if h.HasWindow && h.Window > 0 {
 		return h.Window, WindowAdvertised
 	}
@@ -152,6 +161,11 @@ func (g *windowGuess) window(h *hints.Hint, o *Options) (time.Duration, string) 
 		g.maxLeft = max(g.maxLeft, h.Remaining)
 	}
 	if h.HasReset && h.Reset > 0 {
+		if g.firstAt.IsZero() {
+			g.firstReset, g.firstAt = h.Reset, now
+		} else if h.Reset.Round(time.Second) != g.firstReset.Round(time.Second) {
+			g.moves = true
+		}
 		// What is missing from the bucket or window: its capacity is at
 		// least the limit, and at least one more than the most ever left.
 		capacity := max(h.Limit, g.maxLeft+1)
@@ -161,8 +175,11 @@ func (g *windowGuess) window(h *hints.Hint, o *Options) (time.Duration, string) 
 	}
 	if g.maxReset > 0 {
 		w := min(roundWindow(g.maxReset), o.MaxWindow)
-		if g.maxLeft >= h.Limit {
+		switch {
+		case g.maxLeft >= h.Limit:
 			return w, WindowBucket
+		case !g.moves:
+			return w, WindowStatic
 		}
 		return w, WindowReset
 	}

@@ -99,20 +99,21 @@ func TestWindowGuess(t *testing.T) {
 	}{
 		{"Advertised", []*hints.Hint{{Limit: 10, HasLimit: true, Window: 10 * time.Second, HasWindow: true}}, 10 * time.Second, WindowAdvertised},
 		{"Assumed", []*hints.Hint{hint(10, -1, 0)}, time.Minute, WindowAssumed},
-		{"ResetRoundedUp", []*hints.Hint{hint(60, 59, 41*time.Second)}, time.Minute, WindowReset},
+		{"ResetRoundedUp", []*hints.Hint{hint(60, 59, 41*time.Second), hint(60, 58, 40*time.Second)}, time.Minute, WindowReset},
+		{"OneReset", []*hints.Hint{hint(60, 59, 41*time.Second)}, time.Minute, WindowStatic},
 		{"LongestReset", []*hints.Hint{hint(60, 10, 3*time.Second), hint(60, 59, 9*time.Second)}, 10 * time.Second, WindowReset},
 		// A bucket of 20 at 5 a second: a Reset of 4s with 20 missing says
 		// nothing of the window; one with at most 5 missing does.
 		{"Bucket", []*hints.Hint{hint(5, 19, time.Second), hint(5, 0, 4*time.Second)}, time.Second, WindowBucket},
-		{"NewLimitStartsOver", []*hints.Hint{hint(60, 59, 50*time.Second), hint(30, 29, 4*time.Second)}, 5 * time.Second, WindowReset},
-		{"PastAnHour", []*hints.Hint{hint(5000, 4999, 90*time.Minute)}, time.Hour, WindowReset},
+		{"NewLimitStartsOver", []*hints.Hint{hint(60, 59, 50*time.Second), hint(30, 29, 4*time.Second), hint(30, 28, 3*time.Second)}, 5 * time.Second, WindowReset},
+		{"PastAnHour", []*hints.Hint{hint(5000, 4999, 90*time.Minute), hint(5000, 4998, 89*time.Minute)}, time.Hour, WindowReset},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var g windowGuess
 			var w time.Duration
 			var how string
-			for _, h := range tc.seen {
-				w, how = g.window(h, &o)
+			for i, h := range tc.seen {
+				w, how = g.window(h, t0.Add(time.Duration(i)*time.Second), &o)
 			}
 			if w != tc.want || how != tc.howTo {
 				t.Fatalf("window = %v from %s, want %v from %s", w, how, tc.want, tc.howTo)
@@ -136,7 +137,7 @@ func FuzzWindowGuess(f *testing.F) {
 			}
 			h := &hints.Hint{Limit: int(s[0]), HasLimit: true, Remaining: int(s[1]), HasRemaining: s[1] >= 0,
 				Reset: time.Duration(s[2]), HasReset: s[2] > 0}
-			w, how := g.window(h, &o)
+			w, how := g.window(h, t0, &o)
 			if w <= 0 || w > o.MaxWindow || how == "" {
 				t.Fatalf("window %v from %q for %+v", w, how, h)
 			}

@@ -364,7 +364,7 @@ func (r *Registry) outageStreak(e *entry) int {
 // or the group it belongs to), and reports whether x's limit moved.
 func (r *Registry) advertised(ctx context.Context, x *entry, obs *Observation, now time.Time) (bool, error) {
 	h := &obs.Hint
-	w, from := x.win.window(h, &r.opts)
+	w, from := x.win.window(h, now, &r.opts)
 	if x.st.AdvLimit == h.Limit && x.st.AdvWindow.D() == w && x.st.WindowFrom == from {
 		return false, nil // an unchanged advertisement teaches nothing new
 	}
@@ -385,7 +385,8 @@ func (r *Registry) advertised(ctx context.Context, x *entry, obs *Observation, n
 			x.doubling = true
 		}
 	default:
-		// An assumed window, or a bucket's, is only a starting point: where
+		// An assumed window, a bucket's, or one read off a Reset that does
+		// not move is only a starting point: where
 		// slow start is still under way it goes on from the faster of the
 		// two, until a refusal or a Remaining of 0 ends it.
 		if x.st.Phase != PhaseSteady && x.rate().faster(rate{l, nw}) {
