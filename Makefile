@@ -6,7 +6,7 @@ ADDR    ?= 127.0.0.1:8080
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: build run test bench lint fuzz clean
+.PHONY: build run test bench bench-pacing lint fuzz clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/auditd
@@ -24,6 +24,13 @@ test:
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -count=$(COUNT) -timeout 60m ./... | tee bench.txt
 	$(GO) tool benchstat bench.txt
+
+# Learning against real nginx limit_req servers auditd is not told, side by
+# side with a client told the limit and one that only retries (needs nginx;
+# about 11 minutes: the 60-a-minute shape at 600 items).
+PACING_N ?= 200,600
+bench-pacing: build
+	$(GO) run ./scripts/bench-pacing -auditd $(BIN) -n $(PACING_N)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
