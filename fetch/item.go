@@ -132,6 +132,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
 	lastReason := ""
+	deferred := 0 // failed probes of the source's breaker this page waited through
 	for {
 		if ctx.Err() != nil {
 			if ar.isCancelled() {
@@ -139,7 +140,10 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 			return nil, pageAbandon, ""
 		}
-		if spent := it.attempts.spent(pg.index); spent >= maxAttempts {
+		if spent := it.attempts.spent(pg.index); spent+deferred >= maxAttempts {
+			if deferred > 0 {
+				return nil, pageFailed, fmt.Sprintf("source down: %d attempts spent, %d failed probes waited through; last: %s", spent, deferred, lastReason)
+			}
 			return nil, pageFailed, fmt.Sprintf("%d attempts spent; last: %s", spent, lastReason)
 		}
 		// A source that is down is served from its last good copy at once
@@ -149,15 +153,27 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			if _, ok, _ := l.cfg.Staging.LastGood(lastGood); ok {
 				return nil, pageFailed, "breaker open"
 			}
+			// Down through as many probes as an item may try: a source
+			// that stays down ends the run's items at once (OutageBound).
+			if st.Reopens >= maxAttempts {
+				return nil, pageFailed, fmt.Sprintf("source down: %d probes failed in a row", st.Reopens)
+			}
 		}
 
-		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt})
+		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt, StopAtReopen: true})
 		l.recordAdmission(rctx, ar, it.Item, pg.index, p)
 		if err != nil {
 			// Declared here, off the path of an admitted request: taking
 			// its address for errors.As moves it to the heap.
 			var shed *limiter.ShedError
 			switch {
+			case errors.Is(err, limiter.ErrStillDown):
+				// Another item's probe failed while this one waited: each
+				// such failure costs a try, so a run against a source that
+				// stays down ends (OutageBound).
+				deferred++
+				lastReason = "breaker open: the source is still down"
+				continue
 			case errors.As(err, &shed):
 				return nil, pageShed, string(shed.Gate)
 			case ctx.Err() != nil:
@@ -220,7 +236,12 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 	// until Reset on nearly every response of a source paced at its quota.
 	gateHint := hint
 	gateHint.HasRemaining, gateHint.HasReset = false, false
-	v := p.Observe(limiter.Outcome{Status: res.Status, Err: sendErr, Hint: gateHint, Attempt: int(attempt)})
+	// A plain 503 soon after the source's pace rose is nginx limit_req
+	// refusing it: the registry says so, and the gates take it for a
+	// throttle that pauses the source and leaves the breaker alone.
+	refused := res.Status == http.StatusServiceUnavailable && sendErr == nil &&
+		l.cfg.Registry.Refusal(registry.Observation{SourceID: it.SourceID, Status: res.Status, Sent: sent, Hint: hint})
+	v := p.Observe(limiter.Outcome{Status: res.Status, Err: sendErr, Hint: gateHint, Attempt: int(attempt), Refused: refused})
 
 	base := auditd.Event{SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt, Latency: latency}
 	switch {

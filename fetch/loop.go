@@ -531,3 +531,19 @@ func (l *Loop) runConfigHash(items []auditd.Item) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// OutageBound is how long, once the breaker has opened, the items of a run
+// can take to end against a source that answers nothing but failures: each
+// failed half-open probe an item waits through costs it an attempt, once
+// maxAttempts probes in a row have failed every item finding the breaker
+// open ends at once (failed, or from its last good copy), and the cooldown
+// doubles from cooldown up to backoff times it. For the defaults (5
+// attempts, 30s, 4) it is 7m30s.
+func OutageBound(maxAttempts int, cooldown time.Duration, backoff int) time.Duration {
+	var total time.Duration
+	for i, c := 0, cooldown; i < maxAttempts; i++ {
+		total += c
+		c = min(2*c, time.Duration(backoff)*cooldown)
+	}
+	return total
+}

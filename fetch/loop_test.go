@@ -15,6 +15,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd/limiter"
 	"go.uber.org/goleak"
 )
 
@@ -540,11 +541,11 @@ upstreams:
   - name: adv
     path: /api
     limit: {shape: fixed_window, requests: 7, window: 1s}
-    reject: {status: 429, retry_after: delta, advertise: x_ratelimit}
+    reject: {status: 429, retry_after: delta, advertise: ietf}
 `)
-	// The ceiling is above the advertised 7 a second (its window read off
-	// X-RateLimit-Reset), and the harness starts sources at 10 a second, so
-	// the advertisement moves the pace.
+	// The ceiling is above the advertised 7 a second (RateLimit-Policy
+	// q=7;w=1), and the harness starts sources at 10 a second, so the
+	// advertisement moves the pace.
 	h.source(t, auditd.Source{ID: "adv", Limit: 20, Window: auditd.Duration(time.Second), Concurrency: 1}, "adv")
 	items := []auditd.Item{{Key: "a", SourceID: "adv", Path: "/api?q=a"}, {Key: "b", SourceID: "adv", Path: "/api?q=b"}}
 	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "adv", Items: items, Principal: "test"})
@@ -659,4 +660,50 @@ func TestRunsListsSameInstantRunsInSubmissionOrder(t *testing.T) {
 	for _, id := range ids {
 		h.finish(t, id)
 	}
+}
+
+// A source that never answers but 503s (no Retry-After) is an outage, not a
+// limit: the run still ends, every item failed once its attempts are spent
+// or the breaker's probes keep failing, within the documented bound; and the
+// learned pace is what it was.
+func TestUnreachableSourceRunEnds(t *testing.T) {
+	h := newHarness(t, `
+name: unreachable
+seed: 1
+upstreams:
+  - name: down
+    path: /q
+    outages:
+      - {from: 0s, to: 24h, status: 503}
+`)
+	h.source(t, auditd.Source{ID: "down"}, "down")
+	before, err := h.reg.Limits("down")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var items []auditd.Item
+	for i := range 20 {
+		items = append(items, auditd.Item{Key: fmt.Sprintf("k%02d", i), SourceID: "down", Path: fmt.Sprintf("/q?n=%d", i)})
+	}
+	start := h.clk.Now()
+	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "down", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = h.finish(t, v.ID)
+	took := h.clk.Now().Sub(start)
+	t.Logf("ended %s after %v: %+v", v.Status, took, v.Counts)
+	if v.Status != auditd.RunPartial || v.Counts.Failed != 20 {
+		t.Fatalf("run ended %s with %+v, want partial with 20 failed", v.Status, v.Counts)
+	}
+	// The bound (fetch package doc): the breaker's cooldowns over
+	// max_attempts failed probes, 30s+60s+120s+120s+120s for the defaults,
+	// after the few seconds of failures that open it.
+	if bound := fetch.OutageBound(fetch.DefaultMaxAttempts, limiter.DefaultBreakerCooldown, limiter.DefaultBreakerBackoff); took > bound+time.Minute {
+		t.Fatalf("the run took %v of fake time, over the bound of %v", took, bound)
+	}
+	if after, _ := h.reg.Limits("down"); after != before {
+		t.Fatalf("an outage moved the learned pace: %+v, was %+v", after, before)
+	}
+	h.reconcile(t, v.ID)
 }

@@ -16,6 +16,10 @@ type Request struct {
 	// Deadline, on the limiter's clock, is when to give up and shed. Zero
 	// means wait as long as ctx allows.
 	Deadline time.Time
+	// StopAtReopen makes Acquire return ErrStillDown when, while the
+	// request waits at an open breaker, a probe fails and the breaker
+	// opens again; the caller counts that as a try of its own.
+	StopAtReopen bool
 	// NotBefore holds the request back for its own retry backoff (a
 	// Verdict's Wait after a 5xx or transport error); the wait is reported
 	// under GateBackoff.
@@ -93,6 +97,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 		queued   *Budget // budget whose queue holds ticket
 		ticket   uint64
 		deadline clock.Timer
+		openGen  uint64 // breaker generation this request first waited at while open; 0 when none
 	)
 	leave := func() { // give back everything held while waiting
 		if queued != nil {
@@ -137,6 +142,16 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			}
 			if !pass {
 				gate, wait = GateBreaker, w
+				if s.breaker.state == BreakerOpen {
+					if openGen == 0 {
+						openGen = s.breaker.gen
+					} else if req.StopAtReopen && s.breaker.gen != openGen {
+						s.mu.Unlock()
+						leave()
+						p.endWait(now)
+						return p, ErrStillDown
+					}
+				}
 			} else if s.breaker.state == BreakerHalfOpen {
 				s.breaker.probes++
 				p.probe, p.gen = true, s.breaker.gen

@@ -39,6 +39,7 @@ type breaker struct {
 	probes    int           // probes in flight while half-open
 	gen       uint64        // bumped on every transition
 	cooldown  time.Duration // of the current or last opening; zero when closed
+	reopens   int           // failed probes since it last closed
 }
 
 // admit reports whether a request may pass now; when the breaker is open
@@ -83,10 +84,11 @@ func (b *breaker) move(to BreakerState, now time.Time, c Config, id string) *Tra
 	case to == BreakerOpen && b.state == BreakerHalfOpen:
 		// The probe failed: the source is still down; wait longer.
 		b.cooldown = min(2*b.cooldown, time.Duration(c.BreakerBackoff)*c.BreakerCooldown)
+		b.reopens++
 	case to == BreakerOpen:
 		b.cooldown = c.BreakerCooldown
 	case to == BreakerClosed:
-		b.cooldown = 0
+		b.cooldown, b.reopens = 0, 0
 	}
 	t := &Transition{
 		Source: id, From: b.state, To: to,

@@ -133,3 +133,73 @@ func TestBreakerTransitionsLegal(t *testing.T) {
 		}
 	})
 }
+
+// A failed probe doubles the cooldown, up to BreakerBackoff times the first;
+// closing starts over. A request waiting at the open breaker that asked to
+// stop at a reopen learns the source is still down when another's probe
+// fails.
+func TestBreakerCooldownBacksOff(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1000, Window: time.Second, Burst: 100,
+		BreakerThreshold: 1, BreakerCooldown: 10 * time.Second, BreakerBackoff: 4}})
+	observe := func(p *limiter.Permit, status int) time.Duration {
+		t.Helper()
+		v := p.Observe(limiter.Outcome{Status: status, Attempt: 1})
+		for _, tr := range v.Breaker {
+			if tr.To == limiter.BreakerOpen {
+				return tr.Cooldown
+			}
+		}
+		return 0
+	}
+	if d := observe(mustAcquire(t, l, "s"), 502); d != 10*time.Second {
+		t.Fatalf("first cooldown %v, want 10s", d)
+	}
+
+	// Two wait at the open breaker; past the cooldown one of them is the
+	// probe, and it fails: the other is told the source is still down.
+	ctx := context.Background()
+	a := acquireAsync(ctx, c, l, "s", limiter.Request{StopAtReopen: true}, 0)
+	b := acquireAsync(ctx, c, l, "s", limiter.Request{StopAtReopen: true}, 0)
+	c.WaitForTimers(2)
+	c.Advance(10 * time.Second)
+	var probe result
+	var rest <-chan result
+	select {
+	case probe = <-a:
+		rest = b
+	case probe = <-b:
+		rest = a
+	}
+	if probe.err != nil || !probe.p.Probe {
+		t.Fatalf("first through: %+v, %v; want a probe", probe.p, probe.err)
+	}
+	got := []time.Duration{observe(probe.p, 502)}
+	if r := <-rest; !errors.Is(r.err, limiter.ErrStillDown) {
+		t.Fatalf("the other waiter got %v, want ErrStillDown", r.err)
+	}
+	for range 3 {
+		c.Advance(got[len(got)-1])
+		got = append(got, observe(mustAcquire(t, l, "s"), 502))
+	}
+	if want := []time.Duration{20 * time.Second, 40 * time.Second, 40 * time.Second, 40 * time.Second}; !equalDurations(got, want) {
+		t.Fatalf("cooldowns after failed probes = %v, want %v", got, want)
+	}
+	// A probe that succeeds closes it; the next opening starts over.
+	c.Advance(40 * time.Second)
+	observe(mustAcquire(t, l, "s"), 200)
+	if d := observe(mustAcquire(t, l, "s"), 502); d != 10*time.Second {
+		t.Fatalf("cooldown after closing %v, want 10s again", d)
+	}
+}
+
+func equalDurations(a, b []time.Duration) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

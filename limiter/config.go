@@ -19,7 +19,7 @@ const (
 	DefaultBackoffMax       = time.Minute
 	DefaultBreakerThreshold = 5
 	DefaultBreakerCooldown  = 30 * time.Second // the first; it doubles after each failed probe
-	DefaultBreakerBackoff   = 8                // the longest cooldown is this many times the first
+	DefaultBreakerBackoff   = 4                // the longest cooldown is this many times the first
 	DefaultBreakerProbes    = 1
 )
 

@@ -24,6 +24,11 @@ var ErrInvalidCost = errors.New("limiter: invalid cost")
 // that no amount of waiting could admit (above the burst or the limit).
 var ErrCostExceedsCapacity = errors.New("limiter: cost exceeds capacity")
 
+// ErrStillDown is returned by Acquire for a Request with StopAtReopen when,
+// while it waited at the breaker, a half-open probe failed and the breaker
+// opened again: the source is still down. The request was not admitted.
+var ErrStillDown = errors.New("limiter: source still down (breaker opened again)")
+
 // ErrShed is matched (errors.Is) by every *ShedError.
 var ErrShed = errors.New("limiter: shed")
 

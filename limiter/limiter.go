@@ -146,6 +146,7 @@ func (l *Limiter) Pause(id string, until time.Time) (time.Time, error) {
 type State struct {
 	Breaker     BreakerState
 	Failures    int
+	Reopens     int // probes that failed since the breaker last closed
 	InFlight    int
 	Queued      int // Acquire calls waiting at the budget's rate queue (the group's, when shared)
 	Tokens      float64
@@ -159,7 +160,7 @@ func (l *Limiter) State(id string) (State, error) {
 		return State{}, err
 	}
 	s.mu.Lock()
-	st := State{Breaker: s.breaker.state, Failures: s.breaker.failures, InFlight: s.inFlight}
+	st := State{Breaker: s.breaker.state, Failures: s.breaker.failures, Reopens: s.breaker.reopens, InFlight: s.inFlight}
 	b := s.budget
 	s.mu.Unlock()
 	st.Tokens, st.PausedUntil = b.Tokens(), b.PausedUntil()
