@@ -162,6 +162,17 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 			d.Pause = min(d.Pause, e.st.AdvWindow.D()/time.Duration(e.st.AdvLimit))
 		}
 	}
+	// A refusal that says nothing of when to come back (a 429 or a plain
+	// 503 without Retry-After) means the server's bucket or window is full:
+	// pause the source while it drains a little, so the next request tests
+	// the new pace rather than the old one's backlog.
+	if obs.refused() && !obs.Hint.HasRetryAfter && (d.Changed || d.GroupChanged) {
+		x := e
+		if g != nil {
+			x = g
+		}
+		d.Pause = max(d.Pause, settle, min(2*x.interval(), maxDrain))
+	}
 	// The waits the server asked for, which the admitted rate leaves out.
 	wait := d.Pause
 	if obs.refused() && obs.Hint.HasRetryAfter {
@@ -264,6 +275,17 @@ func (r *Registry) learn(ctx context.Context, e, g *entry, obs *Observation, now
 				// Time the source spent failing is not time it refused
 				// for rate: the admitted rate leaves it out.
 				x.paused += now.Sub(x.failSince)
+			}
+			// Failures alone for outageTime, even too few to have shown
+			// it down (a pace slowed by the cuts sends few): an outage
+			// after all, whose cuts are undone.
+			if x.undo != nil && x.streak >= suspectStreak+1 && now.Sub(x.failSince) >= outageTime {
+				moved, err := r.revert(ctx, x, obs, now)
+				if err != nil {
+					return err
+				}
+				d.Changed = d.Changed || (moved && x == e)
+				d.GroupChanged = d.GroupChanged || (moved && x == g)
 			}
 			x.okAt, x.streak, x.undo, x.down = now, 0, nil, false
 		}
@@ -443,6 +465,8 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// The probe above the last refusal was refused too (or soon after
 		// it held): wait longer before the next one.
 		x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
+	} else if x.st.Phase == PhaseSteady && x.st.Refused > 0 {
+		x.missed++ // refused on the way back up
 	}
 	x.probing, x.held, x.proven, x.gain, x.doubling = false, 0, false, o.ProbeGain, false
 	x.lastCut, x.pacedSum, x.paused = now, 0, 0
@@ -503,7 +527,10 @@ func (r *Registry) revert(ctx context.Context, x *entry, obs *Observation, now t
 // just under it, then a probe above it whose step doubles while probes stay
 // clean.
 func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now time.Time, o *Options) (bool, error) {
-	need := o.ProbeAfter
+	// A round after the first refusal is ProbeAfter successes, or as many
+	// as the pace sends in roundTime if fewer (a slow pace must not take
+	// minutes a round), and never fewer than a slow start's.
+	need := max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))))
 	if x.st.Phase != PhaseSteady {
 		need = o.StartRound
 	}
@@ -516,6 +543,11 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	if x.st.Refused <= 0 {
 		x.st.Refused = cur / (1 - g) // steady with nothing refused: hold here, then probe
 	}
+	// Recovery stops ProbeGain under the rate refused, and another
+	// ProbeGain further under it for each refusal met on the way back up
+	// since a probe last held: the refused pace was only a little above the
+	// server's rate.
+	top := 1 - g*float64(1+min(x.missed, 2))
 	var next float64
 	cause := CauseProbeUp
 	switch {
@@ -528,6 +560,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		if x.held++; x.held < max(x.hold, o.ProbeHold) || now.Sub(x.probedAt) < probeProof {
 			return false, nil
 		}
+		x.missed = 0
 		// The server allows this pace now: hold here, then probe again;
 		// twice as far when the pace came from a window read off a Reset
 		// and nothing was refused since (the window may have been read
@@ -538,10 +571,10 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		}
 		x.st.Refused = cur / (1 - g)
 		return false, r.persist(x)
-	case cur < (1-2*g)*x.st.Refused && x.faster(min((1-g)*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2)), o):
+	case cur < (top-g)*x.st.Refused && x.faster(min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2)), o):
 		// Recovering after a cut: halve the distance each round, up to
 		// just under the rate refused.
-		next = min((1-g)*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2))
+		next = min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2))
 		cause = CauseRecover
 	default:
 		// Just under the rate refused (as near as whole requests per
@@ -549,7 +582,8 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		if x.held++; x.held < max(x.hold, o.ProbeHold) {
 			return false, nil
 		}
-		x.held, x.probing, x.probedAt = 0, true, now
+		// Held clean at the top: the margin below the refused rate can go.
+		x.held, x.probing, x.probedAt, x.missed = 0, true, now, 0
 		next = x.st.Refused * (1 + max(g, x.gain))
 	}
 	l, w := x.limitFor(next, o)
@@ -603,6 +637,7 @@ type entry struct {
 	gain       float64       // share above the refused rate the next probe tries
 	doubling   bool          // the gain doubles with each clean probe: no refusal since a Reset's window
 	proven     bool          // a round has proved the pace since the last cut
+	missed     int           // refusals met recovering since a probe last held
 	pacedSum   float64       // requests the pace allowed from the last cut to the last change
 	paused     time.Duration // waits the server asked for, and failing spells, since the last cut
 	hist       history       // recent successes, for the rate the server admits
@@ -734,11 +769,11 @@ func (e *entry) rateAt(t time.Time) float64 {
 }
 
 // risingAt reports whether a request sent at t left soon after e's pace
-// rose (within riseWindow, or twenty intervals of the pace), with a success
+// rose (within riseWindow, or five intervals of the pace), with a success
 // not long before, and e not down: the time a plain 503 is most likely the
 // server refusing the faster pace.
 func (e *entry) risingAt(t time.Time) bool {
-	if e.down || e.rose.IsZero() || t.Before(e.rose) || t.Sub(e.rose) > max(riseWindow, 20*e.interval()) {
+	if e.down || e.rose.IsZero() || t.Before(e.rose) || t.Sub(e.rose) > max(riseWindow, 5*e.interval()) {
 		return false
 	}
 	recent := max(recentSuccess, 4*e.interval())
@@ -747,6 +782,13 @@ func (e *entry) risingAt(t time.Time) bool {
 
 // maxPause bounds one server-requested wait, as counted by admitted.
 const maxPause = 5 * time.Minute
+
+// maxDrain bounds the pause after a refusal without Retry-After.
+const maxDrain = 5 * time.Second
+
+// roundTime bounds the time of a round after the first refusal, in
+// successes at the pace.
+const roundTime = 10 * time.Second
 
 // settle is the least time after a cut before a refusal can cut again.
 const settle = time.Second

@@ -175,8 +175,9 @@ func TestLearnWithoutHeaders(t *testing.T) {
 				break
 			}
 		}
-		if held < 2*registry.DefaultProbeHold {
-			t.Fatalf("held %d rounds before the next probe, want at least %d", held, 2*registry.DefaultProbeHold)
+		// Twice ProbeHold rounds at the top, the last of which probes.
+		if held < 2*registry.DefaultProbeHold-1 {
+			t.Fatalf("held %d rounds before the next probe, want at least %d", held, 2*registry.DefaultProbeHold-1)
 		}
 	})
 
@@ -563,7 +564,11 @@ func TestLearnFromHeaders(t *testing.T) {
 			wantPause time.Duration
 		}{
 			{"ZeroPausesUntilReset", registry.Observation{Hint: left(0, 30*time.Second)}, 30 * time.Second},
-			{"ZeroOnAThrottle", registry.Observation{Outcome: auditd.OutcomeThrottled, Hint: left(0, 5*time.Second)}, 5 * time.Second},
+			{"ZeroOnAThrottle", registry.Observation{Outcome: auditd.OutcomeThrottled, Hint: left(0, 4*time.Second)}, 5 * time.Second},
+			// A refusal that says nothing of when to come back: two
+			// intervals of the new pace, at most five seconds, for the
+			// server's bucket to drain a little.
+			{"RefusedWithoutHint", registry.Observation{Outcome: auditd.OutcomeThrottled}, 5 * time.Second},
 			{"ZeroWithKnownQuotaWaitsOneInterval", registry.Observation{Hint: withQuota(left(0, 10*time.Second), 30, 10*time.Second)}, 10 * time.Second / 30},
 			{"ZeroWithoutReset", registry.Observation{Hint: hints.Hint{HasRemaining: true}}, 0},
 			{"Left", registry.Observation{Hint: left(100, time.Second)}, 0},
