@@ -718,11 +718,21 @@ func report(out io.Writer, cases []*bcase, ns []int) {
 	tw.Flush()
 }
 
+// usedPorts are the ports freePort has handed out: the kernel may hand a
+// closed one out again.
+var usedPorts = map[int]bool{}
+
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !usedPorts[port] {
+			usedPorts[port] = true
+			return port, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
