@@ -36,6 +36,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
@@ -573,8 +574,12 @@ func openBenchLoop(tb testing.TB, upstreamURL string, client *http.Client) *benc
 	if err != nil {
 		tb.Fatal(err)
 	}
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Clock: clock.Real{}})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	loop, err := fetch.New(fetch.Config{
-		DB: db, Ledger: led, Registry: reg, Limiter: limiter.New(clock.Real{}), Staging: stage,
+		Ledger: led, Runs: store, Registry: reg, Limiter: limiter.New(clock.Real{}), Staging: stage,
 		Client: client, Clock: clock.Real{}, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -654,7 +659,7 @@ func (bl *benchLoop) run(b *testing.B, up upstreamCounter) benchResult {
 	cpu := cpuTime(b)
 	start := time.Now()
 
-	v, created, err := bl.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "bench", Items: bl.items, Principal: "bench"})
+	v, created, err := bl.loop.Submit(context.Background(), auditd.NewRun{Name: "bench", Items: bl.items, Principal: "bench"})
 	if err != nil || !created {
 		b.Fatalf("submit: created %v, %v", created, err)
 	}

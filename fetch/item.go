@@ -49,7 +49,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		return
 	}
 	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
-	if ar.rec.Replay {
+	if ar.replay {
 		if l.serveCached(rctx, ar, it, lastGoodKey, "replay") {
 			return
 		}
@@ -61,7 +61,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		return
 	}
 	defer w.Abort()
-	res := &ItemResult{Key: it.Key, Advertised: -1}
+	res := &auditd.ItemResult{Advertised: -1}
 	records := 0
 	for p := 0; ; p++ {
 		if p >= maxPages {
@@ -151,7 +151,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt})
+		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt})
 		l.recordAdmission(rctx, ar, it.Item, pg.index, p)
 		if err != nil {
 			// Declared here, off the path of an admitted request: taking
@@ -178,7 +178,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		} else if err != nil {
 			// Not durable, so not sent: the ledger never shows fewer
 			// requests than the upstream received.
-			l.log.Error("record dispatch", "run", ar.rec.ID, "item", it.Key, "err", err)
+			l.log.Error("record dispatch", "run", ar.id, "item", it.Key, "err", err)
 			return nil, pageAbandon, ""
 		}
 
@@ -270,7 +270,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, i
 		p.Release()
 		return time.Time{}, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
 	}
-	ar.countOne(e)
+	ar.live.Count(*e)
 	return e.Time, nil
 }
 
@@ -296,7 +296,7 @@ func (l *Loop) queueDispatch(ar *activeRun, p *limiter.Permit, it *auditd.Item, 
 			return ledger.Queued{}, errPausedMeanwhile
 		}
 	}
-	e.Type, e.RunID, e.SourceID, e.ItemKey, e.Page = auditd.EventDispatch, ar.rec.ID, it.SourceID, it.Key, uint32(page)
+	e.Type, e.RunID, e.SourceID, e.ItemKey, e.Page = auditd.EventDispatch, ar.id, it.SourceID, it.Key, uint32(page)
 	e.Attempt, e.Method, e.Path = attempt, it.Method, path
 	if p.Probe {
 		e.Cause = "probe"
@@ -335,7 +335,7 @@ func (l *Loop) recordBreaker(ctx context.Context, ar *activeRun, it *auditd.Item
 // pace for the source's gates, or a pause the server asked for.
 func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
 	d, err := l.cfg.Registry.Observe(ctx, registry.Observation{
-		RunID: ar.rec.ID, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
+		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
 	})
 	if err != nil {
 		l.log.Error("registry observe", "source", sourceID, "err", err)
@@ -445,7 +445,7 @@ func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.
 func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) auditd.Event {
 	got, err := l.record(ctx, ar, e)
 	if err != nil {
-		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", e.Type, "err", err)
+		l.log.Error("ledger append failed", "run", ar.id, "type", e.Type, "err", err)
 	}
 	return got
 }
@@ -476,7 +476,7 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 		return false
 	}
 	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Cause: reason})
-	l.endItem(ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1}, "", nil)
+	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
 	return true
 }
 
@@ -488,9 +488,9 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 // request's new last-good copy are kept with the run, and stored when it
 // ends (storeEnd); item.finished carries all of the result, so a restart
 // rebuilds them.
-func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
+func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
-		res = &ItemResult{Key: it.Key, Advertised: -1}
+		res = &auditd.ItemResult{Advertised: -1}
 	}
 	res.Outcome, res.Reason = out, reason
 	res.Attempts = it.attempts.total
@@ -509,7 +509,7 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 
 // finishedEvent is the item.finished event of an item that ended with res:
 // the whole result, so that resume can rebuild it (resultOf).
-func finishedEvent(it *auditd.Item, res *ItemResult) auditd.Event {
+func finishedEvent(it *auditd.Item, res *auditd.ItemResult) auditd.Event {
 	e := auditd.Event{Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
 		Outcome: res.Outcome, Cause: res.Reason, PayloadHash: res.PayloadHash, Bytes: res.Bytes, Attempt: uint32(res.Attempts)}
 	if it.Paging != auditd.PagingNone && res.Pages > 0 {
@@ -527,8 +527,8 @@ type pagedDetail struct {
 }
 
 // resultOf rebuilds an item's result from its item.finished event, e.
-func resultOf(it *auditd.Item, e *auditd.Event) (*ItemResult, error) {
-	res := &ItemResult{Key: it.Key, Outcome: e.Outcome, Reason: e.Cause, PayloadHash: e.PayloadHash,
+func resultOf(it *auditd.Item, e *auditd.Event) (*auditd.ItemResult, error) {
+	res := &auditd.ItemResult{Outcome: e.Outcome, Reason: e.Cause, PayloadHash: e.PayloadHash,
 		Bytes: e.Bytes, Attempts: int(e.Attempt), Advertised: -1}
 	switch {
 	case e.Detail != "":

@@ -2,7 +2,6 @@ package fetch
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"sync"
 	"time"
 
@@ -18,9 +18,8 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
-	"github.com/oklog/ulid/v2"
-	bolt "go.etcd.io/bbolt"
 )
 
 // Defaults for Config fields left zero.
@@ -49,16 +48,35 @@ type Ledger interface {
 	QueueTo(e *auditd.Event) (ledger.Queued, error)
 	// Post is AppendWith without the wait: then learns the outcome.
 	Post(events []auditd.Event, puts []ledger.Put, then func([]auditd.Event, error)) error
-	Head() (seq uint64, hash [32]byte)
+}
+
+// Runs is what the loop needs of the store of runs (*runs.Store): it
+// stores the runs the loop is given, keeps their live state while the loop
+// works on them, and stores how they end.
+type Runs interface {
+	// Create stores a new run and its items, or returns runs.ErrKeyTaken.
+	Create(run auditd.Run, nr auditd.NewRun) (*runs.Live, error)
+	// RunByIdempotencyKey answers a repeated submit.
+	RunByIdempotencyKey(ctx context.Context, nr auditd.NewRun) (auditd.RunView, error)
+	// Run returns one run.
+	Run(ctx context.Context, id string) (auditd.RunView, error)
+	// Unfinished lists the runs to resume, and Resume loads one.
+	Unfinished() ([]string, error)
+	Resume(id string) (*runs.Live, []auditd.Item, error)
+	// Start stores a run's record as it starts and makes it live; End
+	// stores its end, which run.finished completes.
+	Start(r *runs.Live) error
+	End(r *runs.Live, fin *auditd.Event) error
 }
 
 // queueBatch is how many item.queued events share one durable commit.
 const queueBatch = 1000
 
-// Config wires a Loop. DB, Ledger, Registry, Limiter and Staging are required.
+// Config wires a Loop. Ledger, Runs, Registry, Limiter and Staging are
+// required.
 type Config struct {
-	DB       *bolt.DB
 	Ledger   Ledger
+	Runs     Runs
 	Registry *registry.Registry // source configuration and learned limits
 	Limiter  *limiter.Limiter   // the gates; the loop configures it from the registry
 	Staging  *staging.Store
@@ -86,17 +104,12 @@ type Loop struct {
 	active    map[string]*activeRun
 	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
 	closed    bool
-
-	// runIDs keeps run ids minted in the same millisecond in the order
-	// they were minted, so that Runs (newest first, by id) lists them in
-	// submission order.
-	runIDs *ulid.LockedMonotonicReader
 }
 
 // New returns a Loop; it starts nothing.
 func New(cfg Config) (*Loop, error) {
-	if cfg.DB == nil || cfg.Ledger == nil || cfg.Registry == nil || cfg.Limiter == nil || cfg.Staging == nil {
-		return nil, errors.New("fetch: DB, Ledger, Registry, Limiter and Staging are required")
+	if cfg.Ledger == nil || cfg.Runs == nil || cfg.Registry == nil || cfg.Limiter == nil || cfg.Staging == nil {
+		return nil, errors.New("fetch: Ledger, Runs, Registry, Limiter and Staging are required")
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
@@ -119,12 +132,8 @@ func New(cfg Config) (*Loop, error) {
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
-	if err := createBuckets(cfg.DB); err != nil {
-		return nil, fmt.Errorf("create fetch buckets: %w", err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{},
-		runIDs: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)}}, nil
+	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{}}, nil
 }
 
 // Start configures the gates of every registered source and resumes every
@@ -135,19 +144,7 @@ func (l *Loop) Start(ctx context.Context) error {
 			return fmt.Errorf("configure gates of %s: %w", src.ID, err)
 		}
 	}
-	var ids []string
-	err := l.cfg.DB.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
-			var rec runRecord
-			if err := json.Unmarshal(v, &rec); err != nil {
-				return fmt.Errorf("decode run %s: %w", k, err)
-			}
-			if !rec.Status.Terminal() {
-				ids = append(ids, rec.ID)
-			}
-			return nil
-		})
-	})
+	ids, err := l.cfg.Runs.Unfinished()
 	if err != nil {
 		return err
 	}
@@ -197,92 +194,58 @@ func (l *Loop) Close(ctx context.Context) error {
 	}
 }
 
-// SubmitRequest is a new run.
-type SubmitRequest struct {
-	Name           string
-	Award          auditd.Award
-	Items          []auditd.Item
-	Deadline       time.Time // zero: none; past it, unfinished items are shed
-	Replay         bool      // read staged payloads instead of re-fetching
-	IdempotencyKey string    // a second submit with the same key returns the first run
-	Principal      string    // who submitted it
-}
-
-// Submit validates and stores a run and starts it. Nothing is stored or
-// recorded when the request is refused: an unknown source or a duplicate
-// item key fails before anything is queued.
-func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, error) {
-	if req.IdempotencyKey != "" {
-		v, err := l.RunByIdempotencyKey(req)
+// Submit validates and stores a run and starts it, and reports whether it
+// is new: a submit with the idempotency key of an earlier one, and the
+// same contents, returns that run. Nothing is stored or recorded when the
+// request is refused: an unknown source or a duplicate item key fails
+// before anything is queued.
+func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
+	if nr.IdempotencyKey != "" {
+		v, err := l.cfg.Runs.RunByIdempotencyKey(ctx, nr)
 		if err == nil {
 			return v, false, nil
 		} else if auditd.ErrorCode(err) != auditd.ENOTFOUND {
-			return RunView{}, false, err
+			return auditd.RunView{}, false, err
 		}
 	}
-	if err := l.validate(req); err != nil {
-		return RunView{}, false, err
+	if err := l.validate(nr); err != nil {
+		return auditd.RunView{}, false, err
 	}
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
 	if closed {
-		return RunView{}, false, auditd.Errorf(auditd.EUNAVAILABLE, "shutting down")
+		return auditd.RunView{}, false, auditd.Errorf(auditd.EUNAVAILABLE, "shutting down")
 	}
 
-	now := l.cfg.Clock.Now().UTC()
-	rec := &runRecord{Run: auditd.Run{
-		ID:          ulid.MustNew(ulid.Timestamp(now), l.runIDs).String(),
-		Name:        req.Name,
-		Award:       req.Award,
+	for i := range nr.Items {
+		nr.Items[i].Method = itemMethod(nr.Items[i].Method)
+	}
+	live, err := l.cfg.Runs.Create(auditd.Run{
+		Name:        nr.Name,
+		Award:       nr.Award,
 		Status:      auditd.RunRunning,
-		InitiatedBy: req.Principal,
-		ConfigHash:  l.runConfigHash(req.Items),
+		InitiatedBy: nr.Principal,
+		ConfigHash:  l.runConfigHash(nr.Items),
 		CodeVersion: l.cfg.CodeVersion,
-		CreatedAt:   now,
-		Deadline:    req.Deadline,
-		Replay:      req.Replay,
-		ItemCount:   len(req.Items),
-	}}
-	if req.IdempotencyKey != "" {
-		rec.RequestHash = requestHash(req)
-	}
-	for i := range req.Items {
-		req.Items[i].Method = itemMethod(req.Items[i].Method)
-	}
-	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
-		if req.IdempotencyKey != "" && tx.Bucket(bucketIdem).Get([]byte(req.IdempotencyKey)) != nil {
-			return errIdemRace
-		}
-		return putRun(tx, rec, req.Items, req.IdempotencyKey)
-	})
-	if errors.Is(err, errIdemRace) {
-		return l.Submit(ctx, req)
+		CreatedAt:   l.cfg.Clock.Now().UTC(),
+		Deadline:    nr.Deadline,
+		Replay:      nr.Replay,
+		ItemCount:   len(nr.Items),
+	}, nr)
+	if errors.Is(err, runs.ErrKeyTaken) {
+		return l.Submit(ctx, nr)
 	} else if err != nil {
-		return RunView{}, false, fmt.Errorf("store run: %w", err)
+		return auditd.RunView{}, false, err
 	}
 
-	ar := newActiveRun(rec)
-	if err := l.begin(ctx, ar, req.Items); err != nil {
-		return RunView{}, false, err
+	ar := newActiveRun(live)
+	if err := l.begin(ctx, ar, nr.Items); err != nil {
+		return auditd.RunView{}, false, err
 	}
-	l.launch(ar, req.Items)
-	return l.view(ar), true, nil
-}
-
-var errIdemRace = errors.New("idempotency key taken concurrently")
-
-// idempotentRun returns the stored record of the run submitted with key,
-// nil when none was, in one read.
-func (l *Loop) idempotentRun(key string) (*runRecord, error) {
-	var rec *runRecord
-	err := l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
-		if id := tx.Bucket(bucketIdem).Get([]byte(key)); id != nil {
-			rec, err = loadRun(tx, string(id))
-		}
-		return err
-	})
-	return rec, err
+	l.launch(ar, nr.Items)
+	v, err := l.cfg.Runs.Run(ctx, live.ID())
+	return v, true, err
 }
 
 // itemMethod is an item's method: GET when it names none.
@@ -293,7 +256,7 @@ func itemMethod(m string) string {
 	return m
 }
 
-func (l *Loop) validate(req SubmitRequest) error {
+func (l *Loop) validate(req auditd.NewRun) error {
 	if len(req.Items) == 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "a run needs at least one item"}
 	}
@@ -333,25 +296,23 @@ func itemField(i int, field string) string {
 // begin records the start of a new run: run.started, a registry snapshot of
 // every source it uses, and item.queued for each item.
 func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) error {
+	run := ar.live.Run()
 	detail, _ := json.Marshal(map[string]any{
-		"name": ar.rec.Name, "award": ar.rec.Award, "config_hash": ar.rec.ConfigHash,
-		"code_version": ar.rec.CodeVersion, "initiated_by": ar.rec.InitiatedBy, "items": len(items),
+		"name": run.Name, "award": run.Award, "config_hash": run.ConfigHash,
+		"code_version": run.CodeVersion, "initiated_by": run.InitiatedBy, "items": len(items),
 	})
-	first, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunStarted, Detail: string(detail), Principal: ar.rec.InitiatedBy})
+	first, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunStarted, Detail: string(detail), Principal: run.InitiatedBy})
 	if err != nil {
 		return err
 	}
-	ar.mu.Lock()
-	ar.rec.FirstSeq = first.Seq
-	ar.rec.HeadAtStart = hex.EncodeToString(first.PrevHash[:])
-	ar.mu.Unlock()
-	if err := l.cfg.Registry.StartRun(ctx, ar.rec.ID, sourcesOf(items)); err != nil {
+	ar.live.Started(&first)
+	if err := l.cfg.Registry.StartRun(ctx, ar.id, sourcesOf(items)); err != nil {
 		return fmt.Errorf("snapshot registry: %w", err)
 	}
 	if err := l.queueItems(ctx, ar, items); err != nil {
 		return err
 	}
-	return l.saveRun(ar)
+	return l.cfg.Runs.Start(ar.live)
 }
 
 // recordBatch appends events for run ar as one commit group and counts
@@ -360,13 +321,13 @@ func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) er
 // error.
 func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event) error {
 	for i := range events {
-		events[i].RunID = ar.rec.ID
+		events[i].RunID = ar.id
 	}
 	got, err := l.cfg.Ledger.AppendWith(ctx, events, nil)
 	if err != nil {
 		return fmt.Errorf("append %d events: %w", len(events), err)
 	}
-	ar.count(got)
+	ar.live.Count(got...)
 	return nil
 }
 
@@ -381,7 +342,7 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // lastGood's newest good copy (activeRun.finished). A failure is logged,
 // as mustRecord logs it: the record describes something that happened, and
 // the reconciliation will show the gap.
-func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res *ItemResult, lastGood string) {
+func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res *auditd.ItemResult, lastGood string) {
 	// Post copies the events, but they would escape to the heap through
 	// the interface call all the same (an event is some 500 bytes, and a
 	// request posts two or three): they go through a pooled buffer instead.
@@ -389,7 +350,7 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res
 	defer putEventBuffer(buf)
 	evs := append(buf[:0], events...)
 	for i := range evs {
-		evs[i].RunID = ar.rec.ID
+		evs[i].RunID = ar.id
 	}
 	typ, item := evs[0].Type, evs[0].ItemKey
 	ar.posts.Add(1)
@@ -398,18 +359,18 @@ func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res
 	err := l.cfg.Ledger.Post(evs, puts, func(got []auditd.Event, err error) {
 		defer ar.posts.Done()
 		if err != nil {
-			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
+			l.log.Error("ledger append failed", "run", ar.id, "type", typ, "item", item, "err", err)
 			l.unspool(puts)
 			return
 		}
-		ar.count(got)
+		ar.live.Count(got...)
 		if res != nil {
-			ar.finished(res, lastGood, got[len(got)-1].Time)
+			ar.live.Finished(item, res, lastGood, got[len(got)-1].Time)
 		}
 	})
 	if err != nil {
 		ar.posts.Done()
-		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
+		l.log.Error("ledger append failed", "run", ar.id, "type", typ, "item", item, "err", err)
 		l.unspool(puts)
 	}
 }
@@ -451,7 +412,7 @@ func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Ite
 			secret[it.SourceID] = q
 		}
 		batch = append(batch, auditd.Event{
-			Type: auditd.EventItemQueued, RunID: ar.rec.ID, SourceID: it.SourceID, ItemKey: it.Key,
+			Type: auditd.EventItemQueued, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 			Method: it.Method, Path: redactPath(it.Path, q),
 		})
 		if len(batch) == queueBatch {
@@ -495,20 +456,12 @@ func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (audit
 // 9 KB of stack, which a worker then grew to 16 KB after every GC had
 // shrunk it.)
 func (l *Loop) recordTo(ctx context.Context, ar *activeRun, e *auditd.Event) error {
-	e.RunID = ar.rec.ID
+	e.RunID = ar.id
 	if err := l.cfg.Ledger.AppendTo(ctx, e); err != nil {
 		return fmt.Errorf("append %s: %w", e.Type, err)
 	}
-	ar.countOne(e)
+	ar.live.Count(*e)
 	return nil
-}
-
-func (l *Loop) saveRun(ar *activeRun) error {
-	ar.mu.Lock()
-	rec := ar.rec
-	rec.Counts = ar.rec.Counts.clone()
-	ar.mu.Unlock()
-	return l.cfg.DB.Update(func(tx *bolt.Tx) error { return saveRun(tx, &rec) })
 }
 
 // runConfigHash is the hash recorded with a run of the configuration it
@@ -516,7 +469,8 @@ func (l *Loop) saveRun(ar *activeRun) error {
 // headers are never part of it) and the loop's own limits. Two runs with
 // the same hash were paced under the same terms.
 func (l *Loop) runConfigHash(items []auditd.Item) string {
-	ids := sortedStrings(sourcesOf(items))
+	ids := sourcesOf(items)
+	sort.Strings(ids)
 	srcs := make([]auditd.Source, 0, len(ids))
 	for _, id := range ids {
 		src, _ := l.cfg.Registry.GetSource(id)

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/fetch"
 	"go.uber.org/goleak"
 )
 
@@ -78,7 +77,7 @@ func mixedItems() []auditd.Item {
 func TestRunTiesOutWithUpstreams(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
-	v, created, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "mixed", Items: mixedItems(), Principal: "test"})
+	v, created, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "mixed", Items: mixedItems(), Principal: "test"})
 	if err != nil || !created {
 		t.Fatalf("submit: %v %v", created, err)
 	}
@@ -118,7 +117,7 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 
 	// Paged items: every page fetched and the totals tie to the upstream's.
 	for _, key := range []string{"p1", "z1", "g1"} {
-		it, err := h.loop.Item(v.ID, key)
+		it, err := h.runs.Item(context.Background(), v.ID, key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +134,7 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 		if key == "z1" && it.Result.Outcome == auditd.ItemSucceeded && !it.Result.CountMatched {
 			t.Errorf("z1: count did not match the advertised numberMatched: %+v", it.Result)
 		}
-		r, err := h.loop.Payload(v.ID, key)
+		r, err := h.runs.Payload(context.Background(), v.ID, key)
 		if err == nil {
 			b, _ := io.ReadAll(r)
 			r.Close()
@@ -164,7 +163,7 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 func TestThrottlePausesBeforeNextDispatch(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "pause", Items: mixedItems()})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "pause", Items: mixedItems()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +212,7 @@ func TestOutageServesLastGoodCopy(t *testing.T) {
 	item := func(key, src, path string) auditd.Item { return auditd.Item{Key: key, SourceID: src, Path: path} }
 	wfs := func(n string) string { return "/geoserver/ows?service=WFS&request=GetFeature&typeNames=parcels&n=" + n }
 
-	first, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "before", Items: []auditd.Item{
+	first, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "before", Items: []auditd.Item{
 		item("a", "down", wfs("a")), item("b", "down", wfs("b")),
 	}})
 	if err != nil {
@@ -229,7 +228,7 @@ func TestOutageServesLastGoodCopy(t *testing.T) {
 	for i := range 5 {
 		items = append(items, item("u"+string(rune('0'+i)), "up", "/arcgis/rest/services/Parcels/FeatureServer/0/query?f=json&n="+string(rune('0'+i))))
 	}
-	second2, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "during", Items: items})
+	second2, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "during", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +294,7 @@ func TestGatewayGroupSharesOneBudget(t *testing.T) {
 		src := []string{"north", "south"}[i%2]
 		items = append(items, auditd.Item{Key: src + string(rune('A'+i)), SourceID: src, Path: "/q?i=" + string(rune('A'+i))})
 	}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "gw", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "gw", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +333,7 @@ func TestSubmitRefusesUnknownSource(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
 	head, _ := h.ledger.Head()
-	_, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Items: []auditd.Item{
+	_, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Items: []auditd.Item{
 		{Key: "a", SourceID: "parcels", Path: "/x"}, {Key: "b", SourceID: "nowhere", Path: "/x"},
 	}})
 	if auditd.ErrorCode(err) != auditd.EINVALID {
@@ -346,7 +345,7 @@ func TestSubmitRefusesUnknownSource(t *testing.T) {
 	if after, _ := h.ledger.Head(); after != head {
 		t.Errorf("ledger moved from %d to %d", head, after)
 	}
-	if runs, _, _ := h.loop.Runs(fetch.RunFilter{}); len(runs) != 0 {
+	if runs, _, _ := h.runs.Runs(context.Background(), auditd.RunFilter{}); len(runs) != 0 {
 		t.Errorf("%d runs stored", len(runs))
 	}
 }
@@ -357,7 +356,7 @@ func TestReplayAndAcknowledge(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
 	items := mixedItems()[:4] // the parcels layers
-	first, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "fetch", Items: items})
+	first, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "fetch", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +365,7 @@ func TestReplayAndAcknowledge(t *testing.T) {
 	}
 	received := h.sim.Stats("parcels").Received
 
-	replay, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "replay", Items: items, Replay: true})
+	replay, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "replay", Items: items, Replay: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,17 +379,17 @@ func TestReplayAndAcknowledge(t *testing.T) {
 
 	// Acknowledging an unknown item records nothing; known ones once each.
 	head, _ := h.ledger.Head()
-	if _, err := h.loop.Acknowledge(context.Background(), first.ID, []string{"p1", "nope"}, "pipeline"); auditd.ErrorCode(err) != auditd.EINVALID {
+	if _, err := h.runs.Acknowledge(context.Background(), first.ID, []string{"p1", "nope"}, "pipeline"); auditd.ErrorCode(err) != auditd.EINVALID {
 		t.Fatalf("unknown key: %v", err)
 	}
 	if after, _ := h.ledger.Head(); after != head {
 		t.Fatalf("a refused acknowledgement wrote %d events", after-head)
 	}
 	keys := []string{"p1", "p2", "p3", "p4"}
-	if n, err := h.loop.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 4 {
+	if n, err := h.runs.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 4 {
 		t.Fatalf("acknowledge: %d %v", n, err)
 	}
-	if n, err := h.loop.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 0 {
+	if n, err := h.runs.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 0 {
 		t.Fatalf("acknowledging again: %d %v", n, err)
 	}
 	h.reconcile(t, first.ID)
@@ -413,7 +412,7 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 	if _, err := h.loop.PutSource(context.Background(), "test", src); err != nil {
 		t.Fatal(err)
 	}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "redirect", Items: []auditd.Item{{Key: "a", SourceID: "moved", Path: "/q"}}})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "redirect", Items: []auditd.Item{{Key: "a", SourceID: "moved", Path: "/q"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,12 +433,12 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 func TestCancelRun(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	items := slowItems(t, h, 20)
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "cancel me", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "cancel me", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.drive(func() bool {
-		got, _ := h.loop.Run(v.ID)
+		got, _ := h.runs.Run(context.Background(), v.ID)
 		return got.Counts.Succeeded >= 3
 	}, 10_000)
 	if _, err := h.loop.Cancel(context.Background(), v.ID); err != nil {
@@ -452,7 +451,7 @@ func TestCancelRun(t *testing.T) {
 	if v.Counts.Succeeded < 3 || v.Counts.Succeeded+v.Counts.Failed != len(items) {
 		t.Fatalf("counts after cancel: %+v", v.Counts)
 	}
-	it, err := h.loop.Item(v.ID, "kt")
+	it, err := h.runs.Item(context.Background(), v.ID, "kt")
 	if err != nil || it.Result == nil || it.Result.Reason != "cancelled" {
 		t.Fatalf("last item after cancel: %+v %v", it.Result, err)
 	}
@@ -468,7 +467,7 @@ func TestCancelRun(t *testing.T) {
 func TestDeadlineSheds(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	items := slowItems(t, h, 10)
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "deadline", Items: items,
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "deadline", Items: items,
 		Deadline: h.clk.Now().Add(3500 * time.Millisecond)})
 	if err != nil {
 		t.Fatal(err)
@@ -497,7 +496,7 @@ func TestWaitReturnsOnceRunEnds(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
 	items := []auditd.Item{{Key: "a", SourceID: "slow", Path: "/geoserver/ows?n=a"}, {Key: "b", SourceID: "slow", Path: "/geoserver/ows?n=b"}}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "wait for me", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wait for me", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +506,7 @@ func TestWaitReturnsOnceRunEnds(t *testing.T) {
 		t.Fatalf("wait with an ended context on a running run: %v", err)
 	}
 	type waited struct {
-		v   fetch.RunView
+		v   auditd.RunView
 		err error
 	}
 	done := make(chan waited, 1)
@@ -544,7 +543,7 @@ upstreams:
 `)
 	h.source(t, auditd.Source{ID: "adv", Limit: 2, Window: auditd.Duration(time.Second), Concurrency: 1}, "adv")
 	items := []auditd.Item{{Key: "a", SourceID: "adv", Path: "/api?q=a"}, {Key: "b", SourceID: "adv", Path: "/api?q=b"}}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "adv", Items: items, Principal: "test"})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "adv", Items: items, Principal: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,7 +591,7 @@ func TestIdempotencyKeyAnswersOnlyItsRequest(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
 	ctx := context.Background()
-	req := fetch.SubmitRequest{Name: "nightly", Items: mixedItems()[:2], IdempotencyKey: "tok:nightly-1"}
+	req := auditd.NewRun{Name: "nightly", Items: mixedItems()[:2], IdempotencyKey: "tok:nightly-1"}
 	first, created, err := h.loop.Submit(ctx, req)
 	if err != nil || !created {
 		t.Fatalf("first submit: created %v, %v", created, err)
@@ -608,17 +607,17 @@ func TestIdempotencyKeyAnswersOnlyItsRequest(t *testing.T) {
 
 	other := req
 	other.Items = mixedItems()[:3]
-	runs, _, err := h.loop.Runs(fetch.RunFilter{})
+	runs, _, err := h.runs.Runs(context.Background(), auditd.RunFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := h.loop.Submit(ctx, other); auditd.ErrorCode(err) != auditd.ECONFLICT || !strings.Contains(err.Error(), first.ID) {
 		t.Fatalf("the key with other items: %v; want a conflict naming run %s", err, first.ID)
 	}
-	if _, err := h.loop.RunByIdempotencyKey(other); auditd.ErrorCode(err) != auditd.ECONFLICT {
+	if _, err := h.runs.RunByIdempotencyKey(context.Background(), other); auditd.ErrorCode(err) != auditd.ECONFLICT {
 		t.Fatalf("RunByIdempotencyKey with other items: %v; want a conflict", err)
 	}
-	after, _, err := h.loop.Runs(fetch.RunFilter{})
+	after, _, err := h.runs.Runs(context.Background(), auditd.RunFilter{})
 	if err != nil || len(after) != len(runs) {
 		t.Fatalf("%d runs before the refused submit, %d after (%v)", len(runs), len(after), err)
 	}
@@ -634,13 +633,13 @@ func TestRunsListsSameInstantRunsInSubmissionOrder(t *testing.T) {
 	ctx := context.Background()
 	var ids []string
 	for i := range 12 {
-		v, _, err := h.loop.Submit(ctx, fetch.SubmitRequest{Name: fmt.Sprintf("r%02d", i), Items: mixedItems()[:1]})
+		v, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: fmt.Sprintf("r%02d", i), Items: mixedItems()[:1]})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, v.ID)
 	}
-	runs, _, err := h.loop.Runs(fetch.RunFilter{})
+	runs, _, err := h.runs.Runs(context.Background(), auditd.RunFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ func (d *demoUpstreams) submitRuns(ctx context.Context, loop *fetch.Loop, log *s
 	award := auditd.Award{FAIN: "EMW-2026-GR-00417", ListingNumber: "97.067", ListingTitle: "Homeland Security Grant Program",
 		AwardYear: 2026, Agency: "FEMA", PassThroughEntity: "Texas Division of Emergency Management", RecipientUEI: "ABCDEFGH1234"}
 	submit := func(name, key string) {
-		v, created, err := loop.Submit(ctx, fetch.SubmitRequest{Name: name, Award: award, Items: demoItems(d),
+		v, created, err := loop.Submit(ctx, auditd.NewRun{Name: name, Award: award, Items: demoItems(d),
 			IdempotencyKey: key, Principal: "demo"})
 		if err != nil {
 			log.Error("demo run", "err", err)

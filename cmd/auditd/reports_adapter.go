@@ -9,9 +9,9 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/api"
-	"github.com/auditd/auditd/fetch"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
 )
 
@@ -20,14 +20,14 @@ import (
 // to re-hash payloads for R6. Evidence exports are admission-controlled.
 type reportsAPI struct {
 	led       *ledger.Ledger
-	loop      *fetch.Loop
+	runs      *runs.Store
 	stage     *staging.Store
 	admission *reports.Admission
 	cache     *reconcileCache
 }
 
-func newReportsAPI(led *ledger.Ledger, loop *fetch.Loop, stage *staging.Store) reportsAPI {
-	return reportsAPI{led: led, loop: loop, stage: stage, admission: reports.NewAdmission(), cache: newReconcileCache()}
+func newReportsAPI(led *ledger.Ledger, store *runs.Store, stage *staging.Store) reportsAPI {
+	return reportsAPI{led: led, runs: store, stage: stage, admission: reports.NewAdmission(), cache: newReconcileCache()}
 }
 
 // reconcileCacheSize bounds how many finished runs' reconciliations are kept.
@@ -94,21 +94,21 @@ func (a reportsAPI) reconciler() *reports.Reconciler {
 	return r
 }
 
-func (a reportsAPI) live(runID string) (*reports.LiveCounters, error) {
-	v, err := a.loop.Run(runID)
+func (a reportsAPI) live(ctx context.Context, runID string) (*reports.LiveCounters, error) {
+	v, err := a.runs.Run(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
-	return liveCounters(v.Counts), nil
+	return &reports.LiveCounters{Total: v.Counts}, nil
 }
 
 func (a reportsAPI) WriteReconciliation(ctx context.Context, w io.Writer, runID, format string) error {
-	v, err := a.loop.Run(runID)
+	v, err := a.runs.Run(ctx, runID)
 	if err != nil {
 		return err
 	}
 	compute := func() (*reports.Report, error) {
-		return a.reconciler().Reconcile(ctx, runID, liveCounters(v.Counts))
+		return a.reconciler().Reconcile(ctx, runID, &reports.LiveCounters{Total: v.Counts})
 	}
 	var rep *reports.Report
 	if v.Status.Terminal() {
@@ -123,7 +123,7 @@ func (a reportsAPI) WriteReconciliation(ctx context.Context, w io.Writer, runID,
 }
 
 func (a reportsAPI) WriteRunEvidence(ctx context.Context, w io.Writer, runID string) error {
-	if _, err := a.loop.Run(runID); err != nil {
+	if _, err := a.runs.Run(ctx, runID); err != nil {
 		return err
 	}
 	return a.export(ctx, w, []string{runID}, "run="+runID)
@@ -131,9 +131,9 @@ func (a reportsAPI) WriteRunEvidence(ctx context.Context, w io.Writer, runID str
 
 func (a reportsAPI) WriteAwardEvidence(ctx context.Context, w io.Writer, q api.EvidenceQuery) error {
 	var ids []string
-	f := fetch.RunFilter{FAIN: q.FAIN, From: q.From, To: q.To, Limit: 500}
+	f := auditd.RunFilter{FAIN: q.FAIN, From: q.From, To: q.To, Limit: 500}
 	for {
-		runs, next, err := a.loop.Runs(f)
+		runs, next, err := a.runs.Runs(ctx, f)
 		if err != nil {
 			return err
 		}
@@ -159,7 +159,7 @@ func (a reportsAPI) WriteAwardEvidence(ctx context.Context, w io.Writer, q api.E
 func (a reportsAPI) export(ctx context.Context, w io.Writer, runIDs []string, filters string) error {
 	live := map[string]*reports.LiveCounters{}
 	for _, id := range runIDs {
-		lc, err := a.live(id)
+		lc, err := a.live(ctx, id)
 		if err != nil {
 			return err
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
 	"github.com/auditd/auditd/web"
 )
@@ -107,11 +108,14 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg)})
+	if err != nil {
+		return err
+	}
 	lim := limiter.New(clock.Real{})
-	version := codeVersion()
 	loop, err := fetch.New(fetch.Config{
-		DB: db, Ledger: led, Registry: reg, Limiter: lim, Staging: stage,
-		Logger: log, CodeVersion: version,
+		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
+		Logger: log, CodeVersion: codeVersion(),
 	})
 	if err != nil {
 		return err
@@ -152,9 +156,9 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		srv.TokenBudget = o.tokenBudget
 	}
 	srv.Sources = sourcesAPI{loop: loop, reg: reg, lim: lim}
-	srv.Runs = runsAPI{loop: loop}
+	srv.Runs = runsAPI{Store: store, loop: loop}
 	srv.Integrity = integrityAPI{db: db, led: led}
-	srv.Reports = newReportsAPI(led, loop, stage)
+	srv.Reports = newReportsAPI(led, store, stage)
 	srv.UI = web.Handler()
 	srv.Logger = log
 	srv.Addr = addr

@@ -231,13 +231,13 @@ func CleanPayloads() PayloadSet {
 // fixture.
 func CleanLive() *reports.LiveCounters {
 	return &reports.LiveCounters{
-		Total: reports.Counters{Queued: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11, Retries: 5,
+		Total: auditd.Counts{Items: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11, Retries: 5,
 			Status2xx: 5, Status429: 1, Status5xx: 2, StatusOther: 1, TransportErrors: 1, Interrupted: 1, Waits: 4,
 			BreakerOpens: 1, Staged: 3, Acknowledged: 4},
-		Sources: map[string]reports.Counters{
-			"gis": {Queued: 2, Succeeded: 2, Dispatches: 5, Retries: 2, Status2xx: 3, Status429: 1, Status5xx: 1,
+		Sources: map[string]auditd.Counts{
+			"gis": {Items: 2, Succeeded: 2, Dispatches: 5, Retries: 2, Status2xx: 3, Status429: 1, Status5xx: 1,
 				Waits: 2, BreakerOpens: 1, Staged: 2, Acknowledged: 2},
-			"grants": {Queued: 4, Succeeded: 1, Cached: 1, Failed: 1, Shed: 1, Dispatches: 6, Retries: 3, Status2xx: 2,
+			"grants": {Items: 4, Succeeded: 1, Cached: 1, Failed: 1, Shed: 1, Dispatches: 6, Retries: 3, Status2xx: 2,
 				Status5xx: 1, StatusOther: 1, TransportErrors: 1, Interrupted: 1, Waits: 2, Staged: 1, Acknowledged: 2},
 		},
 	}
