@@ -100,3 +100,22 @@ type EventReader interface {
 	// Scan visits events with from <= Seq <= to (to == 0 means the head).
 	Scan(from, to uint64, fn func(*Event) error) error
 }
+
+// Future is events a ledger has queued to store but may not have made
+// durable yet. Call one of its methods, once.
+type Future interface {
+	// Wait waits until the events are durable, or ctx ends first (they may
+	// then still be recorded). A nil error leaves the events as stored.
+	Wait(ctx context.Context) error
+	// Then hands fn the events as stored, or the error that kept them
+	// out, once that is decided, without waiting for it.
+	Then(fn func(stored []Event, err error))
+}
+
+// Put is a key and value a package keeps in a bucket of its own in the
+// bbolt file, which the ledger writes in the transaction that stores the
+// events describing it: a small staged payload lands with its
+// payload.staged, never before or without it.
+type Put struct {
+	Bucket, Key, Value []byte
+}

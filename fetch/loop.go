@@ -15,7 +15,6 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
-	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/runs"
@@ -31,23 +30,16 @@ const (
 	DefaultMaxItemsInRun = 100_000
 )
 
-// Ledger is what the loop needs of the ledger.
+// Ledger is what the loop needs of the ledger (*ledger.Ledger).
 type Ledger interface {
-	auditd.Appender
-	auditd.EventReader
-	// AppendWith appends events in order, all durable together or none,
+	// Add queues events to be stored, in order and in one commit group,
 	// with puts in the same transaction (a payload lands with its
-	// payload.staged). It takes events over.
-	AppendWith(ctx context.Context, events []auditd.Event, puts []ledger.Put) ([]auditd.Event, error)
-	// AppendTo is Append in place: e becomes the event as stored.
-	AppendTo(ctx context.Context, e *auditd.Event) error
+	// payload.staged), before anything added after it; the Future tells
+	// when they are durable. It takes events over.
+	Add(events []auditd.Event, puts ...auditd.Put) (auditd.Future, error)
+	auditd.EventReader
 	// SeqAt returns the first event recorded at or after t (seedGates).
 	SeqAt(t time.Time) (uint64, error)
-	// QueueTo queues e, to be stored before anything queued after it, and
-	// returns; the Queued's Wait is AppendTo's wait for it to be durable.
-	QueueTo(e *auditd.Event) (ledger.Queued, error)
-	// Post is AppendWith without the wait: then learns the outcome.
-	Post(events []auditd.Event, puts []ledger.Put, then func([]auditd.Event, error)) error
 }
 
 // Runs is what the loop needs of the store of runs (*runs.Store): it
@@ -315,81 +307,65 @@ func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) er
 	return l.cfg.Runs.Start(ar.live)
 }
 
-// recordBatch appends events for run ar as one commit group and counts
-// them. It returns once all are durable, and takes events over (as
-// ledger.AppendWith does): the caller may reuse the slice only after a nil
-// error.
+// recordBatch records events for run ar in one commit group and counts
+// them. It returns once all are durable, and leaves them as stored.
 func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event) error {
 	for i := range events {
 		events[i].RunID = ar.id
 	}
-	got, err := l.cfg.Ledger.AppendWith(ctx, events, nil)
+	f, err := l.cfg.Ledger.Add(events)
+	if err == nil {
+		err = f.Wait(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("append %d events: %w", len(events), err)
 	}
-	ar.live.Count(got...)
+	ar.live.Count(events...)
 	return nil
 }
 
 // post records events for run ar, with puts in the same transaction,
 // without waiting for them to be durable: for what has already happened
 // when nothing the caller does next depends on the record (a response, an
-// item's end). Whatever the run records after post returns is stored after
-// them; a run's run.finished therefore waits for all of them. Once they are
-// durable they are counted, on the ledger's commit goroutine. When they end
-// an item (res is not nil, and the last event is its item.finished), the
-// run then keeps res as the item's result, and its payload as request
-// lastGood's newest good copy (activeRun.finished). A failure is logged,
-// as mustRecord logs it: the record describes something that happened, and
-// the reconciliation will show the gap.
-func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res *auditd.ItemResult, lastGood string) {
-	// Post copies the events, but they would escape to the heap through
-	// the interface call all the same (an event is some 500 bytes, and a
-	// request posts two or three): they go through a pooled buffer instead.
-	buf := eventBuffers.Get().(*[2]auditd.Event)
-	defer putEventBuffer(buf)
-	evs := append(buf[:0], events...)
-	for i := range evs {
-		evs[i].RunID = ar.id
+// item's end). It takes events over. Whatever the run records after post
+// returns is stored after them; a run's run.finished therefore waits for
+// all of them. Once they are durable they are counted. When they end an
+// item (res is not nil, and the last event is its item.finished), the run
+// then keeps res as the item's result, and its payload as request
+// lastGood's newest good copy (runs.Live.Finished). A failure is logged,
+// as mustRecord logs it: the record describes something that happened,
+// and the reconciliation will show the gap.
+func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []auditd.Put, res *auditd.ItemResult, lastGood string) {
+	for i := range events {
+		events[i].RunID = ar.id
 	}
-	typ, item := evs[0].Type, evs[0].ItemKey
+	typ, item := events[0].Type, events[0].ItemKey
+	f, err := l.cfg.Ledger.Add(events, puts...)
+	if err != nil {
+		l.postFailed(ar, typ, item, puts, err)
+		return
+	}
 	ar.posts.Add(1)
-	// An item's end comes as res and lastGood, not as a function to call
-	// back: each function value made here is an allocation.
-	err := l.cfg.Ledger.Post(evs, puts, func(got []auditd.Event, err error) {
+	f.Then(func(stored []auditd.Event, err error) {
 		defer ar.posts.Done()
 		if err != nil {
-			l.log.Error("ledger append failed", "run", ar.id, "type", typ, "item", item, "err", err)
-			l.unspool(puts)
+			l.postFailed(ar, typ, item, puts, err)
 			return
 		}
-		ar.live.Count(got...)
+		ar.live.Count(stored...)
 		if res != nil {
-			ar.live.Finished(item, res, lastGood, got[len(got)-1].Time)
+			ar.live.Finished(item, res, lastGood, stored[len(stored)-1].Time)
 		}
 	})
-	if err != nil {
-		ar.posts.Done()
-		l.log.Error("ledger append failed", "run", ar.id, "type", typ, "item", item, "err", err)
-		l.unspool(puts)
-	}
 }
 
-// unspool tells staging that puts, the records of a post that failed, were
+// postFailed logs a post that failed, and tells staging that its puts were
 // never stored: a payload's spool entry among them is not to be looked for.
-func (l *Loop) unspool(puts []ledger.Put) {
+func (l *Loop) postFailed(ar *activeRun, typ auditd.EventType, item string, puts []auditd.Put, err error) {
+	l.log.Error("ledger append failed", "run", ar.id, "type", typ, "item", item, "err", err)
 	for _, p := range puts {
-		l.cfg.Staging.Unspool(staging.Record(p))
+		l.cfg.Staging.Unspool(p)
 	}
-}
-
-// eventBuffers hold the events of one post or record while the ledger
-// copies them.
-var eventBuffers = sync.Pool{New: func() any { return new([2]auditd.Event) }}
-
-func putEventBuffer(buf *[2]auditd.Event) {
-	clear(buf[:])
-	eventBuffers.Put(buf)
 }
 
 // queueItems records item.queued for items, a commit group at a time.
@@ -439,29 +415,20 @@ func sourcesOf(items []auditd.Item) []string {
 	return ids
 }
 
-// record appends e for run ar and counts it. It returns once e is durable.
+// record records e for run ar and counts it. It returns once e is durable,
+// with e as stored.
 func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (auditd.Event, error) {
-	buf := eventBuffers.Get().(*[2]auditd.Event)
-	defer putEventBuffer(buf)
-	buf[0] = e
-	err := l.recordTo(ctx, ar, &buf[0])
-	return buf[0], err
-}
-
-// recordTo is record in place: e, which must not be on the caller's stack
-// (it would escape to the heap; take it from eventBuffers), becomes the
-// event as stored, so that while the caller waits for the commit its stack
-// holds no copy of the event. (A worker's dispatch is recorded the same
-// way, in two halves: see queueDispatch. With copies, its wait took over
-// 9 KB of stack, which a worker then grew to 16 KB after every GC had
-// shrunk it.)
-func (l *Loop) recordTo(ctx context.Context, ar *activeRun, e *auditd.Event) error {
-	e.RunID = ar.id
-	if err := l.cfg.Ledger.AppendTo(ctx, e); err != nil {
-		return fmt.Errorf("append %s: %w", e.Type, err)
+	events := []auditd.Event{e}
+	events[0].RunID = ar.id
+	f, err := l.cfg.Ledger.Add(events)
+	if err == nil {
+		err = f.Wait(ctx)
 	}
-	ar.live.Count(*e)
-	return nil
+	if err != nil {
+		return auditd.Event{}, fmt.Errorf("append %s: %w", e.Type, err)
+	}
+	ar.live.Count(events...)
+	return events[0], nil
 }
 
 // runConfigHash is the hash recorded with a run of the configuration it

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -247,23 +248,16 @@ func (s *Store) spool(sum string) uint64 {
 	return s.spoolNext
 }
 
-// Record is one key and value the store keeps in the bbolt file, for a
-// caller that stores it in a transaction of its own (ledger.AppendWith,
-// with the event that says the payload is staged).
-type Record struct {
-	Bucket, Key, Value []byte
-}
-
 // Record is the spool entry of a small payload: storing it makes the
 // payload durable. ok is false for a large payload, which Finish has
 // already filed. Key and Value share the payload's array, which nothing
 // changes once it is finished: bbolt copies the key, and keeps the value
 // until the transaction ends.
-func (p Payload) Record() (rec Record, ok bool) {
+func (p Payload) Record() (rec auditd.Put, ok bool) {
 	if p.rec == nil {
-		return Record{}, false
+		return auditd.Put{}, false
 	}
-	return Record{Bucket: bucketSpool, Key: p.rec[:8:8], Value: p.rec[8:]}, true
+	return auditd.Put{Bucket: bucketSpool, Key: p.rec[:8:8], Value: p.rec[8:]}, true
 }
 
 // Unspool forgets rec, the spool entry of a payload (Payload.Record), when
@@ -272,7 +266,7 @@ func (p Payload) Record() (rec Record, ok bool) {
 // does not keep an entry that no Compact would ever clear. A record of
 // another bucket, or one whose payload has since been spooled again under
 // a later key, is left alone.
-func (s *Store) Unspool(rec Record) {
+func (s *Store) Unspool(rec auditd.Put) {
 	if !bytes.Equal(rec.Bucket, bucketSpool) || len(rec.Key) != 8 || len(rec.Value) < sha256.Size {
 		return
 	}
