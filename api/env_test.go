@@ -130,7 +130,8 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 		{Item: auditd.Item{Key: "b", SourceID: "county", Method: "GET", Path: "/layer/1/query"}},
 	})
 	for i, typ := range []auditd.EventType{auditd.EventRunStarted, auditd.EventItemQueued, auditd.EventItemQueued, auditd.EventDispatch, auditd.EventResponse, auditd.EventPayloadStaged, auditd.EventItemFinished, auditd.EventRunFinished} {
-		ev := auditd.Event{Type: typ, RunID: e.runID, SourceID: "county", ItemKey: "a", Attempt: 1, Status: 200 * min(i, 1)}
+		ev := auditd.Event{Type: typ, RunID: e.runID, SourceID: "county", ItemKey: "a", Status: 200 * min(i, 1)}
+		ev.SetShared(1, "") // attempt 1, as the API shows it
 		if _, err := e.ledger.Append(ctx, ev); err != nil {
 			t.Fatal(err)
 		}

@@ -99,7 +99,7 @@ func (s *Server) recordExport(c echo.Context, runID string, what map[string]stri
 		RunID:     runID,
 		Principal: token(c).Principal(),
 		Detail:    string(detail),
-		Cause:     strconv.FormatUint(head, 10),
+		Head:      strconv.FormatUint(head, 10),
 	})
 	if err != nil {
 		return fmt.Errorf("record export: %w", err)

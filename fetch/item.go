@@ -238,7 +238,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, a 
 	e := auditd.Event{SourceID: a.it.SourceID, ItemKey: a.it.Key, Page: uint32(a.page), Attempt: a.n, Latency: x.latency}
 	switch {
 	case x.err != nil:
-		e.Type, e.Cause = auditd.EventTransportError, x.err.Error()
+		e.Type, e.ErrorText = auditd.EventTransportError, x.err.Error()
 		l.post(ar, []auditd.Event{e}, nil, nil, "")
 	default:
 		out, bodyErr = classify(x.status, hint.RetryAfterRaw != "", src.BodyError, x.body)
@@ -273,10 +273,7 @@ var (
 // releases the permit and says which).
 func (l *Loop) dispatch(ctx context.Context, ar *activeRun, a *attempt, path string) error {
 	e := []auditd.Event{{Type: auditd.EventDispatch, RunID: ar.id, SourceID: a.it.SourceID, ItemKey: a.it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: a.it.Method, Path: path}}
-	if a.permit.Probe {
-		e[0].Cause = "probe"
-	}
+		Page: uint32(a.page), Attempt: a.n, Method: a.it.Method, Path: path, Probe: a.permit.Probe}}
 	f, err := l.queueDispatch(a, e)
 	if err != nil {
 		return err
@@ -439,7 +436,7 @@ func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.It
 func (l *Loop) recordWait(ctx context.Context, ar *activeRun, it *auditd.Item, page int, gate string, planned, actual time.Duration) {
 	l.mustRecord(ctx, ar, auditd.Event{
 		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page),
-		Cause: gate, Wait: planned, Actual: actual,
+		Gate: gate, Wait: planned, Actual: actual,
 	})
 }
 
@@ -474,7 +471,7 @@ func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *job, lastGood
 
 // shed ends an item the gates could not admit before the run's deadline.
 func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, gate string) {
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Cause: gate})
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Gate: gate})
 	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
 		return
 	}
@@ -488,7 +485,7 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
 		return false
 	}
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Cause: reason})
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Reason: reason})
 	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
 	return true
 }
@@ -524,7 +521,7 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 // the whole result, so that resume can rebuild it (resultOf).
 func finishedEvent(it *auditd.Item, res *auditd.ItemResult) auditd.Event {
 	e := auditd.Event{Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
-		Outcome: res.Outcome, Cause: res.Reason, PayloadHash: res.PayloadHash, Bytes: res.Bytes, Attempt: uint32(res.Attempts)}
+		Outcome: res.Outcome, Reason: res.Reason, PayloadHash: res.PayloadHash, Bytes: res.Bytes, Attempts: uint32(res.Attempts)}
 	if it.Paging != auditd.PagingNone && res.Pages > 0 {
 		d, _ := json.Marshal(pagedDetail{Pages: res.Pages, Records: res.Records, Advertised: res.Advertised})
 		e.Detail = string(d)
@@ -541,8 +538,8 @@ type pagedDetail struct {
 
 // resultOf rebuilds an item's result from its item.finished event, e.
 func resultOf(it *auditd.Item, e *auditd.Event) (*auditd.ItemResult, error) {
-	res := &auditd.ItemResult{Outcome: e.Outcome, Reason: e.Cause, PayloadHash: e.PayloadHash,
-		Bytes: e.Bytes, Attempts: int(e.Attempt), Advertised: -1}
+	res := &auditd.ItemResult{Outcome: e.Outcome, Reason: e.Reason, PayloadHash: e.PayloadHash,
+		Bytes: e.Bytes, Attempts: int(e.Attempts), Advertised: -1}
 	switch {
 	case e.Detail != "":
 		var d pagedDetail

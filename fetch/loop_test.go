@@ -321,7 +321,7 @@ func TestGatewayGroupSharesOneBudget(t *testing.T) {
 	if r := h.sim.Stats("north").ByStatus[429] + h.sim.Stats("south").ByStatus[429]; r != 0 {
 		for _, e := range h.events(t, v.ID) {
 			if e.Type == auditd.EventDispatch || e.Type == auditd.EventThrottle || e.Type == auditd.EventRegistryChanged {
-				t.Logf("%d %s %s %s st=%d old=%d/%v new=%d/%v %s", e.Seq, e.Time.Format("05.000000"), e.Type, e.SourceID, e.Status, e.OldLimit, e.OldWindow, e.NewLimit, e.NewWindow, e.Cause)
+				t.Logf("%d %s %s %s st=%d old=%d/%v new=%d/%v %s", e.Seq, e.Time.Format("05.000000"), e.Type, e.SourceID, e.Status, e.OldLimit, e.OldWindow, e.NewLimit, e.NewWindow, e.Cause+e.Snapshot)
 			}
 		}
 		t.Errorf("the gateway refused %d requests", r)
@@ -421,7 +421,7 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 		t.Fatalf("redirect followed to another host: %+v, other host hit %d times", v.Counts, elsewhere.Load())
 	}
 	for _, e := range h.events(t, v.ID) {
-		if strings.Contains(e.Cause+e.Path+e.Detail, "secret") {
+		if _, cause := e.Shared(); strings.Contains(cause+e.Path+e.Detail, "secret") {
 			t.Fatalf("a secret reached the ledger: %+v", e)
 		}
 	}
@@ -480,8 +480,8 @@ func TestDeadlineSheds(t *testing.T) {
 		t.Fatalf("run ended %s", v.Status)
 	}
 	for _, e := range h.events(t, v.ID) {
-		if e.Type == auditd.EventShed && e.Cause != "rate" {
-			t.Errorf("shed at gate %q, want rate", e.Cause)
+		if e.Type == auditd.EventShed && e.Gate != "rate" {
+			t.Errorf("shed at gate %q, want rate", e.Gate)
 		}
 		if e.Type == auditd.EventDispatch && e.Time.After(v.Deadline) {
 			t.Errorf("dispatch %d after the deadline", e.Seq)

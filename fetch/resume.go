@@ -94,13 +94,13 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			return nil, err
 		}
 	} else {
-		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Cause: "restart"}); err != nil {
+		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}); err != nil {
 			return nil, err
 		}
 		for _, d := range sortedDispatches(open) {
 			if _, err := l.record(ctx, ar, auditd.Event{
 				Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
-				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Cause: "no outcome recorded before the restart",
+				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Reason: "no outcome recorded before the restart",
 			}); err != nil {
 				return nil, err
 			}

@@ -45,6 +45,15 @@
 // are minimal. A field added later takes a new tag, so the bytes, and the
 // hashes, of events written before do not change; a tag is never reused.
 //
+// Two tags hold a different field by event type, as they did before those
+// fields had names of their own (auditd.Event.Shared): tag 7 holds
+// Attempts on item.finished and Attempt on every other type; tag 35, the
+// cause, holds Gate (wait, shed), "probe" for Probe (dispatch), ErrorText
+// (transport.error), Cause (registry.changed), Snapshot
+// (registry.snapshot), Head (export.downloaded) and Reason (any other
+// type). testdata/v1 is a ledger written before the split, which every
+// build must read, verify and write again byte for byte.
+//
 // # Buckets
 //
 //	ledger.events       8-byte big-endian seq -> PrevHash | canonical | Hash (a record)

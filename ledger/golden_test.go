@@ -70,17 +70,21 @@ type goldenEvent struct {
 
 func (g goldenEvent) event(tb testing.TB) auditd.Event {
 	tb.Helper()
-	return auditd.Event{
+	e := auditd.Event{
 		Type: auditd.EventType(g.Type), RunID: g.RunID, SourceID: g.SourceID, ItemKey: g.ItemKey,
-		Page: g.Page, Attempt: g.Attempt, IdempotencyKey: g.IdempotencyKey, Method: g.Method, Path: g.Path,
+		Page: g.Page, IdempotencyKey: g.IdempotencyKey, Method: g.Method, Path: g.Path,
 		Status: g.Status, Bytes: g.Bytes, Latency: time.Duration(g.Latency), Wait: time.Duration(g.Wait),
 		Actual: time.Duration(g.Actual), RetryAfterRaw: g.RetryAfterRaw, RetryAfter: time.Duration(g.RetryAfter),
 		Clamped: g.Clamped, Backoff: time.Duration(g.Backoff), From: g.From, To: g.To, Failures: g.Failures,
 		Threshold: g.Threshold, Cooldown: time.Duration(g.Cooldown), OldLimit: g.OldLimit, NewLimit: g.NewLimit,
 		OldWindow: time.Duration(g.OldWindow), NewWindow: time.Duration(g.NewWindow), Group: g.Group,
 		Outcome: auditd.Outcome(g.Outcome), BodyError: g.BodyError, PayloadHash: g.PayloadHash,
-		Cause: g.Cause, Principal: g.Principal, Detail: g.Detail,
+		Principal: g.Principal, Detail: g.Detail,
 	}
+	if err := e.SetShared(g.Attempt, g.Cause); err != nil {
+		tb.Fatal(err)
+	}
+	return e
 }
 
 // goldenGroups reads testdata/v1/events.ndjson as groups of events appended

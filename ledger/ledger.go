@@ -511,9 +511,13 @@ func validate(e *auditd.Event) error {
 	if e.Type == "" {
 		return auditd.Errorf(auditd.EINVALID, "event type is required")
 	}
+	if err := e.CheckShared(); err != nil {
+		return err
+	}
 	n := len(e.Type) + len(e.RunID) + len(e.SourceID) + len(e.ItemKey) + len(e.IdempotencyKey) +
-		len(e.Method) + len(e.Path) + len(e.RetryAfterRaw) + len(e.From) + len(e.To) + len(e.Group) +
-		len(e.Outcome) + len(e.BodyError) + len(e.PayloadHash) + len(e.Cause) + len(e.Principal) + len(e.Detail)
+		len(e.Method) + len(e.Path) + len(e.Gate) + len(e.RetryAfterRaw) + len(e.ErrorText) + len(e.From) + len(e.To) +
+		len(e.Group) + len(e.Cause) + len(e.Snapshot) + len(e.Outcome) + len(e.Reason) + len(e.BodyError) +
+		len(e.PayloadHash) + len(e.Head) + len(e.Principal) + len(e.Detail)
 	if n > MaxEventSize-1024 {
 		return auditd.Errorf(auditd.EINVALID, "event of %d bytes is too large", n)
 	}

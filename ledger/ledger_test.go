@@ -69,7 +69,7 @@ func fullEvent() auditd.Event {
 		RetryAfter: 29 * time.Second, Clamped: true, Backoff: 2 * time.Second, From: "closed", To: "open",
 		Failures: 5, Threshold: 5, Cooldown: time.Minute, OldLimit: 60, NewLimit: 30,
 		OldWindow: time.Minute, NewWindow: 2 * time.Minute, Group: "esri-gateway",
-		Outcome: auditd.OutcomeThrottled, BodyError: "498", PayloadHash: "ab12", Cause: "429",
+		Outcome: auditd.OutcomeThrottled, BodyError: "498", PayloadHash: "ab12", Reason: "429",
 		Principal: "ops@example.gov", Detail: `{"award":{"fain":"X"}}`,
 	}
 }

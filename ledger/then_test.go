@@ -142,6 +142,10 @@ func TestAddRefusesBadInput(t *testing.T) {
 	for name, add := range map[string]func() error{
 		"no events":     func() error { _, err := l.Add(nil); return err },
 		"invalid event": func() error { _, err := l.Add([]auditd.Event{bad}); return err },
+		"field of another type": func() error {
+			_, err := l.Add([]auditd.Event{{Type: auditd.EventWait, Reason: "a wait has a gate"}})
+			return err
+		},
 		"missing bucket": func() error {
 			_, err := l.Add([]auditd.Event{sampleEvent("r", 1)}, auditd.Put{Bucket: []byte("nope"), Key: []byte("k")})
 			return err

@@ -374,7 +374,7 @@ func (rc *recount) dispatch(s *scope, e *auditd.Event) {
 
 	// R5: the breaker allowed it.
 	switch {
-	case s.breaker == breakerOpen, s.breaker == breakerHalfOpen && e.Cause != "probe":
+	case s.breaker == breakerOpen, s.breaker == breakerHalfOpen && !e.Probe:
 		s.checks[4].offend(e.Seq, most)
 	default:
 		s.checks[4].actual++
