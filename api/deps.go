@@ -158,13 +158,7 @@ type Reports interface {
 	// WriteRunEvidence writes a run's evidence workbook (XLSX).
 	WriteRunEvidence(ctx context.Context, w io.Writer, runID string) error
 	// WriteAwardEvidence writes the evidence workbook (XLSX) of every run of
-	// an award created in [q.From, q.To).
-	WriteAwardEvidence(ctx context.Context, w io.Writer, q EvidenceQuery) error
-}
-
-// EvidenceQuery selects the runs of an award evidence workbook.
-type EvidenceQuery struct {
-	FAIN string
-	From time.Time // zero: from the first run
-	To   time.Time // zero: up to now
+	// award f.FAIN created in [f.From, f.To) (zero: from the first run, up
+	// to now).
+	WriteAwardEvidence(ctx context.Context, w io.Writer, f auditd.RunFilter) error
 }

@@ -623,7 +623,7 @@ func (fakeReports) WriteRunEvidence(_ context.Context, w io.Writer, _ string) er
 	return err
 }
 
-func (fakeReports) WriteAwardEvidence(_ context.Context, w io.Writer, _ api.EvidenceQuery) error {
+func (fakeReports) WriteAwardEvidence(_ context.Context, w io.Writer, _ auditd.RunFilter) error {
 	_, err := io.WriteString(w, "PK\x03\x04 fake workbook")
 	return err
 }

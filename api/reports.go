@@ -82,7 +82,7 @@ func (s *Server) handleAwardEvidence(c echo.Context) error {
 		return err
 	}
 	s.startDownload(c, MIMEXLSX, "evidence-"+sanitizeFilename(fain)+".xlsx", true)
-	return s.Reports.WriteAwardEvidence(c.Request().Context(), c.Response(), EvidenceQuery{FAIN: fain, From: from, To: to})
+	return s.Reports.WriteAwardEvidence(c.Request().Context(), c.Response(), auditd.RunFilter{FAIN: fain, From: from, To: to})
 }
 
 // recordExport appends the export.downloaded event before any byte of the
