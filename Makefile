@@ -25,9 +25,11 @@ bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -count=$(COUNT) -timeout 60m ./... | tee bench.txt
 	$(GO) tool benchstat bench.txt
 
+# staticcheck is pinned in go.mod's tool block.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 
 # A short pass of every fuzz target (parsers of outside input).
 FUZZTIME ?= 15s
