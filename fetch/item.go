@@ -33,9 +33,7 @@ const (
 // and ends it with exactly one item.finished, unless the loop shuts down
 // first, in which case the item resumes at the next start.
 func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
-	// The item's attempts are its worker's alone: a variable of its own,
-	// not an allocation.
-	attempts := ar.takeAttempts(item.Key)
+	attempts := ar.takeAttempts(item.Key) // the worker's alone
 	it := &job{Item: item, attempts: &attempts}
 	rctx := ar.recordCtx // not cancelled with the run: see activeRun.recordCtx
 	if ar.isCancelled() {

@@ -397,12 +397,6 @@ type request struct {
 // the events given to Add as stored. If ctx ends first, the events may
 // still be recorded.
 func (r *request) Wait(ctx context.Context) error {
-	if ctx.Done() == nil {
-		// A context that never ends (the fetch loop records with
-		// context.WithoutCancel): a plain receive, not a select.
-		<-r.done
-		return r.err
-	}
 	select {
 	case <-r.done:
 		return r.err

@@ -84,7 +84,8 @@ const maxLenLen = 3
 // chunkBuf is where a transaction's chunks are encoded, one after another.
 // bbolt keeps a put's value until the transaction ends, so a chunk is cut
 // from the buffer, not copied, and a buffer sized for all of them is one
-// allocation. Should it grow, the chunks already cut keep the old array.
+// allocation (BenchmarkLoop1000x20's ms-submit: a 20,000-item run stores
+// 160 chunks). Should it grow, the chunks already cut keep the old array.
 type chunkBuf struct {
 	buf  []byte
 	from int // where the chunk being encoded starts

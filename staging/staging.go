@@ -218,7 +218,7 @@ func (w *Writer) Commit() (sum string, n int64, err error) {
 func (w *Writer) Finish() (Payload, error) {
 	w.done = true
 	if w.f != nil {
-		sum := hexSum(w.h.Sum(nil))
+		sum := hex.EncodeToString(w.h.Sum(nil))
 		n, err := w.commitFile(sum)
 		return Payload{Sum: sum, N: n}, err
 	}
@@ -231,7 +231,7 @@ func (w *Writer) Finish() (Payload, error) {
 	// append in place.)
 	raw := w.rec[8:recordHeader]
 	copy(raw, w.h.Sum(raw[:0]))
-	sum := hexSum(raw)
+	sum := hex.EncodeToString(raw)
 	binary.BigEndian.PutUint64(w.rec, w.s.spool(sum))
 	return Payload{Sum: sum, N: w.n, rec: w.rec}, nil
 }
@@ -498,14 +498,7 @@ func RequestKey(sourceID, method, path string, body []byte) string {
 		h.Write(part)
 	}
 	var sum [sha256.Size]byte
-	return hexSum(h.Sum(sum[:0]))
-}
-
-// hexSum is hex.EncodeToString of a SHA-256 sum, in one allocation (the
-// string's) where EncodeToString takes two: its buffer is on the stack.
-func hexSum(sum []byte) string {
-	var buf [2 * sha256.Size]byte
-	return string(hex.AppendEncode(buf[:0], sum))
+	return hex.EncodeToString(h.Sum(sum[:0]))
 }
 
 func (s *Store) path(sum string) string { return filepath.Join(s.dir, sum[:2], sum) }
