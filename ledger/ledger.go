@@ -111,6 +111,10 @@ type Ledger struct {
 	wake chan struct{} // buffered: the queue may have requests, or Close was called
 	done chan struct{} // closed when the writer has stopped
 
+	// requests are reused from one Add to the next: two allocations fewer
+	// per Add (BenchmarkAppendParallel, BenchmarkLoopInMemory's allocs/req).
+	requests sync.Pool
+
 	qmu    sync.Mutex
 	queue  []*request // appends waiting for the writer, in arrival order
 	closed bool       // Close was called: the queue takes no more
@@ -329,8 +333,13 @@ func (l *Ledger) Add(events []auditd.Event, puts ...auditd.Put) (auditd.Future, 
 	if err := l.checkPuts(puts); err != nil {
 		return nil, err
 	}
-	r := &request{events: events, puts: puts, done: make(chan struct{})}
+	r, _ := l.requests.Get().(*request)
+	if r == nil {
+		r = &request{l: l, done: make(chan struct{}, 1)}
+	}
+	r.events, r.puts = events, puts
 	if err := l.enqueue(r); err != nil {
+		r.recycle()
 		return nil, err
 	}
 	return r, nil
@@ -381,12 +390,14 @@ func (l *Ledger) AppendBatch(ctx context.Context, events []auditd.Event) ([]audi
 }
 
 // request is one Add, from its queueing until its commit group is decided:
-// the Future Add returns.
+// the Future Add returns. Once the outcome is told (Wait returns it, or
+// Then's function has run) it goes back to the ledger's pool.
 type request struct {
+	l      *Ledger
 	events []auditd.Event // the caller's, stored in place
 	puts   []auditd.Put
 	err    error
-	done   chan struct{} // closed once decided
+	done   chan struct{} // buffered: the decision, unless Then took it
 
 	mu   sync.Mutex
 	then func([]auditd.Event, error) // set by Then while undecided
@@ -399,9 +410,11 @@ type request struct {
 func (r *request) Wait(ctx context.Context) error {
 	select {
 	case <-r.done:
-		return r.err
+		err := r.err
+		r.recycle()
+		return err
 	case <-ctx.Done():
-		return ctx.Err()
+		return ctx.Err() // r stays out of the pool: the writer may not be done with it
 	}
 }
 
@@ -418,7 +431,9 @@ func (r *request) Then(fn func(stored []auditd.Event, err error)) {
 		return
 	}
 	r.mu.Unlock()
+	<-r.done // decided before Then was called
 	fn(r.outcome())
+	r.recycle()
 }
 
 // decide tells the outcome, err or the events stored, to whoever waits.
@@ -427,10 +442,18 @@ func (r *request) decide(err error) {
 	r.err, r.told = err, true
 	fn := r.then
 	r.mu.Unlock()
-	close(r.done)
-	if fn != nil {
-		fn(r.outcome())
+	if fn == nil {
+		r.done <- struct{}{}
+		return
 	}
+	fn(r.outcome())
+	r.recycle()
+}
+
+// recycle puts r back in its ledger's pool.
+func (r *request) recycle() {
+	*r = request{l: r.l, done: r.done}
+	r.l.requests.Put(r)
 }
 
 func (r *request) outcome() ([]auditd.Event, error) {
