@@ -104,6 +104,37 @@ type Event struct {
 // probeCause is what a probe dispatch records as its cause.
 const probeCause = "probe"
 
+// causeField names the field that holds an event type's shared cause.
+type causeField int
+
+const (
+	causeReason causeField = iota // the types not listed in causeOf
+	causeGate
+	causeProbe
+	causeErrorText
+	causeCause
+	causeSnapshot
+	causeHead
+)
+
+func causeOf(t EventType) causeField {
+	switch t {
+	case EventWait, EventShed:
+		return causeGate
+	case EventDispatch:
+		return causeProbe
+	case EventTransportError:
+		return causeErrorText
+	case EventRegistryChanged:
+		return causeCause
+	case EventRegistrySnapshot:
+		return causeSnapshot
+	case EventExport:
+		return causeHead
+	}
+	return causeReason
+}
+
 // Shared returns e's attempt and cause as the canonical encoding and the
 // API's event JSON hold them.
 func (e *Event) Shared() (attempt uint32, cause string) {
@@ -111,20 +142,20 @@ func (e *Event) Shared() (attempt uint32, cause string) {
 	if e.Type == EventItemFinished {
 		attempt = e.Attempts
 	}
-	switch e.Type {
-	case EventWait, EventShed:
+	switch causeOf(e.Type) {
+	case causeGate:
 		cause = e.Gate
-	case EventDispatch:
+	case causeProbe:
 		if e.Probe {
 			cause = probeCause
 		}
-	case EventTransportError:
+	case causeErrorText:
 		cause = e.ErrorText
-	case EventRegistryChanged:
+	case causeCause:
 		cause = e.Cause
-	case EventRegistrySnapshot:
+	case causeSnapshot:
 		cause = e.Snapshot
-	case EventExport:
+	case causeHead:
 		cause = e.Head
 	default:
 		cause = e.Reason
@@ -141,21 +172,21 @@ func (e *Event) SetShared(attempt uint32, cause string) error {
 	} else {
 		e.Attempt = attempt
 	}
-	switch e.Type {
-	case EventWait, EventShed:
+	switch causeOf(e.Type) {
+	case causeGate:
 		e.Gate = cause
-	case EventDispatch:
+	case causeProbe:
 		if cause != "" && cause != probeCause {
 			return Errorf(EINVALID, "a dispatch's cause is %q or nothing, not %q", probeCause, cause)
 		}
 		e.Probe = cause == probeCause
-	case EventTransportError:
+	case causeErrorText:
 		e.ErrorText = cause
-	case EventRegistryChanged:
+	case causeCause:
 		e.Cause = cause
-	case EventRegistrySnapshot:
+	case causeSnapshot:
 		e.Snapshot = cause
-	case EventExport:
+	case causeHead:
 		e.Head = cause
 	default:
 		e.Reason = cause
@@ -166,20 +197,20 @@ func (e *Event) SetShared(attempt uint32, cause string) error {
 // CheckShared returns an EINVALID error naming a typed field that e sets
 // and its type does not carry.
 func (e *Event) CheckShared() error {
-	back := Event{Type: e.Type}
-	if err := back.SetShared(e.Shared()); err != nil {
-		return err
-	}
+	finished := e.Type == EventItemFinished
+	c := causeOf(e.Type)
 	for _, f := range [...]struct {
-		name string
-		same bool
+		name    string
+		set     bool
+		carried bool
 	}{
-		{"Attempt", back.Attempt == e.Attempt}, {"Attempts", back.Attempts == e.Attempts},
-		{"Probe", back.Probe == e.Probe}, {"Gate", back.Gate == e.Gate}, {"ErrorText", back.ErrorText == e.ErrorText},
-		{"Cause", back.Cause == e.Cause}, {"Snapshot", back.Snapshot == e.Snapshot},
-		{"Reason", back.Reason == e.Reason}, {"Head", back.Head == e.Head},
+		{"Attempt", e.Attempt != 0, !finished}, {"Attempts", e.Attempts != 0, finished},
+		{"Gate", e.Gate != "", c == causeGate}, {"Probe", e.Probe, c == causeProbe},
+		{"ErrorText", e.ErrorText != "", c == causeErrorText}, {"Cause", e.Cause != "", c == causeCause},
+		{"Snapshot", e.Snapshot != "", c == causeSnapshot}, {"Head", e.Head != "", c == causeHead},
+		{"Reason", e.Reason != "", c == causeReason},
 	} {
-		if !f.same {
+		if f.set && !f.carried {
 			return Errorf(EINVALID, "a %s event carries no %s", e.Type, f.name)
 		}
 	}
