@@ -91,9 +91,9 @@ func (l *Loop) SetLimit(ctx context.Context, principal, id string, limit int, wi
 	return lim, l.cfg.Limiter.SetLimit(id, pl, pw)
 }
 
-// Pace returns what reports the pace reg's sources run at now, the
-// registry's limits as the loop sets the gates to them: what the runs
-// store estimates a run's finish from (runs.Options.Pace).
+// Pace returns a function that reports the pace a source of reg runs at
+// now, the registry's limits as the loop sets the gates to them: what the
+// runs store estimates a run's finish from (runs.Options.Pace).
 func Pace(reg *registry.Registry) func(sourceID string) (limit int, window time.Duration, err error) {
 	return func(sourceID string) (int, time.Duration, error) {
 		lim, err := reg.Limits(sourceID)
