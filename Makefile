@@ -32,9 +32,11 @@ PACING_N ?= 200,600
 bench-pacing: build
 	$(GO) run ./scripts/bench-pacing -auditd $(BIN) -n $(PACING_N)
 
+# staticcheck is pinned in go.mod's tool block.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 
 # A short pass of every fuzz target (parsers of outside input).
 FUZZTIME ?= 15s

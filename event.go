@@ -13,24 +13,24 @@ type EventType string
 // Event's type-specific fields it carries.
 const (
 	EventRunStarted       EventType = "run.started"          // Detail: JSON of the run's award and config hash
-	EventRunResumed       EventType = "run.resumed"          // Cause: why (restart)
+	EventRunResumed       EventType = "run.resumed"          // Reason (restart)
 	EventRunFinished      EventType = "run.finished"         // Outcome: run status
 	EventItemQueued       EventType = "item.queued"          // Method, Path
-	EventDispatch         EventType = "dispatch"             // Method, Path (credentials stripped)
-	EventWait             EventType = "wait"                 // Cause (gate), Wait (planned), Actual
+	EventDispatch         EventType = "dispatch"             // Method, Path (credentials stripped), Probe
+	EventWait             EventType = "wait"                 // Gate, Wait (planned), Actual
 	EventResponse         EventType = "response"             // Status, Bytes, Latency, Outcome, BodyError
 	EventThrottle         EventType = "throttle"             // Status, RetryAfterRaw, RetryAfter, Clamped, Backoff, Wait
-	EventTransportError   EventType = "transport.error"      // Cause (error text), Latency
-	EventInterrupted      EventType = "dispatch.interrupted" // a dispatch with no outcome, found on resume
+	EventTransportError   EventType = "transport.error"      // ErrorText, Latency
+	EventInterrupted      EventType = "dispatch.interrupted" // a dispatch with no outcome, found on resume: Method, Path, Reason
 	EventBreaker          EventType = "breaker"              // From, To, Failures, Threshold, Cooldown
-	EventRegistryChanged  EventType = "registry.changed"     // OldLimit, NewLimit, OldWindow, NewWindow, Cause (what taught it)
-	EventRegistrySnapshot EventType = "registry.snapshot"    // NewLimit, NewWindow, Group, Cause ("run.start" or "run.end")
-	EventShed             EventType = "shed"                 // Cause (gate that could not admit in time)
-	EventCacheServed      EventType = "cache.served"         // PayloadHash of the copy served
+	EventRegistryChanged  EventType = "registry.changed"     // OldLimit, NewLimit, OldWindow, NewWindow, Group, Cause (what taught it)
+	EventRegistrySnapshot EventType = "registry.snapshot"    // NewLimit, NewWindow, Group, Snapshot
+	EventShed             EventType = "shed"                 // Gate (that could not admit in time)
+	EventCacheServed      EventType = "cache.served"         // PayloadHash of the copy served, Reason
 	EventPayloadStaged    EventType = "payload.staged"       // PayloadHash, Bytes
-	EventItemFinished     EventType = "item.finished"        // Outcome, Cause (reason when failed)
-	EventAcknowledged     EventType = "item.acknowledged"    // the downstream pipeline loaded the item
-	EventExport           EventType = "export.downloaded"    // Principal, Detail (what), Cause (ledger head at that time)
+	EventItemFinished     EventType = "item.finished"        // Outcome, Attempts, Reason (when not succeeded), PayloadHash, Bytes, Detail (paged)
+	EventAcknowledged     EventType = "item.acknowledged"    // the downstream pipeline loaded the item: Principal, PayloadHash
+	EventExport           EventType = "export.downloaded"    // Principal, Detail (what), Head
 	EventTokenChanged     EventType = "token.changed"        // Principal, Detail
 	EventSourceChanged    EventType = "source.changed"       // Principal, Detail (JSON of the new configuration, secrets removed)
 )
@@ -55,15 +55,18 @@ type Event struct {
 
 	Method        string        // HTTP method of a dispatch
 	Path          string        // path and query, credentials stripped
+	Probe         bool          // a dispatch sent as a half-open breaker's probe
 	Status        int           // HTTP status of a response or throttle
 	Bytes         int64         // response or payload size
 	Latency       time.Duration // dispatch to response
 	Wait          time.Duration // planned wait
 	Actual        time.Duration // wait actually spent
+	Gate          string        // the gate a wait waited at, or that could not admit a shed request in time
 	RetryAfterRaw string        // Retry-After exactly as the server sent it
 	RetryAfter    time.Duration // parsed server hint, floored at zero
 	Clamped       bool          // the hint was clamped to the source's cap
 	Backoff       time.Duration // own jittered backoff chosen
+	ErrorText     string        // a transport error, credentials removed
 	From          string        // breaker state before
 	To            string        // breaker state after
 	Failures      int           // breaker failure count
@@ -74,15 +77,144 @@ type Event struct {
 	OldWindow     time.Duration
 	NewWindow     time.Duration
 	Group         string  // gateway group of the source
+	Cause         string  // what taught the registry a change: header, 429, probe_up, operator, config
+	Snapshot      string  // when a registry snapshot was taken: run.start or run.end
 	Outcome       Outcome // outcome of a response, item or run
+	Attempts      uint32  // the dispatches an item took, all its pages together
+	Reason        string  // why, in words: an item's end short of success, a copy served from cache, a run resumed, a dispatch interrupted
 	BodyError     string  // error code found inside a 2xx body
 	PayloadHash   string  // hex SHA-256 of a staged or served payload
-	Cause         string  // why: the gate, what taught the registry, an error message
+	Head          string  // the ledger's head seq when an export was downloaded
 	Principal     string  // who (token principal) for access-log events
 	Detail        string  // free-form JSON for events that need more (run.started, snapshots)
 
 	PrevHash [32]byte // hash of the event before (zero for the first)
 	Hash     [32]byte // SHA-256(PrevHash || canonical encoding of this event)
+}
+
+// The ledger's canonical encoding and the API's event JSON predate the
+// typed fields that say why an event happened and how many dispatches an
+// item took. Both keep one "attempt" and one "cause" for every type:
+// Attempt, or Attempts on item.finished; and the one of Gate, Probe
+// ("probe"), ErrorText, Reason, Cause, Snapshot and Head that the type
+// carries (Reason for a type not listed). Shared reads them, SetShared
+// sets the typed fields back from them, and CheckShared refuses an event
+// that sets a field its type does not carry, which they could not hold.
+
+// probeCause is what a probe dispatch records as its cause.
+const probeCause = "probe"
+
+// causeField names the field that holds an event type's shared cause.
+type causeField int
+
+const (
+	causeReason causeField = iota // the types not listed in causeOf
+	causeGate
+	causeProbe
+	causeErrorText
+	causeCause
+	causeSnapshot
+	causeHead
+)
+
+func causeOf(t EventType) causeField {
+	switch t {
+	case EventWait, EventShed:
+		return causeGate
+	case EventDispatch:
+		return causeProbe
+	case EventTransportError:
+		return causeErrorText
+	case EventRegistryChanged:
+		return causeCause
+	case EventRegistrySnapshot:
+		return causeSnapshot
+	case EventExport:
+		return causeHead
+	}
+	return causeReason
+}
+
+// Shared returns e's attempt and cause as the canonical encoding and the
+// API's event JSON hold them.
+func (e *Event) Shared() (attempt uint32, cause string) {
+	attempt = e.Attempt
+	if e.Type == EventItemFinished {
+		attempt = e.Attempts
+	}
+	switch causeOf(e.Type) {
+	case causeGate:
+		cause = e.Gate
+	case causeProbe:
+		if e.Probe {
+			cause = probeCause
+		}
+	case causeErrorText:
+		cause = e.ErrorText
+	case causeCause:
+		cause = e.Cause
+	case causeSnapshot:
+		cause = e.Snapshot
+	case causeHead:
+		cause = e.Head
+	default:
+		cause = e.Reason
+	}
+	return attempt, cause
+}
+
+// SetShared sets the typed fields of e's type from attempt and cause, as
+// Shared returns them. It fails for a cause the type's field cannot hold:
+// a dispatch's is "probe" or nothing.
+func (e *Event) SetShared(attempt uint32, cause string) error {
+	if e.Type == EventItemFinished {
+		e.Attempts = attempt
+	} else {
+		e.Attempt = attempt
+	}
+	switch causeOf(e.Type) {
+	case causeGate:
+		e.Gate = cause
+	case causeProbe:
+		if cause != "" && cause != probeCause {
+			return Errorf(EINVALID, "a dispatch's cause is %q or nothing, not %q", probeCause, cause)
+		}
+		e.Probe = cause == probeCause
+	case causeErrorText:
+		e.ErrorText = cause
+	case causeCause:
+		e.Cause = cause
+	case causeSnapshot:
+		e.Snapshot = cause
+	case causeHead:
+		e.Head = cause
+	default:
+		e.Reason = cause
+	}
+	return nil
+}
+
+// CheckShared returns an EINVALID error naming a typed field that e sets
+// and its type does not carry.
+func (e *Event) CheckShared() error {
+	finished := e.Type == EventItemFinished
+	c := causeOf(e.Type)
+	for _, f := range [...]struct {
+		name    string
+		set     bool
+		carried bool
+	}{
+		{"Attempt", e.Attempt != 0, !finished}, {"Attempts", e.Attempts != 0, finished},
+		{"Gate", e.Gate != "", c == causeGate}, {"Probe", e.Probe, c == causeProbe},
+		{"ErrorText", e.ErrorText != "", c == causeErrorText}, {"Cause", e.Cause != "", c == causeCause},
+		{"Snapshot", e.Snapshot != "", c == causeSnapshot}, {"Head", e.Head != "", c == causeHead},
+		{"Reason", e.Reason != "", c == causeReason},
+	} {
+		if f.set && !f.carried {
+			return Errorf(EINVALID, "a %s event carries no %s", e.Type, f.name)
+		}
+	}
+	return nil
 }
 
 // Appender is what producers of events need from the ledger. Append returns
@@ -99,4 +231,23 @@ type EventReader interface {
 	ScanRun(runID string, after uint64, fn func(*Event) error) error
 	// Scan visits events with from <= Seq <= to (to == 0 means the head).
 	Scan(from, to uint64, fn func(*Event) error) error
+}
+
+// Future is events a ledger has queued to store but may not have made
+// durable yet. Call one of its methods, once.
+type Future interface {
+	// Wait waits until the events are durable, or ctx ends first (they may
+	// then still be recorded). A nil error leaves the events as stored.
+	Wait(ctx context.Context) error
+	// Then hands fn the events as stored, or the error that kept them
+	// out, once that is decided, without waiting for it.
+	Then(fn func(stored []Event, err error))
+}
+
+// Put is a key and value a package keeps in a bucket of its own in the
+// bbolt file, which the ledger writes in the transaction that stores the
+// events describing it: a small staged payload lands with its
+// payload.staged, never before or without it.
+type Put struct {
+	Bucket, Key, Value []byte
 }

@@ -94,3 +94,56 @@ type Item struct {
 	Paging   Paging `json:"paging,omitempty" validate:"omitempty,oneof=arcgis wfs grants_gov"`
 	PageSize int    `json:"page_size,omitempty" validate:"omitempty,min=1,max=10000"`
 }
+
+// ItemResult is how an item ended.
+type ItemResult struct {
+	Outcome     Outcome `json:"outcome"`
+	Reason      string  `json:"reason,omitempty"` // why it failed, was shed or served from cache
+	PayloadHash string  `json:"payload_hash,omitempty"`
+	Bytes       int64   `json:"bytes,omitempty"`
+	Attempts    int     `json:"attempts"` // dispatches of all its pages
+	Pages       int     `json:"pages,omitempty"`
+	Records     int     `json:"records,omitempty"`
+	// Advertised is the upstream's own total for a paged item, -1 when it
+	// gives none; CountMatched says whether the records fetched equal it.
+	Advertised   int  `json:"advertised,omitempty"`
+	CountMatched bool `json:"count_matched,omitempty"`
+}
+
+// NewRun is a run to create, as a pipeline submits it.
+type NewRun struct {
+	Name           string
+	Award          Award
+	Items          []Item
+	Deadline       time.Time // zero: none; past it, unfinished items are shed
+	Replay         bool      // read staged payloads instead of re-fetching
+	IdempotencyKey string    // a second submit with the same key returns the first run
+	Principal      string    // who submitted it
+}
+
+// RunView is a run as its readers see it: the stored run, its counters
+// (live while it runs), and an estimate of when it will finish.
+type RunView struct {
+	Run
+	Counts Counts `json:"counts"`
+	// EstimatedFinish is computed from each source's pace and the items
+	// still queued for it; zero once the run is finished or when unknown.
+	EstimatedFinish time.Time `json:"estimated_finish,omitzero"`
+}
+
+// ItemView is an item with how it ended; Result is nil while it is pending.
+type ItemView struct {
+	Item
+	Result *ItemResult `json:"result,omitempty"`
+}
+
+// RunFilter selects runs. Zero fields match everything.
+type RunFilter struct {
+	Status RunStatus
+	Source string
+	FAIN   string
+	From   time.Time // created at or after
+	To     time.Time // created before
+	After  string    // cursor: the id of the last run of the previous page
+	Limit  int
+}

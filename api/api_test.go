@@ -46,8 +46,8 @@ func TestExportsAreLedgerEvents(t *testing.T) {
 				t.Fatalf("%d events, want 1 export.downloaded", len(evs))
 			}
 			ev := evs[0]
-			if ev.Type != auditd.EventExport || ev.Principal != tok.Principal() || !strings.Contains(ev.Detail, tc.what) || ev.Cause == "" {
-				t.Errorf("event %s principal %q detail %s cause %q", ev.Type, ev.Principal, ev.Detail, ev.Cause)
+			if ev.Type != auditd.EventExport || ev.Principal != tok.Principal() || !strings.Contains(ev.Detail, tc.what) || ev.Head == "" {
+				t.Errorf("event %s principal %q detail %s head %q", ev.Type, ev.Principal, ev.Detail, ev.Head)
 			}
 		})
 	}

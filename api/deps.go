@@ -64,28 +64,29 @@ type Breaker struct {
 	Until    time.Time // end of the cooldown while open; zero otherwise
 }
 
-// Runs is the fetch loop's store of runs and items.
+// Runs is the store of runs and items, and the fetch loop that creates
+// and cancels them.
 type Runs interface {
 	// CreateRun stores and starts a run. The caller has validated nr's shape;
 	// CreateRun still refuses (EINVALID with the field) what only it can
 	// check, storing nothing. When another run already holds
 	// nr.IdempotencyKey it returns that run with created false, or
 	// ECONFLICT when that run was submitted with other contents.
-	CreateRun(ctx context.Context, nr NewRun) (run RunState, created bool, err error)
+	CreateRun(ctx context.Context, nr auditd.NewRun) (run auditd.RunView, created bool, err error)
 	// RunByIdempotencyKey returns the run created with nr.IdempotencyKey:
 	// ENOTFOUND when there is none, ECONFLICT when it was created from a
 	// request with other contents than nr (a key answers retries of its
 	// first request only). The API scopes keys to the token that sent them.
-	RunByIdempotencyKey(ctx context.Context, nr NewRun) (RunState, error)
+	RunByIdempotencyKey(ctx context.Context, nr auditd.NewRun) (auditd.RunView, error)
 	// Run returns one run with its live counts; ENOTFOUND when unknown.
-	Run(ctx context.Context, id string) (RunState, error)
+	Run(ctx context.Context, id string) (auditd.RunView, error)
 	// Runs returns up to f.Limit runs matching f, newest first, after the run
 	// with id f.After; next is the id of the last run returned when more may
 	// follow, "" otherwise.
-	Runs(ctx context.Context, f RunFilter) (runs []RunState, next string, err error)
+	Runs(ctx context.Context, f auditd.RunFilter) (runs []auditd.RunView, next string, err error)
 	// CancelRun stops a run on behalf of principal; ECONFLICT when it has
 	// already finished.
-	CancelRun(ctx context.Context, id, principal string) (RunState, error)
+	CancelRun(ctx context.Context, id, principal string) (auditd.RunView, error)
 	// Acknowledge records that the downstream pipeline loaded the items
 	// with keys; it returns how many were newly acknowledged. A key that
 	// names no delivered item of the run is EINVALID with Field "items[i]",
@@ -94,88 +95,11 @@ type Runs interface {
 	// Items returns up to limit items of a run in submission order after the
 	// item with key after ("" for the first page); next as for Runs. An
 	// after that names no item of the run is EINVALID with Field "cursor".
-	Items(ctx context.Context, runID, after string, limit int) (items []ItemState, next string, err error)
+	Items(ctx context.Context, runID, after string, limit int) (items []auditd.ItemView, next string, err error)
 	// Item returns one item; ENOTFOUND when the run or the key is unknown.
-	Item(ctx context.Context, runID, key string) (ItemState, error)
+	Item(ctx context.Context, runID, key string) (auditd.ItemView, error)
 	// Payload opens the payload an item staged; ENOTFOUND when it has none.
 	Payload(ctx context.Context, runID, key string) (io.ReadCloser, error)
-}
-
-// NewRun is a run to create.
-type NewRun struct {
-	Name           string
-	Award          auditd.Award
-	Items          []auditd.Item
-	Deadline       time.Time // zero: none
-	Replay         bool
-	IdempotencyKey string // "" when the client sent none
-	Principal      string // who submitted it
-}
-
-// RunFilter selects runs. Zero fields match everything.
-type RunFilter struct {
-	Status auditd.RunStatus
-	Source string
-	FAIN   string
-	From   time.Time // created at or after
-	To     time.Time // created before
-	After  string    // id of the last run of the previous page
-	Limit  int
-}
-
-// RunState is a run with its live counts.
-type RunState struct {
-	Run             auditd.Run
-	Counts          RunCounts
-	EstimatedFinish time.Time // zero once finished or when unknown
-}
-
-// RunCounts are a run's live counters.
-type RunCounts struct {
-	Items           int                       `json:"items"`
-	Succeeded       int                       `json:"succeeded"`
-	Cached          int                       `json:"cached"`
-	Failed          int                       `json:"failed"`
-	Shed            int                       `json:"shed"`
-	Pending         int                       `json:"pending"`
-	Dispatches      int                       `json:"dispatches"`
-	Retries         int                       `json:"retries"`
-	Status2xx       int                       `json:"status_2xx"`
-	Status429       int                       `json:"status_429"`
-	Status5xx       int                       `json:"status_5xx"`
-	StatusOther     int                       `json:"status_other"`
-	TransportErrors int                       `json:"transport_errors"`
-	Interrupted     int                       `json:"interrupted"`
-	Waits           int                       `json:"waits"`
-	BreakerOpens    int                       `json:"breaker_opens"`
-	Staged          int                       `json:"staged"`
-	Acknowledged    int                       `json:"acknowledged"`
-	BySource        map[string]SourceProgress `json:"by_source,omitempty"`
-}
-
-// SourceProgress is one source's share of a run.
-type SourceProgress struct {
-	Items int `json:"items"`
-	Done  int `json:"done"`
-}
-
-// ItemState is an item with how it ended; Result is nil while it is pending.
-type ItemState struct {
-	Item   auditd.Item
-	Result *ItemResult
-}
-
-// ItemResult is how an item ended.
-type ItemResult struct {
-	Outcome      auditd.Outcome `json:"outcome"`
-	Reason       string         `json:"reason,omitempty"`
-	PayloadHash  string         `json:"payload_hash,omitempty"`
-	Bytes        int64          `json:"bytes,omitempty"`
-	Attempts     int            `json:"attempts"`
-	Pages        int            `json:"pages,omitempty"`
-	Records      int            `json:"records,omitempty"`
-	Advertised   int            `json:"advertised,omitempty"`
-	CountMatched bool           `json:"count_matched,omitempty"`
 }
 
 // Ledger is what the API reads from the ledger and the one event it writes
@@ -234,13 +158,7 @@ type Reports interface {
 	// WriteRunEvidence writes a run's evidence workbook (XLSX).
 	WriteRunEvidence(ctx context.Context, w io.Writer, runID string) error
 	// WriteAwardEvidence writes the evidence workbook (XLSX) of every run of
-	// an award created in [q.From, q.To).
-	WriteAwardEvidence(ctx context.Context, w io.Writer, q EvidenceQuery) error
-}
-
-// EvidenceQuery selects the runs of an award evidence workbook.
-type EvidenceQuery struct {
-	FAIN string
-	From time.Time // zero: from the first run
-	To   time.Time // zero: up to now
+	// award f.FAIN created in [f.From, f.To) (zero: from the first run, up
+	// to now).
+	WriteAwardEvidence(ctx context.Context, w io.Writer, f auditd.RunFilter) error
 }

@@ -4,7 +4,9 @@
 // Routes are registered in one function per resource (sources.go, runs.go,
 // items.go, events.go, reports.go, ledger.go, tokens.go); handlers parse,
 // call a dependency, and render. Dependencies are the small interfaces of
-// deps.go, implemented in cmd/auditd by the real packages.
+// deps.go, wired in cmd/auditd: runs.Store (with the fetch loop's Submit and
+// Cancel) for Runs, reports.Service for Reports, and two adapters in
+// cmd/auditd for Sources and Integrity.
 //
 // Invariants:
 //

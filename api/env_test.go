@@ -125,12 +125,13 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	if _, err := e.sources.PutSource(ctx, auditd.Source{ID: "county", BaseURL: "https://gis.example.gov/arcgis", Limit: 10, Window: auditd.Duration(time.Second), Headers: map[string]string{"X-Api-Key": "s3cret"}}, "test setup"); err != nil {
 		t.Fatal(err)
 	}
-	e.runID = e.runs.add(auditd.RunSucceeded, []api.ItemState{
-		{Item: auditd.Item{Key: "a", SourceID: "county", Method: "GET", Path: "/layer/0/query"}, Result: &api.ItemResult{Outcome: auditd.ItemSucceeded, PayloadHash: strings.Repeat("ab", 32), Bytes: 7, Attempts: 1}},
+	e.runID = e.runs.add(auditd.RunSucceeded, []auditd.ItemView{
+		{Item: auditd.Item{Key: "a", SourceID: "county", Method: "GET", Path: "/layer/0/query"}, Result: &auditd.ItemResult{Outcome: auditd.ItemSucceeded, PayloadHash: strings.Repeat("ab", 32), Bytes: 7, Attempts: 1}},
 		{Item: auditd.Item{Key: "b", SourceID: "county", Method: "GET", Path: "/layer/1/query"}},
 	})
 	for i, typ := range []auditd.EventType{auditd.EventRunStarted, auditd.EventItemQueued, auditd.EventItemQueued, auditd.EventDispatch, auditd.EventResponse, auditd.EventPayloadStaged, auditd.EventItemFinished, auditd.EventRunFinished} {
-		ev := auditd.Event{Type: typ, RunID: e.runID, SourceID: "county", ItemKey: "a", Attempt: 1, Status: 200 * min(i, 1)}
+		ev := auditd.Event{Type: typ, RunID: e.runID, SourceID: "county", ItemKey: "a", Status: 200 * min(i, 1)}
+		ev.SetShared(1, "") // attempt 1, as the API shows it
 		if _, err := e.ledger.Append(ctx, ev); err != nil {
 			t.Fatal(err)
 		}
@@ -376,25 +377,25 @@ type fakeRuns struct {
 }
 
 type fakeRun struct {
-	state api.RunState
-	items []api.ItemState
+	state auditd.RunView
+	items []auditd.ItemView
 	acked map[string]bool
-	req   api.NewRun // what it was created from
+	req   auditd.NewRun // what it was created from
 }
 
 // sameRequest is whether a and b ask for the same run, whoever asks: what
 // the real store fingerprints for an idempotency key.
-func sameRequest(a, b api.NewRun) bool {
+func sameRequest(a, b auditd.NewRun) bool {
 	return a.Name == b.Name && reflect.DeepEqual(a.Award, b.Award) && reflect.DeepEqual(a.Items, b.Items) &&
 		a.Deadline.Equal(b.Deadline) && a.Replay == b.Replay
 }
 
 // replayed is the run key made, or ECONFLICT when it made it from another
 // request than nr.
-func (f *fakeRuns) replayed(id string, nr api.NewRun) (api.RunState, error) {
+func (f *fakeRuns) replayed(id string, nr auditd.NewRun) (auditd.RunView, error) {
 	r := f.runs[id]
 	if !sameRequest(r.req, nr) {
-		return api.RunState{}, auditd.Errorf(auditd.ECONFLICT, "The idempotency key was first used for run %s, submitted with other contents.", id)
+		return auditd.RunView{}, auditd.Errorf(auditd.ECONFLICT, "The idempotency key was first used for run %s, submitted with other contents.", id)
 	}
 	return r.state, nil
 }
@@ -403,19 +404,19 @@ func newFakeRuns(c *clock.Fake) *fakeRuns {
 	return &fakeRuns{clock: c, runs: map[string]*fakeRun{}, idem: map[string]string{}}
 }
 
-func (f *fakeRuns) add(status auditd.RunStatus, items []api.ItemState) string {
+func (f *fakeRuns) add(status auditd.RunStatus, items []auditd.ItemView) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.addLocked(auditd.Run{Name: "fixture", Status: status}, items)
 }
 
-func (f *fakeRuns) addLocked(r auditd.Run, items []api.ItemState) string {
+func (f *fakeRuns) addLocked(r auditd.Run, items []auditd.ItemView) string {
 	f.seq++
 	r.ID = fmt.Sprintf("01J%023d", f.seq)
 	r.CreatedAt = f.clock.Now()
 	r.ItemCount = len(items)
 	r.ConfigHash, r.CodeVersion, r.HeadAtStart = "cfg", "test", strings.Repeat("0", 64)
-	f.runs[r.ID] = &fakeRun{state: api.RunState{Run: r, Counts: api.RunCounts{Items: len(items), Pending: len(items)}}, items: items, acked: map[string]bool{}}
+	f.runs[r.ID] = &fakeRun{state: auditd.RunView{Run: r, Counts: auditd.Counts{Items: len(items), Pending: len(items)}}, items: items, acked: map[string]bool{}}
 	f.order = append(f.order, r.ID)
 	return r.ID
 }
@@ -426,16 +427,16 @@ func (f *fakeRuns) count() int {
 	return len(f.runs)
 }
 
-func (f *fakeRuns) CreateRun(_ context.Context, nr api.NewRun) (api.RunState, bool, error) {
+func (f *fakeRuns) CreateRun(_ context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id, ok := f.idem[nr.IdempotencyKey]; ok && nr.IdempotencyKey != "" {
 		st, err := f.replayed(id, nr)
 		return st, false, err
 	}
-	items := make([]api.ItemState, len(nr.Items))
+	items := make([]auditd.ItemView, len(nr.Items))
 	for i, it := range nr.Items {
-		items[i] = api.ItemState{Item: it}
+		items[i] = auditd.ItemView{Item: it}
 	}
 	id := f.addLocked(auditd.Run{Name: nr.Name, Award: nr.Award, Status: auditd.RunRunning, InitiatedBy: nr.Principal, Deadline: nr.Deadline, Replay: nr.Replay}, items)
 	f.runs[id].req = nr
@@ -445,13 +446,13 @@ func (f *fakeRuns) CreateRun(_ context.Context, nr api.NewRun) (api.RunState, bo
 	return f.runs[id].state, true, nil
 }
 
-func (f *fakeRuns) RunByIdempotencyKey(_ context.Context, nr api.NewRun) (api.RunState, error) {
+func (f *fakeRuns) RunByIdempotencyKey(_ context.Context, nr auditd.NewRun) (auditd.RunView, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id, ok := f.idem[nr.IdempotencyKey]; ok {
 		return f.replayed(id, nr)
 	}
-	return api.RunState{}, auditd.Errorf(auditd.ENOTFOUND, "no run with that key")
+	return auditd.RunView{}, auditd.Errorf(auditd.ENOTFOUND, "no run with that key")
 }
 
 func (f *fakeRuns) get(id string) (*fakeRun, error) {
@@ -462,20 +463,20 @@ func (f *fakeRuns) get(id string) (*fakeRun, error) {
 	return r, nil
 }
 
-func (f *fakeRuns) Run(_ context.Context, id string) (api.RunState, error) {
+func (f *fakeRuns) Run(_ context.Context, id string) (auditd.RunView, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, err := f.get(id)
 	if err != nil {
-		return api.RunState{}, err
+		return auditd.RunView{}, err
 	}
 	return r.state, nil
 }
 
-func (f *fakeRuns) Runs(_ context.Context, flt api.RunFilter) ([]api.RunState, string, error) {
+func (f *fakeRuns) Runs(_ context.Context, flt auditd.RunFilter) ([]auditd.RunView, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []api.RunState
+	var out []auditd.RunView
 	skipping := flt.After != ""
 	for i := len(f.order) - 1; i >= 0; i-- {
 		r := f.runs[f.order[i]]
@@ -494,12 +495,12 @@ func (f *fakeRuns) Runs(_ context.Context, flt api.RunFilter) ([]api.RunState, s
 	return out, "", nil
 }
 
-func (f *fakeRuns) CancelRun(_ context.Context, id, _ string) (api.RunState, error) {
+func (f *fakeRuns) CancelRun(_ context.Context, id, _ string) (auditd.RunView, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, err := f.get(id)
 	if err != nil {
-		return api.RunState{}, err
+		return auditd.RunView{}, err
 	}
 	if r.state.Run.Status.Terminal() {
 		return r.state, auditd.Errorf(auditd.ECONFLICT, "Run %s is %s.", id, r.state.Run.Status)
@@ -534,7 +535,7 @@ func (f *fakeRuns) Acknowledge(_ context.Context, runID string, keys []string, _
 	return n, nil
 }
 
-func (f *fakeRuns) Items(_ context.Context, runID, after string, limit int) ([]api.ItemState, string, error) {
+func (f *fakeRuns) Items(_ context.Context, runID, after string, limit int) ([]auditd.ItemView, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, err := f.get(runID)
@@ -557,19 +558,19 @@ func (f *fakeRuns) Items(_ context.Context, runID, after string, limit int) ([]a
 	return out, "", nil
 }
 
-func (f *fakeRuns) Item(_ context.Context, runID, key string) (api.ItemState, error) {
+func (f *fakeRuns) Item(_ context.Context, runID, key string) (auditd.ItemView, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, err := f.get(runID)
 	if err != nil {
-		return api.ItemState{}, err
+		return auditd.ItemView{}, err
 	}
 	for _, it := range r.items {
 		if it.Item.Key == key {
 			return it, nil
 		}
 	}
-	return api.ItemState{}, auditd.Errorf(auditd.ENOTFOUND, "Item %q not found.", key)
+	return auditd.ItemView{}, auditd.Errorf(auditd.ENOTFOUND, "Item %q not found.", key)
 }
 
 func (f *fakeRuns) Payload(ctx context.Context, runID, key string) (io.ReadCloser, error) {
@@ -622,7 +623,7 @@ func (fakeReports) WriteRunEvidence(_ context.Context, w io.Writer, _ string) er
 	return err
 }
 
-func (fakeReports) WriteAwardEvidence(_ context.Context, w io.Writer, _ api.EvidenceQuery) error {
+func (fakeReports) WriteAwardEvidence(_ context.Context, w io.Writer, _ auditd.RunFilter) error {
 	_, err := io.WriteString(w, "PK\x03\x04 fake workbook")
 	return err
 }

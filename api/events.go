@@ -70,9 +70,10 @@ type eventJSON struct {
 }
 
 func newEventJSON(e *auditd.Event) eventJSON {
+	attempt, cause := e.Shared() // "attempt" and "cause" hold what the ledger's encoding does
 	return eventJSON{
 		Seq: e.Seq, Type: e.Type, RunID: e.RunID, SourceID: e.SourceID, ItemKey: e.ItemKey,
-		Page: e.Page, Attempt: e.Attempt, Time: e.Time.UTC(), Mono: auditd.Duration(e.Mono),
+		Page: e.Page, Attempt: attempt, Time: e.Time.UTC(), Mono: auditd.Duration(e.Mono),
 		IdempotencyKey: e.IdempotencyKey, Method: e.Method, Path: e.Path, Status: e.Status,
 		Bytes: e.Bytes, Latency: auditd.Duration(e.Latency), Wait: auditd.Duration(e.Wait),
 		Actual: auditd.Duration(e.Actual), RetryAfterRaw: e.RetryAfterRaw,
@@ -81,7 +82,7 @@ func newEventJSON(e *auditd.Event) eventJSON {
 		Cooldown: auditd.Duration(e.Cooldown), OldLimit: e.OldLimit, NewLimit: e.NewLimit,
 		OldWindow: auditd.Duration(e.OldWindow), NewWindow: auditd.Duration(e.NewWindow),
 		Group: e.Group, Outcome: e.Outcome, BodyError: e.BodyError, PayloadHash: e.PayloadHash,
-		Cause: e.Cause, Principal: e.Principal, Detail: e.Detail,
+		Cause: cause, Principal: e.Principal, Detail: e.Detail,
 		PrevHash: hex.EncodeToString(e.PrevHash[:]), Hash: hex.EncodeToString(e.Hash[:]),
 	}
 }

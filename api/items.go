@@ -15,12 +15,6 @@ func (s *Server) registerItemRoutes(g *echo.Group) {
 	g.GET("/runs/:id/items/:key/payload", s.handleGetPayload, s.allow(auth.RoleAuditor, costRequest))
 }
 
-// itemJSON is an item as the API shows it.
-type itemJSON struct {
-	auditd.Item
-	Result *ItemResult `json:"result,omitempty"`
-}
-
 func (s *Server) handleListItems(c echo.Context) error {
 	after, err := cursorParam(c)
 	if err != nil {
@@ -34,14 +28,13 @@ func (s *Server) handleListItems(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := struct {
-		Items      []itemJSON `json:"items"`
-		NextCursor string     `json:"next_cursor,omitempty"`
-	}{Items: make([]itemJSON, 0, len(items)), NextCursor: encodeCursor(next)}
-	for _, it := range items {
-		out.Items = append(out.Items, itemJSON{Item: it.Item, Result: it.Result})
+	if items == nil {
+		items = []auditd.ItemView{}
 	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, struct {
+		Items      []auditd.ItemView `json:"items"`
+		NextCursor string            `json:"next_cursor,omitempty"`
+	}{Items: items, NextCursor: encodeCursor(next)})
 }
 
 func (s *Server) handleGetItem(c echo.Context) error {
@@ -49,7 +42,7 @@ func (s *Server) handleGetItem(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, itemJSON{Item: it.Item, Result: it.Result})
+	return c.JSON(http.StatusOK, it)
 }
 
 // PayloadHashHeader carries the SHA-256 (hex) of a staged payload.

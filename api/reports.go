@@ -82,7 +82,7 @@ func (s *Server) handleAwardEvidence(c echo.Context) error {
 		return err
 	}
 	s.startDownload(c, MIMEXLSX, "evidence-"+sanitizeFilename(fain)+".xlsx", true)
-	return s.Reports.WriteAwardEvidence(c.Request().Context(), c.Response(), EvidenceQuery{FAIN: fain, From: from, To: to})
+	return s.Reports.WriteAwardEvidence(c.Request().Context(), c.Response(), auditd.RunFilter{FAIN: fain, From: from, To: to})
 }
 
 // recordExport appends the export.downloaded event before any byte of the
@@ -99,7 +99,7 @@ func (s *Server) recordExport(c echo.Context, runID string, what map[string]stri
 		RunID:     runID,
 		Principal: token(c).Principal(),
 		Detail:    string(detail),
-		Cause:     strconv.FormatUint(head, 10),
+		Head:      strconv.FormatUint(head, 10),
 	})
 	if err != nil {
 		return fmt.Errorf("record export: %w", err)

@@ -46,7 +46,7 @@ func routeCases() []routeCase {
 		{"ListRuns", auth.RoleAuditor, 200, get("/v1/runs?status=succeeded&limit=5")},
 		{"GetRun", auth.RoleAuditor, 200, runPath("")},
 		{"CancelRun", auth.RoleOperator, 200, func(e *env) request {
-			id := e.runs.add(auditd.RunRunning, []api.ItemState{{Item: auditd.Item{Key: "x", SourceID: "county", Path: "/"}}})
+			id := e.runs.add(auditd.RunRunning, []auditd.ItemView{{Item: auditd.Item{Key: "x", SourceID: "county", Path: "/"}}})
 			return request{method: "POST", path: "/v1/runs/" + id + "/cancel"}
 		}},
 		{"Acknowledge", auth.RoleOperator, 200, func(e *env) request {

@@ -18,17 +18,6 @@ func (s *Server) registerRunRoutes(g *echo.Group) {
 	g.POST("/runs/:id/acknowledgements", s.handleAcknowledge, s.allow(auth.RoleOperator, costRequest))
 }
 
-// runJSON is a run as the API shows it.
-type runJSON struct {
-	auditd.Run
-	Counts          RunCounts `json:"counts"`
-	EstimatedFinish time.Time `json:"estimated_finish,omitzero"`
-}
-
-func newRunJSON(st RunState) runJSON {
-	return runJSON{Run: st.Run, Counts: st.Counts, EstimatedFinish: st.EstimatedFinish}
-}
-
 // createRunRequest is the body of POST /v1/runs.
 type createRunRequest struct {
 	Name     string        `json:"name" validate:"required,max=200"`
@@ -61,7 +50,7 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 	}
 
 	tok := token(c)
-	nr := NewRun{
+	nr := auditd.NewRun{
 		Name:      req.Name,
 		Award:     req.Award,
 		Items:     req.Items,
@@ -116,13 +105,13 @@ func (s *Server) checkRun(c echo.Context, req *createRunRequest) error {
 	return nil
 }
 
-func (s *Server) renderCreated(c echo.Context, st RunState, replayed bool) error {
+func (s *Server) renderCreated(c echo.Context, st auditd.RunView, replayed bool) error {
 	h := c.Response().Header()
 	h.Set(echo.HeaderLocation, "/v1/runs/"+st.Run.ID)
 	if replayed {
 		h.Set("Idempotent-Replayed", "true")
 	}
-	return c.JSON(http.StatusCreated, newRunJSON(st))
+	return c.JSON(http.StatusCreated, st)
 }
 
 func (s *Server) handleListRuns(c echo.Context) error {
@@ -134,19 +123,18 @@ func (s *Server) handleListRuns(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := struct {
-		Runs       []runJSON `json:"runs"`
-		NextCursor string    `json:"next_cursor,omitempty"`
-	}{Runs: make([]runJSON, 0, len(runs)), NextCursor: encodeCursor(next)}
-	for _, st := range runs {
-		out.Runs = append(out.Runs, newRunJSON(st))
+	if runs == nil {
+		runs = []auditd.RunView{}
 	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, struct {
+		Runs       []auditd.RunView `json:"runs"`
+		NextCursor string           `json:"next_cursor,omitempty"`
+	}{Runs: runs, NextCursor: encodeCursor(next)})
 }
 
-func (s *Server) runFilter(c echo.Context) (RunFilter, error) {
+func (s *Server) runFilter(c echo.Context) (auditd.RunFilter, error) {
 	q := c.QueryParams()
-	var f RunFilter
+	var f auditd.RunFilter
 	var err error
 	if f.After, err = cursorParam(c); err != nil {
 		return f, err
@@ -178,7 +166,7 @@ func (s *Server) handleGetRun(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, newRunJSON(st))
+	return c.JSON(http.StatusOK, st)
 }
 
 func (s *Server) handleCancelRun(c echo.Context) error {
@@ -186,7 +174,7 @@ func (s *Server) handleCancelRun(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, newRunJSON(st))
+	return c.JSON(http.StatusOK, st)
 }
 
 // acknowledgeRequest is the body of POST /v1/runs/{id}/acknowledgements.

@@ -1,7 +1,8 @@
 // Package fetch is auditd's outbound fetch loop: the only code that talks to
-// upstream servers. It owns runs and items (stored in the shared bbolt file),
-// the workers that carry them out, retries, payload staging and the fallback
-// to the last good copy.
+// upstream servers. It owns the workers that carry runs out, retries,
+// payload staging and the fallback to the last good copy; the runs
+// themselves, their items, counters and views are the runs package's, which
+// the loop hands each run's durable events to.
 //
 // For every request it asks the gates (limiter) for admission, appends a
 // dispatch event to the ledger and waits until that is durable, and only
@@ -12,9 +13,8 @@
 // Reading order for a newcomer: loop.go (Config, Submit, Start, Close),
 // run.go (workers per source, finishing a run), item.go (one item: pages,
 // attempts, recording, fallback), resume.go, then the small files: paging,
-// classify (status and body-level errors, redaction), store and view (bbolt
-// records and what the API reads), sources (gates configured from the
-// registry), counts, client.
+// classify (status and body-level errors, redaction), sources (gates
+// configured from the registry), client.
 //
 // The ledger is the truth: run records and item results in bbolt are views
 // for the API. On resume the loop recounts a run from its events, records

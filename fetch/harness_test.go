@@ -16,6 +16,7 @@ import (
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/sim"
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
@@ -30,6 +31,7 @@ type harness struct {
 	ledger *ledger.Ledger
 	reg    *registry.Registry
 	stage  *staging.Store
+	runs   *runs.Store
 	loop   *fetch.Loop
 	sim    *sim.Sim
 	urls   map[string]string // upstream name -> base URL
@@ -81,8 +83,12 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Clock: h.clk})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	loop, err := fetch.New(fetch.Config{
-		DB: db, Ledger: led, Registry: reg, Limiter: limiter.New(h.clk), Staging: stage,
+		Ledger: led, Runs: store, Registry: reg, Limiter: limiter.New(h.clk), Staging: stage,
 		Clock: h.clk, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -91,7 +97,7 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err := loop.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	h.db, h.ledger, h.reg, h.stage, h.loop, h.dir = db, led, reg, stage, loop, dir
+	h.db, h.ledger, h.reg, h.stage, h.runs, h.loop, h.dir = db, led, reg, stage, store, loop, dir
 	tb.Cleanup(func() { h.close(tb) })
 }
 
@@ -203,12 +209,12 @@ func (h *harness) step() {
 }
 
 // finish drives the clock until run id reaches a terminal status.
-func (h *harness) finish(tb testing.TB, id string) fetch.RunView {
+func (h *harness) finish(tb testing.TB, id string) auditd.RunView {
 	tb.Helper()
-	var v fetch.RunView
+	var v auditd.RunView
 	ok := h.drive(func() bool {
 		var err error
-		v, err = h.loop.Run(id)
+		v, err = h.runs.Run(context.Background(), id)
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/hints"
-	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/staging"
@@ -34,9 +33,7 @@ const (
 // and ends it with exactly one item.finished, unless the loop shuts down
 // first, in which case the item resumes at the next start.
 func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
-	// The item's attempts are its worker's alone: a variable of its own,
-	// not an allocation.
-	attempts := ar.takeAttempts(item.Key)
+	attempts := ar.takeAttempts(item.Key) // the worker's alone
 	it := &job{Item: item, attempts: &attempts}
 	rctx := ar.recordCtx // not cancelled with the run: see activeRun.recordCtx
 	if ar.isCancelled() {
@@ -49,7 +46,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		return
 	}
 	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
-	if ar.rec.Replay {
+	if ar.replay {
 		if l.serveCached(rctx, ar, it, lastGoodKey, "replay") {
 			return
 		}
@@ -61,7 +58,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		return
 	}
 	defer w.Abort()
-	res := &ItemResult{Key: it.Key, Advertised: -1}
+	res := &auditd.ItemResult{Advertised: -1}
 	records := 0
 	for p := 0; ; p++ {
 		if p >= maxPages {
@@ -160,11 +157,9 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.rec.Deadline, NotBefore: retryAt, StopAtReopen: true})
+		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
 		l.recordAdmission(rctx, ar, it.Item, pg.index, p)
 		if err != nil {
-			// Declared here, off the path of an admitted request: taking
-			// its address for errors.As moves it to the heap.
 			var shed *limiter.ShedError
 			switch {
 			case errors.Is(err, limiter.ErrStillDown):
@@ -186,51 +181,67 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		attempt := it.attempts.next(pg.index)
-		sent, err := l.dispatch(rctx, ar, p, it.Item, pg.index, attempt, path)
+		a := &attempt{it: it.Item, page: pg.index, n: it.attempts.next(pg.index), permit: p}
+		err = l.dispatch(rctx, ar, a, path)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
 			continue
 		} else if err != nil {
 			// Not durable, so not sent: the ledger never shows fewer
 			// requests than the upstream received.
-			l.log.Error("record dispatch", "run", ar.rec.ID, "item", it.Key, "err", err)
+			l.log.Error("record dispatch", "run", ar.id, "item", it.Key, "err", err)
 			return nil, pageAbandon, ""
 		}
 
-		body, res, latency, sendErr := l.send(rctx, src, it.Item, pg)
-		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, pg.index, p, attempt, sent, body, res, latency, sendErr)
+		x := l.send(rctx, src, it.Item, pg)
+		out, bodyErr, wait := l.settle(rctx, ar, src, a, &x)
 		switch {
-		case sendErr != nil:
-			lastReason = "transport error: " + sendErr.Error()
+		case x.err != nil:
+			lastReason = "transport error: " + x.err.Error()
 			retryAt = l.cfg.Clock.Now().Add(wait)
 		case out == auditd.OutcomeSuccess:
-			return body, pageOK, ""
+			return x.body, pageOK, ""
 		case out == auditd.OutcomeThrottled:
-			lastReason = fmt.Sprintf("throttled (%d)", res.Status)
+			lastReason = fmt.Sprintf("throttled (%d)", x.status)
 		case out == auditd.OutcomeServerError:
-			lastReason = fmt.Sprintf("server error (%d)", res.Status)
+			lastReason = fmt.Sprintf("server error (%d)", x.status)
 			retryAt = l.cfg.Clock.Now().Add(wait)
 		case out == auditd.OutcomeBodyError:
 			// Grants.gov reports transient failures ("search is temporarily
 			// unavailable") inside a 200: try again, paced by the gates,
 			// until the attempts are spent.
-			lastReason = fmt.Sprintf("error in a %d body: %s", res.Status, bodyErr)
+			lastReason = fmt.Sprintf("error in a %d body: %s", x.status, bodyErr)
 		default:
-			return nil, pageFailed, fmt.Sprintf("client error (%d)", res.Status)
+			return nil, pageFailed, fmt.Sprintf("client error (%d)", x.status)
 		}
 	}
+}
+
+// attempt is one dispatch of an item's page.
+type attempt struct {
+	it     *auditd.Item
+	page   int
+	n      uint32          // its number: 1 for the page's first dispatch
+	permit *limiter.Permit // the gates' admission
+	sent   time.Time       // when its dispatch was recorded
+}
+
+// exchange is what came back for one dispatch.
+type exchange struct {
+	body       []byte
+	status     int         // 0 for a transport error
+	header     http.Header // nil for a transport error
+	receivedAt time.Time
+	latency    time.Duration // from dispatch to the whole body
+	err        error         // a transport error, credentials removed
 }
 
 // settle records how a dispatched request came back (its outcome event,
 // breaker transitions) and lets the gates and the registry learn from it.
 // It returns the outcome (none for a transport error), the code found in
 // the body of a body error, and the wait the gates chose before a retry.
-// It is a function of its own so that what it works with is not on the
-// worker's stack while the request is in flight.
-func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, page int, p *limiter.Permit,
-	attempt uint32, sent time.Time, body []byte, res result, latency time.Duration, sendErr error) (out auditd.Outcome, bodyErr string, wait time.Duration) {
-	hint := hints.Parse(res.Header, res.ReceivedAt)
+func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, a *attempt, x *exchange) (out auditd.Outcome, bodyErr string, wait time.Duration) {
+	hint := hints.Parse(x.header, x.receivedAt)
 	// The registry owns what Remaining and Reset teach (a pause of one
 	// quota interval); handing them to the limiter as well would pause
 	// until Reset on nearly every response of a source paced at its quota.
@@ -239,31 +250,31 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 	// A plain 503 soon after the source's pace rose is nginx limit_req
 	// refusing it: the registry says so, and the gates take it for a
 	// throttle that pauses the source and leaves the breaker alone.
-	refused := res.Status == http.StatusServiceUnavailable && sendErr == nil &&
-		l.cfg.Registry.Refusal(registry.Observation{SourceID: it.SourceID, Status: res.Status, Sent: sent, Hint: hint})
-	v := p.Observe(limiter.Outcome{Status: res.Status, Err: sendErr, Hint: gateHint, Attempt: int(attempt), Refused: refused})
+	refused := x.status == http.StatusServiceUnavailable && x.err == nil &&
+		l.cfg.Registry.Refusal(registry.Observation{SourceID: a.it.SourceID, Status: x.status, Sent: a.sent, Hint: hint})
+	v := a.permit.Observe(limiter.Outcome{Status: x.status, Err: x.err, Hint: gateHint, Attempt: int(a.n), Refused: refused})
 
-	base := auditd.Event{SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt, Latency: latency}
+	e := auditd.Event{SourceID: a.it.SourceID, ItemKey: a.it.Key, Page: uint32(a.page), Attempt: a.n, Latency: x.latency}
 	switch {
-	case sendErr != nil:
-		base.Type, base.Cause = auditd.EventTransportError, sendErr.Error()
-		l.post(ar, []auditd.Event{base}, nil, nil, "")
+	case x.err != nil:
+		e.Type, e.ErrorText = auditd.EventTransportError, x.err.Error()
+		l.post(ar, []auditd.Event{e}, nil, nil, "")
 	default:
-		out, bodyErr = classify(res.Status, hint.RetryAfterRaw != "", src.BodyError, body)
-		base.Status, base.Bytes = res.Status, int64(len(body))
+		out, bodyErr = classify(x.status, hint.RetryAfterRaw != "", src.BodyError, x.body)
+		e.Status, e.Bytes = x.status, int64(len(x.body))
 		if v.Class == limiter.ClassThrottled {
-			base.Type = auditd.EventThrottle
-			base.RetryAfterRaw, base.RetryAfter, base.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
-			base.Backoff, base.Wait = v.Backoff, v.Wait
-			l.recordThrottle(ctx, ar, base)
+			e.Type = auditd.EventThrottle
+			e.RetryAfterRaw, e.RetryAfter, e.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
+			e.Backoff, e.Wait = v.Backoff, v.Wait
+			l.recordThrottle(ctx, ar, e)
 			out = auditd.OutcomeThrottled
 		} else {
-			base.Type, base.Outcome, base.BodyError = auditd.EventResponse, out, bodyErr
-			l.post(ar, []auditd.Event{base}, nil, nil, "")
+			e.Type, e.Outcome, e.BodyError = auditd.EventResponse, out, bodyErr
+			l.post(ar, []auditd.Event{e}, nil, nil, "")
 		}
 	}
-	l.recordBreaker(ctx, ar, it, v.Breaker)
-	l.learn(ctx, ar, it.SourceID, res.Status, out, sent, hint)
+	l.recordBreaker(ctx, ar, a.it, v.Breaker)
+	l.learn(ctx, ar, a.it.SourceID, x.status, out, a.sent, hint)
 	return out, bodyErr, v.Wait
 }
 
@@ -275,59 +286,54 @@ var (
 	errPausedMeanwhile = errors.New("source paused before dispatch")
 )
 
-// dispatch records the dispatch of attempt of an item's page, admitted by
-// p, and returns its recorded time once it is durable, unless the source's
+// dispatch records the dispatch of a, with the recorded path, and sets
+// a.sent to its recorded time once it is durable, unless the source's
 // breaker opened or a throttle paused it since the admission (then it
 // releases the permit and says which).
-func (l *Loop) dispatch(ctx context.Context, ar *activeRun, p *limiter.Permit, it *auditd.Item, page int, attempt uint32, path string) (time.Time, error) {
-	buf := eventBuffers.Get().(*[2]auditd.Event)
-	defer putEventBuffer(buf)
-	e := &buf[0] // filled in place, off the stack: see recordTo
-	q, err := l.queueDispatch(ar, p, it, page, attempt, path, e)
+func (l *Loop) dispatch(ctx context.Context, ar *activeRun, a *attempt, path string) error {
+	e := []auditd.Event{{Type: auditd.EventDispatch, RunID: ar.id, SourceID: a.it.SourceID, ItemKey: a.it.Key,
+		Page: uint32(a.page), Attempt: a.n, Method: a.it.Method, Path: path, Probe: a.permit.Probe}}
+	f, err := l.queueDispatch(a, e)
 	if err != nil {
-		return time.Time{}, err
+		return err
 	}
-	if err := q.Wait(ctx); err != nil {
-		p.Release()
-		return time.Time{}, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
+	if err := f.Wait(ctx); err != nil {
+		a.permit.Release()
+		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
 	}
-	ar.countOne(e)
-	return e.Time, nil
+	ar.live.Count(e...)
+	a.sent = e[0].Time
+	return nil
 }
 
-// queueDispatch checks, under the source's send lock, that p's request may
-// still go, and queues its dispatch record, e, in the ledger. The send lock
+// queueDispatch checks, under the source's send lock, that a's request may
+// still go, and adds its dispatch record, e, to the ledger. The send lock
 // orders dispatch records against breaker and throttle records: a dispatch
 // is on record either before a throttle or after its pause is in force.
-// Holding it while the dispatch is queued is enough for that, since the
-// ledger stores e before anything queued after it; the wait for e's commit
+// Holding it while the dispatch is added is enough for that, since the
+// ledger stores e before anything added after it; the wait for e's commit
 // group, the longest part of a dispatch, is the caller's, outside the
 // lock, so that the source's other requests can share the group.
-func (l *Loop) queueDispatch(ar *activeRun, p *limiter.Permit, it *auditd.Item, page int, attempt uint32, path string, e *auditd.Event) (ledger.Queued, error) {
-	mu := l.sendLock(it.SourceID)
+func (l *Loop) queueDispatch(a *attempt, e []auditd.Event) (auditd.Future, error) {
+	mu := l.sendLock(a.it.SourceID)
 	mu.Lock()
 	defer mu.Unlock()
-	if st, err := l.cfg.Limiter.State(it.SourceID); err == nil {
-		if !p.Probe && st.Breaker != limiter.BreakerClosed {
-			p.Release()
-			return ledger.Queued{}, errBreakerOpened
+	if st, err := l.cfg.Limiter.State(a.it.SourceID); err == nil {
+		if !a.permit.Probe && st.Breaker != limiter.BreakerClosed {
+			a.permit.Release()
+			return nil, errBreakerOpened
 		}
 		if st.PausedUntil.After(l.cfg.Clock.Now()) {
-			p.Release()
-			return ledger.Queued{}, errPausedMeanwhile
+			a.permit.Release()
+			return nil, errPausedMeanwhile
 		}
 	}
-	e.Type, e.RunID, e.SourceID, e.ItemKey, e.Page = auditd.EventDispatch, ar.rec.ID, it.SourceID, it.Key, uint32(page)
-	e.Attempt, e.Method, e.Path = attempt, it.Method, path
-	if p.Probe {
-		e.Cause = "probe"
-	}
-	q, err := l.cfg.Ledger.QueueTo(e)
+	f, err := l.cfg.Ledger.Add(e)
 	if err != nil {
-		p.Release()
-		return ledger.Queued{}, fmt.Errorf("append %s: %w", e.Type, err)
+		a.permit.Release()
+		return nil, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
 	}
-	return q, nil
+	return f, nil
 }
 
 // recordThrottle records a throttle and pauses the source from that record
@@ -356,7 +362,7 @@ func (l *Loop) recordBreaker(ctx context.Context, ar *activeRun, it *auditd.Item
 // pace for the source's gates, or a pause the server asked for.
 func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
 	d, err := l.cfg.Registry.Observe(ctx, registry.Observation{
-		RunID: ar.rec.ID, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
+		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
 	})
 	if err != nil {
 		l.log.Error("registry observe", "source", sourceID, "err", err)
@@ -374,8 +380,8 @@ func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status
 }
 
 // send performs one request with the source's secret headers and reads a
-// capped body. A transport error returns a Result with Status 0.
-func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg page) ([]byte, result, time.Duration, error) {
+// capped body.
+func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg page) exchange {
 	start := l.cfg.Clock.Now()
 	var body io.Reader
 	if len(pg.body) > 0 {
@@ -383,7 +389,7 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 	}
 	req, err := http.NewRequestWithContext(ctx, it.Method, strings.TrimRight(src.BaseURL, "/")+pg.path, body)
 	if err != nil {
-		return nil, result{ReceivedAt: start}, 0, err
+		return exchange{receivedAt: start, err: err}
 	}
 	if len(pg.body) > 0 {
 		req.Header.Set("Content-Type", "application/json")
@@ -398,31 +404,33 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 	req.Header.Set("User-Agent", "auditd")
 	headers, err := l.cfg.Registry.RequestHeaders(src.ID)
 	if err != nil {
-		return nil, result{ReceivedAt: start}, 0, fmt.Errorf("source headers: %w", err)
+		return exchange{receivedAt: start, err: fmt.Errorf("source headers: %w", err)}
 	}
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
+	failed := func(err error) exchange {
+		now := l.cfg.Clock.Now()
+		return exchange{receivedAt: now, latency: now.Sub(start), err: err}
+	}
 	resp, err := l.cfg.Client.Do(req)
 	if err != nil {
-		now := l.cfg.Clock.Now()
-		return nil, result{ReceivedAt: now}, now.Sub(start), scrubError(err, pg.path, src.SecretQuery)
+		return failed(scrubError(err, pg.path, src.SecretQuery))
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, l.cfg.MaxBodyBytes+1))
-	now := l.cfg.Clock.Now()
 	if err != nil {
-		return nil, result{ReceivedAt: now}, now.Sub(start), fmt.Errorf("read body: %w", scrubError(err, pg.path, src.SecretQuery))
+		return failed(fmt.Errorf("read body: %w", scrubError(err, pg.path, src.SecretQuery)))
 	}
 	if int64(len(data)) > l.cfg.MaxBodyBytes {
-		return nil, result{ReceivedAt: now}, now.Sub(start), fmt.Errorf("response body larger than %d bytes", l.cfg.MaxBodyBytes)
+		return failed(fmt.Errorf("response body larger than %d bytes", l.cfg.MaxBodyBytes))
 	}
-	return data, result{Status: resp.StatusCode, Header: resp.Header, ReceivedAt: now}, now.Sub(start), nil
+	now := l.cfg.Clock.Now()
+	return exchange{body: data, status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start)}
 }
 
 // emptyBody is the body of a request that has none (see send): not nil,
-// and not http.NoBody, which the transport takes for no body at all. It
-// has no state, so a request can have one without an allocation.
+// and not http.NoBody, which the transport takes for no body at all.
 type emptyBody struct{}
 
 func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
@@ -447,7 +455,7 @@ func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.It
 func (l *Loop) recordWait(ctx context.Context, ar *activeRun, it *auditd.Item, page int, gate string, planned, actual time.Duration) {
 	l.mustRecord(ctx, ar, auditd.Event{
 		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page),
-		Cause: gate, Wait: planned, Actual: actual,
+		Gate: gate, Wait: planned, Actual: actual,
 	})
 }
 
@@ -466,7 +474,7 @@ func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.
 func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) auditd.Event {
 	got, err := l.record(ctx, ar, e)
 	if err != nil {
-		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", e.Type, "err", err)
+		l.log.Error("ledger append failed", "run", ar.id, "type", e.Type, "err", err)
 	}
 	return got
 }
@@ -482,7 +490,7 @@ func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *job, lastGood
 
 // shed ends an item the gates could not admit before the run's deadline.
 func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, gate string) {
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Cause: gate})
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Gate: gate})
 	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
 		return
 	}
@@ -496,8 +504,8 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
 		return false
 	}
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Cause: reason})
-	l.endItem(ar, it, auditd.ItemCached, reason, &ItemResult{Key: it.Key, PayloadHash: sum, Advertised: -1}, "", nil)
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Reason: reason})
+	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
 	return true
 }
 
@@ -509,17 +517,17 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 // request's new last-good copy are kept with the run, and stored when it
 // ends (storeEnd); item.finished carries all of the result, so a restart
 // rebuilds them.
-func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string, res *ItemResult, lastGood string, payload *staging.Payload) {
+func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
-		res = &ItemResult{Key: it.Key, Advertised: -1}
+		res = &auditd.ItemResult{Advertised: -1}
 	}
 	res.Outcome, res.Reason = out, reason
 	res.Attempts = it.attempts.total
 	events := make([]auditd.Event, 0, 2)
-	var puts []ledger.Put
+	var puts []auditd.Put
 	if payload != nil {
 		if rec, ok := payload.Record(); ok {
-			puts = []ledger.Put{ledger.Put(rec)}
+			puts = []auditd.Put{rec}
 		}
 		events = append(events, auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
 			PayloadHash: payload.Sum, Bytes: payload.N})
@@ -530,9 +538,9 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 
 // finishedEvent is the item.finished event of an item that ended with res:
 // the whole result, so that resume can rebuild it (resultOf).
-func finishedEvent(it *auditd.Item, res *ItemResult) auditd.Event {
+func finishedEvent(it *auditd.Item, res *auditd.ItemResult) auditd.Event {
 	e := auditd.Event{Type: auditd.EventItemFinished, SourceID: it.SourceID, ItemKey: it.Key,
-		Outcome: res.Outcome, Cause: res.Reason, PayloadHash: res.PayloadHash, Bytes: res.Bytes, Attempt: uint32(res.Attempts)}
+		Outcome: res.Outcome, Reason: res.Reason, PayloadHash: res.PayloadHash, Bytes: res.Bytes, Attempts: uint32(res.Attempts)}
 	if it.Paging != auditd.PagingNone && res.Pages > 0 {
 		d, _ := json.Marshal(pagedDetail{Pages: res.Pages, Records: res.Records, Advertised: res.Advertised})
 		e.Detail = string(d)
@@ -548,9 +556,9 @@ type pagedDetail struct {
 }
 
 // resultOf rebuilds an item's result from its item.finished event, e.
-func resultOf(it *auditd.Item, e *auditd.Event) (*ItemResult, error) {
-	res := &ItemResult{Key: it.Key, Outcome: e.Outcome, Reason: e.Cause, PayloadHash: e.PayloadHash,
-		Bytes: e.Bytes, Attempts: int(e.Attempt), Advertised: -1}
+func resultOf(it *auditd.Item, e *auditd.Event) (*auditd.ItemResult, error) {
+	res := &auditd.ItemResult{Outcome: e.Outcome, Reason: e.Reason, PayloadHash: e.PayloadHash,
+		Bytes: e.Bytes, Attempts: int(e.Attempts), Advertised: -1}
 	switch {
 	case e.Detail != "":
 		var d pagedDetail
@@ -563,11 +571,4 @@ func resultOf(it *auditd.Item, e *auditd.Event) (*ItemResult, error) {
 		res.Pages = 1
 	}
 	return res, nil
-}
-
-// result is what came back for one dispatch.
-type result struct {
-	Status     int         // 0 for a transport error
-	Header     http.Header // nil for a transport error
-	ReceivedAt time.Time
 }

@@ -2,7 +2,6 @@ package fetch
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,17 +9,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
-	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
-	"github.com/oklog/ulid/v2"
-	bolt "go.etcd.io/bbolt"
 )
 
 // Defaults for Config fields left zero.
@@ -32,33 +30,45 @@ const (
 	DefaultMaxItemsInRun = 100_000
 )
 
-// Ledger is what the loop needs of the ledger.
+// Ledger is what the loop needs of the ledger (*ledger.Ledger).
 type Ledger interface {
-	auditd.Appender
-	auditd.EventReader
-	// AppendWith appends events in order, all durable together or none,
+	// Add queues events to be stored, in order and in one commit group,
 	// with puts in the same transaction (a payload lands with its
-	// payload.staged). It takes events over.
-	AppendWith(ctx context.Context, events []auditd.Event, puts []ledger.Put) ([]auditd.Event, error)
-	// AppendTo is Append in place: e becomes the event as stored.
-	AppendTo(ctx context.Context, e *auditd.Event) error
+	// payload.staged), before anything added after it; the Future tells
+	// when they are durable. It takes events over.
+	Add(events []auditd.Event, puts ...auditd.Put) (auditd.Future, error)
+	auditd.EventReader
 	// SeqAt returns the first event recorded at or after t (seedGates).
 	SeqAt(t time.Time) (uint64, error)
-	// QueueTo queues e, to be stored before anything queued after it, and
-	// returns; the Queued's Wait is AppendTo's wait for it to be durable.
-	QueueTo(e *auditd.Event) (ledger.Queued, error)
-	// Post is AppendWith without the wait: then learns the outcome.
-	Post(events []auditd.Event, puts []ledger.Put, then func([]auditd.Event, error)) error
-	Head() (seq uint64, hash [32]byte)
+}
+
+// Runs is what the loop needs of the store of runs (*runs.Store): it
+// stores the runs the loop is given, keeps their live state while the loop
+// works on them, and stores how they end.
+type Runs interface {
+	// Create stores a new run and its items, or returns runs.ErrKeyTaken.
+	Create(run auditd.Run, nr auditd.NewRun) (*runs.Live, error)
+	// RunByIdempotencyKey answers a repeated submit.
+	RunByIdempotencyKey(ctx context.Context, nr auditd.NewRun) (auditd.RunView, error)
+	// Run returns one run.
+	Run(ctx context.Context, id string) (auditd.RunView, error)
+	// Unfinished lists the runs to resume, and Resume loads one.
+	Unfinished() ([]string, error)
+	Resume(id string) (*runs.Live, []auditd.Item, error)
+	// Start stores a run's record as it starts and makes it live; End
+	// stores its end, which run.finished completes.
+	Start(r *runs.Live) error
+	End(r *runs.Live, fin *auditd.Event) error
 }
 
 // queueBatch is how many item.queued events share one durable commit.
 const queueBatch = 1000
 
-// Config wires a Loop. DB, Ledger, Registry, Limiter and Staging are required.
+// Config wires a Loop. Ledger, Runs, Registry, Limiter and Staging are
+// required.
 type Config struct {
-	DB       *bolt.DB
 	Ledger   Ledger
+	Runs     Runs
 	Registry *registry.Registry // source configuration and learned limits
 	Limiter  *limiter.Limiter   // the gates; the loop configures it from the registry
 	Staging  *staging.Store
@@ -86,17 +96,12 @@ type Loop struct {
 	active    map[string]*activeRun
 	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
 	closed    bool
-
-	// runIDs keeps run ids minted in the same millisecond in the order
-	// they were minted, so that Runs (newest first, by id) lists them in
-	// submission order.
-	runIDs *ulid.LockedMonotonicReader
 }
 
 // New returns a Loop; it starts nothing.
 func New(cfg Config) (*Loop, error) {
-	if cfg.DB == nil || cfg.Ledger == nil || cfg.Registry == nil || cfg.Limiter == nil || cfg.Staging == nil {
-		return nil, errors.New("fetch: DB, Ledger, Registry, Limiter and Staging are required")
+	if cfg.Ledger == nil || cfg.Runs == nil || cfg.Registry == nil || cfg.Limiter == nil || cfg.Staging == nil {
+		return nil, errors.New("fetch: Ledger, Runs, Registry, Limiter and Staging are required")
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
@@ -119,12 +124,8 @@ func New(cfg Config) (*Loop, error) {
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
-	if err := createBuckets(cfg.DB); err != nil {
-		return nil, fmt.Errorf("create fetch buckets: %w", err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{},
-		runIDs: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)}}, nil
+	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{}}, nil
 }
 
 // Start configures the gates of every registered source and resumes every
@@ -135,19 +136,7 @@ func (l *Loop) Start(ctx context.Context) error {
 			return fmt.Errorf("configure gates of %s: %w", src.ID, err)
 		}
 	}
-	var ids []string
-	err := l.cfg.DB.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
-			var rec runRecord
-			if err := json.Unmarshal(v, &rec); err != nil {
-				return fmt.Errorf("decode run %s: %w", k, err)
-			}
-			if !rec.Status.Terminal() {
-				ids = append(ids, rec.ID)
-			}
-			return nil
-		})
-	})
+	ids, err := l.cfg.Runs.Unfinished()
 	if err != nil {
 		return err
 	}
@@ -197,92 +186,58 @@ func (l *Loop) Close(ctx context.Context) error {
 	}
 }
 
-// SubmitRequest is a new run.
-type SubmitRequest struct {
-	Name           string
-	Award          auditd.Award
-	Items          []auditd.Item
-	Deadline       time.Time // zero: none; past it, unfinished items are shed
-	Replay         bool      // read staged payloads instead of re-fetching
-	IdempotencyKey string    // a second submit with the same key returns the first run
-	Principal      string    // who submitted it
-}
-
-// Submit validates and stores a run and starts it. Nothing is stored or
-// recorded when the request is refused: an unknown source or a duplicate
-// item key fails before anything is queued.
-func (l *Loop) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, error) {
-	if req.IdempotencyKey != "" {
-		v, err := l.RunByIdempotencyKey(req)
+// Submit validates and stores a run and starts it, and reports whether it
+// is new: a submit with the idempotency key of an earlier one, and the
+// same contents, returns that run. Nothing is stored or recorded when the
+// request is refused: an unknown source or a duplicate item key fails
+// before anything is queued.
+func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
+	if nr.IdempotencyKey != "" {
+		v, err := l.cfg.Runs.RunByIdempotencyKey(ctx, nr)
 		if err == nil {
 			return v, false, nil
 		} else if auditd.ErrorCode(err) != auditd.ENOTFOUND {
-			return RunView{}, false, err
+			return auditd.RunView{}, false, err
 		}
 	}
-	if err := l.validate(req); err != nil {
-		return RunView{}, false, err
+	if err := l.validate(nr); err != nil {
+		return auditd.RunView{}, false, err
 	}
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
 	if closed {
-		return RunView{}, false, auditd.Errorf(auditd.EUNAVAILABLE, "shutting down")
+		return auditd.RunView{}, false, auditd.Errorf(auditd.EUNAVAILABLE, "shutting down")
 	}
 
-	now := l.cfg.Clock.Now().UTC()
-	rec := &runRecord{Run: auditd.Run{
-		ID:          ulid.MustNew(ulid.Timestamp(now), l.runIDs).String(),
-		Name:        req.Name,
-		Award:       req.Award,
+	for i := range nr.Items {
+		nr.Items[i].Method = itemMethod(nr.Items[i].Method)
+	}
+	live, err := l.cfg.Runs.Create(auditd.Run{
+		Name:        nr.Name,
+		Award:       nr.Award,
 		Status:      auditd.RunRunning,
-		InitiatedBy: req.Principal,
-		ConfigHash:  l.runConfigHash(req.Items),
+		InitiatedBy: nr.Principal,
+		ConfigHash:  l.runConfigHash(nr.Items),
 		CodeVersion: l.cfg.CodeVersion,
-		CreatedAt:   now,
-		Deadline:    req.Deadline,
-		Replay:      req.Replay,
-		ItemCount:   len(req.Items),
-	}}
-	if req.IdempotencyKey != "" {
-		rec.RequestHash = requestHash(req)
-	}
-	for i := range req.Items {
-		req.Items[i].Method = itemMethod(req.Items[i].Method)
-	}
-	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
-		if req.IdempotencyKey != "" && tx.Bucket(bucketIdem).Get([]byte(req.IdempotencyKey)) != nil {
-			return errIdemRace
-		}
-		return putRun(tx, rec, req.Items, req.IdempotencyKey)
-	})
-	if errors.Is(err, errIdemRace) {
-		return l.Submit(ctx, req)
+		CreatedAt:   l.cfg.Clock.Now().UTC(),
+		Deadline:    nr.Deadline,
+		Replay:      nr.Replay,
+		ItemCount:   len(nr.Items),
+	}, nr)
+	if errors.Is(err, runs.ErrKeyTaken) {
+		return l.Submit(ctx, nr)
 	} else if err != nil {
-		return RunView{}, false, fmt.Errorf("store run: %w", err)
+		return auditd.RunView{}, false, err
 	}
 
-	ar := newActiveRun(rec)
-	if err := l.begin(ctx, ar, req.Items); err != nil {
-		return RunView{}, false, err
+	ar := newActiveRun(live)
+	if err := l.begin(ctx, ar, nr.Items); err != nil {
+		return auditd.RunView{}, false, err
 	}
-	l.launch(ar, req.Items)
-	return l.view(ar), true, nil
-}
-
-var errIdemRace = errors.New("idempotency key taken concurrently")
-
-// idempotentRun returns the stored record of the run submitted with key,
-// nil when none was, in one read.
-func (l *Loop) idempotentRun(key string) (*runRecord, error) {
-	var rec *runRecord
-	err := l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
-		if id := tx.Bucket(bucketIdem).Get([]byte(key)); id != nil {
-			rec, err = loadRun(tx, string(id))
-		}
-		return err
-	})
-	return rec, err
+	l.launch(ar, nr.Items)
+	v, err := l.cfg.Runs.Run(ctx, live.ID())
+	return v, true, err
 }
 
 // itemMethod is an item's method: GET when it names none.
@@ -293,7 +248,7 @@ func itemMethod(m string) string {
 	return m
 }
 
-func (l *Loop) validate(req SubmitRequest) error {
+func (l *Loop) validate(req auditd.NewRun) error {
 	if len(req.Items) == 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "a run needs at least one item"}
 	}
@@ -333,102 +288,84 @@ func itemField(i int, field string) string {
 // begin records the start of a new run: run.started, a registry snapshot of
 // every source it uses, and item.queued for each item.
 func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) error {
+	run := ar.live.Run()
 	detail, _ := json.Marshal(map[string]any{
-		"name": ar.rec.Name, "award": ar.rec.Award, "config_hash": ar.rec.ConfigHash,
-		"code_version": ar.rec.CodeVersion, "initiated_by": ar.rec.InitiatedBy, "items": len(items),
+		"name": run.Name, "award": run.Award, "config_hash": run.ConfigHash,
+		"code_version": run.CodeVersion, "initiated_by": run.InitiatedBy, "items": len(items),
 	})
-	first, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunStarted, Detail: string(detail), Principal: ar.rec.InitiatedBy})
+	first, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunStarted, Detail: string(detail), Principal: run.InitiatedBy})
 	if err != nil {
 		return err
 	}
-	ar.mu.Lock()
-	ar.rec.FirstSeq = first.Seq
-	ar.rec.HeadAtStart = hex.EncodeToString(first.PrevHash[:])
-	ar.mu.Unlock()
-	if err := l.cfg.Registry.StartRun(ctx, ar.rec.ID, sourcesOf(items)); err != nil {
+	ar.live.Started(&first)
+	if err := l.cfg.Registry.StartRun(ctx, ar.id, sourcesOf(items)); err != nil {
 		return fmt.Errorf("snapshot registry: %w", err)
 	}
 	if err := l.queueItems(ctx, ar, items); err != nil {
 		return err
 	}
-	return l.saveRun(ar)
+	return l.cfg.Runs.Start(ar.live)
 }
 
-// recordBatch appends events for run ar as one commit group and counts
-// them. It returns once all are durable, and takes events over (as
-// ledger.AppendWith does): the caller may reuse the slice only after a nil
-// error.
+// recordBatch records events for run ar in one commit group and counts
+// them. It returns once all are durable, and leaves them as stored.
 func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event) error {
 	for i := range events {
-		events[i].RunID = ar.rec.ID
+		events[i].RunID = ar.id
 	}
-	got, err := l.cfg.Ledger.AppendWith(ctx, events, nil)
+	f, err := l.cfg.Ledger.Add(events)
+	if err == nil {
+		err = f.Wait(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("append %d events: %w", len(events), err)
 	}
-	ar.count(got)
+	ar.live.Count(events...)
 	return nil
 }
 
 // post records events for run ar, with puts in the same transaction,
 // without waiting for them to be durable: for what has already happened
 // when nothing the caller does next depends on the record (a response, an
-// item's end). Whatever the run records after post returns is stored after
-// them; a run's run.finished therefore waits for all of them. Once they are
-// durable they are counted, on the ledger's commit goroutine. When they end
-// an item (res is not nil, and the last event is its item.finished), the
-// run then keeps res as the item's result, and its payload as request
-// lastGood's newest good copy (activeRun.finished). A failure is logged,
-// as mustRecord logs it: the record describes something that happened, and
-// the reconciliation will show the gap.
-func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []ledger.Put, res *ItemResult, lastGood string) {
-	// Post copies the events, but they would escape to the heap through
-	// the interface call all the same (an event is some 500 bytes, and a
-	// request posts two or three): they go through a pooled buffer instead.
-	buf := eventBuffers.Get().(*[2]auditd.Event)
-	defer putEventBuffer(buf)
-	evs := append(buf[:0], events...)
-	for i := range evs {
-		evs[i].RunID = ar.rec.ID
+// item's end). It takes events over. Whatever the run records after post
+// returns is stored after them; a run's run.finished therefore waits for
+// all of them. Once they are durable they are counted. When they end an
+// item (res is not nil, and the last event is its item.finished), the run
+// then keeps res as the item's result, and its payload as request
+// lastGood's newest good copy (runs.Live.Finished). A failure is logged,
+// as mustRecord logs it: the record describes something that happened,
+// and the reconciliation will show the gap.
+func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []auditd.Put, res *auditd.ItemResult, lastGood string) {
+	for i := range events {
+		events[i].RunID = ar.id
 	}
-	typ, item := evs[0].Type, evs[0].ItemKey
+	typ, item := events[0].Type, events[0].ItemKey
+	f, err := l.cfg.Ledger.Add(events, puts...)
+	if err != nil {
+		l.postFailed(ar, typ, item, puts, err)
+		return
+	}
 	ar.posts.Add(1)
-	// An item's end comes as res and lastGood, not as a function to call
-	// back: each function value made here is an allocation.
-	err := l.cfg.Ledger.Post(evs, puts, func(got []auditd.Event, err error) {
+	f.Then(func(stored []auditd.Event, err error) {
 		defer ar.posts.Done()
 		if err != nil {
-			l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
-			l.unspool(puts)
+			l.postFailed(ar, typ, item, puts, err)
 			return
 		}
-		ar.count(got)
+		ar.live.Count(stored...)
 		if res != nil {
-			ar.finished(res, lastGood, got[len(got)-1].Time)
+			ar.live.Finished(item, res, lastGood, stored[len(stored)-1].Time)
 		}
 	})
-	if err != nil {
-		ar.posts.Done()
-		l.log.Error("ledger append failed", "run", ar.rec.ID, "type", typ, "item", item, "err", err)
-		l.unspool(puts)
-	}
 }
 
-// unspool tells staging that puts, the records of a post that failed, were
+// postFailed logs a post that failed, and tells staging that its puts were
 // never stored: a payload's spool entry among them is not to be looked for.
-func (l *Loop) unspool(puts []ledger.Put) {
+func (l *Loop) postFailed(ar *activeRun, typ auditd.EventType, item string, puts []auditd.Put, err error) {
+	l.log.Error("ledger append failed", "run", ar.id, "type", typ, "item", item, "err", err)
 	for _, p := range puts {
-		l.cfg.Staging.Unspool(staging.Record(p))
+		l.cfg.Staging.Unspool(p)
 	}
-}
-
-// eventBuffers hold the events of one post or record while the ledger
-// copies them.
-var eventBuffers = sync.Pool{New: func() any { return new([2]auditd.Event) }}
-
-func putEventBuffer(buf *[2]auditd.Event) {
-	clear(buf[:])
-	eventBuffers.Put(buf)
 }
 
 // queueItems records item.queued for items, a commit group at a time.
@@ -451,7 +388,7 @@ func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Ite
 			secret[it.SourceID] = q
 		}
 		batch = append(batch, auditd.Event{
-			Type: auditd.EventItemQueued, RunID: ar.rec.ID, SourceID: it.SourceID, ItemKey: it.Key,
+			Type: auditd.EventItemQueued, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 			Method: it.Method, Path: redactPath(it.Path, q),
 		})
 		if len(batch) == queueBatch {
@@ -478,37 +415,20 @@ func sourcesOf(items []auditd.Item) []string {
 	return ids
 }
 
-// record appends e for run ar and counts it. It returns once e is durable.
+// record records e for run ar and counts it. It returns once e is durable,
+// with e as stored.
 func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (auditd.Event, error) {
-	buf := eventBuffers.Get().(*[2]auditd.Event)
-	defer putEventBuffer(buf)
-	buf[0] = e
-	err := l.recordTo(ctx, ar, &buf[0])
-	return buf[0], err
-}
-
-// recordTo is record in place: e, which must not be on the caller's stack
-// (it would escape to the heap; take it from eventBuffers), becomes the
-// event as stored, so that while the caller waits for the commit its stack
-// holds no copy of the event. (A worker's dispatch is recorded the same
-// way, in two halves: see queueDispatch. With copies, its wait took over
-// 9 KB of stack, which a worker then grew to 16 KB after every GC had
-// shrunk it.)
-func (l *Loop) recordTo(ctx context.Context, ar *activeRun, e *auditd.Event) error {
-	e.RunID = ar.rec.ID
-	if err := l.cfg.Ledger.AppendTo(ctx, e); err != nil {
-		return fmt.Errorf("append %s: %w", e.Type, err)
+	events := []auditd.Event{e}
+	events[0].RunID = ar.id
+	f, err := l.cfg.Ledger.Add(events)
+	if err == nil {
+		err = f.Wait(ctx)
 	}
-	ar.countOne(e)
-	return nil
-}
-
-func (l *Loop) saveRun(ar *activeRun) error {
-	ar.mu.Lock()
-	rec := ar.rec
-	rec.Counts = ar.rec.Counts.clone()
-	ar.mu.Unlock()
-	return l.cfg.DB.Update(func(tx *bolt.Tx) error { return saveRun(tx, &rec) })
+	if err != nil {
+		return auditd.Event{}, fmt.Errorf("append %s: %w", e.Type, err)
+	}
+	ar.live.Count(events...)
+	return events[0], nil
 }
 
 // runConfigHash is the hash recorded with a run of the configuration it
@@ -516,7 +436,8 @@ func (l *Loop) saveRun(ar *activeRun) error {
 // headers are never part of it) and the loop's own limits. Two runs with
 // the same hash were paced under the same terms.
 func (l *Loop) runConfigHash(items []auditd.Item) string {
-	ids := sortedStrings(sourcesOf(items))
+	ids := sourcesOf(items)
+	sort.Strings(ids)
 	srcs := make([]auditd.Source, 0, len(ids))
 	for _, id := range ids {
 		src, _ := l.cfg.Registry.GetSource(id)

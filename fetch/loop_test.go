@@ -79,7 +79,7 @@ func mixedItems() []auditd.Item {
 func TestRunTiesOutWithUpstreams(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
-	v, created, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "mixed", Items: mixedItems(), Principal: "test"})
+	v, created, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "mixed", Items: mixedItems(), Principal: "test"})
 	if err != nil || !created {
 		t.Fatalf("submit: %v %v", created, err)
 	}
@@ -119,7 +119,7 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 
 	// Paged items: every page fetched and the totals tie to the upstream's.
 	for _, key := range []string{"p1", "z1", "g1"} {
-		it, err := h.loop.Item(v.ID, key)
+		it, err := h.runs.Item(context.Background(), v.ID, key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +136,7 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 		if key == "z1" && it.Result.Outcome == auditd.ItemSucceeded && !it.Result.CountMatched {
 			t.Errorf("z1: count did not match the advertised numberMatched: %+v", it.Result)
 		}
-		r, err := h.loop.Payload(v.ID, key)
+		r, err := h.runs.Payload(context.Background(), v.ID, key)
 		if err == nil {
 			b, _ := io.ReadAll(r)
 			r.Close()
@@ -165,7 +165,7 @@ func TestRunTiesOutWithUpstreams(t *testing.T) {
 func TestThrottlePausesBeforeNextDispatch(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "pause", Items: mixedItems()})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "pause", Items: mixedItems()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestOutageServesLastGoodCopy(t *testing.T) {
 	item := func(key, src, path string) auditd.Item { return auditd.Item{Key: key, SourceID: src, Path: path} }
 	wfs := func(n string) string { return "/geoserver/ows?service=WFS&request=GetFeature&typeNames=parcels&n=" + n }
 
-	first, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "before", Items: []auditd.Item{
+	first, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "before", Items: []auditd.Item{
 		item("a", "down", wfs("a")), item("b", "down", wfs("b")),
 	}})
 	if err != nil {
@@ -230,7 +230,7 @@ func TestOutageServesLastGoodCopy(t *testing.T) {
 	for i := range 5 {
 		items = append(items, item("u"+string(rune('0'+i)), "up", "/arcgis/rest/services/Parcels/FeatureServer/0/query?f=json&n="+string(rune('0'+i))))
 	}
-	second2, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "during", Items: items})
+	second2, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "during", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestGatewayGroupSharesOneBudget(t *testing.T) {
 		src := []string{"north", "south"}[i%2]
 		items = append(items, auditd.Item{Key: src + string(rune('A'+i)), SourceID: src, Path: "/q?i=" + string(rune('A'+i))})
 	}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "gw", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "gw", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestGatewayGroupSharesOneBudget(t *testing.T) {
 	if r := h.sim.Stats("north").ByStatus[429] + h.sim.Stats("south").ByStatus[429]; r != 0 {
 		for _, e := range h.events(t, v.ID) {
 			if e.Type == auditd.EventDispatch || e.Type == auditd.EventThrottle || e.Type == auditd.EventRegistryChanged {
-				t.Logf("%d %s %s %s st=%d old=%d/%v new=%d/%v %s", e.Seq, e.Time.Format("05.000000"), e.Type, e.SourceID, e.Status, e.OldLimit, e.OldWindow, e.NewLimit, e.NewWindow, e.Cause)
+				t.Logf("%d %s %s %s st=%d old=%d/%v new=%d/%v %s", e.Seq, e.Time.Format("05.000000"), e.Type, e.SourceID, e.Status, e.OldLimit, e.OldWindow, e.NewLimit, e.NewWindow, e.Cause+e.Snapshot)
 			}
 		}
 		t.Errorf("the gateway refused %d requests", r)
@@ -335,7 +335,7 @@ func TestSubmitRefusesUnknownSource(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
 	head, _ := h.ledger.Head()
-	_, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Items: []auditd.Item{
+	_, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Items: []auditd.Item{
 		{Key: "a", SourceID: "parcels", Path: "/x"}, {Key: "b", SourceID: "nowhere", Path: "/x"},
 	}})
 	if auditd.ErrorCode(err) != auditd.EINVALID {
@@ -347,7 +347,7 @@ func TestSubmitRefusesUnknownSource(t *testing.T) {
 	if after, _ := h.ledger.Head(); after != head {
 		t.Errorf("ledger moved from %d to %d", head, after)
 	}
-	if runs, _, _ := h.loop.Runs(fetch.RunFilter{}); len(runs) != 0 {
+	if runs, _, _ := h.runs.Runs(context.Background(), auditd.RunFilter{}); len(runs) != 0 {
 		t.Errorf("%d runs stored", len(runs))
 	}
 }
@@ -358,7 +358,7 @@ func TestReplayAndAcknowledge(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
 	items := mixedItems()[:4] // the parcels layers
-	first, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "fetch", Items: items})
+	first, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "fetch", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +367,7 @@ func TestReplayAndAcknowledge(t *testing.T) {
 	}
 	received := h.sim.Stats("parcels").Received
 
-	replay, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "replay", Items: items, Replay: true})
+	replay, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "replay", Items: items, Replay: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,17 +381,17 @@ func TestReplayAndAcknowledge(t *testing.T) {
 
 	// Acknowledging an unknown item records nothing; known ones once each.
 	head, _ := h.ledger.Head()
-	if _, err := h.loop.Acknowledge(context.Background(), first.ID, []string{"p1", "nope"}, "pipeline"); auditd.ErrorCode(err) != auditd.EINVALID {
+	if _, err := h.runs.Acknowledge(context.Background(), first.ID, []string{"p1", "nope"}, "pipeline"); auditd.ErrorCode(err) != auditd.EINVALID {
 		t.Fatalf("unknown key: %v", err)
 	}
 	if after, _ := h.ledger.Head(); after != head {
 		t.Fatalf("a refused acknowledgement wrote %d events", after-head)
 	}
 	keys := []string{"p1", "p2", "p3", "p4"}
-	if n, err := h.loop.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 4 {
+	if n, err := h.runs.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 4 {
 		t.Fatalf("acknowledge: %d %v", n, err)
 	}
-	if n, err := h.loop.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 0 {
+	if n, err := h.runs.Acknowledge(context.Background(), first.ID, keys, "pipeline"); err != nil || n != 0 {
 		t.Fatalf("acknowledging again: %d %v", n, err)
 	}
 	h.reconcile(t, first.ID)
@@ -414,7 +414,7 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 	if _, err := h.loop.PutSource(context.Background(), "test", src); err != nil {
 		t.Fatal(err)
 	}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "redirect", Items: []auditd.Item{{Key: "a", SourceID: "moved", Path: "/q"}}})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "redirect", Items: []auditd.Item{{Key: "a", SourceID: "moved", Path: "/q"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 		t.Fatalf("redirect followed to another host: %+v, other host hit %d times", v.Counts, elsewhere.Load())
 	}
 	for _, e := range h.events(t, v.ID) {
-		if strings.Contains(e.Cause+e.Path+e.Detail, "secret") {
+		if _, cause := e.Shared(); strings.Contains(cause+e.Path+e.Detail, "secret") {
 			t.Fatalf("a secret reached the ledger: %+v", e)
 		}
 	}
@@ -435,12 +435,12 @@ func TestRedirectToAnotherHostRefused(t *testing.T) {
 func TestCancelRun(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	items := slowItems(t, h, 20)
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "cancel me", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "cancel me", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.drive(func() bool {
-		got, _ := h.loop.Run(v.ID)
+		got, _ := h.runs.Run(context.Background(), v.ID)
 		return got.Counts.Succeeded >= 3
 	}, 10_000)
 	if _, err := h.loop.Cancel(context.Background(), v.ID); err != nil {
@@ -453,7 +453,7 @@ func TestCancelRun(t *testing.T) {
 	if v.Counts.Succeeded < 3 || v.Counts.Succeeded+v.Counts.Failed != len(items) {
 		t.Fatalf("counts after cancel: %+v", v.Counts)
 	}
-	it, err := h.loop.Item(v.ID, "kt")
+	it, err := h.runs.Item(context.Background(), v.ID, "kt")
 	if err != nil || it.Result == nil || it.Result.Reason != "cancelled" {
 		t.Fatalf("last item after cancel: %+v %v", it.Result, err)
 	}
@@ -469,7 +469,7 @@ func TestCancelRun(t *testing.T) {
 func TestDeadlineSheds(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	items := slowItems(t, h, 10)
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "deadline", Items: items,
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "deadline", Items: items,
 		Deadline: h.clk.Now().Add(3500 * time.Millisecond)})
 	if err != nil {
 		t.Fatal(err)
@@ -482,8 +482,8 @@ func TestDeadlineSheds(t *testing.T) {
 		t.Fatalf("run ended %s", v.Status)
 	}
 	for _, e := range h.events(t, v.ID) {
-		if e.Type == auditd.EventShed && e.Cause != "rate" {
-			t.Errorf("shed at gate %q, want rate", e.Cause)
+		if e.Type == auditd.EventShed && e.Gate != "rate" {
+			t.Errorf("shed at gate %q, want rate", e.Gate)
 		}
 		if e.Type == auditd.EventDispatch && e.Time.After(v.Deadline) {
 			t.Errorf("dispatch %d after the deadline", e.Seq)
@@ -498,7 +498,7 @@ func TestWaitReturnsOnceRunEnds(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(time.Second), Concurrency: 1}, "zoning")
 	items := []auditd.Item{{Key: "a", SourceID: "slow", Path: "/geoserver/ows?n=a"}, {Key: "b", SourceID: "slow", Path: "/geoserver/ows?n=b"}}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "wait for me", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wait for me", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestWaitReturnsOnceRunEnds(t *testing.T) {
 		t.Fatalf("wait with an ended context on a running run: %v", err)
 	}
 	type waited struct {
-		v   fetch.RunView
+		v   auditd.RunView
 		err error
 	}
 	done := make(chan waited, 1)
@@ -548,7 +548,7 @@ upstreams:
 	// advertisement moves the pace.
 	h.source(t, auditd.Source{ID: "adv", Limit: 20, Window: auditd.Duration(time.Second), Concurrency: 1}, "adv")
 	items := []auditd.Item{{Key: "a", SourceID: "adv", Path: "/api?q=a"}, {Key: "b", SourceID: "adv", Path: "/api?q=b"}}
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "adv", Items: items, Principal: "test"})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "adv", Items: items, Principal: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +596,7 @@ func TestIdempotencyKeyAnswersOnlyItsRequest(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
 	ctx := context.Background()
-	req := fetch.SubmitRequest{Name: "nightly", Items: mixedItems()[:2], IdempotencyKey: "tok:nightly-1"}
+	req := auditd.NewRun{Name: "nightly", Items: mixedItems()[:2], IdempotencyKey: "tok:nightly-1"}
 	first, created, err := h.loop.Submit(ctx, req)
 	if err != nil || !created {
 		t.Fatalf("first submit: created %v, %v", created, err)
@@ -612,17 +612,17 @@ func TestIdempotencyKeyAnswersOnlyItsRequest(t *testing.T) {
 
 	other := req
 	other.Items = mixedItems()[:3]
-	runs, _, err := h.loop.Runs(fetch.RunFilter{})
+	runs, _, err := h.runs.Runs(context.Background(), auditd.RunFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := h.loop.Submit(ctx, other); auditd.ErrorCode(err) != auditd.ECONFLICT || !strings.Contains(err.Error(), first.ID) {
 		t.Fatalf("the key with other items: %v; want a conflict naming run %s", err, first.ID)
 	}
-	if _, err := h.loop.RunByIdempotencyKey(other); auditd.ErrorCode(err) != auditd.ECONFLICT {
+	if _, err := h.runs.RunByIdempotencyKey(context.Background(), other); auditd.ErrorCode(err) != auditd.ECONFLICT {
 		t.Fatalf("RunByIdempotencyKey with other items: %v; want a conflict", err)
 	}
-	after, _, err := h.loop.Runs(fetch.RunFilter{})
+	after, _, err := h.runs.Runs(context.Background(), auditd.RunFilter{})
 	if err != nil || len(after) != len(runs) {
 		t.Fatalf("%d runs before the refused submit, %d after (%v)", len(runs), len(after), err)
 	}
@@ -638,13 +638,13 @@ func TestRunsListsSameInstantRunsInSubmissionOrder(t *testing.T) {
 	ctx := context.Background()
 	var ids []string
 	for i := range 12 {
-		v, _, err := h.loop.Submit(ctx, fetch.SubmitRequest{Name: fmt.Sprintf("r%02d", i), Items: mixedItems()[:1]})
+		v, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: fmt.Sprintf("r%02d", i), Items: mixedItems()[:1]})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, v.ID)
 	}
-	runs, _, err := h.loop.Runs(fetch.RunFilter{})
+	runs, _, err := h.runs.Runs(context.Background(), auditd.RunFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -686,7 +686,7 @@ upstreams:
 		items = append(items, auditd.Item{Key: fmt.Sprintf("k%02d", i), SourceID: "down", Path: fmt.Sprintf("/q?n=%d", i)})
 	}
 	start := h.clk.Now()
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "down", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "down", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}

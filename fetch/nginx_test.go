@@ -24,6 +24,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
@@ -93,8 +94,12 @@ func TestNginxLimitReq(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
 	loop, err := fetch.New(fetch.Config{
-		DB: db, Ledger: led, Registry: reg, Limiter: limiter.New(clk), Staging: stage,
+		Ledger: led, Runs: store, Registry: reg, Limiter: limiter.New(clk), Staging: stage,
 		Clock: clk, Logger: slog.New(slog.DiscardHandler),
 		// A run of refusals must not fail items: the figures are about pace.
 		MaxAttempts: 10,
@@ -126,7 +131,7 @@ func TestNginxLimitReq(t *testing.T) {
 	for i := range items {
 		items[i] = auditd.Item{Key: fmt.Sprintf("i%03d", i), SourceID: "nginx", Path: fmt.Sprintf("/api/records/%d", i)}
 	}
-	v, _, err := loop.Submit(context.Background(), fetch.SubmitRequest{Name: "nginx", Items: items, Principal: "test"})
+	v, _, err := loop.Submit(context.Background(), auditd.NewRun{Name: "nginx", Items: items, Principal: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +141,7 @@ func TestNginxLimitReq(t *testing.T) {
 			t.Fatalf("run did not finish in a minute: %+v", v.Counts)
 		}
 		time.Sleep(50 * time.Millisecond)
-		if v, err = loop.Run(v.ID); err != nil {
+		if v, err = store.Run(context.Background(), v.ID); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,18 +12,17 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/fetch"
 	bolt "go.etcd.io/bbolt"
 )
 
 // results returns every item of run id with its result (nil while pending).
-func results(tb testing.TB, h *harness, id string) map[string]*fetch.ItemResult {
+func results(tb testing.TB, h *harness, id string) map[string]*auditd.ItemResult {
 	tb.Helper()
-	items, next, err := h.loop.Items(id, "", 1000)
+	items, next, err := h.runs.Items(context.Background(), id, "", 1000)
 	if err != nil || next != "" {
 		tb.Fatalf("items: next %q, %v", next, err)
 	}
-	out := map[string]*fetch.ItemResult{}
+	out := map[string]*auditd.ItemResult{}
 	for _, it := range items {
 		out[it.Key] = it.Result
 	}
@@ -37,12 +36,12 @@ func TestRestartRebuildsResults(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
 	items := mixedItems()
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "restart", Items: items})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "restart", Items: items})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !h.drive(func() bool {
-		rv, err := h.loop.Run(v.ID)
+		rv, err := h.runs.Run(context.Background(), v.ID)
 		return err == nil && rv.Counts.Done() >= 3
 	}, 200_000) {
 		t.Fatal("no three items finished")
@@ -86,7 +85,7 @@ func TestRestartRebuildsResults(t *testing.T) {
 func TestRestartAfterRunFinishedStoresItsEnd(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
-	v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: "end", Items: mixedItems()[:4]})
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "end", Items: mixedItems()[:4]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +136,7 @@ func TestRestartAfterRunFinishedStoresItsEnd(t *testing.T) {
 	}
 
 	h.open(t, h.dir)
-	got, err := h.loop.Run(v.ID)
+	got, err := h.runs.Run(context.Background(), v.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +178,7 @@ func TestRestartKeepsAFinishedRunsWindow(t *testing.T) {
 			items = append(items, auditd.Item{Key: fmt.Sprintf("%s%d", name, i), SourceID: "api",
 				Path: fmt.Sprintf("/arcgis/rest/services/Parcels/FeatureServer/0/query?f=json&run=%s&i=%d", name, i)})
 		}
-		v, _, err := h.loop.Submit(context.Background(), fetch.SubmitRequest{Name: name, Items: items})
+		v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: name, Items: items})
 		if err != nil {
 			t.Fatal(err)
 		}

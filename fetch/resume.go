@@ -10,7 +10,6 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/staging"
-	bolt "go.etcd.io/bbolt"
 )
 
 // resume picks up a run that a crash or restart left unfinished. The ledger
@@ -24,23 +23,11 @@ import (
 // left to do); the caller gives the gates what was sent before the restart
 // (seedGates) before it calls that.
 func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error) {
-	var rec *runRecord
-	var items []auditd.Item
-	err = l.cfg.DB.View(func(tx *bolt.Tx) (err error) {
-		if rec, err = loadRun(tx, id); err != nil {
-			return err
-		}
-		return forEachItem(tx, id, func(it *auditd.Item) error {
-			items = append(items, *it)
-			return nil
-		})
-	})
+	live, items, err := l.cfg.Runs.Resume(id)
 	if err != nil {
 		return nil, err
 	}
-
-	ar := newActiveRun(rec)
-	ar.rec.Counts = Counts{}
+	ar := newActiveRun(live)
 	byKey := make(map[string]*auditd.Item, len(items))
 	for i := range items {
 		byKey[items[i].Key] = &items[i]
@@ -51,8 +38,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	finished := map[string]bool{}
 	open := map[request]auditd.Event{} // dispatches still waiting for an outcome
 	err = l.cfg.Ledger.ScanRun(id, 0, func(e *auditd.Event) error {
-		ar.rec.Counts.count(e)
-		ar.rec.LastSeq = e.Seq
+		live.Count(*e)
 		r := request{key: e.ItemKey, page: int(e.Page)}
 		switch e.Type {
 		case auditd.EventRunStarted:
@@ -77,9 +63,9 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			if res.Outcome == auditd.ItemSucceeded {
 				lastGood = staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
 			}
-			ar.finishedLocked(res, lastGood, e.Time)
+			live.Finished(e.ItemKey, res, lastGood, e.Time)
 		case auditd.EventDispatch:
-			ar.seenLocked(r, e.Attempt)
+			ar.seen(r, e.Attempt)
 			open[r] = *e
 		case auditd.EventThrottle:
 			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
@@ -108,13 +94,13 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			return nil, err
 		}
 	} else {
-		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Cause: "restart"}); err != nil {
+		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}); err != nil {
 			return nil, err
 		}
 		for _, d := range sortedDispatches(open) {
 			if _, err := l.record(ctx, ar, auditd.Event{
 				Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
-				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Cause: "no outcome recorded before the restart",
+				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Reason: "no outcome recorded before the restart",
 			}); err != nil {
 				return nil, err
 			}
@@ -135,7 +121,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			todo = append(todo, it)
 		}
 	}
-	if err := l.saveRun(ar); err != nil {
+	if err := l.cfg.Runs.Start(live); err != nil {
 		return nil, err
 	}
 	l.log.Info("resuming run", "run", id, "items_left", len(todo), "interrupted", len(open))

@@ -2,21 +2,25 @@ package fetch
 
 import (
 	"context"
-	"encoding/hex"
-	"fmt"
+	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
-	bolt "go.etcd.io/bbolt"
+	"github.com/auditd/auditd/runs"
 )
 
-// activeRun is a run the loop is working on.
+// activeRun is a run the loop is working on: the run as the store keeps it
+// live, and what the loop keeps of it besides.
 type activeRun struct {
-	mu  sync.Mutex
-	rec runRecord
+	live *runs.Live
+	// id, replay and deadline never change: read without the live run's lock.
+	id       string
+	replay   bool
+	deadline time.Time
+
+	mu sync.Mutex
 	// resumed holds, per unfinished item, the dispatches earlier lives of
 	// the run recorded (resume); the worker that takes the item up takes
 	// them over (takeAttempts).
@@ -29,21 +33,6 @@ type activeRun struct {
 	// happened). launch sets it before any worker starts.
 	recordCtx context.Context
 	posts     sync.WaitGroup // records posted and not yet durable (Loop.post)
-	ended     chan struct{}  // closed once the run's end is stored (storeEnd)
-
-	// What finished items leave, kept here until the run ends and stores
-	// them all in one transaction with its final record (storeEnd). The
-	// ledger holds the same facts as they happen, so a restart rebuilds
-	// both from it (resume).
-	results  map[string]*ItemResult // item key -> how it ended
-	lastGood map[string]goodCopy    // request key -> its newest good payload in this run
-}
-
-// goodCopy is a payload fetched by a run: what the last-good index learns
-// when the run ends.
-type goodCopy struct {
-	sum string
-	at  time.Time // when its item finished
 }
 
 // job is an item being done, with what its worker alone keeps of it.
@@ -102,31 +91,9 @@ type request struct {
 	page int
 }
 
-func newActiveRun(rec *runRecord) *activeRun {
-	return &activeRun{rec: *rec, ended: make(chan struct{}), resumed: map[string]*itemAttempts{},
-		results: make(map[string]*ItemResult, rec.ItemCount), lastGood: make(map[string]goodCopy, rec.ItemCount)}
-}
-
-// count counts events the run recorded, once they are durable. Records
-// posted by different workers become durable in an order of their own, so
-// LastSeq is the largest seen.
-func (ar *activeRun) count(events []auditd.Event) {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	for i := range events {
-		ar.countLocked(&events[i])
-	}
-}
-
-func (ar *activeRun) countOne(e *auditd.Event) {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	ar.countLocked(e)
-}
-
-func (ar *activeRun) countLocked(e *auditd.Event) {
-	ar.rec.Counts.count(e)
-	ar.rec.LastSeq = max(ar.rec.LastSeq, e.Seq)
+func newActiveRun(live *runs.Live) *activeRun {
+	run := live.Run()
+	return &activeRun{live: live, id: run.ID, replay: run.Replay, deadline: run.Deadline, resumed: map[string]*itemAttempts{}}
 }
 
 // takeAttempts hands the worker taking item key up what earlier lives of
@@ -143,38 +110,15 @@ func (ar *activeRun) takeAttempts(key string) itemAttempts {
 	return *ia
 }
 
-// seenLocked counts a dispatch of request r recorded by an earlier life of
-// the run; ar.mu is held.
-func (ar *activeRun) seenLocked(r request, attempt uint32) {
+// seen counts a dispatch of request r recorded by an earlier life of the
+// run, before any worker starts.
+func (ar *activeRun) seen(r request, attempt uint32) {
 	ia := ar.resumed[r.key]
 	if ia == nil {
 		ia = &itemAttempts{}
 		ar.resumed[r.key] = ia
 	}
 	ia.seen(r.page, attempt)
-}
-
-// finished keeps how an item ended, and its payload as its request's newest
-// good copy when lastGood is set.
-func (ar *activeRun) finished(res *ItemResult, lastGood string, at time.Time) {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	ar.finishedLocked(res, lastGood, at)
-}
-
-func (ar *activeRun) finishedLocked(res *ItemResult, lastGood string, at time.Time) {
-	ar.results[res.Key] = res
-	if lastGood != "" && res.PayloadHash != "" {
-		ar.lastGood[lastGood] = goodCopy{sum: res.PayloadHash, at: at}
-	}
-}
-
-// result returns how an item of the run ended, if it has.
-func (ar *activeRun) result(key string) (*ItemResult, bool) {
-	ar.mu.Lock()
-	defer ar.mu.Unlock()
-	res, ok := ar.results[key]
-	return res, ok
 }
 
 // launch starts the run's workers: per source, as many as its concurrency
@@ -187,7 +131,7 @@ func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
 	ar.cancel = cancel
 	ar.mu.Unlock()
 	l.mu.Lock()
-	l.active[ar.rec.ID] = ar
+	l.active[ar.id] = ar
 	l.mu.Unlock()
 
 	perSource := map[string]int{}
@@ -237,7 +181,7 @@ func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
 			return // shutdown, not the end of the run
 		}
 		if err := l.finish(ar.recordCtx, ar); err != nil {
-			l.log.Error("finish run", "run", ar.rec.ID, "err", err)
+			l.log.Error("finish run", "run", ar.id, "err", err)
 		}
 	}()
 }
@@ -253,21 +197,16 @@ func (ar *activeRun) isCancelled() bool {
 func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	// The items' ends are counted, and their results kept, once durable.
 	ar.posts.Wait()
-	var sources []string
-	ar.mu.Lock()
-	for id := range ar.rec.Counts.BySource {
-		sources = append(sources, id)
-	}
-	c := ar.rec.Counts
+	c := ar.live.Counts()
+	sources := slices.Sorted(maps.Keys(c.BySource))
 	status := auditd.RunSucceeded
 	switch {
-	case ar.cancelled:
+	case ar.isCancelled():
 		status = auditd.RunCancelled
 	case c.Failed+c.Shed > 0:
 		status = auditd.RunPartial
 	}
-	ar.mu.Unlock()
-	if err := l.cfg.Registry.EndRun(ctx, ar.rec.ID, sortedStrings(sources)); err != nil {
+	if err := l.cfg.Registry.EndRun(ctx, ar.id, sources); err != nil {
 		return err
 	}
 	ev, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunFinished, Outcome: auditd.Outcome(status)})
@@ -277,74 +216,30 @@ func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	return l.storeEnd(ar, &ev)
 }
 
-// storeEnd stores what a run leaves, in one transaction: every item's
-// result, in key order (a run's keys are new, so this appends), the newest
-// good copy of each request it fetched into the last-good index, and its
-// terminal record, which run.finished (fin) completes. Then the run leaves
-// the active set. A crash before this commits leaves the run unfinished in
-// the store; resume sees run.finished in the ledger and stores its end.
+// storeEnd stores what a run leaves (runs.Store.End), after moving its
+// payloads from the spool to the payload bucket, many to a commit (see
+// staging.Store): payloads are found either way, so a failure to move
+// them costs nothing but the spool's size. Then the run leaves the active
+// set.
 func (l *Loop) storeEnd(ar *activeRun, fin *auditd.Event) error {
-	// The run's payloads move from the spool to the payload bucket, many
-	// to a commit (see staging.Store). Payloads are found either way, so a
-	// failure here costs nothing but the spool's size.
 	if _, err := l.cfg.Staging.Compact(); err != nil {
-		l.log.Error("compact staged payloads", "run", ar.rec.ID, "err", err)
+		l.log.Error("compact staged payloads", "run", ar.id, "err", err)
 	}
-	ar.mu.Lock()
-	rec := ar.rec
-	rec.Counts = ar.rec.Counts.clone()
-	rec.Status = auditd.RunStatus(fin.Outcome)
-	rec.FinishedAt = fin.Time
-	rec.HeadAtEnd = hex.EncodeToString(fin.Hash[:])
-	results := make([]*ItemResult, 0, len(ar.results)) // stored once, never changed
-	for _, res := range ar.results {
-		results = append(results, res)
+	if err := l.cfg.Runs.End(ar.live, fin); err != nil {
+		return err
 	}
-	type keyedCopy struct {
-		key string
-		goodCopy
-	}
-	copies := make([]keyedCopy, 0, len(ar.lastGood))
-	for k, c := range ar.lastGood {
-		copies = append(copies, keyedCopy{k, c})
-	}
-	ar.mu.Unlock()
-	slices.SortFunc(results, func(a, b *ItemResult) int { return strings.Compare(a.Key, b.Key) })
-	slices.SortFunc(copies, func(a, b keyedCopy) int { return strings.Compare(a.key, b.key) })
-
-	err := l.cfg.DB.Update(func(tx *bolt.Tx) error {
-		if err := putResults(tx, rec.ID, results); err != nil {
-			return err
-		}
-		for _, c := range copies {
-			if err := l.cfg.Staging.PutLastGood(tx, c.key, c.sum, c.at); err != nil {
-				return err
-			}
-		}
-		return saveRun(tx, &rec)
-	})
-	if err != nil {
-		return fmt.Errorf("store the end of run %s: %w", rec.ID, err)
-	}
-	// Views show the run ended only now that the store has all of its end.
-	ar.mu.Lock()
-	ar.rec.Status, ar.rec.FinishedAt, ar.rec.HeadAtEnd = rec.Status, rec.FinishedAt, rec.HeadAtEnd
-	ar.mu.Unlock()
-	close(ar.ended)
 	l.mu.Lock()
-	delete(l.active, ar.rec.ID)
+	delete(l.active, ar.id)
 	l.mu.Unlock()
 	return nil
 }
 
 // Cancel stops a run: items not yet finished end as failed ("cancelled") and
 // the run ends cancelled. Cancelling a finished run is a conflict.
-func (l *Loop) Cancel(ctx context.Context, id string) (RunView, error) {
-	l.mu.Lock()
-	ar := l.active[id]
-	l.mu.Unlock()
+func (l *Loop) Cancel(ctx context.Context, id string) (auditd.RunView, error) {
+	ar := l.activeRun(id)
 	if ar == nil {
-		v, err := l.Run(id)
+		v, err := l.cfg.Runs.Run(ctx, id)
 		if err != nil {
 			return v, err
 		}
@@ -355,5 +250,25 @@ func (l *Loop) Cancel(ctx context.Context, id string) (RunView, error) {
 	cancel := ar.cancel
 	ar.mu.Unlock()
 	cancel()
-	return l.view(ar), nil
+	return l.cfg.Runs.Run(ctx, id)
+}
+
+// Wait returns the view of run id once it has ended (its end is stored),
+// or ctx's error when ctx ends first. A run the loop is not working on is
+// returned at once: one that ended, and one a shutdown left unfinished.
+func (l *Loop) Wait(ctx context.Context, id string) (auditd.RunView, error) {
+	if ar := l.activeRun(id); ar != nil {
+		select {
+		case <-ar.live.Ended():
+		case <-ctx.Done():
+			return auditd.RunView{}, ctx.Err()
+		}
+	}
+	return l.cfg.Runs.Run(ctx, id)
+}
+
+func (l *Loop) activeRun(id string) *activeRun {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.active[id]
 }

@@ -90,3 +90,17 @@ func (l *Loop) SetLimit(ctx context.Context, principal, id string, limit int, wi
 	pl, pw := lim.Pace()
 	return lim, l.cfg.Limiter.SetLimit(id, pl, pw)
 }
+
+// Pace returns a function that reports the pace a source of reg runs at
+// now, the registry's limits as the loop sets the gates to them: what the
+// runs store estimates a run's finish from (runs.Options.Pace).
+func Pace(reg *registry.Registry) func(sourceID string) (limit int, window time.Duration, err error) {
+	return func(sourceID string) (int, time.Duration, error) {
+		lim, err := reg.Limits(sourceID)
+		if err != nil {
+			return 0, 0, err
+		}
+		limit, window := lim.Pace()
+		return limit, window, nil
+	}
+}

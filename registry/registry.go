@@ -817,7 +817,7 @@ func (r *Registry) snapshot(ctx context.Context, runID, cause string, sourceIDs 
 			NewLimit:  s.Limit,
 			NewWindow: s.Window,
 			Group:     s.Group,
-			Cause:     cause,
+			Snapshot:  cause,
 			Detail:    string(detail),
 		})
 	}

@@ -338,7 +338,7 @@ func TestSnapshots(t *testing.T) {
 		if e.RunID != "run-7" || e.NewWindow != time.Minute {
 			t.Fatalf("snapshot %+v", e)
 		}
-		got = append(got, snap{e.SourceID, e.Cause, e.Group, e.NewLimit})
+		got = append(got, snap{e.SourceID, e.Snapshot, e.Group, e.NewLimit})
 	}
 	want := []snap{
 		{"a", registry.CauseRunStart, "", 10}, {"b", registry.CauseRunStart, "gw", 15},

@@ -63,7 +63,7 @@ func (s synthRun) each(fn func(*auditd.Event) error) error {
 		return err
 	}
 	for i := range s.sources() {
-		if err := emit(auditd.Event{Type: auditd.EventRegistrySnapshot, SourceID: src(i), NewLimit: 1000, NewWindow: time.Second, Cause: "run.start"}); err != nil {
+		if err := emit(auditd.Event{Type: auditd.EventRegistrySnapshot, SourceID: src(i), NewLimit: 1000, NewWindow: time.Second, Snapshot: "run.start"}); err != nil {
 			return err
 		}
 	}
@@ -85,7 +85,7 @@ func (s synthRun) each(fn func(*auditd.Event) error) error {
 			if req++; req%s.throttleEvery == 1 {
 				for _, ev := range []auditd.Event{
 					{Type: auditd.EventThrottle, SourceID: sid, ItemKey: k, Page: p, Attempt: 1, Status: 429, RetryAfterRaw: "0", Wait: time.Millisecond},
-					{Type: auditd.EventWait, SourceID: sid, ItemKey: k, Page: p, Attempt: 2, Cause: "pause", Wait: time.Millisecond, Actual: time.Millisecond},
+					{Type: auditd.EventWait, SourceID: sid, ItemKey: k, Page: p, Attempt: 2, Gate: "pause", Wait: time.Millisecond, Actual: time.Millisecond},
 				} {
 					if err := emit(ev); err != nil {
 						return err
@@ -111,7 +111,7 @@ func (s synthRun) each(fn func(*auditd.Event) error) error {
 		}
 	}
 	for i := range s.sources() {
-		if err := emit(auditd.Event{Type: auditd.EventRegistrySnapshot, SourceID: src(i), NewLimit: 1000, NewWindow: time.Second, Cause: "run.end"}); err != nil {
+		if err := emit(auditd.Event{Type: auditd.EventRegistrySnapshot, SourceID: src(i), NewLimit: 1000, NewWindow: time.Second, Snapshot: "run.end"}); err != nil {
 			return err
 		}
 	}

@@ -53,4 +53,11 @@
 //
 // Heavy exports go through an Admission: a bounded number run at once, each
 // under a deadline; the rest get a *BusyError carrying an honest Retry-After.
+//
+// # Service
+//
+// Service is what a running auditd serves (the API's Reports): a run's
+// reconciliation with the counters kept while it ran (auditd.Counts) for
+// R7, a finished run's report kept until an event is added to it, and
+// evidence workbooks of a run or of an award, admitted by an Admission.
 package reports

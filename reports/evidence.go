@@ -501,7 +501,7 @@ func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]ui
 			}
 			switch e.Type {
 			case auditd.EventWait:
-				return waits.row(e.Seq, e.RunID, e.SourceID, e.ItemKey, e.Page, e.Attempt, e.Time, string(e.Type), e.Cause,
+				return waits.row(e.Seq, e.RunID, e.SourceID, e.ItemKey, e.Page, e.Attempt, e.Time, string(e.Type), e.Gate,
 					nil, nil, nil, nil, nil, seconds(e.Wait), seconds(e.Actual), hexHash(e.Hash))
 			case auditd.EventThrottle:
 				if err := waits.row(e.Seq, e.RunID, e.SourceID, e.ItemKey, e.Page, e.Attempt, e.Time, string(e.Type), fmt.Sprint(e.Status),
@@ -512,13 +512,14 @@ func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]ui
 				return breaker.row(e.Seq, e.RunID, e.SourceID, e.Time, e.From, e.To, e.Failures, e.Threshold, seconds(e.Cooldown), hexHash(e.Hash))
 			case auditd.EventRegistrySnapshot, auditd.EventRegistryChanged:
 				var oldLimit, oldWindow any
+				cause := e.Snapshot // the column says what taught a change, or when a snapshot was taken
 				if e.Type == auditd.EventRegistryChanged {
-					oldLimit, oldWindow = e.OldLimit, seconds(e.OldWindow)
+					oldLimit, oldWindow, cause = e.OldLimit, seconds(e.OldWindow), e.Cause
 				}
-				return registry.row(e.Seq, e.RunID, e.SourceID, e.Time, string(e.Type), e.Cause, e.Group, oldLimit, e.NewLimit,
+				return registry.row(e.Seq, e.RunID, e.SourceID, e.Time, string(e.Type), cause, e.Group, oldLimit, e.NewLimit,
 					oldWindow, seconds(e.NewWindow), hexHash(e.Hash))
 			case auditd.EventExport:
-				return access.row(e.Seq, e.RunID, e.Time, e.Principal, b.redact.text(e.Detail), e.Cause, hexHash(e.Hash))
+				return access.row(e.Seq, e.RunID, e.Time, e.Principal, b.redact.text(e.Detail), e.Head, hexHash(e.Hash))
 			}
 			return j.observe(e)
 		})

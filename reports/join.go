@@ -22,7 +22,7 @@ type dispatchRow struct {
 	bytes             int64
 	latency           time.Duration
 	outcome           auditd.Outcome
-	bodyErr, cause    string
+	bodyErr, errText  string
 	payload           string
 	done              bool
 	heldForPayload    bool // a success waiting for its item's payload.staged
@@ -65,7 +65,7 @@ func (j *joiner) observe(e *auditd.Event) error {
 		}
 		delete(j.open, k)
 		r.result, r.resultAt, r.status, r.bytes, r.latency = e.Type, e.Time, e.Status, e.Bytes, e.Latency
-		r.outcome, r.bodyErr, r.cause = e.Outcome, e.BodyError, e.Cause
+		r.outcome, r.bodyErr, r.errText = e.Outcome, e.BodyError, e.ErrorText
 		if e.Type == auditd.EventResponse && e.Outcome == auditd.OutcomeSuccess {
 			j.release(e.ItemKey)
 			r.heldForPayload = true
@@ -155,7 +155,7 @@ func (j *joiner) write(r *dispatchRow) error {
 				outcome = string(auditd.OutcomeThrottled)
 			}
 		case auditd.EventTransportError:
-			latency, errText = seconds(r.latency), j.redact.text(r.cause)
+			latency, errText = seconds(r.latency), j.redact.text(r.errText)
 		}
 	}
 	return j.w.row(r.seq, r.run, r.item, r.page, r.attempt, r.source, r.method, j.redact.path(r.path), r.at,

@@ -140,33 +140,12 @@ func (c *Counts) add(o Counts) {
 	c.Access += o.Access
 }
 
-// Counters are the counters the fetch loop keeps while a run is running
-// (fetch.Counts), the view R7 checks against the recount.
-type Counters struct {
-	Queued          int64 `json:"queued"`
-	Succeeded       int64 `json:"succeeded"`
-	Cached          int64 `json:"cached"`
-	Failed          int64 `json:"failed"`
-	Shed            int64 `json:"shed"`
-	Dispatches      int64 `json:"dispatches"`
-	Retries         int64 `json:"retries"`
-	Status2xx       int64 `json:"status_2xx"`
-	Status429       int64 `json:"status_429"`
-	Status5xx       int64 `json:"status_5xx"`
-	StatusOther     int64 `json:"status_other"`
-	TransportErrors int64 `json:"transport_errors"`
-	Interrupted     int64 `json:"interrupted"`
-	Waits           int64 `json:"waits"`
-	BreakerOpens    int64 `json:"breaker_opens"`
-	Staged          int64 `json:"staged"`
-	Acknowledged    int64 `json:"acknowledged"`
-}
-
-// LiveCounters are a run's counters as kept live, in total and, when the
-// fetch loop keeps them, per source.
+// LiveCounters are a run's counters as kept while it ran (auditd.Counts),
+// in total and, when they were kept so, per source: what R7 compares with
+// the recount.
 type LiveCounters struct {
-	Total   Counters            `json:"total"`
-	Sources map[string]Counters `json:"sources,omitempty"`
+	Total   auditd.Counts            `json:"total"`
+	Sources map[string]auditd.Counts `json:"sources,omitempty"`
 }
 
 // ControlEvidence is R9's evidence for one source: the busiest sliding

@@ -381,7 +381,7 @@ func (rc *recount) dispatch(s *scope, e *auditd.Event) {
 
 	// R5: the breaker allowed it.
 	switch {
-	case s.breaker == breakerOpen, s.breaker == breakerHalfOpen && e.Cause != "probe":
+	case s.breaker == breakerOpen, s.breaker == breakerHalfOpen && !e.Probe:
 		s.checks[4].offend(e.Seq, most)
 	default:
 		s.checks[4].actual++
@@ -774,34 +774,34 @@ type counterPair struct {
 	live, recount int64
 }
 
-func counterPairs(live Counters, c Counts) []counterPair {
+func counterPairs(live *auditd.Counts, c *Counts) []counterPair {
 	return []counterPair{
-		{"queued", live.Queued, c.Queued},
-		{"succeeded", live.Succeeded, c.Succeeded},
-		{"cached", live.Cached, c.Cached},
-		{"failed", live.Failed, c.Failed},
-		{"shed", live.Shed, c.Shed},
-		{"dispatches", live.Dispatches, c.Dispatches},
-		{"retries", live.Retries, c.Retries},
-		{"status_2xx", live.Status2xx, c.Status2xx},
-		{"status_429", live.Status429, c.Status429},
-		{"status_5xx", live.Status5xx, c.Status5xx},
-		{"status_other", live.StatusOther, c.StatusOther},
-		{"transport_errors", live.TransportErrors, c.TransportErrors},
-		{"interrupted", live.Interrupted, c.Interrupted},
-		{"waits", live.Waits, c.Waits},
-		{"breaker_opens", live.BreakerOpens, c.BreakerOpens},
-		{"staged", live.Staged, c.Staged},
-		{"acknowledged", live.Acknowledged, c.Acknowledged},
+		{"queued", int64(live.Items), c.Queued},
+		{"succeeded", int64(live.Succeeded), c.Succeeded},
+		{"cached", int64(live.Cached), c.Cached},
+		{"failed", int64(live.Failed), c.Failed},
+		{"shed", int64(live.Shed), c.Shed},
+		{"dispatches", int64(live.Dispatches), c.Dispatches},
+		{"retries", int64(live.Retries), c.Retries},
+		{"status_2xx", int64(live.Status2xx), c.Status2xx},
+		{"status_429", int64(live.Status429), c.Status429},
+		{"status_5xx", int64(live.Status5xx), c.Status5xx},
+		{"status_other", int64(live.StatusOther), c.StatusOther},
+		{"transport_errors", int64(live.TransportErrors), c.TransportErrors},
+		{"interrupted", int64(live.Interrupted), c.Interrupted},
+		{"waits", int64(live.Waits), c.Waits},
+		{"breaker_opens", int64(live.BreakerOpens), c.BreakerOpens},
+		{"staged", int64(live.Staged), c.Staged},
+		{"acknowledged", int64(live.Acknowledged), c.Acknowledged},
 	}
 }
 
 // liveTally is R7 in one scope: how many counters equal their recount, and
 // a note naming those that do not.
-func (rc *recount) liveTally(live Counters, c Counts) tally {
+func (rc *recount) liveTally(live auditd.Counts, c Counts) tally {
 	var t tally
 	var diffs []string
-	for _, p := range counterPairs(live, c) {
+	for _, p := range counterPairs(&live, &c) {
 		t.expected++
 		if p.live == p.recount {
 			t.actual++

@@ -28,7 +28,7 @@ func finishSmall(tb testing.TB, s *staging.Store, body string) staging.Payload {
 	return p
 }
 
-// store commits a payload's record, as ledger.AppendWith does.
+// store commits a payload's record, as the ledger does (Ledger.Add).
 func store(tb testing.TB, db *bolt.DB, p staging.Payload) {
 	tb.Helper()
 	rec, ok := p.Record()

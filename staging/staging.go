@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -217,7 +218,7 @@ func (w *Writer) Commit() (sum string, n int64, err error) {
 func (w *Writer) Finish() (Payload, error) {
 	w.done = true
 	if w.f != nil {
-		sum := hexSum(w.h.Sum(nil))
+		sum := hex.EncodeToString(w.h.Sum(nil))
 		n, err := w.commitFile(sum)
 		return Payload{Sum: sum, N: n}, err
 	}
@@ -230,7 +231,7 @@ func (w *Writer) Finish() (Payload, error) {
 	// append in place.)
 	raw := w.rec[8:recordHeader]
 	copy(raw, w.h.Sum(raw[:0]))
-	sum := hexSum(raw)
+	sum := hex.EncodeToString(raw)
 	binary.BigEndian.PutUint64(w.rec, w.s.spool(sum))
 	return Payload{Sum: sum, N: w.n, rec: w.rec}, nil
 }
@@ -247,23 +248,16 @@ func (s *Store) spool(sum string) uint64 {
 	return s.spoolNext
 }
 
-// Record is one key and value the store keeps in the bbolt file, for a
-// caller that stores it in a transaction of its own (ledger.AppendWith,
-// with the event that says the payload is staged).
-type Record struct {
-	Bucket, Key, Value []byte
-}
-
 // Record is the spool entry of a small payload: storing it makes the
 // payload durable. ok is false for a large payload, which Finish has
 // already filed. Key and Value share the payload's array, which nothing
 // changes once it is finished: bbolt copies the key, and keeps the value
 // until the transaction ends.
-func (p Payload) Record() (rec Record, ok bool) {
+func (p Payload) Record() (rec auditd.Put, ok bool) {
 	if p.rec == nil {
-		return Record{}, false
+		return auditd.Put{}, false
 	}
-	return Record{Bucket: bucketSpool, Key: p.rec[:8:8], Value: p.rec[8:]}, true
+	return auditd.Put{Bucket: bucketSpool, Key: p.rec[:8:8], Value: p.rec[8:]}, true
 }
 
 // Unspool forgets rec, the spool entry of a payload (Payload.Record), when
@@ -272,7 +266,7 @@ func (p Payload) Record() (rec Record, ok bool) {
 // does not keep an entry that no Compact would ever clear. A record of
 // another bucket, or one whose payload has since been spooled again under
 // a later key, is left alone.
-func (s *Store) Unspool(rec Record) {
+func (s *Store) Unspool(rec auditd.Put) {
 	if !bytes.Equal(rec.Bucket, bucketSpool) || len(rec.Key) != 8 || len(rec.Value) < sha256.Size {
 		return
 	}
@@ -504,14 +498,7 @@ func RequestKey(sourceID, method, path string, body []byte) string {
 		h.Write(part)
 	}
 	var sum [sha256.Size]byte
-	return hexSum(h.Sum(sum[:0]))
-}
-
-// hexSum is hex.EncodeToString of a SHA-256 sum, in one allocation (the
-// string's) where EncodeToString takes two: its buffer is on the stack.
-func hexSum(sum []byte) string {
-	var buf [2 * sha256.Size]byte
-	return string(hex.AppendEncode(buf[:0], sum))
+	return hex.EncodeToString(h.Sum(sum[:0]))
 }
 
 func (s *Store) path(sum string) string { return filepath.Join(s.dir, sum[:2], sum) }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -24,7 +25,7 @@ func TestUnspoolForgetsARecordNeverStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spool := func() (Payload, Record) {
+	spool := func() (Payload, auditd.Put) {
 		t.Helper()
 		w, err := s.NewWriter()
 		if err != nil {
@@ -44,7 +45,7 @@ func TestUnspoolForgetsARecordNeverStored(t *testing.T) {
 	first, rec1 := spool()
 	_, rec2 := spool() // the same bytes, spooled again under a later key
 
-	s.Unspool(Record{Bucket: []byte("elsewhere"), Key: rec2.Key, Value: rec2.Value})
+	s.Unspool(auditd.Put{Bucket: []byte("elsewhere"), Key: rec2.Key, Value: rec2.Value})
 	s.Unspool(rec1)
 	if got, want := s.pending[first.Sum], uint64(2); got != want {
 		t.Fatalf("after unspooling the first record, the index points at key %d, want the later %d", got, want)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
-	"io"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/api"
@@ -12,6 +11,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/runs"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/mod/sumdb/tlog"
 )
@@ -66,94 +66,19 @@ func (a sourcesAPI) Sources(ctx context.Context) ([]api.SourceState, error) {
 	return out, nil
 }
 
-// runsAPI serves runs and items from the fetch loop.
-type runsAPI struct{ loop *fetch.Loop }
-
-func runState(v fetch.RunView) api.RunState {
-	c := v.Counts
-	out := api.RunState{Run: v.Run, EstimatedFinish: v.EstimatedFinish, Counts: api.RunCounts{
-		Items: c.Items, Succeeded: c.Succeeded, Cached: c.Cached, Failed: c.Failed, Shed: c.Shed, Pending: c.Pending(),
-		Dispatches: c.Dispatches, Retries: c.Retries, Status2xx: c.Status2xx, Status429: c.Status429,
-		Status5xx: c.Status5xx, StatusOther: c.StatusOther, TransportErrors: c.TransportErrors,
-		Interrupted: c.Interrupted, Waits: c.Waits, BreakerOpens: c.BreakerOpens, Staged: c.Staged,
-		Acknowledged: c.Acknowledged,
-	}}
-	if len(c.BySource) > 0 {
-		out.Counts.BySource = make(map[string]api.SourceProgress, len(c.BySource))
-		for id, p := range c.BySource {
-			out.Counts.BySource[id] = api.SourceProgress{Items: p.Items, Done: p.Done}
-		}
-	}
-	return out
+// runsAPI is the API's runs: the store's, created and cancelled by the
+// fetch loop.
+type runsAPI struct {
+	*runs.Store
+	loop *fetch.Loop
 }
 
-func itemState(v fetch.ItemView) api.ItemState {
-	out := api.ItemState{Item: v.Item}
-	if r := v.Result; r != nil {
-		out.Result = &api.ItemResult{
-			Outcome: r.Outcome, Reason: r.Reason, PayloadHash: r.PayloadHash, Bytes: r.Bytes,
-			Attempts: r.Attempts, Pages: r.Pages, Records: r.Records, Advertised: r.Advertised, CountMatched: r.CountMatched,
-		}
-	}
-	return out
+func (a runsAPI) CreateRun(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
+	return a.loop.Submit(ctx, nr)
 }
 
-func (a runsAPI) CreateRun(ctx context.Context, nr api.NewRun) (api.RunState, bool, error) {
-	v, created, err := a.loop.Submit(ctx, submitRequest(nr))
-	return runState(v), created, err
-}
-
-func (a runsAPI) RunByIdempotencyKey(_ context.Context, nr api.NewRun) (api.RunState, error) {
-	v, err := a.loop.RunByIdempotencyKey(submitRequest(nr))
-	return runState(v), err
-}
-
-func submitRequest(nr api.NewRun) fetch.SubmitRequest {
-	return fetch.SubmitRequest{
-		Name: nr.Name, Award: nr.Award, Items: nr.Items, Deadline: nr.Deadline, Replay: nr.Replay,
-		IdempotencyKey: nr.IdempotencyKey, Principal: nr.Principal,
-	}
-}
-
-func (a runsAPI) Run(_ context.Context, id string) (api.RunState, error) {
-	v, err := a.loop.Run(id)
-	return runState(v), err
-}
-
-func (a runsAPI) Runs(_ context.Context, f api.RunFilter) ([]api.RunState, string, error) {
-	views, next, err := a.loop.Runs(fetch.RunFilter(f))
-	out := make([]api.RunState, len(views))
-	for i, v := range views {
-		out[i] = runState(v)
-	}
-	return out, next, err
-}
-
-func (a runsAPI) CancelRun(ctx context.Context, id, _ string) (api.RunState, error) {
-	v, err := a.loop.Cancel(ctx, id)
-	return runState(v), err
-}
-
-func (a runsAPI) Acknowledge(ctx context.Context, runID string, keys []string, principal string) (int, error) {
-	return a.loop.Acknowledge(ctx, runID, keys, principal)
-}
-
-func (a runsAPI) Items(_ context.Context, runID, after string, limit int) ([]api.ItemState, string, error) {
-	views, next, err := a.loop.Items(runID, after, limit)
-	out := make([]api.ItemState, len(views))
-	for i, v := range views {
-		out[i] = itemState(v)
-	}
-	return out, next, err
-}
-
-func (a runsAPI) Item(_ context.Context, runID, key string) (api.ItemState, error) {
-	v, err := a.loop.Item(runID, key)
-	return itemState(v), err
-}
-
-func (a runsAPI) Payload(_ context.Context, runID, key string) (io.ReadCloser, error) {
-	return a.loop.Payload(runID, key)
+func (a runsAPI) CancelRun(ctx context.Context, id, _ string) (auditd.RunView, error) {
+	return a.loop.Cancel(ctx, id)
 }
 
 // integrityAPI verifies the live ledger and proves its events.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/auditd/auditd/ledger"
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // dbFile is the bbolt file inside the data directory, and payloadsDir the
@@ -33,7 +34,7 @@ func openDB(dir string, readOnly bool) (*bolt.DB, error) {
 		}
 	}
 	db, err := bolt.Open(path, 0o600, ledger.BoltOptions(readOnly))
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: another process (a running auditd serve?) holds it; stop it or use its API", path)
 	} else if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)

@@ -63,27 +63,29 @@ func startDemo(ctx context.Context, scenario string, loop *fetch.Loop, reg *regi
 		return nil, err
 	}
 	d := &demoUpstreams{sim: s, urls: urls, sc: sc}
+	fail := func(err error) (*demoUpstreams, error) {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.close(cctx)
+		return nil, err
+	}
 	_, err = reg.GetSource("maple-county")
 	fresh := err != nil
 	if err := applySources(ctx, loop, reg, demoSources(urls), "demo"); err != nil {
-		d.close()
-		return nil, err
+		return fail(err)
 	}
 	if fresh {
 		// The operator knows Maple County's limit: the first run stages its
 		// layers before the outage, so the second can fall back to them.
 		if _, err := loop.SetLimit(ctx, "demo", "maple-county", 3, time.Second); err != nil {
-			d.close()
-			return nil, err
+			return fail(err)
 		}
 	}
 	return d, nil
 }
 
-func (d *demoUpstreams) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	d.sim.Close(ctx)
+func (d *demoUpstreams) close(ctx context.Context) error {
+	return d.sim.Close(ctx)
 }
 
 // demoItems is one refresh: a paged layer or two per county, a few geocodes
@@ -116,7 +118,7 @@ func (d *demoUpstreams) submitRuns(ctx context.Context, loop *fetch.Loop, log *s
 	award := auditd.Award{FAIN: "EMW-2026-GR-00417", ListingNumber: "97.067", ListingTitle: "Homeland Security Grant Program",
 		AwardYear: 2026, Agency: "FEMA", PassThroughEntity: "Texas Division of Emergency Management", RecipientUEI: "ABCDEFGH1234"}
 	submit := func(name, key string) {
-		v, created, err := loop.Submit(ctx, fetch.SubmitRequest{Name: name, Award: award, Items: demoItems(d),
+		v, created, err := loop.Submit(ctx, auditd.NewRun{Name: name, Award: award, Items: demoItems(d),
 			IdempotencyKey: key, Principal: "demo"})
 		if err != nil {
 			log.Error("demo run", "err", err)

@@ -76,7 +76,7 @@ func TestReconcileWhileLedgerGrows(t *testing.T) {
 	go func() { // another run's traffic, growing the file
 		filler := make([]auditd.Event, 1000)
 		for i := range filler {
-			filler[i] = auditd.Event{Type: auditd.EventWait, RunID: "01JRUNOTHER0000000000000000", SourceID: "t", ItemKey: "x", Cause: strings.Repeat("rate ", 20)}
+			filler[i] = auditd.Event{Type: auditd.EventWait, RunID: "01JRUNOTHER0000000000000000", SourceID: "t", ItemKey: "x", Gate: strings.Repeat("rate ", 20)}
 		}
 		for i := 0; i < 60 && !done.Load(); i++ {
 			if _, err := led.AppendBatch(ctx, filler); err != nil {

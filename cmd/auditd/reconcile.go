@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/fetch"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/staging"
@@ -162,18 +161,6 @@ func offlineReconciler(db *bolt.DB, dir string) (*reports.Reconciler, error) {
 		return nil, fmt.Errorf("open staged payloads: %w", err)
 	}
 	return r, nil
-}
-
-// liveCounters are the fetch loop's counters of a run as R7 takes them.
-// The loop keeps them in total only, so R7 compares totals.
-func liveCounters(c fetch.Counts) *reports.LiveCounters {
-	return &reports.LiveCounters{Total: reports.Counters{
-		Queued: int64(c.Items), Succeeded: int64(c.Succeeded), Cached: int64(c.Cached), Failed: int64(c.Failed),
-		Shed: int64(c.Shed), Dispatches: int64(c.Dispatches), Retries: int64(c.Retries),
-		Status2xx: int64(c.Status2xx), Status429: int64(c.Status429), Status5xx: int64(c.Status5xx),
-		StatusOther: int64(c.StatusOther), TransportErrors: int64(c.TransportErrors), Interrupted: int64(c.Interrupted),
-		Waits: int64(c.Waits), BreakerOpens: int64(c.BreakerOpens), Staged: int64(c.Staged), Acknowledged: int64(c.Acknowledged),
-	}}
 }
 
 // newLedgerHash returns the ledger's chain hash for a Reconciler, reusing

@@ -52,7 +52,7 @@ func payloadsDataDir(t *testing.T) (dir, run, file string) {
 		body := fmt.Sprintf(`{"item":%q}`, key)
 		var sum string
 		var n int64
-		var puts []ledger.Put
+		var puts []auditd.Put
 		switch key {
 		case "file":
 			stage.InlineMax = 4
@@ -72,17 +72,21 @@ func payloadsDataDir(t *testing.T) (dir, run, file string) {
 			if !ok {
 				t.Fatal("a small payload has no spool record")
 			}
-			sum, n, err, puts = p.Sum, p.N, ferr, []ledger.Put{ledger.Put(rec)}
+			sum, n, err, puts = p.Sum, p.N, ferr, []auditd.Put{rec}
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := led.AppendWith(ctx, []auditd.Event{
+		f, err := led.Add([]auditd.Event{
 			{Type: auditd.EventDispatch, RunID: run, SourceID: "s", ItemKey: key, Attempt: 1, Method: "GET", Path: "/q/" + key},
 			{Type: auditd.EventResponse, RunID: run, SourceID: "s", ItemKey: key, Attempt: 1, Status: 200, Bytes: n, Outcome: auditd.OutcomeSuccess},
 			{Type: auditd.EventPayloadStaged, RunID: run, SourceID: "s", ItemKey: key, PayloadHash: sum, Bytes: n},
 			{Type: auditd.EventItemFinished, RunID: run, SourceID: "s", ItemKey: key, Outcome: auditd.ItemSucceeded},
-		}, puts); err != nil {
+		}, puts...)
+		if err == nil {
+			err = f.Wait(ctx)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}

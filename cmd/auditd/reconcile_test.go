@@ -14,7 +14,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/reports/reportstest"
 )
@@ -204,22 +204,22 @@ func decodeReport(t *testing.T, s string) *reports.Report {
 // TestLiveCounters: the fetch loop's counters of the clean fixture, as the
 // loop would have kept them, make R7 pass; one off makes it fail.
 func TestLiveCounters(t *testing.T) {
-	c := fetch.Counts{Items: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11, Retries: 5,
+	c := auditd.Counts{Items: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11, Retries: 5,
 		Status2xx: 5, Status429: 1, Status5xx: 2, StatusOther: 1, TransportErrors: 1, Interrupted: 1,
 		Waits: 4, BreakerOpens: 1, Staged: 3, Acknowledged: 4}
 	l := reportstest.Mutation{}.Apply(t)
 	for _, tt := range []struct {
 		name string
-		edit func(*fetch.Counts)
+		edit func(*auditd.Counts)
 		want reports.Status
 	}{
-		{"Equal", func(*fetch.Counts) {}, reports.StatusPass},
-		{"WaitsOff", func(c *fetch.Counts) { c.Waits++ }, reports.StatusFail},
+		{"Equal", func(*auditd.Counts) {}, reports.StatusPass},
+		{"WaitsOff", func(c *auditd.Counts) { c.Waits++ }, reports.StatusFail},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := c
 			tt.edit(&c)
-			rep, err := reports.NewReconciler(l).Reconcile(context.Background(), reportstest.FixtureRun, liveCounters(c))
+			rep, err := reports.NewReconciler(l).Reconcile(context.Background(), reportstest.FixtureRun, &reports.LiveCounters{Total: c})
 			if err != nil {
 				t.Fatal(err)
 			}

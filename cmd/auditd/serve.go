@@ -21,6 +21,8 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
 	"github.com/auditd/auditd/web"
 )
@@ -63,15 +65,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return 0
 }
 
-// service is everything serve wires together, in the order it shuts down.
-type service struct {
-	api    *api.Server
-	loop   *fetch.Loop
-	ledger *ledger.Ledger
-	reg    *registry.Registry
-	lim    *limiter.Limiter
-}
-
 // serveOptions are serve's flags.
 type serveOptions struct {
 	dataDir, addr, configPath, demo string
@@ -79,60 +72,63 @@ type serveOptions struct {
 	tokenBudget                     api.Budget       // each API token's budget
 }
 
+// serve wires the service together, serves until ctx ends, and shuts it
+// down in the reverse order of its start, on every path: the API, the
+// fetch loop (draining what is in flight), the demo upstreams, the ledger
+// (committing what is queued), and the bbolt file last.
 func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logger) error {
-	dataDir, addr, configPath, demo := o.dataDir, o.addr, o.configPath, o.demo
-	db, err := openDB(dataDir, false)
+	db, err := openDB(o.dataDir, false)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	stop := &stopper{log: log}
+	defer stop.run()
 
-	led, err := ledger.Open(db, ledger.Options{KeyDir: dataDir})
+	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir})
 	if err != nil {
 		return fmt.Errorf("open ledger: %w", err)
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-		defer cancel()
-		if err := led.Close(cctx); err != nil {
-			log.Error("close ledger", "err", err)
-		}
-	}()
+	stop.push("close ledger", led.Close)
 	o.registry.Ledger = led
 	reg, err := registry.Open(db, o.registry)
 	if err != nil {
 		return fmt.Errorf("open registry: %w", err)
 	}
-	stage, err := staging.Open(db, filepath.Join(dataDir, payloadsDir))
+	stage, err := staging.Open(db, filepath.Join(o.dataDir, payloadsDir))
+	if err != nil {
+		return err
+	}
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg)})
 	if err != nil {
 		return err
 	}
 	lim := limiter.New(clock.Real{})
-	version := codeVersion()
 	loop, err := fetch.New(fetch.Config{
-		DB: db, Ledger: led, Registry: reg, Limiter: lim, Staging: stage,
-		Logger: log, CodeVersion: version,
+		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
+		Logger: log, CodeVersion: codeVersion(),
 	})
 	if err != nil {
 		return err
 	}
 
-	if configPath != "" {
-		cfg, err := loadConfig(configPath, func(src *auditd.Source) (string, string) { return validateSource(reg, src) })
+	if o.configPath != "" {
+		cfg, err := loadConfig(o.configPath, func(src *auditd.Source) (string, string) { return validateSource(reg, src) })
 		if err != nil {
 			return err
 		}
-		if err := applySources(ctx, loop, reg, cfg.Sources, "config:"+filepath.Base(configPath)); err != nil {
+		if err := applySources(ctx, loop, reg, cfg.Sources, "config:"+filepath.Base(o.configPath)); err != nil {
 			return err
 		}
 	}
-	var demoSim *demoUpstreams
-	if demo != "" {
-		if demoSim, err = startDemo(ctx, demo, loop, reg); err != nil {
+	var demo *demoUpstreams
+	if o.demo != "" {
+		if demo, err = startDemo(ctx, o.demo, loop, reg); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
-		defer demoSim.close()
+		stop.push("stop demo upstreams", demo.close)
 	}
+	stop.push("drain fetch loop", loop.Close)
 	if err := loop.Start(ctx); err != nil {
 		return fmt.Errorf("start fetch loop: %w", err)
 	}
@@ -141,10 +137,12 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	secret, err := auth.Bootstrap(ctx, tokens, dataDir, os.Getenv)
+	secret, err := auth.Bootstrap(ctx, tokens, o.dataDir, os.Getenv)
 	if err != nil {
 		return err
 	}
+	reps := reports.NewService(led, store)
+	reps.Payloads, reps.NewHash = stage, newLedgerHash
 
 	srv := api.NewServer()
 	srv.Tokens, srv.Ledger = tokens, led
@@ -152,32 +150,50 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		srv.TokenBudget = o.tokenBudget
 	}
 	srv.Sources = sourcesAPI{loop: loop, reg: reg, lim: lim}
-	srv.Runs = runsAPI{loop: loop}
+	srv.Runs = runsAPI{Store: store, loop: loop}
 	srv.Integrity = integrityAPI{db: db, led: led}
-	srv.Reports = newReportsAPI(led, loop, stage)
+	srv.Reports = reps
 	srv.UI = web.Handler()
 	srv.Logger = log
-	srv.Addr = addr
+	srv.Addr = o.addr
 	if err := srv.Open(); err != nil {
-		loop.Close(context.Background())
 		return fmt.Errorf("listen: %w", err)
 	}
-	greet(stdout, srv.URL(), dataDir, secret)
-	if demoSim != nil {
-		go demoSim.submitRuns(ctx, loop, log)
+	stop.push("shut down API", srv.Shutdown)
+	greet(stdout, srv.URL(), o.dataDir, secret)
+	if demo != nil {
+		go demo.submitRuns(ctx, loop, log)
 	}
 
 	<-ctx.Done()
 	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Error("shut down API", "err", err)
-	}
-	if err := loop.Close(sctx); err != nil {
-		log.Error("drain fetch loop", "err", err)
-	}
 	return nil
+}
+
+// stopper stops what serve started, the last started first, under one
+// deadline (shutdownTimeout) that starts when it does.
+type stopper struct {
+	log   *slog.Logger
+	steps []stopStep
+}
+
+type stopStep struct {
+	what string
+	stop func(context.Context) error
+}
+
+func (s *stopper) push(what string, stop func(context.Context) error) {
+	s.steps = append(s.steps, stopStep{what, stop})
+}
+
+func (s *stopper) run() {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	for i := len(s.steps) - 1; i >= 0; i-- {
+		if err := s.steps[i].stop(ctx); err != nil {
+			s.log.Error(s.steps[i].what, "err", err)
+		}
+	}
 }
 
 func greet(w io.Writer, url, dataDir, secret string) {

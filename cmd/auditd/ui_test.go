@@ -94,7 +94,7 @@ func (r *uiReconciliation) logEvents(t *testing.T, srv *child, token, runID stri
 }
 
 // uiCountLabels maps the run page's count cards (web/static/js/runs.js,
-// runSummary) to the RunCounts fields they show.
+// runSummary) to the auditd.Counts fields they show.
 var uiCountLabels = map[string]string{
 	"Queued": "items", "Succeeded": "succeeded", "Served from cache": "cached", "Failed": "failed",
 	"Shed": "shed", "Pending": "pending", "Dispatches": "dispatches", "Retries": "retries",

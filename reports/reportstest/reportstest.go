@@ -90,7 +90,7 @@ type fixtureEvent struct {
 	Detail        json.RawMessage `json:"detail"`
 }
 
-func (f fixtureEvent) event() auditd.Event {
+func (f fixtureEvent) event() (auditd.Event, error) {
 	run := FixtureRun
 	if f.Run != nil {
 		run = *f.Run
@@ -100,17 +100,19 @@ func (f fixtureEvent) event() auditd.Event {
 	if json.Unmarshal(f.Detail, &s) == nil {
 		detail = s // a JSON string holds the detail as is
 	}
-	return auditd.Event{
+	e := auditd.Event{
 		Seq: f.Seq, Type: auditd.EventType(f.Type), RunID: run, SourceID: f.Source, ItemKey: f.Item,
-		Page: f.Page, Attempt: f.Attempt, Time: FixtureBase.Add(time.Duration(f.At)), Mono: time.Duration(f.At),
+		Page: f.Page, Time: FixtureBase.Add(time.Duration(f.At)), Mono: time.Duration(f.At),
 		Method: f.Method, Path: f.Path, Status: f.Status, Bytes: f.Bytes, Latency: time.Duration(f.Latency),
 		Wait: time.Duration(f.Wait), Actual: time.Duration(f.Actual), RetryAfterRaw: f.RetryAfterRaw,
 		RetryAfter: time.Duration(f.RetryAfter), Clamped: f.Clamped, Backoff: time.Duration(f.Backoff),
 		From: f.From, To: f.To, Failures: f.Failures, Threshold: f.Threshold, Cooldown: time.Duration(f.Cooldown),
 		OldLimit: f.OldLimit, NewLimit: f.NewLimit, OldWindow: time.Duration(f.OldWindow), NewWindow: time.Duration(f.NewWindow),
 		Group: f.Group, Outcome: auditd.Outcome(f.Outcome), BodyError: f.BodyError, PayloadHash: f.PayloadHash,
-		Cause: f.Cause, Principal: f.Principal, Detail: detail,
+		Principal: f.Principal, Detail: detail,
 	}
+	// "attempt" and "cause" are as the API's event JSON has them.
+	return e, e.SetShared(f.Attempt, f.Cause)
 }
 
 // LoadFixture reads testdata/reports/name, a fixture ledger in NDJSON.
@@ -133,7 +135,11 @@ func LoadFixture(tb testing.TB, name string) []auditd.Event {
 		if f.Seq != uint64(line) {
 			tb.Fatalf("%s:%d: seq %d out of order", name, line, f.Seq)
 		}
-		evs = append(evs, f.event())
+		e, err := f.event()
+		if err != nil {
+			tb.Fatalf("%s:%d: %v", name, line, err)
+		}
+		evs = append(evs, e)
 	}
 	if err := sc.Err(); err != nil {
 		tb.Fatal(err)
@@ -142,11 +148,19 @@ func LoadFixture(tb testing.TB, name string) []auditd.Event {
 }
 
 // Hash stands in for the ledger's canonical hash: SHA-256 of the
-// previous hash and the event's JSON with its hashes zeroed.
+// previous hash and the event's JSON in the shape of hashedEvent.
 func Hash(prev [32]byte, e *auditd.Event) [32]byte {
-	c := *e
-	c.PrevHash, c.Hash = [32]byte{}, [32]byte{}
-	b, err := json.Marshal(&c)
+	attempt, cause := e.Shared()
+	b, err := json.Marshal(&hashedEvent{
+		Seq: e.Seq, Type: e.Type, RunID: e.RunID, SourceID: e.SourceID, ItemKey: e.ItemKey, Page: e.Page,
+		Attempt: attempt, Time: e.Time, Mono: e.Mono, IdempotencyKey: e.IdempotencyKey, Method: e.Method,
+		Path: e.Path, Status: e.Status, Bytes: e.Bytes, Latency: e.Latency, Wait: e.Wait, Actual: e.Actual,
+		RetryAfterRaw: e.RetryAfterRaw, RetryAfter: e.RetryAfter, Clamped: e.Clamped, Backoff: e.Backoff,
+		From: e.From, To: e.To, Failures: e.Failures, Threshold: e.Threshold, Cooldown: e.Cooldown,
+		OldLimit: e.OldLimit, NewLimit: e.NewLimit, OldWindow: e.OldWindow, NewWindow: e.NewWindow,
+		Group: e.Group, Outcome: e.Outcome, BodyError: e.BodyError, PayloadHash: e.PayloadHash,
+		Cause: cause, Principal: e.Principal, Detail: e.Detail,
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -156,6 +170,52 @@ func Hash(prev [32]byte, e *auditd.Event) [32]byte {
 	var out [32]byte
 	h.Sum(out[:0])
 	return out
+}
+
+// hashedEvent is what Hash hashes of an event: its fields as the fixtures'
+// golden files were made with (auditd.Event before its shared attempt and
+// cause were split into fields by type), so that they do not change with
+// auditd.Event's layout.
+type hashedEvent struct {
+	Seq            uint64
+	Type           auditd.EventType
+	RunID          string
+	SourceID       string
+	ItemKey        string
+	Page           uint32
+	Attempt        uint32
+	Time           time.Time
+	Mono           time.Duration
+	IdempotencyKey string
+	Method         string
+	Path           string
+	Status         int
+	Bytes          int64
+	Latency        time.Duration
+	Wait           time.Duration
+	Actual         time.Duration
+	RetryAfterRaw  string
+	RetryAfter     time.Duration
+	Clamped        bool
+	Backoff        time.Duration
+	From           string
+	To             string
+	Failures       int
+	Threshold      int
+	Cooldown       time.Duration
+	OldLimit       int
+	NewLimit       int
+	OldWindow      time.Duration
+	NewWindow      time.Duration
+	Group          string
+	Outcome        auditd.Outcome
+	BodyError      string
+	PayloadHash    string
+	Cause          string
+	Principal      string
+	Detail         string
+	PrevHash       [32]byte
+	Hash           [32]byte
 }
 
 // MemLedger is an in-memory auditd.EventReader holding a fixture ledger.
@@ -231,13 +291,13 @@ func CleanPayloads() PayloadSet {
 // fixture.
 func CleanLive() *reports.LiveCounters {
 	return &reports.LiveCounters{
-		Total: reports.Counters{Queued: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11, Retries: 5,
+		Total: auditd.Counts{Items: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11, Retries: 5,
 			Status2xx: 5, Status429: 1, Status5xx: 2, StatusOther: 1, TransportErrors: 1, Interrupted: 1, Waits: 4,
 			BreakerOpens: 1, Staged: 3, Acknowledged: 4},
-		Sources: map[string]reports.Counters{
-			"gis": {Queued: 2, Succeeded: 2, Dispatches: 5, Retries: 2, Status2xx: 3, Status429: 1, Status5xx: 1,
+		Sources: map[string]auditd.Counts{
+			"gis": {Items: 2, Succeeded: 2, Dispatches: 5, Retries: 2, Status2xx: 3, Status429: 1, Status5xx: 1,
 				Waits: 2, BreakerOpens: 1, Staged: 2, Acknowledged: 2},
-			"grants": {Queued: 4, Succeeded: 1, Cached: 1, Failed: 1, Shed: 1, Dispatches: 6, Retries: 3, Status2xx: 2,
+			"grants": {Items: 4, Succeeded: 1, Cached: 1, Failed: 1, Shed: 1, Dispatches: 6, Retries: 3, Status2xx: 2,
 				Status5xx: 1, StatusOther: 1, TransportErrors: 1, Interrupted: 1, Waits: 2, Staged: 1, Acknowledged: 2},
 		},
 	}
@@ -333,7 +393,7 @@ func Mutations() []Mutation {
 			auditd.Event{Type: auditd.EventResponse, SourceID: "gis", ItemKey: "parcels", Attempt: 2, Status: 200, Outcome: auditd.OutcomeSuccess})}, reports.R3, 12),
 		mut("R4/ThrottleWithoutWait", Mutation{Before: drop(27)}, reports.R4, 13),
 		mut("R4/DispatchInsidePause", Mutation{Before: edit(13, func(e *auditd.Event) { e.Wait = 3 * time.Second })}, reports.R4, 28),
-		mut("R5/DispatchHalfOpenNotProbe", Mutation{Before: edit(44, func(e *auditd.Event) { e.Cause = "" })}, reports.R5, 44),
+		mut("R5/DispatchHalfOpenNotProbe", Mutation{Before: edit(44, func(e *auditd.Event) { e.Probe = false })}, reports.R5, 44),
 		mut("R5/IllegalTransition", Mutation{Before: edit(43, func(e *auditd.Event) { e.From, e.To = "closed", "half_open" })}, reports.R5, 43),
 		mut("R6/HashDoesNotVerify", Mutation{Before: edit(51, func(e *auditd.Event) { e.PayloadHash = "00" + e.PayloadHash[2:] })}, reports.R6, 51),
 		mut("R6/PayloadMissing", Mutation{Before: drop(51)}, reports.R6, 51),

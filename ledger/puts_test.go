@@ -36,15 +36,27 @@ func get(tb testing.TB, db *bolt.DB, bucket []byte, key string) string {
 	return string(v)
 }
 
-func TestAppendWithStoresPutsWithEvents(t *testing.T) {
+// addWait adds events with puts and waits for them.
+func addWait(ctx context.Context, l *ledger.Ledger, events []auditd.Event, puts []auditd.Put) ([]auditd.Event, error) {
+	f, err := l.Add(events, puts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Wait(ctx); err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+func TestAddStoresPutsWithEvents(t *testing.T) {
 	db := MustOpenDB(t)
 	mustCreateBucket(t, db, side)
 	l := MustOpen(t, db, ledger.Options{})
 	before := l.Stats()
 
-	got, err := l.AppendWith(context.Background(),
+	got, err := addWait(context.Background(), l,
 		[]auditd.Event{sampleEvent("r", 1), sampleEvent("r", 2)},
-		[]ledger.Put{{Bucket: side, Key: []byte("a"), Value: []byte("1")}, {Bucket: side, Key: []byte("b"), Value: []byte("2")}})
+		[]auditd.Put{{Bucket: side, Key: []byte("a"), Value: []byte("1")}, {Bucket: side, Key: []byte("b"), Value: []byte("2")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,12 +75,12 @@ func TestAppendWithStoresPutsWithEvents(t *testing.T) {
 
 // A put that would fail its commit group is refused before it joins one:
 // nothing of the append is written, and the other appenders are not hurt.
-func TestAppendWithRefusesBadPuts(t *testing.T) {
+func TestAddRefusesBadPuts(t *testing.T) {
 	db := MustOpenDB(t)
 	mustCreateBucket(t, db, side)
 	l := MustOpen(t, db, ledger.Options{})
 	ctx := context.Background()
-	cases := map[string]ledger.Put{
+	cases := map[string]auditd.Put{
 		"MissingBucket": {Bucket: []byte("test.nope"), Key: []byte("k"), Value: []byte("v")},
 		"LedgerBucket":  {Bucket: []byte("ledger.events"), Key: []byte("k"), Value: []byte("v")},
 		"EmptyKey":      {Bucket: side, Value: []byte("v")},
@@ -76,7 +88,7 @@ func TestAppendWithRefusesBadPuts(t *testing.T) {
 	}
 	for name, p := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := l.AppendWith(ctx, []auditd.Event{sampleEvent("r", 1)}, []ledger.Put{p})
+			_, err := addWait(ctx, l, []auditd.Event{sampleEvent("r", 1)}, []auditd.Put{p})
 			if auditd.ErrorCode(err) != auditd.EINVALID {
 				t.Fatalf("got %v, want an EINVALID refusal", err)
 			}
@@ -86,7 +98,7 @@ func TestAppendWithRefusesBadPuts(t *testing.T) {
 		})
 	}
 	t.Run("NoEvents", func(t *testing.T) {
-		_, err := l.AppendWith(ctx, nil, []ledger.Put{{Bucket: side, Key: []byte("k"), Value: []byte("v")}})
+		_, err := addWait(ctx, l, nil, []auditd.Put{{Bucket: side, Key: []byte("k"), Value: []byte("v")}})
 		if auditd.ErrorCode(err) != auditd.EINVALID {
 			t.Fatalf("puts without an event: got %v, want EINVALID", err)
 		}
@@ -95,7 +107,7 @@ func TestAppendWithRefusesBadPuts(t *testing.T) {
 		}
 	})
 	// The ledger still takes appends afterwards.
-	if _, err := l.AppendWith(ctx, []auditd.Event{sampleEvent("r", 1)}, []ledger.Put{{Bucket: side, Key: []byte("k"), Value: []byte("v")}}); err != nil {
+	if _, err := addWait(ctx, l, []auditd.Event{sampleEvent("r", 1)}, []auditd.Put{{Bucket: side, Key: []byte("k"), Value: []byte("v")}}); err != nil {
 		t.Fatal(err)
 	}
 	if v := get(t, db, side, "k"); v != "v" {
@@ -103,20 +115,20 @@ func TestAppendWithRefusesBadPuts(t *testing.T) {
 	}
 }
 
-// An AppendWith repeated whole under the same idempotency keys records
-// nothing and stores nothing: its puts came with the first.
-func TestAppendWithRepeatKeepsFirstPuts(t *testing.T) {
+// An Add repeated whole under the same idempotency keys records nothing
+// and stores nothing: its puts came with the first.
+func TestAddRepeatKeepsFirstPuts(t *testing.T) {
 	db := MustOpenDB(t)
 	mustCreateBucket(t, db, side)
 	l := MustOpen(t, db, ledger.Options{})
 	ctx := context.Background()
 	e := sampleEvent("r", 1)
 	e.IdempotencyKey = "r/parcels-0001/finished"
-	first, err := l.AppendWith(ctx, []auditd.Event{e}, []ledger.Put{{Bucket: side, Key: []byte("result"), Value: []byte("first")}})
+	first, err := addWait(ctx, l, []auditd.Event{e}, []auditd.Put{{Bucket: side, Key: []byte("result"), Value: []byte("first")}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := l.AppendWith(ctx, []auditd.Event{e}, []ledger.Put{{Bucket: side, Key: []byte("result"), Value: []byte("second")}})
+	again, err := addWait(ctx, l, []auditd.Event{e}, []auditd.Put{{Bucket: side, Key: []byte("result"), Value: []byte("second")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package fetch
+package runs
 
 import (
 	"encoding/json"
@@ -52,14 +52,15 @@ func TestRecordCodecsRoundTrip(t *testing.T) {
 			t.Fatalf("item round trip: %+v, %v (%d bytes left)\nwant %+v", got, err, len(r.b), it)
 		}
 
-		res := filled[ItemResult](t, seed)
-		r, err = openChunk(appendResult([]byte{chunkVersion}, &res))
-		var gotRes ItemResult
+		key, res := fmt.Sprintf("Key-%d", seed), filled[auditd.ItemResult](t, seed)
+		r, err = openChunk(appendResult([]byte{chunkVersion}, key, &res))
+		var gotRes auditd.ItemResult
+		var gotKey string
 		if err == nil {
-			err = r.result(&gotRes)
+			gotKey, err = r.result(&gotRes)
 		}
-		if err != nil || !reflect.DeepEqual(gotRes, res) || len(r.b) != 0 {
-			t.Fatalf("result round trip: %+v, %v (%d bytes left)\nwant %+v", gotRes, err, len(r.b), res)
+		if err != nil || gotKey != key || !reflect.DeepEqual(gotRes, res) || len(r.b) != 0 {
+			t.Fatalf("result round trip: %s %+v, %v (%d bytes left)\nwant %s %+v", gotKey, gotRes, err, len(r.b), key, res)
 		}
 	}
 }
@@ -71,7 +72,7 @@ func openRecordsDB(t *testing.T) *bolt.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if err := createBuckets(db); err != nil {
+	if _, err := Open(db, Options{Ledger: noLedger{}, Payloads: noPayloads{}}); err != nil {
 		t.Fatal(err)
 	}
 	return db
@@ -106,14 +107,14 @@ func TestChunkedRecords(t *testing.T) {
 			if err := putItems(tx, run, items); err != nil {
 				return err
 			}
-			results := make([]*ItemResult, 0, len(items))
+			results := make([]result, 0, len(items))
 			for _, it := range items {
 				if it.Method == "POST" {
 					continue // an item without a stored result
 				}
-				results = append(results, &ItemResult{Key: it.Key, Outcome: auditd.ItemSucceeded, PayloadHash: "h" + it.Path, Attempts: 1, Advertised: -1})
+				results = append(results, result{it.Key, &auditd.ItemResult{Outcome: auditd.ItemSucceeded, PayloadHash: "h" + it.Path, Attempts: 1, Advertised: -1}})
 			}
-			slices.SortFunc(results, func(a, b *ItemResult) int { return strings.Compare(a.Key, b.Key) })
+			slices.SortFunc(results, func(a, b result) int { return strings.Compare(a.key, b.key) })
 			if err := putResults(tx, run, results); err != nil {
 				return err
 			}
@@ -148,7 +149,7 @@ func TestChunkedRecords(t *testing.T) {
 					t.Errorf("%s: result(%s): %v", run, it.Key, err)
 				case it.Method == "POST" && ok:
 					t.Errorf("%s: result(%s) found one never stored: %+v", run, it.Key, res)
-				case it.Method != "POST" && (!ok || res.Key != it.Key || res.PayloadHash != "h"+it.Path):
+				case it.Method != "POST" && (!ok || res.PayloadHash != "h"+it.Path):
 					t.Errorf("%s: result(%s) = %+v, %v", run, it.Key, res, ok)
 				}
 			}
@@ -191,7 +192,7 @@ func TestLegacyRecordsRead(t *testing.T) {
 			if err := kb.Put(namedKey("old", items[i].Key), []byte{0, 0, 0, byte(i)}); err != nil {
 				return err
 			}
-			r, _ := json.Marshal(&ItemResult{Key: items[i].Key, Outcome: auditd.ItemFailed, Reason: "why", Advertised: -1})
+			r, _ := json.Marshal(&legacyResult{Key: items[i].Key, ItemResult: auditd.ItemResult{Outcome: auditd.ItemFailed, Reason: "why", Advertised: -1}})
 			if err := rb.Put(namedKey("old", items[i].Key), r); err != nil {
 				return err
 			}
@@ -237,13 +238,13 @@ func TestLegacyRecordsRead(t *testing.T) {
 func FuzzChunkDecode(f *testing.F) {
 	it := auditd.Item{Key: "k", SourceID: "s", Method: "POST", Path: "/p", Body: []byte("{}"), Paging: auditd.PagingArcGIS, PageSize: 10}
 	f.Add(appendItem([]byte{chunkVersion}, &it))
-	f.Add(appendResult([]byte{chunkVersion}, &ItemResult{Key: "k", Outcome: auditd.ItemSucceeded, Bytes: 9, Advertised: -1, CountMatched: true}))
+	f.Add(appendResult([]byte{chunkVersion}, "k", &auditd.ItemResult{Outcome: auditd.ItemSucceeded, Bytes: 9, Advertised: -1, CountMatched: true}))
 	f.Add([]byte{chunkVersion, 0x80})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, v []byte) {
 		for _, decode := range []func(r *chunkReader) error{
 			func(r *chunkReader) error { var it auditd.Item; return r.item(&it) },
-			func(r *chunkReader) error { var res ItemResult; return r.result(&res) },
+			func(r *chunkReader) error { var res auditd.ItemResult; _, err := r.result(&res); return err },
 			func(r *chunkReader) error { r.bytes(); r.uvarint(); return r.err },
 		} {
 			r, err := openChunk(v)
@@ -257,3 +258,9 @@ func FuzzChunkDecode(f *testing.F) {
 		_, _, _ = findIndex(v, "k")
 	})
 }
+
+// noLedger and noPayloads stand in for what the record tests never use.
+type (
+	noLedger   struct{ Ledger }
+	noPayloads struct{ Payloads }
+)

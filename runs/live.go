@@ -1,0 +1,110 @@
+package runs
+
+import (
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd"
+)
+
+// Live is a run the fetch loop is working on: its record, with counters
+// that move as the run's events become durable, and how each finished item
+// ended, kept until the run's end is stored in one transaction (Store.End).
+// The ledger holds the same facts as they happen, so a restart rebuilds
+// both from it. It is safe for concurrent use.
+type Live struct {
+	id string // never changes
+
+	mu       sync.Mutex
+	rec      record
+	results  map[string]*auditd.ItemResult // item key -> how it ended
+	lastGood map[string]goodCopy           // request key -> its newest good payload in this run
+	ended    chan struct{}                 // closed once the run's end is stored
+}
+
+// goodCopy is a payload fetched by a run: what the last-good index learns
+// when the run ends.
+type goodCopy struct {
+	sum string
+	at  time.Time // when its item finished
+}
+
+func newLive(rec *record) *Live {
+	return &Live{id: rec.ID, rec: *rec, ended: make(chan struct{}),
+		results: make(map[string]*auditd.ItemResult, rec.ItemCount), lastGood: make(map[string]goodCopy, rec.ItemCount)}
+}
+
+// ID returns the run's id.
+func (r *Live) ID() string { return r.id }
+
+// Run returns the run's record as it is now.
+func (r *Live) Run() auditd.Run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec.Run
+}
+
+// Counts returns the run's counters as they are now.
+func (r *Live) Counts() auditd.Counts {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec.Counts.Clone()
+}
+
+// Ended is closed once the run's end is stored.
+func (r *Live) Ended() <-chan struct{} { return r.ended }
+
+// Started notes where the run starts in the ledger: at first, its
+// run.started as stored.
+func (r *Live) Started(first *auditd.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rec.FirstSeq = first.Seq
+	r.rec.HeadAtStart = hex.EncodeToString(first.PrevHash[:])
+}
+
+// Count counts events of the run once they are durable. Events that
+// different workers recorded become durable in an order of their own, so
+// the run's LastSeq is the largest seen.
+func (r *Live) Count(events ...auditd.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range events {
+		r.rec.Counts.Count(&events[i])
+		r.rec.LastSeq = max(r.rec.LastSeq, events[i].Seq)
+	}
+}
+
+// Finished keeps how the item with key ended, once its item.finished is
+// durable (at is its time), and, when lastGood names its request, its
+// payload as the request's newest good copy.
+func (r *Live) Finished(key string, res *auditd.ItemResult, lastGood string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.results[key] = res
+	if lastGood != "" && res.PayloadHash != "" {
+		r.lastGood[lastGood] = goodCopy{sum: res.PayloadHash, at: at}
+	}
+}
+
+// result returns a copy of how an item of the run ended, if it has.
+func (r *Live) result(key string) (*auditd.ItemResult, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res, ok := r.results[key]
+	if !ok {
+		return nil, false
+	}
+	c := *res
+	return &c, true
+}
+
+// record returns a copy of the run's record.
+func (r *Live) record() record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec := r.rec
+	rec.Counts = r.rec.Counts.Clone()
+	return rec
+}

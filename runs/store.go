@@ -1,0 +1,392 @@
+package runs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Buckets of runs and their idempotency keys. They keep the fetch. prefix
+// of the package that owned them first: data directories hold them under
+// these names. A run's items and results are in chunks: see records.go.
+var (
+	bucketRuns = []byte("fetch.runs") // run id -> record JSON
+	bucketIdem = []byte("fetch.idem") // idempotency key -> run id
+)
+
+// ErrKeyTaken means another run took the idempotency key while Create was
+// storing this one: the caller should look the key up again.
+var ErrKeyTaken = errors.New("idempotency key taken concurrently")
+
+// Ledger is what the store needs of the ledger: acknowledgements are
+// recorded in it, and those already recorded are read back from it.
+type Ledger interface {
+	auditd.Appender
+	ScanRun(runID string, after uint64, fn func(*auditd.Event) error) error
+}
+
+// Payloads is what the store needs of the payload store (*staging.Store):
+// to open an item's payload, and to index a run's good copies when it ends.
+type Payloads interface {
+	Open(sum string) (io.ReadCloser, error)
+	PutLastGood(tx *bolt.Tx, requestKey, sum string, at time.Time) error
+}
+
+// Options configure Open. Ledger and Payloads are required.
+type Options struct {
+	Ledger   Ledger
+	Payloads Payloads
+	// Pace returns the requests per window a source is paced at now, for
+	// the finish estimate. Default: nil, no estimate.
+	Pace func(sourceID string) (limit int, window time.Duration, err error)
+	// Clock stamps new runs and the estimate. Default: clock.Real{}.
+	Clock clock.Clock
+}
+
+// Store keeps runs and their items in the shared bbolt file, and the live
+// state of the runs the fetch loop is working on. It is safe for
+// concurrent use.
+type Store struct {
+	db       *bolt.DB
+	ledger   Ledger
+	payloads Payloads
+	pace     func(string) (int, time.Duration, error)
+	clock    clock.Clock
+
+	mu    sync.Mutex
+	live  map[string]*Live    // runs the loop is working on (Start)
+	locks map[string]*runLock // see lockRun
+
+	// ids keeps run ids minted in the same millisecond in the order they
+	// were minted, so that Runs (newest first, by id) lists them in
+	// submission order.
+	ids *ulid.LockedMonotonicReader
+}
+
+// Open returns the store of runs kept in db, creating its buckets.
+func Open(db *bolt.DB, opts Options) (*Store, error) {
+	if opts.Ledger == nil || opts.Payloads == nil {
+		return nil, errors.New("runs: Ledger and Payloads are required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRuns, bucketIdem, bucketItemChunks, bucketKeyChunks, bucketResultChunks, bucketItems, bucketKeys, bucketResults} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create run buckets: %w", err)
+	}
+	return &Store{
+		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock,
+		live: map[string]*Live{}, locks: map[string]*runLock{},
+		ids: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)},
+	}, nil
+}
+
+// record is what the store keeps of a run.
+type record struct {
+	auditd.Run
+	Counts auditd.Counts `json:"counts"`
+	// RequestHash fingerprints what the run was submitted with, when it was
+	// submitted with an idempotency key (requestHash): the key's reuse for
+	// a different run is refused. Runs stored before it have none.
+	RequestHash string `json:"request_hash,omitempty"`
+}
+
+func decodeRecord(id, v []byte) (*record, error) {
+	var rec record
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return nil, fmt.Errorf("decode run %s: %w", id, err)
+	}
+	// Records stored before Pending was counted have none.
+	rec.Counts.Pending = rec.Counts.Items - rec.Counts.Done()
+	return &rec, nil
+}
+
+func loadRun(tx *bolt.Tx, id string) (*record, error) {
+	v := tx.Bucket(bucketRuns).Get([]byte(id))
+	if v == nil {
+		return nil, auditd.Errorf(auditd.ENOTFOUND, "run %q not found", id)
+	}
+	return decodeRecord([]byte(id), v)
+}
+
+func saveRun(tx *bolt.Tx, rec *record) error {
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode run %s: %w", rec.ID, err)
+	}
+	return tx.Bucket(bucketRuns).Put([]byte(rec.ID), v)
+}
+
+func itemKey(runID string, idx uint32) []byte {
+	k := make([]byte, 0, len(runID)+5)
+	k = append(append(k, runID...), 0)
+	return binary.BigEndian.AppendUint32(k, idx)
+}
+
+func namedKey(runID, key string) []byte {
+	k := make([]byte, 0, len(runID)+1+len(key))
+	return append(append(append(k, runID...), 0), key...)
+}
+
+// Create stores a new run, its items and its idempotency key in one
+// transaction: a run is there whole or not at all. run is the run as
+// submitted (nr) without its id, which Create mints from run.CreatedAt.
+// When another run took nr.IdempotencyKey meanwhile, it stores nothing and
+// returns ErrKeyTaken. The run is live once it starts (Start).
+func (s *Store) Create(run auditd.Run, nr auditd.NewRun) (*Live, error) {
+	run.ID = ulid.MustNew(ulid.Timestamp(run.CreatedAt), s.ids).String()
+	rec := &record{Run: run}
+	if nr.IdempotencyKey != "" {
+		rec.RequestHash = requestHash(nr)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if nr.IdempotencyKey != "" && tx.Bucket(bucketIdem).Get([]byte(nr.IdempotencyKey)) != nil {
+			return ErrKeyTaken
+		}
+		if err := saveRun(tx, rec); err != nil {
+			return err
+		}
+		if err := putItems(tx, rec.ID, nr.Items); err != nil {
+			return err
+		}
+		if nr.IdempotencyKey != "" {
+			return tx.Bucket(bucketIdem).Put([]byte(nr.IdempotencyKey), []byte(rec.ID))
+		}
+		return nil
+	})
+	if errors.Is(err, ErrKeyTaken) {
+		return nil, err
+	} else if err != nil {
+		return nil, fmt.Errorf("store run: %w", err)
+	}
+	return newLive(rec), nil
+}
+
+// Unfinished returns the ids of the runs that have not reached a terminal
+// status: those a crash or restart left for the fetch loop to resume.
+func (s *Store) Unfinished() ([]string, error) {
+	var ids []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
+			rec, err := decodeRecord(k, v)
+			if err != nil {
+				return err
+			}
+			if !rec.Status.Terminal() {
+				ids = append(ids, rec.ID)
+			}
+			return nil
+		})
+	})
+	return ids, err
+}
+
+// Resume returns an unfinished run, with counters at zero (the caller
+// recounts them from the ledger), and its items in submission order.
+func (s *Store) Resume(id string) (*Live, []auditd.Item, error) {
+	var rec *record
+	var items []auditd.Item
+	err := s.db.View(func(tx *bolt.Tx) (err error) {
+		if rec, err = loadRun(tx, id); err != nil {
+			return err
+		}
+		return forEachItem(tx, id, func(it *auditd.Item) error {
+			items = append(items, *it)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	rec.Counts = auditd.Counts{}
+	return newLive(rec), items, nil
+}
+
+// Start stores r's record as it starts (once run.started is recorded, and
+// again when the loop resumes it) and makes it live: until its end is
+// stored (End), views read it and not the stored record.
+func (s *Store) Start(r *Live) error {
+	rec := r.record()
+	if err := s.db.Update(func(tx *bolt.Tx) error { return saveRun(tx, &rec) }); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live[r.id] = r
+	return nil
+}
+
+func (s *Store) tracked(id string) *Live {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.live[id]
+}
+
+// End stores what a run leaves, in one transaction: every item's result,
+// in key order (a run's keys are new, so this appends), the newest good
+// copy of each request it fetched into the last-good index, and its
+// terminal record, which run.finished (fin) completes. Then the run is no
+// longer live. A crash before this commits leaves the run unfinished in
+// the store; the fetch loop then finds run.finished in the ledger and
+// stores its end.
+func (s *Store) End(r *Live, fin *auditd.Event) error {
+	defer s.lockRun(r.id)() // an acknowledgement counts in the live run or the stored record, not neither
+	r.mu.Lock()
+	rec := r.rec
+	rec.Counts = r.rec.Counts.Clone()
+	rec.Status = auditd.RunStatus(fin.Outcome)
+	rec.FinishedAt = fin.Time
+	rec.HeadAtEnd = hex.EncodeToString(fin.Hash[:])
+	results := make([]result, 0, len(r.results)) // stored once, never changed
+	for k, res := range r.results {
+		results = append(results, result{k, res})
+	}
+	type keyedCopy struct {
+		key string
+		goodCopy
+	}
+	copies := make([]keyedCopy, 0, len(r.lastGood))
+	for k, c := range r.lastGood {
+		copies = append(copies, keyedCopy{k, c})
+	}
+	r.mu.Unlock()
+	slices.SortFunc(results, func(a, b result) int { return strings.Compare(a.key, b.key) })
+	slices.SortFunc(copies, func(a, b keyedCopy) int { return strings.Compare(a.key, b.key) })
+
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := putResults(tx, rec.ID, results); err != nil {
+			return err
+		}
+		for _, c := range copies {
+			if err := s.payloads.PutLastGood(tx, c.key, c.sum, c.at); err != nil {
+				return err
+			}
+		}
+		return saveRun(tx, &rec)
+	})
+	if err != nil {
+		return fmt.Errorf("store the end of run %s: %w", rec.ID, err)
+	}
+	// Views show the run ended only now that the store has all of its end.
+	r.mu.Lock()
+	r.rec.Status, r.rec.FinishedAt, r.rec.HeadAtEnd = rec.Status, rec.FinishedAt, rec.HeadAtEnd
+	r.mu.Unlock()
+	close(r.ended)
+	s.mu.Lock()
+	delete(s.live, r.id)
+	s.mu.Unlock()
+	return nil
+}
+
+// runLock serialises what changes a run's counters outside the fetch
+// loop's workers: acknowledgements, and the store of the run's end.
+type runLock struct {
+	mu    sync.Mutex
+	users int // holding or waiting for mu
+}
+
+// lockRun locks run id's runLock and returns its unlock.
+func (s *Store) lockRun(id string) (unlock func()) {
+	s.mu.Lock()
+	l := s.locks[id]
+	if l == nil {
+		l = &runLock{}
+		s.locks[id] = l
+	}
+	l.users++
+	s.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		s.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.locks, id)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Acknowledge records that the downstream pipeline loaded the given items
+// of run runID, on behalf of principal, and returns how many were newly
+// acknowledged. Every key must name an item of the run that ended with a
+// payload; nothing is recorded when one does not (EINVALID naming it).
+// Keys already acknowledged are skipped. Acknowledgements of one run are
+// serialised, so a key acknowledged twice at once is recorded once.
+func (s *Store) Acknowledge(ctx context.Context, runID string, keys []string, principal string) (int, error) {
+	defer s.lockRun(runID)()
+	acked := map[string]bool{}
+	if err := s.ledger.ScanRun(runID, 0, func(e *auditd.Event) error {
+		if e.Type == auditd.EventAcknowledged {
+			acked[e.ItemKey] = true
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	var todo []auditd.ItemView
+	for i, k := range keys {
+		v, err := s.Item(ctx, runID, k)
+		if err != nil {
+			if auditd.ErrorCode(err) == auditd.ENOTFOUND {
+				return 0, &auditd.Error{Code: auditd.EINVALID, Field: fmt.Sprintf("items[%d]", i), Message: auditd.ErrorMessage(err)}
+			}
+			return 0, err
+		}
+		if v.Result == nil || v.Result.PayloadHash == "" {
+			return 0, &auditd.Error{Code: auditd.EINVALID, Field: fmt.Sprintf("items[%d]", i), Message: fmt.Sprintf("item %q delivered nothing to acknowledge", k)}
+		}
+		if !acked[k] {
+			acked[k] = true
+			todo = append(todo, v)
+		}
+	}
+	for _, v := range todo {
+		got, err := s.ledger.Append(ctx, auditd.Event{Type: auditd.EventAcknowledged, RunID: runID, SourceID: v.SourceID,
+			ItemKey: v.Key, Principal: principal, PayloadHash: v.Result.PayloadHash})
+		if err != nil {
+			return 0, err
+		}
+		if r := s.tracked(runID); r != nil {
+			r.Count(got)
+		} else if err := s.countStored(&got); err != nil {
+			return 0, err
+		}
+	}
+	return len(todo), nil
+}
+
+// countStored counts e, an event of a run that is not live, in the run's
+// stored record.
+func (s *Store) countStored(e *auditd.Event) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		rec, err := loadRun(tx, e.RunID)
+		if err != nil {
+			return err
+		}
+		rec.Counts.Count(e)
+		rec.LastSeq = max(rec.LastSeq, e.Seq)
+		return saveRun(tx, rec)
+	})
+}
