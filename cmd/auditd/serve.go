@@ -21,6 +21,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/staging"
 	"github.com/auditd/auditd/web"
 )
@@ -155,6 +156,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	srv.Runs = runsAPI{loop: loop}
 	srv.Integrity = integrityAPI{db: db, led: led}
 	srv.Reports = newReportsAPI(led, loop, stage)
+	srv.Timelines = reports.NewTimelines(led)
 	srv.UI = web.Handler()
 	srv.Logger = log
 	srv.Addr = addr
