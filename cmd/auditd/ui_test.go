@@ -292,15 +292,15 @@ upstreams:
 	if county.Learned.Limit == 0 || county.Learned.Limit >= 40 || county.Learned.Cause == "" {
 		t.Errorf("county learned %+v; want a limit below the ceiling of 40 and what taught it", county.Learned)
 	}
-	learned := fmt.Sprintf("%s per %s", groupDigits(int64(county.Learned.Limit)), county.Learned.Window)
+	learned := fmt.Sprintf("%s per %s", groupDigits(int64(county.Learned.Limit)), perWindow(county.Learned.Window))
 	b.must("sources", chromedp.Do(b.ctx,
 		chromedp.Click(chromedp.CSS(`#nav a[data-nav="sources"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#sources-table a[href="#/sources/county"]`)),
 	))
 	cells := b.evalList(`[...document.querySelector('#sources-table a[href="#/sources/county"]').closest('tr').cells].map((c) => c.textContent)`)
 	if len(cells) < 4 || !strings.HasPrefix(cells[1], learned) || !strings.Contains(cells[1], "below the ceiling") ||
-		cells[2] != "40 per 1s" || !strings.Contains(cells[3], county.Learned.Cause) {
-		t.Errorf("county row %q; want learned %q below the ceiling 40 per 1s, taught by %q", cells, learned, county.Learned.Cause)
+		cells[2] != "40 per second" || !strings.Contains(cells[3], county.Learned.Cause) {
+		t.Errorf("county row %q; want learned %q below the ceiling 40 per second, taught by %q", cells, learned, county.Learned.Cause)
 	}
 	b.noJunk("sources")
 	b.shot("sources", "")
@@ -483,6 +483,27 @@ func groupDigits(n int64) string {
 		return "-" + s
 	}
 	return s
+}
+
+// perWindow names a window as the UI does in a rate: "1s" is "second",
+// "1m0s" "minute", "5m0s" "5 minutes".
+func perWindow(window string) string {
+	d, err := time.ParseDuration(window)
+	if err != nil {
+		return window
+	}
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{time.Hour, "hour"}, {time.Minute, "minute"}, {time.Second, "second"}} {
+		if d >= u.d && d%u.d == 0 {
+			if d == u.d {
+				return u.name
+			}
+			return fmt.Sprintf("%d %ss", d/u.d, u.name)
+		}
+	}
+	return window
 }
 
 func prefix(s string, n int) string {
