@@ -39,13 +39,12 @@ type fakeAPI struct {
 	mu         sync.Mutex
 	runFetches int
 	downloads  map[string]string // path?query -> Authorization header
-	timelines  map[string]string // path -> the query of its last request
 
 	tl *reports.Timelines // adds up fixtureLedger, as the real route does
 }
 
 func newFakeAPI(t *testing.T) (*fakeAPI, http.Handler) {
-	f := &fakeAPI{t: t, downloads: map[string]string{}, timelines: map[string]string{}, tl: fixtureTimelines()}
+	f := &fakeAPI{t: t, downloads: map[string]string{}, tl: fixtureTimelines()}
 	mux := http.NewServeMux()
 	fixture := func(name string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) { f.file(w, name) }
@@ -185,7 +184,6 @@ func (f *fakeAPI) runTimeline(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusNotFound, "Not Found", "No run "+r.PathValue("id"), "req-404")
 		return
 	}
-	f.sawTimeline(r)
 	q := auditd.TimelineQuery{Bucket: autoBucket(30 * time.Minute), Source: r.URL.Query().Get("source")}
 	if b := r.URL.Query().Get("bucket"); b != "" {
 		q.Bucket, _ = time.ParseDuration(b)
@@ -201,7 +199,6 @@ func (f *fakeAPI) sourceTimeline(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusNotFound, "Not Found", "No source "+id, "req-404")
 		return
 	}
-	f.sawTimeline(r)
 	from, err1 := time.Parse(time.RFC3339Nano, r.URL.Query().Get("from"))
 	to, err2 := time.Parse(time.RFC3339Nano, r.URL.Query().Get("to"))
 	if err1 != nil || err2 != nil {
@@ -211,12 +208,6 @@ func (f *fakeAPI) sourceTimeline(w http.ResponseWriter, r *http.Request) {
 	}
 	q := auditd.TimelineQuery{Bucket: autoBucket(to.Sub(from)), From: from, To: to}
 	f.timelineJSON(w, func() (*auditd.Timeline, error) { return f.tl.SourceTimeline(r.Context(), id, q) })
-}
-
-func (f *fakeAPI) sawTimeline(r *http.Request) {
-	f.mu.Lock()
-	f.timelines[r.URL.Path] = r.URL.RawQuery
-	f.mu.Unlock()
 }
 
 func (f *fakeAPI) timelineJSON(w http.ResponseWriter, get func() (*auditd.Timeline, error)) {
@@ -310,7 +301,7 @@ func TestBrowser(t *testing.T) {
 	}
 
 	// chartShot saves a PNG of the page with its charts in shotsDir.
-	shots := shotsDir(t)
+	shots := webtest.ShotsDir(t)
 	chartShot := func(name string) {
 		t.Helper()
 		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
@@ -397,11 +388,11 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:hays-gis"][data-rendered]`)),
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:travis-gis"][data-rendered]`)),
 	))
-	runTL := getTimeline(t, api, apiHandler, "/v1/runs/"+runID+"/timeline")
-	if refused, waits := checkTimelineChart(t, bctx, runTL, "hays-gis", 1); refused != 3 || waits != 8 {
+	runTL := getTimeline(t, bctx, apiHandler)
+	if refused, waits := webtest.CheckTimelineChart(bctx, t, runTL, "hays-gis", 1); refused != 3 || waits != 8 {
 		t.Errorf("hays-gis chart marks %d refusals and %d waits, want the fixture's 3 and 8", refused, waits)
 	}
-	if _, waits := checkTimelineChart(t, bctx, runTL, "travis-gis", 60); waits == 0 {
+	if _, waits := webtest.CheckTimelineChart(bctx, t, runTL, "travis-gis", 60); waits == 0 {
 		t.Error("travis-gis chart marks no wait")
 	}
 	for _, c := range []struct {
@@ -409,7 +400,7 @@ func TestBrowser(t *testing.T) {
 		want bool
 	}{{"18:52:20", true}, {"18:45:00", false}} {
 		ts, _ := time.Parse(time.DateTime, "2026-11-29 "+c.at)
-		got, err := shaded(bctx, "timeline:hays-gis", ts)
+		got, err := webtest.Shaded(bctx, "timeline:hays-gis", ts)
 		must("sample the chart at "+c.at, err)
 		if got != c.want {
 			t.Errorf("hays-gis chart shaded at %s: %v, want %v (breaker open 18:52:04 to 18:52:34)", c.at, got, c.want)
@@ -523,12 +514,12 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:hays-gis"][data-rendered]`)),
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="limits:hays-gis"][data-rendered]`)),
 	))
-	srcTL := getTimeline(t, api, apiHandler, "/v1/sources/hays-gis/timeline")
+	srcTL := getTimeline(t, bctx, apiHandler)
 	if srcTL.From.After(fixtureStart) || srcTL.To.Before(fixtureStart.Add(30*time.Minute)) {
 		t.Errorf("source timeline %s to %s; want the latest run's (from 18:40:05 to 19:10:02)", srcTL.From, srcTL.To)
 	}
-	checkTimelineChart(t, bctx, srcTL, "hays-gis", 1)
-	checkLimitChart(t, bctx, srcTL, "hays-gis", 10)
+	webtest.CheckTimelineChart(bctx, t, srcTL, "hays-gis", 1)
+	webtest.CheckLimitChart(bctx, t, srcTL, "hays-gis", 10)
 	contains("#limit-changes", "2 per second", "4 per second", "8 per second", "5 per second", "probe_up", "429")
 	if rows, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#limit-changes tbody tr').length`)); err != nil || rows != 3 {
 		t.Errorf("limit changes table has %d rows (%v), want the 3 changes", rows, err)

@@ -84,15 +84,24 @@ const utc = (ts) => uPlot.tzDate(new Date(ts * 1000), 'Etc/UTC');
 
 const two = (n) => String(n).padStart(2, '0');
 
+// timeIncrs are the tick spacings of the time axis, in seconds: none finer
+// than a bucket, so no two ticks read the same.
+function timeIncrs(bucket) {
+  const all = [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
+  return all.filter((x) => x >= Math.min(1, bucket) - 1e-9);
+}
+
 // timeTicks labels the time axis in UTC on the 24-hour clock, as every
 // time in the UI is: 18:40, or 18:40:30 when ticks are under a minute
 // apart; the date under the first tick of each day.
 function timeTicks(u, splits, axisIdx, space, incr) {
   return splits.map((ts, i) => {
-    const d = new Date(ts * 1000);
+    const d = new Date(Math.round(ts * 1000));
     const day = `${d.getUTCFullYear()}-${two(d.getUTCMonth() + 1)}-${two(d.getUTCDate())}`;
     if (incr >= 86400) return day;
-    const hm = `${two(d.getUTCHours())}:${two(d.getUTCMinutes())}${incr < 60 ? `:${two(d.getUTCSeconds())}` : ''}`;
+    let hm = `${two(d.getUTCHours())}:${two(d.getUTCMinutes())}`;
+    if (incr < 60) hm += `:${two(d.getUTCSeconds())}`;
+    if (incr < 1) hm += `.${String(d.getUTCMilliseconds()).padStart(3, '0').slice(0, 1)}`;
     const prev = i > 0 ? new Date(splits[i - 1] * 1000) : null;
     return !prev || prev.getUTCDate() !== d.getUTCDate() ? `${hm}\n${day}` : hm;
   });
@@ -158,8 +167,11 @@ export class ChartSet {
   destroy() { this.clear(); window.removeEventListener('resize', this.onResize); }
 }
 
-// bucketWords names a bucket width: "second", "15 seconds", "5 minutes".
-export function bucketWords(sec) { return perWindow(sec) || `${sec} seconds`; }
+// bucketWords names a bucket width: "1 second", "15 seconds", "5 minutes".
+export function bucketWords(sec) {
+  const w = perWindow(sec);
+  return /^[0-9]/.test(w) ? w : `1 ${w}`;
+}
 
 // sourceSummary says in words what a source's timeline shows.
 function sourceSummary(st) {
@@ -216,7 +228,7 @@ export function timelineChart(tl, st, opts = {}) {
     series: [
       { label: 'Time (UTC)', value: '{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}' },
       { label: `Requests sent per ${unit.name}`, scale: 'rate', stroke: colors.sent, fill: colors.sentFill, width: 1,
-        paths: uPlot.paths.bars({ size: [0.9, 48], align: 1 }), points: { show: false }, value: (u, v) => fmtValue(v) },
+        paths: uPlot.paths.bars({ size: [0.9, Infinity], align: 1 }), points: { show: false }, value: (u, v) => fmtValue(v) },
       { label: `Limit in force per ${unit.name}`, scale: 'rate', stroke: colors.limit, width: 2,
         paths: uPlot.paths.stepped({ align: 1 }), points: { show: false }, value: (u, v) => fmtValue(v) },
       { label: '429 refusals', scale: 'n', stroke: colors.refused, fill: colors.refused, width: 1,
@@ -225,10 +237,10 @@ export function timelineChart(tl, st, opts = {}) {
         paths: () => null, points: { show: true, size: 9 }, value: (u, v) => fmtValue(v ?? 0) },
     ],
     axes: [
-      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks },
+      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks, incrs: timeIncrs(tl.bucket_seconds) },
       { scale: 'rate', label: `requests per ${unit.name}`, stroke: '#5b6570', size: 56, grid: { stroke: '#eef1f4' },
         values: (u, ticks) => ticks.map((v) => fmtValue(v, 1)) },
-      { scale: 'n', side: 1, label: `429s, waits per ${bucket}`, stroke: '#5b6570', size: 56, grid: { show: false },
+      { scale: 'n', side: 1, label: '429s, waits per bucket', stroke: '#5b6570', size: 56, grid: { show: false },
         values: (u, ticks) => ticks.map((v) => (Number.isInteger(v) ? fmtNum(v) : '')) },
     ],
     hooks: { drawClear: [shadeSpans(spans, secs(tl.to))] },
@@ -266,7 +278,7 @@ export function limitChart(tl, st, ceiling) {
         paths: () => null, points: { show: true, size: 9 }, value: (u, v) => fmtValue(v) },
     ],
     axes: [
-      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks },
+      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks, incrs: timeIncrs(tl.bucket_seconds) },
       { scale: 'rate', label: `per ${unit.name}`, stroke: '#5b6570', size: 56, grid: { stroke: '#eef1f4' },
         values: (u, ticks) => ticks.map((v) => fmtValue(v, 1)) },
     ],

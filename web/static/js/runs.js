@@ -152,8 +152,10 @@ export async function runPage(main, { params: [id], signal }) {
   // more when it ends.
   const loadTimeline = async () => {
     try {
-      const tl = await getJSON(`/v1/runs/${enc(id)}/timeline`, signal);
+      const src = `/v1/runs/${enc(id)}/timeline`;
+      const tl = await getJSON(src, signal);
       if (stopped) return;
+      timeline.dataset.src = src;
       charts.clear();
       fill(timeline, runTimelineView(tl, charts));
       charts.mount();

@@ -143,10 +143,12 @@ export async function sourcePage(main, { hash, params: [id], signal }) {
   fill(timeline, h('h2', { id: 'timeline-h' }, 'Requests over time'), picker, h('p', { class: 'muted' }, 'Adding up the ledger\u2026'));
   try {
     const { from, to, what } = await timelineRange(id, range, signal);
-    const tl = await getJSON(routeWith(`/v1/sources/${enc(id)}/timeline`, { from: from.toISOString(), to: to.toISOString() }), signal);
+    const src = routeWith(`/v1/sources/${enc(id)}/timeline`, { from: from.toISOString(), to: to.toISOString() });
+    const tl = await getJSON(src, signal);
     fill(timeline, h('h2', { id: 'timeline-h' }, 'Requests over time'), picker,
       h('p', { class: 'muted small', id: 'timeline-range' }, `${what}: ${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(tl.bucket_seconds)}.`),
       sourceTimelineView(tl, cfg, charts));
+    timeline.dataset.src = src;
     charts.mount();
   } catch (err) {
     if (err.name === 'AbortError') return () => charts.destroy();
