@@ -385,9 +385,8 @@ export function reconciliationView(r, reload) {
   const control = (r.control || []).map((c) => h('tr', { class: c.within === false ? 'row-fail' : null },
     h('td', null, c.source),
     h('td', { class: 'num' }, fmtNum(c.peak)),
-    h('td', { class: 'num' }, fmtNum(c.limit)),
+    h('td', null, fmtRate(c.limit, c.window_ns ?? c.window)),
     h('td', { class: 'num' }, fmtNum(c.burst)),
-    h('td', null, fmtDuration(c.window_ns ?? c.window)),
     h('td', null, c.peak_at ? timeEl(c.peak_at) : '\u2014', c.peak_seq ? h('span', { class: 'muted' }, ` (seq ${c.peak_seq})`) : null),
     h('td', null, badge(c.within === false ? 'fail' : 'pass', c.within === false ? 'over limit' : 'within'))));
 
@@ -397,7 +396,7 @@ export function reconciliationView(r, reload) {
     table('Run total', checkCols, checkRows(checks), { id: 'checks', class: 'checks' }),
     perSource.length ? h('h3', null, 'Per source') : null, perSource,
     control.length ? table('Control evidence (R9): busiest window against the limit in force',
-      ['Source', { label: 'Peak requests', num: true }, { label: 'Limit', num: true }, { label: 'Burst', num: true }, 'Window', 'At', 'Result'],
+      ['Source', { label: 'Peak requests in a window', num: true }, 'Limit in force', { label: 'Burst', num: true }, 'At', 'Result'],
       control, { id: 'control' }) : null);
 }
 
