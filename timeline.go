@@ -2,9 +2,14 @@ package auditd
 
 import "time"
 
-// MaxTimelineBuckets is the most buckets one Timeline holds; a range and
-// bucket that would make more are refused (EINVALID, field "bucket").
-const MaxTimelineBuckets = 10_000
+// Bounds of a Timeline. A range and bucket that would make more buckets
+// are refused (EINVALID, field "bucket"); a run with so many sources that
+// their buckets would make more points is refused too (field "source":
+// name fewer sources, or use a larger bucket).
+const (
+	MaxTimelineBuckets = 10_000
+	MaxTimelinePoints  = 100_000 // buckets times sources
+)
 
 // TimelineQuery selects what a Timeline adds up.
 type TimelineQuery struct {
@@ -15,8 +20,8 @@ type TimelineQuery struct {
 	// there. A run's timeline ignores them: it runs from the run's first
 	// event to its run.finished (or its latest event while it runs).
 	From, To time.Time
-	// Source keeps one source of a run's timeline; "" keeps them all.
-	Source string
+	// Sources keeps these sources of a run's timeline; empty keeps all.
+	Sources []string
 }
 
 // Timeline is what a run's or a source's ledger events add up to per time

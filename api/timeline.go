@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -53,9 +54,9 @@ func (s *Server) handleRunTimeline(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	source := q.Get("source")
-	if err := s.validate.Var(source, "omitempty,max=100,printascii"); err != nil {
-		return invalid("source", "source must be a source id: at most 100 printable ASCII characters.")
+	sources, err := s.sourcesParam(q)
+	if err != nil {
+		return err
 	}
 	ctx := c.Request().Context()
 	run, err := s.Runs.Run(ctx, c.Param("id"))
@@ -69,7 +70,7 @@ func (s *Server) handleRunTimeline(c echo.Context) error {
 		}
 		bucket = autoBucket(end.Sub(run.Run.CreatedAt))
 	}
-	tl, err := s.Timelines.RunTimeline(ctx, run.Run.ID, auditd.TimelineQuery{Bucket: bucket, Source: source})
+	tl, err := s.Timelines.RunTimeline(ctx, run.Run.ID, auditd.TimelineQuery{Bucket: bucket, Sources: sources})
 	if err != nil {
 		return err
 	}
@@ -125,6 +126,26 @@ func bucketParam(q url.Values) (time.Duration, error) {
 		return 0, invalid("bucket", "bucket must be a duration from 100ms to 24h, such as 1s, 30s or 5m.")
 	}
 	return d, nil
+}
+
+// maxTimelineSources is how many sources one ?source= may name.
+const maxTimelineSources = 50
+
+// sourcesParam reads ?source=, source ids repeated or separated by commas.
+func (s *Server) sourcesParam(q url.Values) ([]string, error) {
+	var ids []string
+	for _, raw := range q["source"] {
+		for _, id := range strings.Split(raw, ",") {
+			if err := s.validate.Var(id, "required,max=100,printascii"); err != nil {
+				return nil, invalid("source", "source must be source ids, separated by commas: each 1 to 100 printable ASCII characters.")
+			}
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > maxTimelineSources {
+		return nil, invalid("source", "source names at most %d sources.", maxTimelineSources)
+	}
+	return ids, nil
 }
 
 // autoBucket is the narrowest of niceBuckets that covers span in about

@@ -59,6 +59,13 @@ func TestTimelines(t *testing.T) {
 			t.Errorf("sources %+v, want none: the run has no events of state", tl.Sources)
 		}
 	})
+	t.Run("RunSources", func(t *testing.T) {
+		for _, q := range []string{"source=state,county", "source=state&source=county"} {
+			if tl := get("/v1/runs/" + e.runID + "/timeline?" + q); len(tl.Sources) != 1 || tl.Sources[0].SourceID != "county" {
+				t.Errorf("%s: sources %+v, want county", q, tl.Sources)
+			}
+		}
+	})
 	t.Run("Source", func(t *testing.T) {
 		to := start.Add(time.Minute)
 		tl := get("/v1/sources/county/timeline?to=" + url.QueryEscape(to.Format(time.RFC3339)))
@@ -95,6 +102,8 @@ func TestTimelineBadInput(t *testing.T) {
 		{"SourceBucketWords", src + "?bucket=1x", 400, "bucket"},
 		{"RunSourceTooLong", run + "?source=" + strings.Repeat("s", 101), 400, "source"},
 		{"RunSourceNotASCII", run + "?source=%E2%9C%93", 400, "source"},
+		{"RunSourceEmpty", run + "?source=county,", 400, "source"},
+		{"RunSourcesTooMany", run + "?source=" + strings.Repeat("s,", 50) + "s", 400, "source"},
 		{"RunUnknown", "/v1/runs/01JNOPE/timeline", 404, ""},
 		{"SourceUnknown", "/v1/sources/nowhere/timeline", 404, ""},
 		{"FromNotTime", src + "?from=yesterday", 400, "from"},

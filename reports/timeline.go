@@ -31,8 +31,8 @@ func NewTimelines(r TimeReader) *Timelines { return &Timelines{Events: r} }
 
 // RunTimeline adds up run runID's events from its first to its
 // run.finished (or its latest, while it runs); events after its end
-// (acknowledgements, downloads) are not part of it. q.Source keeps one
-// source. A run with no event yet has an empty timeline.
+// (acknowledgements, downloads) are not part of it. q.Sources keeps those
+// sources. A run with no event yet has an empty timeline.
 func (t *Timelines) RunTimeline(ctx context.Context, runID string, q auditd.TimelineQuery) (*auditd.Timeline, error) {
 	if q.Bucket <= 0 {
 		return nil, bucketError("bucket must be positive")
@@ -41,7 +41,7 @@ func (t *Timelines) RunTimeline(ctx context.Context, runID string, q auditd.Time
 	if err != nil {
 		return nil, fmt.Errorf("find run %s: %w", runID, err)
 	}
-	a := newTimelineAgg(q.Bucket, q.Source)
+	a := newTimelineAgg(q.Bucket, q.Sources...)
 	a.tl.RunID = runID
 	if first == 0 {
 		return a.finish(), nil
@@ -159,7 +159,8 @@ func alignDown(t time.Time, bucket time.Duration) time.Time {
 type timelineAgg struct {
 	tl      auditd.Timeline
 	bucket  time.Duration
-	only    string // keep this source only; "" keeps all
+	only    map[string]bool // keep these sources only; nil keeps all
+	kept    int             // sources kept so far
 	start   time.Time
 	n       int  // buckets so far
 	fixed   bool // n is the range's, not grown by the events
@@ -193,6 +194,7 @@ type sourceAgg struct {
 	spans   []auditd.BreakerSpan
 	changes []auditd.LimitChange
 	breaker bool // a breaker event was seen
+	skip    bool // not one of the sources asked for
 }
 
 type limitAt struct {
@@ -201,14 +203,20 @@ type limitAt struct {
 	window time.Duration
 }
 
-func newTimelineAgg(bucket time.Duration, only string) *timelineAgg {
-	return &timelineAgg{
+func newTimelineAgg(bucket time.Duration, only ...string) *timelineAgg {
+	a := &timelineAgg{
 		tl:      auditd.Timeline{Bucket: auditd.Duration(bucket), BucketSeconds: bucket.Seconds(), Sources: []auditd.SourceTimeline{}},
 		bucket:  bucket,
-		only:    only,
 		sources: map[string]*sourceAgg{},
 		open:    map[dispatchKey]openDispatch{},
 	}
+	if len(only) > 0 {
+		a.only = make(map[string]bool, len(only))
+		for _, id := range only {
+			a.only[id] = true
+		}
+	}
+	return a
 }
 
 // begin sets the start of the first bucket and, for a fixed range, the
@@ -220,17 +228,30 @@ func (a *timelineAgg) begin(start time.Time, buckets int) {
 	}
 }
 
-func (a *timelineAgg) source(id string) *sourceAgg {
+// source returns the part of source id, creating it; a source that is not
+// asked for is kept as skipped, so that its events are passed over fast.
+func (a *timelineAgg) source(id string) (*sourceAgg, error) {
 	if a.last != nil && a.last.id == id {
-		return a.last
+		return a.last, nil
 	}
 	s := a.sources[id]
 	if s == nil {
-		s = &sourceAgg{id: strings.Clone(id)}
+		s = &sourceAgg{id: strings.Clone(id), skip: a.only != nil && !a.only[id]}
+		if !s.skip {
+			if a.kept++; a.kept*max(a.n, 1) > auditd.MaxTimelinePoints {
+				return nil, a.pointsError()
+			}
+		}
 		a.sources[s.id] = s
 	}
 	a.last = s
-	return s
+	return s, nil
+}
+
+func (a *timelineAgg) pointsError() error {
+	return &auditd.Error{Code: auditd.EINVALID, Field: "source", Message: fmt.Sprintf(
+		"%d sources in buckets of %s make more than %d points; name the sources to chart with source=, or use a larger bucket",
+		a.kept, a.bucket, auditd.MaxTimelinePoints)}
 }
 
 // index returns the bucket of t, growing the timeline to it unless its
@@ -244,6 +265,8 @@ func (a *timelineAgg) index(t time.Time) (i int, ok bool, err error) {
 		return 0, false, nil
 	case i >= auditd.MaxTimelineBuckets:
 		return 0, false, bucketError("the run spans more than %d buckets of %s; use a larger bucket", auditd.MaxTimelineBuckets, a.bucket)
+	case (i+1)*a.kept > auditd.MaxTimelinePoints:
+		return 0, false, a.pointsError()
 	}
 	a.n = i + 1
 	return i, true, nil
@@ -265,14 +288,17 @@ func (a *timelineAgg) observe(e *auditd.Event) error {
 	default:
 		return nil
 	}
-	if e.SourceID == "" || a.only != "" && e.SourceID != a.only {
+	if e.SourceID == "" {
 		return nil
+	}
+	s, err := a.source(e.SourceID)
+	if err != nil || s.skip {
+		return err
 	}
 	i, ok, err := a.index(e.Time)
 	if err != nil || !ok {
 		return err
 	}
-	s := a.source(e.SourceID)
 	key := dispatchKey{item: e.ItemKey, page: e.Page}
 	if a.keyRuns {
 		key.run = e.RunID
@@ -385,8 +411,10 @@ func (a *timelineAgg) finish() *auditd.Timeline {
 		d.src.at(d.bucket).InFlight++
 	}
 	ids := make([]string, 0, len(a.sources))
-	for id := range a.sources {
-		ids = append(ids, id)
+	for id, s := range a.sources {
+		if !s.skip {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
 	for _, id := range ids {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -147,7 +148,7 @@ func TestRunTimeline(t *testing.T) {
 func TestRunTimelineQueries(t *testing.T) {
 	ctx := context.Background()
 	t.Run("OneSource", func(t *testing.T) {
-		tl, err := cleanTimelines(t).RunTimeline(ctx, fixtureRun, auditd.TimelineQuery{Bucket: time.Second, Source: "grants"})
+		tl, err := cleanTimelines(t).RunTimeline(ctx, fixtureRun, auditd.TimelineQuery{Bucket: time.Second, Sources: []string{"grants"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,6 +193,32 @@ func TestRunTimelineQueries(t *testing.T) {
 			t.Fatalf("err = %v, want EINVALID on bucket", err)
 		}
 	})
+	t.Run("TooManyPoints", func(t *testing.T) {
+		// 20 sources with a dispatch at the start and 6,000 s later: 120,020
+		// points in buckets of a second, 60,010 for ten of them.
+		var evs []auditd.Event
+		var ten []string
+		for i := range 20 {
+			src := fmt.Sprintf("src-%02d", i)
+			if i < 10 {
+				ten = append(ten, src)
+			}
+			for _, d := range []time.Duration{0, 6000 * time.Second} {
+				evs = append(evs, auditd.Event{Type: auditd.EventDispatch, RunID: fixtureRun, SourceID: src, ItemKey: src, Attempt: 1, Time: at(d)})
+			}
+		}
+		slices.SortStableFunc(evs, func(a, b auditd.Event) int { return a.Time.Compare(b.Time) })
+		tls := reports.NewTimelines(memTimes{newMemLedger(evs)})
+		_, err := tls.RunTimeline(ctx, fixtureRun, auditd.TimelineQuery{Bucket: time.Second})
+		var e *auditd.Error
+		if !errors.As(err, &e) || e.Code != auditd.EINVALID || e.Field != "source" {
+			t.Fatalf("err = %v, want EINVALID on source", err)
+		}
+		tl, err := tls.RunTimeline(ctx, fixtureRun, auditd.TimelineQuery{Bucket: time.Second, Sources: ten})
+		if err != nil || len(tl.Sources) != 10 || len(tl.Sources[9].Buckets) != 6001 {
+			t.Fatalf("ten sources: %v, %d sources", err, len(tl.Sources))
+		}
+	})
 	t.Run("NoBucket", func(t *testing.T) {
 		_, err := cleanTimelines(t).RunTimeline(ctx, fixtureRun, auditd.TimelineQuery{})
 		if auditd.ErrorCode(err) != auditd.EINVALID {
@@ -219,7 +246,7 @@ func TestSourceTimeline(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		run, err := cleanTimelines(t).RunTimeline(ctx, fixtureRun, auditd.TimelineQuery{Bucket: time.Second, Source: "gis"})
+		run, err := cleanTimelines(t).RunTimeline(ctx, fixtureRun, auditd.TimelineQuery{Bucket: time.Second, Sources: []string{"gis"}})
 		if err != nil {
 			t.Fatal(err)
 		}

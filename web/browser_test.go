@@ -184,7 +184,10 @@ func (f *fakeAPI) runTimeline(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusNotFound, "Not Found", "No run "+r.PathValue("id"), "req-404")
 		return
 	}
-	q := auditd.TimelineQuery{Bucket: autoBucket(30 * time.Minute), Source: r.URL.Query().Get("source")}
+	q := auditd.TimelineQuery{Bucket: autoBucket(30 * time.Minute)}
+	if src := r.URL.Query().Get("source"); src != "" {
+		q.Sources = strings.Split(src, ",")
+	}
 	if b := r.URL.Query().Get("bucket"); b != "" {
 		q.Bucket, _ = time.ParseDuration(b)
 	}

@@ -150,14 +150,18 @@ export async function runPage(main, { params: [id], signal }) {
 
   // The charts follow a running run at every refresh, and are drawn once
   // more when it ends.
-  const loadTimeline = async () => {
+  const loadTimeline = async (x) => {
     try {
-      const src = `/v1/runs/${enc(id)}/timeline`;
+      // A run of many sources charts those with the most items.
+      const by = (x.counts && x.counts.by_source) || {};
+      const all = Object.keys(by);
+      const top = all.length > maxRunCharts ? all.sort((a, b) => (by[b].items || 0) - (by[a].items || 0)).slice(0, maxRunCharts) : [];
+      const src = routeWith(`/v1/runs/${enc(id)}/timeline`, { source: top.join(',') });
       const tl = await getJSON(src, signal);
       if (stopped) return;
       timeline.dataset.src = src;
       charts.clear();
-      fill(timeline, runTimelineView(tl, charts));
+      fill(timeline, runTimelineView(tl, charts, all.length));
       charts.mount();
     } catch (err) {
       if (stopped || err.name === 'AbortError') return;
@@ -189,7 +193,7 @@ export async function runPage(main, { params: [id], signal }) {
       summary.setAttribute('aria-busy', 'false');
       // Recount once on load and again when the run reaches its end.
       if (!lastStatus || (terminal(run.status) && !terminal(lastStatus))) loadRecon();
-      if (!lastStatus || !terminal(lastStatus)) loadTimeline();
+      if (!lastStatus || !terminal(lastStatus)) loadTimeline(x);
       lastStatus = run.status;
       if (!terminal(run.status)) timer = setTimeout(load, refreshMs);
     } catch (err) {
@@ -204,19 +208,18 @@ export async function runPage(main, { params: [id], signal }) {
   return () => { stopped = true; clearTimeout(timer); charts.destroy(); };
 }
 
-// maxRunCharts is how many sources of a run get a chart; the busiest first.
+// maxRunCharts is how many sources of a run get a chart: those with the
+// most items.
 const maxRunCharts = 12;
 
-function runTimelineView(tl, charts) {
+function runTimelineView(tl, charts, sourceCount) {
   const head = h('h2', { id: 'timeline-h' }, 'Requests over time');
   const sources = tl.sources || [];
   if (!sources.length) return [head, h('p', { class: 'muted' }, 'No requests recorded yet.')];
-  const sent = (st) => st.buckets.reduce((n, b) => n + b.dispatches, 0);
-  const shown = sources.length > maxRunCharts ? [...sources].sort((a, b) => sent(b) - sent(a)).slice(0, maxRunCharts) : sources;
   return [head,
     h('p', { class: 'muted small', id: 'timeline-range' }, `${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(tl.bucket_seconds)}; one chart per source.`),
-    shown.map((st) => charts.add(timelineChart(tl, st, { title: h('a', { href: `#/sources/${enc(st.source)}` }, st.source) }))),
-    shown.length < sources.length ? h('p', { class: 'muted' }, `The ${shown.length} busiest of ${sources.length} sources are shown; each source's page has its own.`) : null];
+    sources.map((st) => charts.add(timelineChart(tl, st, { title: h('a', { href: `#/sources/${enc(st.source)}` }, st.source) }))),
+    sourceCount > maxRunCharts ? h('p', { class: 'muted' }, `The ${maxRunCharts} sources with the most items of ${fmtNum(sourceCount)} are charted; every source's page has its own chart.`) : null];
 }
 
 function downloadBar(id) {
