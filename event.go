@@ -77,7 +77,7 @@ type Event struct {
 	OldWindow     time.Duration
 	NewWindow     time.Duration
 	Group         string  // gateway group of the source
-	Cause         string  // what taught the registry a change: header, 429, probe_up, operator, config
+	Cause         string  // what taught the registry a change: header, throttle, slow_start, recover, probe_up, outage, operator, config (429 in older ledgers)
 	Snapshot      string  // when a registry snapshot was taken: run.start or run.end
 	Outcome       Outcome // outcome of a response, item or run
 	Attempts      uint32  // the dispatches an item took, all its pages together

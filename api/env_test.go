@@ -22,6 +22,7 @@ import (
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/reports"
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
@@ -96,6 +97,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	s := api.NewServer()
 	s.Tokens, s.Sources, s.Runs, s.Ledger = e.tokens, e.sources, e.runs, e.ledger
 	s.Integrity, s.Reports = fakeIntegrity{e.ledger}, fakeReports{}
+	s.Timelines = reports.NewTimelines(e.ledger)
 	s.Clock = e.clock
 	s.Logger = discardLogger()
 	s.MaxRunBodyBytes = 256 << 10

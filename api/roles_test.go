@@ -58,6 +58,8 @@ func routeCases() []routeCase {
 		{"ListEvents", auth.RoleAuditor, 200, runPath("/events?type=dispatch,response")},
 		{"Reconciliation", auth.RoleAuditor, 200, runPath("/reconciliation")},
 		{"RunEvidence", auth.RoleAuditor, 200, runPath("/evidence.xlsx")},
+		{"RunTimeline", auth.RoleAuditor, 200, runPath("/timeline?bucket=1s")},
+		{"SourceTimeline", auth.RoleAuditor, 200, get("/v1/sources/county/timeline")},
 		{"AwardEvidence", auth.RoleAuditor, 200, get("/v1/evidence.xlsx?award=F-1&from=2026-01-01&to=2026-04-01")},
 		{"VerifyLedger", auth.RoleAuditor, 200, get("/v1/ledger/verify")},
 		{"Checkpoint", auth.RoleAuditor, 200, get("/v1/ledger/checkpoint")},

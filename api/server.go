@@ -69,6 +69,7 @@ type Server struct {
 	Ledger    Ledger
 	Integrity Integrity
 	Reports   Reports
+	Timelines Timelines
 
 	// TokenBudget charges each token's work. Default: a KeyedBudget with
 	// the DefaultToken* configuration on the real clock.
@@ -149,6 +150,7 @@ func NewServer() *Server {
 	s.registerItemRoutes(v1)
 	s.registerEventRoutes(v1)
 	s.registerReportRoutes(v1)
+	s.registerTimelineRoutes(v1)
 	s.registerLedgerRoutes(v1)
 	s.registerTokenRoutes(v1)
 	s.echo = e

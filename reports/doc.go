@@ -51,6 +51,23 @@
 // Paths are checked for credentials again on the way out (RedactPath):
 // query parameters whose names look like credentials are removed.
 //
+// # Timelines
+//
+// Timelines adds up a run's or a source's events per time bucket for the
+// UI's charts (auditd.Timeline): per source and bucket the dispatches, each
+// counted again by how it ended (its outcome event is matched to its
+// dispatch, so the classes add up as R2's do), the throttles, waits by
+// gate, shed and cache served recorded in the bucket, and the limit in
+// force; the breaker's open and half-open spans; the registry.changed
+// history. A run's timeline reads the run's range once, like a
+// reconciliation, and stops at its run.finished; a source's finds its
+// range with SeqAt and reads every event in it. Buckets start at whole
+// multiples of the bucket since the Unix epoch. What was in force before
+// the first registry or breaker event of a range is read from that event
+// (the old limit of a change, the state a transition left), since every
+// change is recorded. Memory grows with buckets times sources and with the
+// dispatches awaiting their outcome, not with events.
+//
 // Heavy exports go through an Admission: a bounded number run at once, each
 // under a deadline; the rest get a *BusyError carrying an honest Retry-After.
 //

@@ -160,3 +160,51 @@ func TestReport_JSONRoundTrip(t *testing.T) {
 		t.Error("report does not survive a JSON round trip (the CLI's server path decodes it)")
 	}
 }
+
+// TestReconcile_R10NamesItems: an R10 failure says which items, by key, in
+// total and in the source's scope, beside the offending events.
+func TestReconcile_R10NamesItems(t *testing.T) {
+	for _, tc := range []struct {
+		name, mutation, source, note string
+	}{
+		{"NotAcknowledged", "R10/AckMissing", "grants", `not acknowledged: item "budget"`},
+		{"NotDelivered", "R10/AckUndelivered", "grants", `acknowledged but not delivered: item "history"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m mutation
+			for _, x := range reportstest.Mutations() {
+				if x.Name == tc.mutation {
+					m = x
+				}
+			}
+			if m.Name == "" {
+				t.Fatalf("no mutation %s", tc.mutation)
+			}
+			rep := reconcile(t, m)
+			total := rep.Checks[9]
+			if total.ID != reports.R10 || total.Status != reports.StatusFail || total.Note != tc.note {
+				t.Errorf("total %s %s, note %q; want a failure noting %q", total.ID, total.Status, total.Note, tc.note)
+			}
+			for _, s := range rep.Sources {
+				c := s.Checks[9]
+				switch {
+				case s.SourceID == tc.source && c.Note != tc.note:
+					t.Errorf("source %s: R10 note %q, want %q", s.SourceID, c.Note, tc.note)
+				case s.SourceID != tc.source && c.Status == reports.StatusFail:
+					t.Errorf("source %s: R10 fails too (%q)", s.SourceID, c.Note)
+				}
+			}
+		})
+	}
+	// Several items: the first MaxOffending in ledger order (by the
+	// item.finished that delivered them), and how many more.
+	r := newReconciler(mutation{Before: drop(56, 57, 58)}.Apply(t))
+	r.MaxOffending = 2
+	rep, err := r.Reconcile(context.Background(), fixtureRun, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rep.Checks[9].Note, `not acknowledged: items "awards", "parcels" and 1 more`; got != want {
+		t.Errorf("note %q, want %q", got, want)
+	}
+}

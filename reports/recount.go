@@ -1,12 +1,14 @@
 package reports
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,6 +72,16 @@ type scope struct {
 	control      ControlEvidence
 	margin       int64 // smallest allowance - count seen; starts high
 	limited      bool  // a limit was ever recorded
+
+	// R10: the items behind a failure, named in its note.
+	unacked     []keyAt // delivered and not acknowledged
+	undelivered []keyAt // acknowledged and not delivered
+}
+
+// keyAt is an item key with the seq of the event that names it.
+type keyAt struct {
+	seq uint64
+	key string
 }
 
 // item is what the recount remembers per item of the run.
@@ -293,6 +305,7 @@ func (rc *recount) observe(e *auditd.Event) {
 		c.actual++
 		if it == nil || !it.finished || it.acked || (it.outcome != auditd.ItemSucceeded && it.outcome != auditd.ItemCached) {
 			c.offend(e.Seq, most)
+			s.undelivered = append(s.undelivered, keyAt{e.Seq, strings.Clone(e.ItemKey)})
 		}
 		if it != nil {
 			it.acked = true
@@ -615,7 +628,7 @@ func (rc *recount) itemFinished(s *scope, e *auditd.Event) {
 // acknowledgements missing) and sums the scopes.
 func (rc *recount) report(live *LiveCounters) *Report {
 	most := rc.maxOffending
-	for _, it := range rc.items {
+	for key, it := range rc.items {
 		s := it.src
 		switch {
 		case !it.finished:
@@ -631,6 +644,7 @@ func (rc *recount) report(live *LiveCounters) *Report {
 			s.checks[9].expected++
 			if rc.hasAck && !it.acked {
 				s.checks[9].offend(it.finishedSeq, most)
+				s.unacked = append(s.unacked, keyAt{it.finishedSeq, key})
 			}
 		}
 	}
@@ -669,6 +683,7 @@ func (rc *recount) report(live *LiveCounters) *Report {
 		if scope == "" {
 			scope = "run"
 		}
+		s.checks[9].note = ackNote(s.unacked, s.undelivered, most)
 		checks := make([]Check, numChecks)
 		for i := range numChecks {
 			checks[i] = s.checks[i].check(i, scope, most)
@@ -764,8 +779,43 @@ func (rc *recount) totalNote(i int) string {
 		}
 	case 7:
 		return rc.chain.note
+	case 9:
+		var unacked, undelivered []keyAt
+		for _, s := range rc.sources {
+			unacked, undelivered = append(unacked, s.unacked...), append(undelivered, s.undelivered...)
+		}
+		return ackNote(unacked, undelivered, rc.maxOffending)
 	}
 	return ""
+}
+
+// ackNote names the items behind an R10 failure, the first most of each
+// kind in ledger order, as its offending events are listed.
+func ackNote(unacked, undelivered []keyAt, most int) string {
+	var parts []string
+	for _, k := range []struct {
+		what string
+		keys []keyAt
+	}{{"not acknowledged", unacked}, {"acknowledged but not delivered", undelivered}} {
+		if len(k.keys) == 0 {
+			continue
+		}
+		keys := slices.SortedFunc(slices.Values(k.keys), func(a, b keyAt) int { return cmp.Compare(a.seq, b.seq) })
+		names := make([]string, 0, min(len(keys), most))
+		for _, x := range keys[:min(len(keys), most)] {
+			names = append(names, strconv.Quote(x.key))
+		}
+		more := ""
+		if len(keys) > most {
+			more = fmt.Sprintf(" and %d more", len(keys)-most)
+		}
+		item := "item"
+		if len(keys) > 1 {
+			item = "items"
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s %s%s", k.what, item, strings.Join(names, ", "), more))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // counterPair is one live counter beside its recount.

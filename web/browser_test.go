@@ -3,11 +3,13 @@ package web_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,8 @@ import (
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/chromedp"
 
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/web"
 	"github.com/auditd/auditd/web/webtest"
 )
@@ -35,21 +39,28 @@ type fakeAPI struct {
 	mu         sync.Mutex
 	runFetches int
 	downloads  map[string]string // path?query -> Authorization header
+
+	tl *reports.Timelines // adds up fixtureLedger, as the real route does
 }
 
 func newFakeAPI(t *testing.T) (*fakeAPI, http.Handler) {
-	f := &fakeAPI{t: t, downloads: map[string]string{}}
+	f := &fakeAPI{t: t, downloads: map[string]string{}, tl: fixtureTimelines()}
 	mux := http.NewServeMux()
 	fixture := func(name string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) { f.file(w, name) }
 	}
 	mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("cursor") != "" {
+		switch q := r.URL.Query(); {
+		case q.Get("cursor") != "":
 			f.file(w, "runs-page2.json")
-			return
+		case q.Get("source") != "":
+			f.file(w, "runs-by-source.json") // the run, as it ended
+		default:
+			fixture("runs.json")(w, r)
 		}
-		fixture("runs.json")(w, r)
 	})
+	mux.HandleFunc("GET /v1/runs/{id}/timeline", f.runTimeline)
+	mux.HandleFunc("GET /v1/sources/{id}/timeline", f.sourceTimeline)
 	mux.HandleFunc("GET /v1/runs/{id}", f.run)
 	mux.HandleFunc("GET /v1/runs/{id}/reconciliation", func(w http.ResponseWriter, r *http.Request) {
 		if format := r.URL.Query().Get("format"); format != "" {
@@ -166,6 +177,56 @@ func (f *fakeAPI) source(w http.ResponseWriter, r *http.Request) {
 	problem(w, http.StatusNotFound, "Not Found", "No source "+r.PathValue("id"), "req-404")
 }
 
+// runTimeline answers GET /v1/runs/{id}/timeline for the run of runs.json:
+// its 30 minutes, without ?bucket= in buckets of 10 s, as the API would.
+func (f *fakeAPI) runTimeline(w http.ResponseWriter, r *http.Request) {
+	if r.PathValue("id") != runID {
+		problem(w, http.StatusNotFound, "Not Found", "No run "+r.PathValue("id"), "req-404")
+		return
+	}
+	q := auditd.TimelineQuery{Bucket: autoBucket(30 * time.Minute)}
+	if src := r.URL.Query().Get("source"); src != "" {
+		q.Sources = strings.Split(src, ",")
+	}
+	if b := r.URL.Query().Get("bucket"); b != "" {
+		q.Bucket, _ = time.ParseDuration(b)
+	}
+	f.timelineJSON(w, func() (*auditd.Timeline, error) { return f.tl.RunTimeline(r.Context(), runID, q) })
+}
+
+// sourceTimeline answers GET /v1/sources/{id}/timeline for the sources of
+// sources.json over ?from= and ?to=.
+func (f *fakeAPI) sourceTimeline(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if id != "hays-gis" && id != "travis-gis" {
+		problem(w, http.StatusNotFound, "Not Found", "No source "+id, "req-404")
+		return
+	}
+	from, err1 := time.Parse(time.RFC3339Nano, r.URL.Query().Get("from"))
+	to, err2 := time.Parse(time.RFC3339Nano, r.URL.Query().Get("to"))
+	if err1 != nil || err2 != nil {
+		f.t.Errorf("%s: the UI sends from and to as RFC 3339: %v %v", r.URL, err1, err2)
+		problem(w, http.StatusBadRequest, "Bad Request", "from and to", "req-400")
+		return
+	}
+	q := auditd.TimelineQuery{Bucket: autoBucket(to.Sub(from)), From: from, To: to}
+	f.timelineJSON(w, func() (*auditd.Timeline, error) { return f.tl.SourceTimeline(r.Context(), id, q) })
+}
+
+func (f *fakeAPI) timelineJSON(w http.ResponseWriter, get func() (*auditd.Timeline, error)) {
+	tl, err := get()
+	if errors.Is(err, context.Canceled) {
+		return // the page went elsewhere
+	}
+	if err != nil {
+		f.t.Errorf("timeline: %v", err)
+		problem(w, http.StatusBadRequest, "Bad Request", err.Error(), "req-400")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(tl)
+}
+
 func (f *fakeAPI) download(w http.ResponseWriter, r *http.Request, ctype, name string) {
 	f.mu.Lock()
 	f.downloads[r.URL.RequestURI()] = r.Header.Get("Authorization")
@@ -242,6 +303,19 @@ func TestBrowser(t *testing.T) {
 		}
 	}
 
+	// chartShot saves a PNG of the page with its charts in shotsDir.
+	shots := webtest.ShotsDir(t)
+	chartShot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		must("screenshot "+name, err)
+		path := filepath.Join(shots, name+".png")
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Error(err)
+		}
+		t.Logf("screenshot of the %s page: %s", name, path)
+	}
+
 	// shot saves a PNG of the page to path, and to $AUDITD_UI_SHOTS/name.png
 	// when that is set, for a person to look at.
 	shot := func(name, path string) {
@@ -312,7 +386,33 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("failing rows highlighted = %d, want 1 (R4)", fails)
 	}
 
+	// The charts, one per source: what uPlot was given is the API's timeline.
+	must("run charts", chromedp.Do(bctx,
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:hays-gis"][data-rendered]`)),
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:travis-gis"][data-rendered]`)),
+	))
+	runTL := getTimeline(t, bctx, apiHandler)
+	if refused, waits := webtest.CheckTimelineChart(bctx, t, runTL, "hays-gis", 1); refused != 3 || waits != 8 {
+		t.Errorf("hays-gis chart marks %d refusals and %d waits, want the fixture's 3 and 8", refused, waits)
+	}
+	if _, waits := webtest.CheckTimelineChart(bctx, t, runTL, "travis-gis", 60); waits == 0 {
+		t.Error("travis-gis chart marks no wait")
+	}
+	for _, c := range []struct {
+		at   string
+		want bool
+	}{{"18:52:20", true}, {"18:45:00", false}} {
+		ts, _ := time.Parse(time.DateTime, "2026-11-29 "+c.at)
+		got, err := webtest.Shaded(bctx, "timeline:hays-gis", ts)
+		must("sample the chart at "+c.at, err)
+		if got != c.want {
+			t.Errorf("hays-gis chart shaded at %s: %v, want %v (breaker open 18:52:04 to 18:52:34)", c.at, got, c.want)
+		}
+	}
+	contains("#timeline", "hays-gis", "Requests sent per second", "Limit in force per minute", "3 refused (429)", "breaker open once", "buckets of 10 seconds")
+
 	shot("run", filepath.Join(os.TempDir(), "auditd-ui.png"))
+	chartShot("run")
 
 	// The auto-refresh sees the run finish.
 	must("auto-refresh", chromedp.Do(bctx, chromedp.Poll[chromedp.Void](
@@ -359,7 +459,29 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#events-link")),
 		chromedp.WaitVisible(chromedp.CSS("#events-table tbody tr")),
 	))
-	contains("#events-table", "throttle", "Retry-After 12", "hays/parcels/18")
+	contains("#events-table", "throttle", "Retry-After 12", "hays/parcels/18", "name Parcels refresh", "wait 12s")
+	fits, err := chromedp.Run(bctx, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`))
+	must("events width", err)
+	if len(fits) != 2 || fits[1] != 1280 || fits[0] > fits[1] {
+		t.Errorf("events page is %v px wide in a window of %v; it must fit 1280", fits[0], fits[1])
+	}
+	clipped, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#events-table td')].filter((td) => td.scrollWidth > td.clientWidth + 1).map((td) => td.textContent)`))
+	must("events cells", err)
+	if len(clipped) > 0 {
+		t.Errorf("events cells wider than their column: %q", clipped)
+	}
+	raw, err := chromedp.Run(bctx, chromedp.Evaluate[string](`[...document.querySelectorAll('#events-table td.details')].map((d) => d.textContent).find((s) => s.includes('{')) || ''`))
+	must("events details", err)
+	if raw != "" {
+		t.Errorf("an event's details show raw JSON: %q", raw)
+	}
+	labels, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#events-table td.details dt')].map((d) => d.textContent)`))
+	must("events labels", err)
+	for _, want := range []string{"status", "Retry-After", "wait", "request", "name"} {
+		if !slices.Contains(labels, want) {
+			t.Errorf("details label %q missing from %q", want, labels)
+		}
+	}
 	shot("events", "")
 
 	// Sources: learned limit against the ceiling, what taught it, breaker.
@@ -367,13 +489,50 @@ func TestBrowser(t *testing.T) {
 		chromedp.Navigate(srv.URL+"/#/sources"),
 		chromedp.WaitVisible(chromedp.CSS("#sources-table tbody tr")),
 	))
-	contains("#sources-table", "hays-gis", "5 per 1s", "10 per 1s", "429", "open", "travis-gis", "20 per 1m0s", "header")
+	contains("#sources-table", "hays-gis", "5 per second", "10 per second", "429", "open", "travis-gis", "20 per minute", "30 per minute", "header")
+	// A learned limit under the ceiling is how learning works: a note, not a warning.
+	note, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`(() => { const el = document.querySelector('#sources-table .learned-below');
+		const cs = getComputedStyle(el); return [el.textContent, cs.color, cs.fontWeight,
+		getComputedStyle(document.querySelector('.muted')).color]; })()`))
+	must("below the ceiling", err)
+	if len(note) != 4 || note[0] != "below the ceiling" || note[1] != note[3] || note[2] != "400" {
+		t.Errorf("below the ceiling: text, colour, weight, muted colour = %q; want the muted colour at normal weight", note)
+	}
 	shot("sources", "")
 	must("source", chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS(`#sources-table a[href="#/sources/hays-gis"]`)),
 		chromedp.WaitVisible(chromedp.CSS("dl.facts")),
 	))
-	contains("main", "In force now", "5 per 1s", "below the ceiling", "X-Api-Key (values redacted)", "opens after 5 failures, cooldown 30s")
+	contains("main", "In force now", "5 per second", "below the ceiling", "X-Api-Key (values redacted)", "opens after 5 failures, cooldown 30s")
+	// Durations in the UI's one style: "2m", not "2m0s".
+	capText, err := chromedp.Run(bctx, chromedp.Evaluate[string](`[...document.querySelectorAll('dl.facts > div')].find((d) => d.querySelector('dt').textContent === 'Retry-After cap').querySelector('dd').textContent`))
+	must("retry-after cap", err)
+	if capText != "2m" {
+		t.Errorf("Retry-After cap shows %q, want 2m", capText)
+	}
+
+	// The source's charts cover its latest run: requests against the limit
+	// in force, and the learned-limit history against the ceiling.
+	must("source charts", chromedp.Do(bctx,
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:hays-gis"][data-rendered]`)),
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="limits:hays-gis"][data-rendered]`)),
+	))
+	srcTL := getTimeline(t, bctx, apiHandler)
+	if srcTL.From.After(fixtureStart) || srcTL.To.Before(fixtureStart.Add(30*time.Minute)) {
+		t.Errorf("source timeline %s to %s; want the latest run's (from 18:40:05 to 19:10:02)", srcTL.From, srcTL.To)
+	}
+	webtest.CheckTimelineChart(bctx, t, srcTL, "hays-gis", 1)
+	webtest.CheckLimitChart(bctx, t, srcTL, "hays-gis", 10)
+	contains("#limit-changes", "2 per second", "4 per second", "8 per second", "5 per second", "probe_up", "429")
+	if rows, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#limit-changes tbody tr').length`)); err != nil || rows != 3 {
+		t.Errorf("limit changes table has %d rows (%v), want the 3 changes", rows, err)
+	}
+	contains("#timeline-range", "Latest run", "buckets of 10 seconds")
+	chartShot("source")
+	must("source last hour", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(`#range-picker a[data-range="1h"]`)),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#timeline') && document.querySelector('#timeline').textContent.includes('Nothing was recorded')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
 
 	// Ledger: verification, checkpoint and key.
 	must("ledger", chromedp.Do(bctx,

@@ -50,6 +50,11 @@ func TestFakeAPIFollowsContract(t *testing.T) {
 		{"Verify", "/v1/ledger/verify", "/v1/ledger/verify", auditorToken, 200, "application/json"},
 		{"Checkpoint", "/v1/ledger/checkpoint", "/v1/ledger/checkpoint", auditorToken, 200, "text/plain"},
 		{"PublicKey", "/v1/ledger/public-key", "/v1/ledger/public-key", auditorToken, 200, "text/plain"},
+		{"RunsOfSource", "/v1/runs?source=hays-gis&limit=1", "/v1/runs", auditorToken, 200, "application/json"},
+		{"RunTimeline", "/v1/runs/" + runID + "/timeline", "/v1/runs/{id}/timeline", auditorToken, 200, "application/json"},
+		{"RunTimelineOneSource", "/v1/runs/" + runID + "/timeline?source=hays-gis&bucket=1m", "/v1/runs/{id}/timeline", auditorToken, 200, "application/json"},
+		{"SourceTimeline", "/v1/sources/hays-gis/timeline?from=2026-11-29T18:40:05.123Z&to=2026-11-29T19:10:02.004Z", "/v1/sources/{id}/timeline", auditorToken, 200, "application/json"},
+		{"SourceTimelineCarriedIn", "/v1/sources/hays-gis/timeline?from=2026-11-29T18:52:10Z&to=2026-11-29T18:53:00Z", "/v1/sources/{id}/timeline", auditorToken, 200, "application/json"},
 		{"Unauthorized", "/v1/runs?limit=1", "/v1/runs", "wrong", 401, "application/problem+json"},
 	}
 	for _, tc := range tests {

@@ -12,8 +12,19 @@
 //	static/js/dom.js      tiny DOM and formatting helpers
 //	static/js/runs.js     #/runs, #/runs/{id}, #/runs/{id}/items, #/runs/{id}/events
 //	static/js/sources.js  #/sources, #/sources/{id}
+//	static/js/charts.js   the run and source pages' charts of GET .../timeline
 //	static/js/ledger.js   #/ledger
+//	static/vendor/uplot/  uPlot 1.6.32 from npm (dist/uPlot.iife.min.js,
+//	                      uPlot.min.css) with its MIT licence, unmodified
 //	testdata/fakeapi/     fixtures of the fake API the browser test serves
+//
+// The charts are drawn by uPlot, a small canvas library for time series,
+// loaded as a classic script before the modules (it defines the global
+// uPlot). charts.js keeps every chart it draws in window.auditdCharts by
+// name, so that the browser test can compare the data uPlot was given with
+// the API's timeline. The fake API's timelines are added up by the reports
+// package from a fixture ledger (timeline_fixture_test.go), so the charts
+// are checked against what the real route answers for those events.
 //
 // The UI is a client of the REST API described by api/openapi.yaml and
 // nothing more: every page is built from /v1/* responses, with the token the

@@ -39,6 +39,8 @@ func TestHandler(t *testing.T) {
 		{"Module", "GET", "/js/app.js", 200, "text/javascript; charset=utf-8", "import"},
 		{"Icon", "GET", "/favicon.svg", 200, "image/svg+xml", "<svg"},
 		{"Head", "HEAD", "/js/api.js", 200, "text/javascript; charset=utf-8", ""},
+		{"ChartLibrary", "GET", "/vendor/uplot/uPlot.iife.min.js", 200, "text/javascript; charset=utf-8", "uPlot"},
+		{"ChartLibraryLicence", "GET", "/vendor/uplot/LICENSE.txt", 200, "text/plain; charset=utf-8", "Leon Sorokin"},
 		{"UnknownPath", "GET", "/nope.js", 404, "", ""},
 		{"NoDirectoryListing", "GET", "/js/", 404, "", ""},
 		{"NoTraversal", "GET", "/../web.go", 404, "", ""},

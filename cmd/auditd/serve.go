@@ -153,6 +153,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	srv.Runs = runsAPI{Store: store, loop: loop}
 	srv.Integrity = integrityAPI{db: db, led: led}
 	srv.Reports = reps
+	srv.Timelines = reports.NewTimelines(led)
 	srv.UI = web.Handler()
 	srv.Logger = log
 	srv.Addr = o.addr

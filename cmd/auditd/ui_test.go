@@ -258,10 +258,24 @@ upstreams:
 		}
 	}
 	b.noJunk("run page")
+	throttles, _ := run.Counts["status_429"].(float64)
 	b.shot("run", filepath.Join(os.TempDir(), "auditd-ui-real.png"))
 
+	// The run's charts, one per source: what uPlot was given is what
+	// GET /v1/runs/{id}/timeline answers, and county's 429s are marked.
+	b.must("run charts", chromedp.Do(b.ctx,
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:county"][data-rendered]`)),
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:state"][data-rendered]`)),
+	))
+	runTL := b.timeline(srv, token)
+	if refused, _ := webtest.CheckTimelineChart(b.ctx, t, runTL, "county", 1); refused != int(throttles) || refused == 0 {
+		t.Errorf("county's chart marks %d refusals; the run counted %v 429s", refused, throttles)
+	}
+	webtest.CheckTimelineChart(b.ctx, t, runTL, "state", 1)
+	b.noJunk("run page with charts")
+	b.chartShot("run")
+
 	// Events: every throttle the counts report is listed with its hint.
-	throttles, _ := run.Counts["status_429"].(float64)
 	b.must("throttle events", chromedp.Do(b.ctx,
 		chromedp.Navigate(srv.url+"/#/runs/"+created.ID+"/events?type=throttle"),
 		chromedp.WaitVisible(chromedp.CSS("#events-table tbody tr")),
@@ -292,15 +306,15 @@ upstreams:
 	if county.Learned.Limit == 0 || county.Learned.Limit >= 40 || county.Learned.Cause == "" {
 		t.Errorf("county learned %+v; want a limit below the ceiling of 40 and what taught it", county.Learned)
 	}
-	learned := fmt.Sprintf("%s per %s", groupDigits(int64(county.Learned.Limit)), county.Learned.Window)
+	learned := fmt.Sprintf("%s per %s", groupDigits(int64(county.Learned.Limit)), perWindow(county.Learned.Window))
 	b.must("sources", chromedp.Do(b.ctx,
 		chromedp.Click(chromedp.CSS(`#nav a[data-nav="sources"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#sources-table a[href="#/sources/county"]`)),
 	))
 	cells := b.evalList(`[...document.querySelector('#sources-table a[href="#/sources/county"]').closest('tr').cells].map((c) => c.textContent)`)
 	if len(cells) < 4 || !strings.HasPrefix(cells[1], learned) || !strings.Contains(cells[1], "below the ceiling") ||
-		cells[2] != "40 per 1s" || !strings.Contains(cells[3], county.Learned.Cause) {
-		t.Errorf("county row %q; want learned %q below the ceiling 40 per 1s, taught by %q", cells, learned, county.Learned.Cause)
+		cells[2] != "40 per second" || !strings.Contains(cells[3], county.Learned.Cause) {
+		t.Errorf("county row %q; want learned %q below the ceiling 40 per second, taught by %q", cells, learned, county.Learned.Cause)
 	}
 	b.noJunk("sources")
 	b.shot("sources", "")
@@ -312,6 +326,20 @@ upstreams:
 		t.Errorf("county page: limit in force %q, want %q", got, learned)
 	}
 	b.noJunk("source county")
+
+	// county's charts cover the run: its requests against the limit it
+	// learned, and that limit's history against the ceiling of 40.
+	b.must("source charts", chromedp.Do(b.ctx,
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:county"][data-rendered]`)),
+		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="limits:county"][data-rendered]`)),
+	))
+	srcTL := b.timeline(srv, token)
+	if refused, _ := webtest.CheckTimelineChart(b.ctx, t, srcTL, "county", 1); refused != int(throttles) {
+		t.Errorf("county's source chart marks %d refusals; the run counted %v 429s", refused, throttles)
+	}
+	webtest.CheckLimitChart(b.ctx, t, srcTL, "county", 40)
+	b.noJunk("source county with charts")
+	b.chartShot("source")
 
 	// Ledger: the whole ledger verifies, up to at least the run's end.
 	b.must("ledger", chromedp.Do(b.ctx,
@@ -349,7 +377,7 @@ type uiBrowser struct {
 
 func newUIBrowser(t *testing.T, exe string) *uiBrowser {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, webtest.AllocatorOptions(exe, t.TempDir())...)
 	bctx, cancelBrowser := chromedp.NewContext(actx)
 	b := &uiBrowser{t: t, ctx: bctx}
@@ -460,6 +488,34 @@ func (b *uiBrowser) shot(name, path string) {
 	}
 }
 
+// timeline fetches, from srv, the timeline the page on show drew its charts
+// from (the same path and query).
+func (b *uiBrowser) timeline(srv *child, token string) auditd.Timeline {
+	b.t.Helper()
+	url, err := webtest.TimelineURL(b.ctx)
+	if err != nil || url == "" {
+		b.must("the page's timeline", fmt.Errorf("none (%v)", err))
+	}
+	var tl auditd.Timeline
+	if code := srv.call(b.t, "GET", url, token, nil, &tl); code != http.StatusOK {
+		b.t.Fatalf("GET %s: %d", url, code)
+	}
+	return tl
+}
+
+// chartShot saves a PNG of the whole page in webtest.ShotsDir as
+// real-name-charts.png, for a person to look at.
+func (b *uiBrowser) chartShot(name string) {
+	b.t.Helper()
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	b.must("screenshot "+name, err)
+	path := filepath.Join(webtest.ShotsDir(b.t), "real-"+name+"-charts.png")
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		b.t.Error(err)
+	}
+	b.t.Logf("screenshot of the %s page: %s", name, path)
+}
+
 // consoleErrors fails the test for every console error and uncaught
 // exception the pages had.
 func (b *uiBrowser) consoleErrors() {
@@ -483,6 +539,27 @@ func groupDigits(n int64) string {
 		return "-" + s
 	}
 	return s
+}
+
+// perWindow names a window as the UI does in a rate: "1s" is "second",
+// "1m0s" "minute", "5m0s" "5 minutes".
+func perWindow(window string) string {
+	d, err := time.ParseDuration(window)
+	if err != nil {
+		return window
+	}
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{time.Hour, "hour"}, {time.Minute, "minute"}, {time.Second, "second"}} {
+		if d >= u.d && d%u.d == 0 {
+			if d == u.d {
+				return u.name
+			}
+			return fmt.Sprintf("%d %ss", d/u.d, u.name)
+		}
+	}
+	return window
 }
 
 func prefix(s string, n int) string {

@@ -1,5 +1,6 @@
 // Package webtest is what the tests that drive the auditor UI in headless
-// Chromium share: finding the browser, and the flags it needs here.
+// Chromium share: finding the browser, the flags it needs here, reading the
+// charts back from the page, and where screenshots go.
 package webtest
 
 import (

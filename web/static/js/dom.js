@@ -59,23 +59,45 @@ export function fmtRelative(v, now = Date.now()) {
   return ms >= 0 ? `in ${s}` : `${s} ago`;
 }
 
-function fmtSeconds(sec) {
-  if (sec < 1) return `${Math.round(sec * 1000)}ms`;
+// fmtSeconds shows a number of seconds in the UI's one style: 250ms, 1.5s,
+// 12s, 1m 30s, 2m, 1h, 3h 20m, 2d 4h.
+export function fmtSeconds(sec) {
+  if (sec === 0) return '0s';
+  if (sec < 1) return `${+(sec * 1000).toFixed(sec < 0.01 ? 2 : 0)}ms`;
   if (sec < 60) return `${+sec.toFixed(sec < 10 ? 1 : 0)}s`;
   const d = Math.floor(sec / 86400), hr = Math.floor(sec % 86400 / 3600);
   const m = Math.floor(sec % 3600 / 60), s = Math.floor(sec % 60);
-  if (d) return `${d}d ${hr}h`;
-  if (hr) return `${hr}h ${m}m`;
+  if (d) return hr ? `${d}d ${hr}h` : `${d}d`;
+  if (hr) return m ? `${hr}h ${m}m` : `${hr}h`;
   return s ? `${m}m ${s}s` : `${m}m`;
 }
 
 // fmtDuration shows a duration given as Go's JSON (integer nanoseconds) or
-// as a Go duration string ("1m30s"), which is shown as it is.
+// as a Go duration string ("1m30s"), in fmtSeconds' style; a string that is
+// neither is shown as it is.
 export function fmtDuration(v) {
   if (v === null || v === undefined || v === '') return dash;
-  if (typeof v === 'string') return v;
-  if (v === 0) return '0s';
-  return fmtSeconds(v / 1e9);
+  const sec = typeof v === 'string' ? seconds(v) : v / 1e9;
+  return Number.isNaN(sec) ? String(v) : fmtSeconds(sec);
+}
+
+// perWindow names a window for a rate: "second", "minute", "5 minutes",
+// "hour", "90 seconds".
+export function perWindow(sec) {
+  if (!(sec > 0)) return '';
+  for (const [unit, name] of [[86400, 'day'], [3600, 'hour'], [60, 'minute'], [1, 'second']]) {
+    const n = sec / unit;
+    if (n >= 1 && Math.abs(n - Math.round(n)) < 1e-9) return n === 1 ? name : `${Math.round(n)} ${name}s`;
+  }
+  return sec < 1 ? `${+(sec * 1000).toFixed(0)} milliseconds` : `${+sec.toFixed(3)} seconds`;
+}
+
+// fmtRate shows a limit per window, the window given as a Go duration:
+// "30 per minute", "5 per second". Missing limits show a dash.
+export function fmtRate(limit, window) {
+  if (!limit) return dash;
+  const w = perWindow(typeof window === 'number' ? window / 1e9 : seconds(window));
+  return w ? `${fmtNum(limit)} per ${w}` : fmtNum(limit);
 }
 
 const nf = new Intl.NumberFormat('en-US');

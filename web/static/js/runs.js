@@ -2,9 +2,10 @@
 // reconciliation, downloads), its items and its events.
 import { getJSON, download, enc } from './api.js';
 import {
-  h, fill, fmtNum, fmtSigned, fmtDuration, fmtRelative, timeEl, short, badge, table, dl,
+  h, fill, fmtNum, fmtSigned, fmtDuration, fmtRate, fmtRelative, fmtTime, timeEl, short, badge, table, dl,
   problemBox, query, routeWith,
 } from './dom.js';
+import { ChartSet, timelineChart, bucketWords } from './charts.js';
 
 // How often a running run's detail page refreshes itself.
 const refreshMs = 3000;
@@ -138,12 +139,35 @@ export async function runPage(main, { params: [id], signal }) {
   const head = h('div', { class: 'pagehead' }, h('h1', null, 'Run ', h('span', { class: 'mono' }, id)));
   const summary = h('section', { id: 'run-summary', 'aria-busy': 'true' }, h('p', { class: 'muted' }, 'Loading run\u2026'));
   const downloads = downloadBar(id);
+  const timeline = h('section', { id: 'timeline', 'aria-labelledby': 'timeline-h' });
   const recon = h('section', { id: 'reconciliation', 'aria-labelledby': 'recon-h' });
-  fill(main, h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ' / ', id), head, downloads, summary, recon);
+  fill(main, h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ' / ', id), head, downloads, summary, timeline, recon);
 
   let timer = 0;
   let lastStatus = '';
   let stopped = false;
+  const charts = new ChartSet();
+
+  // The charts follow a running run at every refresh, and are drawn once
+  // more when it ends.
+  const loadTimeline = async (x) => {
+    try {
+      // A run of many sources charts those with the most items.
+      const by = (x.counts && x.counts.by_source) || {};
+      const all = Object.keys(by);
+      const top = all.length > maxRunCharts ? all.sort((a, b) => (by[b].items || 0) - (by[a].items || 0)).slice(0, maxRunCharts) : [];
+      const src = routeWith(`/v1/runs/${enc(id)}/timeline`, { source: top.join(',') });
+      const tl = await getJSON(src, signal);
+      if (stopped) return;
+      timeline.dataset.src = src;
+      charts.clear();
+      fill(timeline, runTimelineView(tl, charts, all.length));
+      charts.mount();
+    } catch (err) {
+      if (stopped || err.name === 'AbortError') return;
+      fill(timeline, h('h2', { id: 'timeline-h' }, 'Requests over time'), problemBox(err, 'Could not load the timeline'));
+    }
+  };
 
   const loadRecon = async () => {
     fill(recon, h('h2', { id: 'recon-h' }, 'Reconciliation'), h('p', { class: 'muted' }, 'Recounting the ledger\u2026'));
@@ -169,6 +193,7 @@ export async function runPage(main, { params: [id], signal }) {
       summary.setAttribute('aria-busy', 'false');
       // Recount once on load and again when the run reaches its end.
       if (!lastStatus || (terminal(run.status) && !terminal(lastStatus))) loadRecon();
+      if (!lastStatus || !terminal(lastStatus)) loadTimeline(x);
       lastStatus = run.status;
       if (!terminal(run.status)) timer = setTimeout(load, refreshMs);
     } catch (err) {
@@ -180,7 +205,21 @@ export async function runPage(main, { params: [id], signal }) {
     }
   };
   await load();
-  return () => { stopped = true; clearTimeout(timer); };
+  return () => { stopped = true; clearTimeout(timer); charts.destroy(); };
+}
+
+// maxRunCharts is how many sources of a run get a chart: those with the
+// most items.
+const maxRunCharts = 12;
+
+function runTimelineView(tl, charts, sourceCount) {
+  const head = h('h2', { id: 'timeline-h' }, 'Requests over time');
+  const sources = tl.sources || [];
+  if (!sources.length) return [head, h('p', { class: 'muted' }, 'No requests recorded yet.')];
+  return [head,
+    h('p', { class: 'muted small', id: 'timeline-range' }, `${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(tl.bucket_seconds)}; one chart per source.`),
+    sources.map((st) => charts.add(timelineChart(tl, st, { title: h('a', { href: `#/sources/${enc(st.source)}` }, st.source) }))),
+    sourceCount > maxRunCharts ? h('p', { class: 'muted' }, `The ${maxRunCharts} sources with the most items of ${fmtNum(sourceCount)} are charted; every source's page has its own chart.`) : null];
 }
 
 function downloadBar(id) {
@@ -349,9 +388,8 @@ export function reconciliationView(r, reload) {
   const control = (r.control || []).map((c) => h('tr', { class: c.within === false ? 'row-fail' : null },
     h('td', null, c.source),
     h('td', { class: 'num' }, fmtNum(c.peak)),
-    h('td', { class: 'num' }, fmtNum(c.limit)),
+    h('td', null, fmtRate(c.limit, c.window_ns ?? c.window)),
     h('td', { class: 'num' }, fmtNum(c.burst)),
-    h('td', null, fmtDuration(c.window_ns ?? c.window)),
     h('td', null, c.peak_at ? timeEl(c.peak_at) : '\u2014', c.peak_seq ? h('span', { class: 'muted' }, ` (seq ${c.peak_seq})`) : null),
     h('td', null, badge(c.within === false ? 'fail' : 'pass', c.within === false ? 'over limit' : 'within'))));
 
@@ -361,7 +399,7 @@ export function reconciliationView(r, reload) {
     table('Run total', checkCols, checkRows(checks), { id: 'checks', class: 'checks' }),
     perSource.length ? h('h3', null, 'Per source') : null, perSource,
     control.length ? table('Control evidence (R9): busiest window against the limit in force',
-      ['Source', { label: 'Peak requests', num: true }, { label: 'Limit', num: true }, { label: 'Burst', num: true }, 'Window', 'At', 'Result'],
+      ['Source', { label: 'Peak requests in a window', num: true }, 'Limit in force', { label: 'Burst', num: true }, 'At', 'Result'],
       control, { id: 'control' }) : null);
 }
 
@@ -403,16 +441,16 @@ export async function eventsPage(main, { hash, params: [id], signal }) {
       h('td', { class: 'nowrap' }, timeEl(e.time)),
       h('td', null, h('span', { class: 'etype' }, e.type)),
       h('td', null, e.source_id || ''),
-      h('td', { class: 'mono small' }, e.item_key || ''),
+      h('td', { class: 'mono small break' }, e.item_key || ''),
       h('td', { class: 'num' }, e.attempt || ''),
-      h('td', { class: 'small' }, eventDetail(e)),
+      h('td', { class: 'small details' }, eventDetail(e)),
       h('td', null, short(e.hash, 10))));
     const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' },
       cursor ? h('a', { href: routeWith(base, { type, source }), class: 'btn' }, '\u2190 First page') : null,
       next ? h('a', { href: routeWith(base, { type, source, cursor: next }), class: 'btn', id: 'events-next' }, 'Next page \u2192') : null,
       h('span', { class: 'muted' }, `${events.length} event${events.length === 1 ? '' : 's'} on this page`));
     fill(body, table(null, [{ label: 'Seq', num: true }, 'Time (UTC)', 'Type', 'Source', 'Item', { label: 'Att.', num: true }, 'Details', 'Hash'],
-      rows, { id: 'events-table', empty: 'No events match.' }), pager);
+      rows, { id: 'events-table', class: 'events', empty: 'No events match.' }), pager);
   } catch (err) {
     fill(body, problemBox(err, 'Could not load events'));
   }
@@ -425,13 +463,14 @@ function eventClass(e) {
   return null;
 }
 
-// eventDetail lists the type-specific fields an event carries (EVENTS.md),
-// skipping those that are empty. Durations are Go duration strings.
+// eventDetail lists the type-specific fields an event carries (EVENTS.md)
+// as labelled values, skipping those that are empty; a JSON detail is read
+// into labelled values too.
 function eventDetail(e) {
   const parts = [];
-  const add = (k, v) => { if (v !== undefined && v !== null && v !== '' && v !== 0 && v !== false) parts.push([k, v]); };
+  const add = (k, v, cls) => { if (v !== undefined && v !== null && v !== '' && v !== 0 && v !== false) parts.push([k, v, cls]); };
   const dur = (v) => (v === undefined || v === null || v === 0 || v === '' ? undefined : fmtDuration(v));
-  add('', [e.method, e.path].filter(Boolean).join(' '));
+  add('request', [e.method, e.path].filter(Boolean).join(' '), 'mono break');
   add('page', e.page);
   add('status', e.status);
   add('outcome', e.outcome);
@@ -449,15 +488,39 @@ function eventDetail(e) {
   add('threshold', e.threshold);
   add('cooldown', dur(e.cooldown));
   if (e.old_limit || e.new_limit) {
-    const ow = dur(e.old_window), nw = dur(e.new_window);
-    add('limit', e.old_limit ? `${e.old_limit}/${ow || '?'} \u2192 ${e.new_limit}/${nw || '?'}` : `${e.new_limit}/${nw || '?'}`);
+    add('limit', e.old_limit ? `${fmtRate(e.old_limit, e.old_window)} \u2192 ${fmtRate(e.new_limit, e.new_window)}` : fmtRate(e.new_limit, e.new_window));
   }
   add('group', e.group);
   add('payload', e.payload_hash ? short(e.payload_hash, 12) : undefined);
-  add('cause', e.cause);
+  add(e.type === 'export.downloaded' ? 'ledger head' : 'cause', e.cause);
   add('by', e.principal);
-  add('detail', e.detail);
-  return parts.map(([k, v], i) => h('span', { class: 'kv' }, i ? ' \u00b7 ' : '', k ? `${k} ` : '', v));
+  for (const [k, v] of detailFields(e.detail)) add(k, v);
+  if (!parts.length) return '';
+  return h('dl', { class: 'kv' }, parts.map(([k, v, cls]) => h('div', null, h('dt', null, k), ' ', h('dd', { class: cls || null }, v), ' ')));
+}
+
+// detailFields reads an event's Detail (JSON for run.started, snapshots,
+// source and token changes, exports) as [label, value] pairs, nested
+// objects flattened ("award fain"); a detail that is not a JSON object is
+// one value.
+export function detailFields(detail) {
+  if (!detail) return [];
+  let v;
+  try { v = JSON.parse(detail); } catch { return [['detail', detail]]; }
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return [['detail', String(detail)]];
+  const out = [];
+  const walk = (obj, prefix) => {
+    for (const [k, x] of Object.entries(obj)) {
+      const label = (prefix ? `${prefix} ` : '') + k.replace(/_/g, ' ');
+      if (x === null || x === '' || x === undefined) continue;
+      if (typeof x === 'object' && !Array.isArray(x)) walk(x, label);
+      else if (Array.isArray(x)) out.push([label, x.map((y) => (typeof y === 'object' ? JSON.stringify(y) : String(y))).join(', ')]);
+      else if (typeof x === 'string' && /^[0-9a-f]{40,}$/.test(x)) out.push([label, short(x, 16)]);
+      else out.push([label, typeof x === 'number' ? fmtNum(x) : String(x)]);
+    }
+  };
+  walk(v, '');
+  return out;
 }
 
 // ---- #/runs/{id}/items --------------------------------------------------

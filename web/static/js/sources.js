@@ -2,8 +2,11 @@
 // ceiling an operator configured, what taught it, and where its breaker
 // and pause stand now.
 import { getJSON, enc } from './api.js';
-import { h, fill, fmtNum, fmtDuration, fmtRelative, timeEl, badge, table, dl, problemBox, seconds } from './dom.js';
+import {
+  h, fill, fmtNum, fmtDuration, fmtRate, fmtRelative, fmtTime, timeEl, badge, table, dl, problemBox, seconds, query, routeWith,
+} from './dom.js';
 import { listOf } from './runs.js';
+import { ChartSet, timelineChart, limitChart, bucketWords } from './charts.js';
 
 // splitSource takes a SourceState (openapi.yaml): the configured source's
 // fields, what was learned, the breaker now (breaker_state; "breaker" is
@@ -14,10 +17,7 @@ export function splitSource(x) {
 
 function zero(t) { return !t || String(t).startsWith('0001-01-01'); }
 
-function rate(limit, window) {
-  if (!limit) return '\u2014';
-  return `${fmtNum(limit)} per ${fmtDuration(window)}`;
-}
+const rate = fmtRate;
 
 function pausedCell(paused) {
   if (zero(paused) || new Date(paused).getTime() <= Date.now()) return h('span', { class: 'muted' }, 'not paused');
@@ -30,6 +30,9 @@ function breakerCell(br) {
     !zero(br.until) ? h('div', { class: 'small muted' }, 'cooldown ends ', timeEl(br.until)) : null);
 }
 
+// learnedVsCeiling says whether the learned limit is under the configured
+// ceiling. That is how learning works (an unknown source starts low and
+// grows until it is refused), so it is shown as a plain note, not a warning.
 function learnedVsCeiling(learned, cfg) {
   // The learned limit is what is in force; the configured limit is the most
   // auditd will ever send whatever it learns.
@@ -79,7 +82,7 @@ function sourceRow(x) {
   return h('tr', { class: br.state === 'open' ? 'row-fail' : null },
     h('td', null, h('a', { href: `#/sources/${enc(cfg.id)}` }, cfg.id), cfg.group ? h('div', { class: 'small muted' }, `group ${cfg.group}`) : null),
     h('td', null, rate(learned.limit, learned.window),
-      below ? h('div', { class: 'small learned-below' }, 'below the ceiling') : null),
+      below ? h('div', { class: 'small muted learned-below' }, 'below the ceiling') : null),
     h('td', null, cfg.limit ? rate(cfg.limit, cfg.window) : h('span', { class: 'muted' }, 'registry default')),
     h('td', null, learned.cause ? h('span', { class: 'etype' }, learned.cause) : '\u2014',
       !zero(learned.changed_at) ? h('div', { class: 'small muted' }, timeEl(learned.changed_at)) : null),
@@ -88,19 +91,29 @@ function sourceRow(x) {
     h('td', { class: 'small' }, [cfg.tier, cfg.concurrency ? `${cfg.concurrency} at once` : ''].filter(Boolean).join(' \u00b7 ')));
 }
 
-export async function sourcePage(main, { params: [id], signal }) {
+// The ranges a source's timeline can show: the latest run that used it (the
+// default), or a span back from now.
+const ranges = [['run', 'Latest run'], ['1h', 'Last hour'], ['24h', 'Last 24 hours'], ['7d', 'Last 7 days']];
+const spans = { '1h': 3600e3, '24h': 86400e3, '7d': 7 * 86400e3 };
+
+export async function sourcePage(main, { hash, params: [id], signal }) {
   document.title = `Source ${id} \u00b7 auditd`;
+  const range = ranges.some(([k]) => k === query(hash).get('range')) ? query(hash).get('range') : 'run';
   const body = h('div', { 'aria-live': 'polite' }, h('p', { class: 'muted' }, 'Loading source\u2026'));
+  const timeline = h('section', { id: 'timeline', 'aria-labelledby': 'timeline-h' });
   fill(main, h('p', { class: 'crumbs' }, h('a', { href: '#/sources' }, 'Sources'), ' / ', id),
-    h('div', { class: 'pagehead' }, h('h1', null, 'Source ', h('span', { class: 'mono' }, id))), body);
+    h('div', { class: 'pagehead' }, h('h1', null, 'Source ', h('span', { class: 'mono' }, id))), body, timeline);
+  const charts = new ChartSet();
+  let cfg;
   try {
     const x = await getJSON(`/v1/sources/${enc(id)}`, signal);
-    const { cfg, learned, br, paused } = splitSource(x);
+    const { cfg: c, learned, br, paused } = splitSource(x);
+    cfg = c;
     const pol = cfg.breaker || {};
     fill(body, h('div', { class: 'two-col' },
       h('section', null, h('h2', null, 'In force now'), dl([
         ['Limit in force', [rate(learned.limit, learned.window),
-          learnedVsCeiling(learned, cfg).below ? h('span', { class: 'learned-below' }, ' (below the ceiling)') : null]],
+          learnedVsCeiling(learned, cfg).below ? h('span', { class: 'muted learned-below' }, ' (below the ceiling)') : null]],
         ['What taught it', learned.cause || ''],
         ['Learned at', zero(learned.changed_at) ? '' : timeEl(learned.changed_at)],
         ['Breaker', breakerCell(br)],
@@ -122,5 +135,63 @@ export async function sourcePage(main, { params: [id], signal }) {
       ]))));
   } catch (err) {
     fill(body, problemBox(err, 'Could not load the source'));
+    return () => charts.destroy();
   }
+
+  const picker = h('nav', { class: 'toolbar', 'aria-label': 'Range', id: 'range-picker' },
+    ranges.map(([k, label]) => h('a', { href: routeWith(`#/sources/${enc(id)}`, { range: k === 'run' ? '' : k }), class: 'btn btn-quiet', 'aria-current': k === range ? 'true' : null, dataset: { range: k } }, label)));
+  fill(timeline, h('h2', { id: 'timeline-h' }, 'Requests over time'), picker, h('p', { class: 'muted' }, 'Adding up the ledger\u2026'));
+  try {
+    const { from, to, what } = await timelineRange(id, range, signal);
+    const src = routeWith(`/v1/sources/${enc(id)}/timeline`, { from: from.toISOString(), to: to.toISOString() });
+    const tl = await getJSON(src, signal);
+    fill(timeline, h('h2', { id: 'timeline-h' }, 'Requests over time'), picker,
+      h('p', { class: 'muted small', id: 'timeline-range' }, `${what}: ${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(tl.bucket_seconds)}.`),
+      sourceTimelineView(tl, cfg, charts));
+    timeline.dataset.src = src;
+    charts.mount();
+  } catch (err) {
+    if (err.name === 'AbortError') return () => charts.destroy();
+    fill(timeline, h('h2', { id: 'timeline-h' }, 'Requests over time'), picker, problemBox(err, 'Could not load the timeline'));
+  }
+  return () => charts.destroy();
+}
+
+// timelineRange is the range to show: the latest run that used the source
+// (created to finished, or now), or a span back from now.
+async function timelineRange(id, range, signal) {
+  const now = new Date();
+  if (range === 'run') {
+    const runs = listOf(await getJSON(routeWith('/v1/runs', { source: id, limit: '1' }), signal), 'runs');
+    if (runs.length) {
+      const r = runs[0];
+      const from = new Date(r.created_at);
+      let to = r.finished_at ? new Date(r.finished_at) : now;
+      if (!(to > from)) to = new Date(from.getTime() + 60e3);
+      return { from, to, what: `Latest run, ${r.name || r.id}` };
+    }
+    range = '1h';
+  }
+  return { from: new Date(now.getTime() - spans[range]), to: now, what: ranges.find(([k]) => k === range)[1] };
+}
+
+function sourceTimelineView(tl, cfg, charts) {
+  const st = (tl.sources || [])[0];
+  if (!st) return h('p', { class: 'muted' }, 'Nothing was recorded for this source in this range.');
+  // The ceiling as a rate per second; the chart shows it in its own unit.
+  const ceiling = cfg.limit && seconds(cfg.window) > 0 ? cfg.limit / seconds(cfg.window) : null;
+  const changes = (st.limit_changes || []).map((c) => h('tr', null,
+    h('td', { class: 'nowrap' }, timeEl(c.time)),
+    h('td', null, fmtRate(c.old_limit, c.old_window)),
+    h('td', null, fmtRate(c.new_limit, c.new_window)),
+    h('td', null, h('span', { class: 'etype' }, c.cause)),
+    h('td', null, c.run_id ? h('a', { href: `#/runs/${enc(c.run_id)}`, class: 'mono small' }, c.run_id) : '\u2014'),
+    h('td', { class: 'num' }, fmtNum(c.seq))));
+  return [
+    charts.add(timelineChart(tl, st, { title: 'Requests against the limit in force' })),
+    h('h2', { id: 'limits-h' }, 'Learned-limit history'),
+    charts.add(limitChart(tl, st, ceiling)),
+    table(null, ['Changed at (UTC)', 'From', 'To', 'What taught it', 'Run', { label: 'Seq', num: true }], changes,
+      { id: 'limit-changes', empty: 'The learned limit did not change in this range.' }),
+  ];
 }
