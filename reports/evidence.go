@@ -433,11 +433,11 @@ func (b *bookWriter) manifest() error {
 		{"Runs", strings.Join(runs, " "), nil},
 		{"Reconciliation balanced", balanced, nil},
 		{"Ledger head at end of export range", ledgerHead(b.m.Reports), nil},
-		{"Signed checkpoint", checkpoint, nil},
-		{"Public key (ed25519, note verifier)", key, nil},
+		{ManifestFieldCheckpoint, checkpoint, nil},
+		{ManifestFieldPublicKey, key, nil},
 		{"How to verify", "Save the signed checkpoint above to a file; on a copy of the ledger's data directory run: auditd verify --data DIR --key '<public key above>' --trusted-checkpoint FILE. It checks the hash chain, the Merkle tree and the signed checkpoints, and names the first bad sequence number. Each sheet's SHA-256 below is over its rows as shown: cells as text joined by tabs (tab, newline and backslash escaped as \\t, \\n, \\\\), one line per row, header row first.", nil},
 		{"Timestamps", "UTC, RFC 3339 with milliseconds; durations in seconds", nil},
-		{"Sheet", "Rows", "SHA-256 of rows"},
+		{ManifestFieldSheet, "Rows", "SHA-256 of rows"},
 	}
 	for _, r := range rows {
 		if err := w.row(r...); err != nil {
@@ -467,34 +467,67 @@ func ledgerHead(reps []*Report) string {
 // populations, all sheets at once, in sequence order.
 func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]uint64) error {
 	var sheets [5]*sheetWriter
-	for i, spec := range []sheetSpec{specDispatches, specWaits, specBreaker, specRegistry, specAccess} {
+	var rows [5]rowWriter
+	for i, spec := range eventSpecs {
 		w, err := b.sheet(spec)
 		if err != nil {
 			return err
 		}
-		sheets[i] = w
+		sheets[i], rows[i] = w, w
 	}
-	disp, waits, breaker, registry, access := sheets[0], sheets[1], sheets[2], sheets[3], sheets[4]
-	maxPending := b.x.MaxPendingRows
+	progress := func() error {
+		if b.done++; b.done%DefaultProgressEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if b.x.Progress != nil {
+				b.x.Progress(b.done, b.total)
+			}
+		}
+		return nil
+	}
+	if err := eventRows(b.x.Events, runIDs, ranges, rows, b.x.MaxPendingRows, b.redact, progress); err != nil {
+		return err
+	}
+	if b.x.Progress != nil {
+		b.x.Progress(b.done, b.total)
+	}
+	for _, w := range sheets {
+		if err := b.closeSheet(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eventSpecs are the populations written straight from the events, in the
+// order eventRows takes their writers.
+var eventSpecs = [5]sheetSpec{specDispatches, specWaits, specBreaker, specRegistry, specAccess}
+
+// rowWriter takes one population's rows: a sheet, or a check of one.
+type rowWriter interface {
+	row(vals ...any) error
+}
+
+// eventRows reads the runs' ranges in order and writes the event
+// populations' rows to rows (eventSpecs' order); each calls tick for every
+// event read.
+func eventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, rows [5]rowWriter, maxPending int, redact *redactor, tick func() error) error {
+	disp, waits, breaker, registry, access := rows[0], rows[1], rows[2], rows[3], rows[4]
 	if maxPending <= 0 {
 		maxPending = DefaultMaxPendingRows
 	}
-	j := newJoiner(disp, maxPending, b.redact)
+	j := newJoiner(disp, maxPending, redact)
 
 	for i, id := range runIDs {
 		first, last := ranges[i][0], ranges[i][1]
 		// The range the reconciliation read, in order, no more.
-		err := b.x.Events.Scan(first, last, func(e *auditd.Event) error {
+		err := events.Scan(first, last, func(e *auditd.Event) error {
 			if e.Seq > last {
 				return errStop
 			}
-			if b.done++; b.done%DefaultProgressEvery == 0 {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				if b.x.Progress != nil {
-					b.x.Progress(b.done, b.total)
-				}
+			if err := tick(); err != nil {
+				return err
 			}
 			if e.RunID != id {
 				return nil
@@ -518,7 +551,7 @@ func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]ui
 				return registry.row(e.Seq, e.RunID, e.SourceID, e.Time, string(e.Type), e.Cause, e.Group, oldLimit, e.NewLimit,
 					oldWindow, seconds(e.NewWindow), hexHash(e.Hash))
 			case auditd.EventExport:
-				return access.row(e.Seq, e.RunID, e.Time, e.Principal, b.redact.text(e.Detail), e.Cause, hexHash(e.Hash))
+				return access.row(e.Seq, e.RunID, e.Time, e.Principal, redact.text(e.Detail), e.Cause, hexHash(e.Hash))
 			}
 			return j.observe(e)
 		})
@@ -526,14 +559,6 @@ func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]ui
 			return fmt.Errorf("scan run %s: %w", id, err)
 		}
 		if err := j.drain(); err != nil {
-			return err
-		}
-	}
-	if b.x.Progress != nil {
-		b.x.Progress(b.done, b.total)
-	}
-	for _, w := range sheets {
-		if err := b.closeSheet(w); err != nil {
 			return err
 		}
 	}
