@@ -112,7 +112,7 @@ func (s *Server) handleListEvents(c echo.Context) error {
 	}
 	out := struct {
 		Events     []auditd.EventJSON `json:"events"`
-		NextCursor string      `json:"next_cursor,omitempty"`
+		NextCursor string             `json:"next_cursor,omitempty"`
 	}{Events: []auditd.EventJSON{}}
 	err = s.Ledger.ScanRun(runID, q.after, func(e *auditd.Event) error {
 		if !q.matches(e) {
