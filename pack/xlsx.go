@@ -1,0 +1,383 @@
+package pack
+
+import (
+	"archive/zip"
+	"bufio"
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strconv"
+	"strings"
+)
+
+// The workbook is read with a small scanner of its sheets' XML rather
+// than excelize: a verifier reads every cell of sheets of a million rows,
+// which an XML decoder takes many seconds over, and needs nothing of a
+// sheet but its cells' values.
+
+// Limits of what the scanner accepts from a workbook.
+const (
+	maxCellText     = 1 << 20
+	maxCellsPerRow  = 16384 // Excel's columns
+	maxSharedString = 1 << 24
+)
+
+// book is an opened workbook: its sheets by name.
+type book struct {
+	zr      *zip.Reader
+	files   map[string]*zip.File
+	sheets  map[string]string // sheet name -> part name
+	strings []string          // shared strings, when the workbook has them
+}
+
+func openBook(zr *zip.Reader) (*book, error) {
+	b := &book{zr: zr, files: map[string]*zip.File{}, sheets: map[string]string{}}
+	for _, f := range zr.File {
+		b.files[f.Name] = f
+	}
+	var wb struct {
+		Sheets []struct {
+			Name string `xml:"name,attr"`
+			ID   string `xml:"http://schemas.openxmlformats.org/officeDocument/2006/relationships id,attr"`
+		} `xml:"sheets>sheet"`
+	}
+	if err := b.decodeXML("xl/workbook.xml", &wb); err != nil {
+		return nil, err
+	}
+	var rels struct {
+		Rels []struct {
+			ID     string `xml:"Id,attr"`
+			Target string `xml:"Target,attr"`
+		} `xml:"Relationship"`
+	}
+	if err := b.decodeXML("xl/_rels/workbook.xml.rels", &rels); err != nil {
+		return nil, err
+	}
+	targets := map[string]string{}
+	for _, r := range rels.Rels {
+		t := r.Target
+		if strings.HasPrefix(t, "/") {
+			t = strings.TrimPrefix(t, "/")
+		} else {
+			t = path.Join("xl", t)
+		}
+		targets[r.ID] = t
+	}
+	for _, s := range wb.Sheets {
+		if t, ok := targets[s.ID]; ok {
+			b.sheets[s.Name] = t
+		}
+	}
+	if _, ok := b.files["xl/sharedStrings.xml"]; ok {
+		var sst struct {
+			SI []struct {
+				T string `xml:"t"`
+				R []struct {
+					T string `xml:"t"`
+				} `xml:"r"`
+			} `xml:"si"`
+		}
+		if err := b.decodeXML("xl/sharedStrings.xml", &sst); err != nil {
+			return nil, err
+		}
+		for _, si := range sst.SI {
+			s := si.T
+			for _, r := range si.R {
+				s += r.T
+			}
+			b.strings = append(b.strings, s)
+		}
+	}
+	return b, nil
+}
+
+func (b *book) decodeXML(name string, v any) error {
+	f, ok := b.files[name]
+	if !ok {
+		return fmt.Errorf("workbook has no %s", name)
+	}
+	rc, err := f.Open()
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if err := xml.NewDecoder(io.LimitReader(rc, maxSharedString)).Decode(v); err != nil {
+		return fmt.Errorf("workbook %s: %w", name, err)
+	}
+	return nil
+}
+
+// rows opens the sheet called name; ok is false when there is none.
+func (b *book) rows(name string) (*rowReader, bool, error) {
+	part, ok := b.sheets[name]
+	if !ok {
+		return nil, false, nil
+	}
+	f, ok := b.files[part]
+	if !ok {
+		return nil, false, fmt.Errorf("workbook lacks sheet %q's part %s", name, part)
+	}
+	rc, err := f.Open()
+	if err != nil {
+		return nil, false, err
+	}
+	return &rowReader{r: bufio.NewReaderSize(rc, 1<<16), rc: rc, strings: b.strings}, true, nil
+}
+
+// cell is one cell as the sheet stores it.
+type cell struct {
+	col  int    // from 0
+	typ  string // the t attribute: "" (number), "s", "inlineStr", "str", "b", ...
+	text string // the value's text, shared strings resolved
+}
+
+// rowReader scans a sheet's rows in order.
+type rowReader struct {
+	r       *bufio.Reader
+	rc      io.Closer
+	strings []string
+	tag     []byte
+	cells   []cell
+	done    bool
+}
+
+func (rr *rowReader) Close() error { return rr.rc.Close() }
+
+var errBadSheet = errors.New("sheet XML not understood")
+
+// readTag returns the next tag's text between < and > (the reader past
+// it) and the text before it.
+func (rr *rowReader) readTag() (text, tag []byte, err error) {
+	t, err := rr.r.ReadSlice('<')
+	if err != nil {
+		if err == bufio.ErrBufferFull {
+			// Text longer than the buffer: keep reading it.
+			acc := append([]byte(nil), t...)
+			for err == bufio.ErrBufferFull && len(acc) <= maxCellText {
+				t, err = rr.r.ReadSlice('<')
+				acc = append(acc, t...)
+			}
+			if err != nil {
+				return nil, nil, errBadSheet
+			}
+			t = acc
+		} else {
+			return nil, nil, err
+		}
+	}
+	text = t[:len(t)-1]
+	if len(text) > 0 {
+		text = append([]byte(nil), text...) // the next read overwrites the buffer
+	}
+	rr.tag = rr.tag[:0]
+	for {
+		s, err := rr.r.ReadSlice('>')
+		rr.tag = append(rr.tag, s...)
+		if err == nil {
+			break
+		}
+		if err != bufio.ErrBufferFull || len(rr.tag) > 1<<20 {
+			return nil, nil, errBadSheet
+		}
+	}
+	return text, rr.tag[:len(rr.tag)-1], nil
+}
+
+func tagName(tag []byte) string {
+	end := bytes.IndexAny(tag, " \t\r\n/")
+	if end < 0 {
+		return string(tag)
+	}
+	if end == 0 && len(tag) > 0 && tag[0] == '/' {
+		e := bytes.IndexAny(tag[1:], " \t\r\n")
+		if e < 0 {
+			return string(tag)
+		}
+		return string(tag[:e+1])
+	}
+	return string(tag[:end])
+}
+
+func attr(tag []byte, name string) (string, bool) {
+	for i := 0; ; {
+		j := bytes.Index(tag[i:], []byte(name+`="`))
+		if j < 0 {
+			return "", false
+		}
+		j += i
+		if j > 0 && (tag[j-1] == ' ' || tag[j-1] == '\t' || tag[j-1] == '\n' || tag[j-1] == '\r') {
+			v := tag[j+len(name)+2:]
+			end := bytes.IndexByte(v, '"')
+			if end < 0 {
+				return "", false
+			}
+			return string(v[:end]), true
+		}
+		i = j + 1
+	}
+}
+
+// next returns the next row's cells, io.EOF after the last row.
+func (rr *rowReader) next() ([]cell, error) {
+	if rr.done {
+		return nil, io.EOF
+	}
+	rr.cells = rr.cells[:0]
+	inRow := false
+	var cur *cell
+	var val []byte
+	inValue := false
+	for {
+		text, tag, err := rr.readTag()
+		if err == io.EOF {
+			rr.done = true
+			if inRow {
+				return nil, errBadSheet
+			}
+			return nil, io.EOF
+		}
+		if err != nil {
+			return nil, err
+		}
+		if inValue {
+			val = append(val, text...)
+			if len(val) > maxCellText {
+				return nil, errBadSheet
+			}
+		}
+		name := tagName(tag)
+		selfClosing := len(tag) > 0 && tag[len(tag)-1] == '/'
+		switch name {
+		case "row":
+			if inRow {
+				return nil, errBadSheet
+			}
+			if selfClosing {
+				return rr.cells, nil
+			}
+			inRow = true
+		case "/row":
+			if !inRow || cur != nil {
+				return nil, errBadSheet
+			}
+			return rr.cells, nil
+		case "c":
+			if !inRow || cur != nil || len(rr.cells) >= maxCellsPerRow {
+				return nil, errBadSheet
+			}
+			c := cell{col: len(rr.cells)}
+			if len(rr.cells) > 0 {
+				c.col = rr.cells[len(rr.cells)-1].col + 1
+			}
+			if ref, ok := attr(tag, "r"); ok {
+				col, ok := columnIndex(ref)
+				if !ok {
+					return nil, errBadSheet
+				}
+				c.col = col
+			}
+			c.typ, _ = attr(tag, "t")
+			if selfClosing {
+				rr.cells = append(rr.cells, c)
+				continue
+			}
+			rr.cells = append(rr.cells, c)
+			cur, val = &rr.cells[len(rr.cells)-1], val[:0]
+		case "v", "t":
+			if cur == nil {
+				return nil, errBadSheet
+			}
+			inValue = !selfClosing
+		case "/v", "/t":
+			inValue = false
+		case "/c":
+			if cur == nil {
+				return nil, errBadSheet
+			}
+			s, err := unescape(val)
+			if err != nil {
+				return nil, err
+			}
+			if cur.typ == "s" {
+				i, err := strconv.Atoi(s)
+				if err != nil || i < 0 || i >= len(rr.strings) {
+					return nil, errBadSheet
+				}
+				s = rr.strings[i]
+			}
+			cur.text, cur = s, nil
+		case "/sheetData":
+			rr.done = true
+			if inRow {
+				return nil, errBadSheet
+			}
+			return nil, io.EOF
+		}
+	}
+}
+
+// columnIndex reads the column of a cell reference ("AB12" is 27).
+func columnIndex(ref string) (int, bool) {
+	col, i := 0, 0
+	for ; i < len(ref) && ref[i] >= 'A' && ref[i] <= 'Z'; i++ {
+		col = col*26 + int(ref[i]-'A'+1)
+		if col > maxCellsPerRow {
+			return 0, false
+		}
+	}
+	return col - 1, i > 0
+}
+
+// unescape resolves XML's character references and the five entities.
+func unescape(b []byte) (string, error) {
+	if bytes.IndexByte(b, '&') < 0 {
+		return string(b), nil
+	}
+	var out strings.Builder
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '&')
+		if i < 0 {
+			out.Write(b)
+			break
+		}
+		out.Write(b[:i])
+		b = b[i:]
+		end := bytes.IndexByte(b, ';')
+		if end < 0 || end > 12 {
+			return "", errBadSheet
+		}
+		ent := string(b[1:end])
+		b = b[end+1:]
+		switch ent {
+		case "lt":
+			out.WriteByte('<')
+		case "gt":
+			out.WriteByte('>')
+		case "amp":
+			out.WriteByte('&')
+		case "quot":
+			out.WriteByte('"')
+		case "apos":
+			out.WriteByte('\'')
+		default:
+			var n uint64
+			var err error
+			switch {
+			case strings.HasPrefix(ent, "#x"):
+				n, err = strconv.ParseUint(ent[2:], 16, 32)
+			case strings.HasPrefix(ent, "#"):
+				n, err = strconv.ParseUint(ent[1:], 10, 32)
+			default:
+				err = errBadSheet
+			}
+			if err != nil {
+				return "", errBadSheet
+			}
+			out.WriteRune(rune(n))
+		}
+	}
+	return out.String(), nil
+}
