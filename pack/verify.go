@@ -7,8 +7,8 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
-	"hash"
 	"fmt"
+	"hash"
 	"io"
 	"math"
 	"strconv"
@@ -49,7 +49,9 @@ type Report struct {
 	Problems   []string         // what does not hold, each naming where
 }
 
-func (r *Report) fail(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
+func (r *Report) fail(format string, args ...any) {
+	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+}
 
 // hasher is RFC 6962's, SHA-256.
 type hasher struct{}
