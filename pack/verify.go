@@ -133,7 +133,7 @@ func (p *Pack) scanLeaves() (*leafScanner, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &leafScanner{p: p, rc: rc, br: bufio.NewReaderSize(rc, 1<<20), ranges: p.Manifest.Ranges}
+	s := &leafScanner{p: p, rc: rc, br: bufio.NewReaderSize(rc, 1<<16), ranges: p.Manifest.Ranges}
 	s.start()
 	return s, nil
 }
@@ -198,7 +198,7 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 		return err
 	}
 	defer nd.Close()
-	lines := bufio.NewReaderSize(nd, 1<<20)
+	lines := bufio.NewReaderSize(nd, 1<<16)
 	ends := map[uint64][]string{} // seq -> runs that must own it
 	for _, run := range p.Manifest.Runs {
 		ends[run.First] = append(ends[run.First], run.ID)

@@ -381,3 +381,5 @@ func unescape(b []byte) (string, error) {
 	}
 	return out.String(), nil
 }
+
+func bufioReader(b []byte) *bufio.Reader { return bufio.NewReaderSize(bytes.NewReader(b), 16) }
