@@ -251,3 +251,7 @@ func parseCheckpointText(msg []byte) (SignedTree, error) {
 	}
 	return parseCheckpoint(string(text) + "\n")
 }
+
+// ParseCheckpoint reads the text of a checkpoint note (note.Note.Text),
+// once its signature has been checked by whoever opened it.
+func ParseCheckpoint(text string) (SignedTree, error) { return parseCheckpoint(text) }
