@@ -18,7 +18,6 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/witness"
-	"github.com/transparency-dev/merkle/compact"
 	"golang.org/x/mod/sumdb/tlog"
 )
 
@@ -51,19 +50,6 @@ type Report struct {
 
 func (r *Report) fail(format string, args ...any) {
 	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
-}
-
-// hasher is RFC 6962's, SHA-256.
-type hasher struct{}
-
-func (hasher) leaf(b []byte) []byte {
-	h := sha256.Sum256(append([]byte{0}, b...))
-	return h[:]
-}
-
-func hashChildren(l, r []byte) []byte {
-	h := tlog.NodeHash(tlog.Hash(l), tlog.Hash(r))
-	return h[:]
 }
 
 // Verify checks everything p says, offline. Failures are Problems in the
@@ -204,9 +190,8 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 		ends[run.First] = append(ends[run.First], run.ID)
 		ends[run.Last] = append(ends[run.Last], run.ID)
 	}
-	rf := compact.RangeFactory{Hash: hashChildren}
 	var (
-		cr       *compact.Range
+		cr       *compactRange
 		line     []byte
 		ndBad    bool
 		leafBad  bool
@@ -219,19 +204,12 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 		rp := p.Proof.Ranges[i]
 		right, err := unb64(rp.Right)
 		if err == nil {
-			var rr *compact.Range
-			if rr, err = rf.NewRange(rp.Last, tree.Size, raw(right)); err == nil {
-				err = cr.AppendRange(rr, nil)
-			}
-		}
-		var root []byte
-		if err == nil {
-			root, err = cr.GetRootHash(nil)
+			err = cr.appendRight(tree.Size, right)
 		}
 		switch {
 		case err != nil:
 			r.fail("%s: range %d to %d: right side: %v", FileProof, rp.First, rp.Last, err)
-		case !bytes.Equal(root, tree.Root[:]):
+		case cr.root() != tree.Root:
 			r.fail("%s: events %d to %d do not rebuild the checkpoint's root: a leaf or the proof was altered", FileProof, rp.First, rp.Last)
 		}
 	}
@@ -254,7 +232,7 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 			rp := p.Proof.Ranges[ri]
 			left, err := unb64(rp.Left)
 			if err == nil {
-				cr, err = rf.NewRange(0, rp.First-1, raw(left))
+				cr, err = newCompactRange(rp.First-1, left)
 			}
 			if err != nil {
 				r.fail("%s: range %d to %d: left side: %v", FileProof, rp.First, rp.Last, err)
@@ -262,7 +240,7 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 			}
 		}
 		if !leafBad {
-			if err := cr.Append(bytes.Clone(s.leaf[:]), nil); err != nil {
+			if err := cr.push(0, s.leaf); err != nil {
 				return err
 			}
 		}
@@ -290,14 +268,6 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 		}
 	}
 	return nil
-}
-
-func raw(hs []tlog.Hash) [][]byte {
-	out := make([][]byte, len(hs))
-	for i := range hs {
-		out[i] = hs[i][:]
-	}
-	return out
 }
 
 // packEvents serves the pack's leaves as an auditd.EventReader, for
