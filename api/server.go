@@ -69,6 +69,13 @@ type Server struct {
 	Ledger    Ledger
 	Integrity Integrity
 	Reports   Reports
+	Log       Log
+
+	// PublicLog publishes the checkpoint, the public key, the checkpoint
+	// history and consistency proofs, and accepts witness cosignatures,
+	// without a token (each client address charged to a budget of its
+	// own), so that witnesses can follow the log. Default: false.
+	PublicLog bool
 
 	// TokenBudget charges each token's work. Default: a KeyedBudget with
 	// the DefaultToken* configuration on the real clock.
@@ -150,6 +157,7 @@ func NewServer() *Server {
 	s.registerEventRoutes(v1)
 	s.registerReportRoutes(v1)
 	s.registerLedgerRoutes(v1)
+	s.registerLogRoutes(v1)
 	s.registerTokenRoutes(v1)
 	s.echo = e
 	return s
