@@ -111,7 +111,9 @@ func (l testLog) Cosign(_ context.Context, msg []byte) (api.Cosigned, error) {
 	return api.Cosigned{Size: size, Witnesses: names}, nil
 }
 
-func (l testLog) Scan(from, to uint64, fn func(*auditd.Event) error) error { return l.l.Scan(from, to, fn) }
+func (l testLog) Scan(from, to uint64, fn func(*auditd.Event) error) error {
+	return l.l.Scan(from, to, fn)
+}
 
 // TestLogProofs: consistency and inclusion proofs at chosen sizes verify
 // with tlog; bad sizes are 400 problems naming the parameter.
