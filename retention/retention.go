@@ -192,7 +192,10 @@ func (k *Keeper) SetRetention(ctx context.Context, principal, fain string, final
 	if finalReport.IsZero() {
 		return Award{}, &auditd.Error{Code: auditd.EINVALID, Field: "final_report", Message: "final_report is required: the date of the final financial report."}
 	}
-	day := func(t time.Time) time.Time { y, m, d := t.UTC().Date(); return time.Date(y, m, d, 0, 0, 0, 0, time.UTC) }
+	day := func(t time.Time) time.Time {
+		y, m, d := t.UTC().Date()
+		return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+	}
 	finalReport = day(finalReport)
 	if retainUntil.IsZero() {
 		retainUntil = finalReport.AddDate(DefaultYears, 0, 0)
@@ -272,7 +275,9 @@ func (k *Keeper) status(fain string) Status {
 			st.Holds = append(st.Holds, *h)
 		}
 	}
-	sort.Slice(st.Holds, func(i, j int) bool { return st.Holds[i].PlacedAt.Before(st.Holds[j].PlacedAt) || st.Holds[i].ID < st.Holds[j].ID })
+	sort.Slice(st.Holds, func(i, j int) bool {
+		return st.Holds[i].PlacedAt.Before(st.Holds[j].PlacedAt) || st.Holds[i].ID < st.Holds[j].ID
+	})
 	st.Purgeable = k.eligible(fain, k.now()) == nil
 	return st
 }
