@@ -38,7 +38,15 @@ type Builder struct {
 	// TmpDir holds the workbook while the pack is written ("" is
 	// os.TempDir).
 	TmpDir string
+	// Retention gives the retention events of the runs' awards for the
+	// workbook's Retention sheet; nil gives none (the sheet is empty).
+	Retention reports.RetentionSource
 }
+
+// noRetention is a retention source with no events.
+type noRetention struct{}
+
+func (noRetention) Events([]string, func(*auditd.Event) error) error { return nil }
 
 // Request is what one pack covers.
 type Request struct {
@@ -78,6 +86,10 @@ func (b *Builder) Build(ctx context.Context, w io.Writer, req Request) (*Manifes
 	cp := &fixedCheckpoint{r: b.Ledger, key: b.PublicKey, note: req.Checkpoint}
 	x := *b.Exporter
 	x.Ledger = cp
+	x.Retention = b.Retention
+	if x.Retention == nil {
+		x.Retention = noRetention{}
+	}
 	book, err := os.CreateTemp(b.TmpDir, "auditd-pack-*.xlsx")
 	if err != nil {
 		return nil, err
@@ -102,7 +114,8 @@ func (b *Builder) Build(ctx context.Context, w io.Writer, req Request) (*Manifes
 		}
 		m.Runs = append(m.Runs, r)
 	}
-	m.Ranges = mergeRanges(m.Runs)
+	m.Retention = bm.Retention
+	m.Ranges = mergeRanges(m.Runs, m.Retention)
 	proof := Proof{TreeSize: tree.Size, Root: base64.StdEncoding.EncodeToString(tree.Root[:])}
 	for _, rg := range m.Ranges {
 		p, err := b.Ledger.ProveRange(rg.First, rg.Last, tree.Size)
@@ -197,12 +210,15 @@ func (b *Builder) consistency(previous []byte, tree ledger.SignedTree) (*Consist
 	return &Consistency{OldSize: old.Size, NewSize: tree.Size, Hashes: b64(p)}, nil
 }
 
-// mergeRanges returns the runs' ranges in order, overlapping or touching
-// ones merged.
-func mergeRanges(runs []Run) []Range {
-	rs := make([]Range, 0, len(runs))
+// mergeRanges returns the runs' ranges and the single events in order,
+// overlapping or touching ones merged.
+func mergeRanges(runs []Run, single []uint64) []Range {
+	rs := make([]Range, 0, len(runs)+len(single))
 	for _, r := range runs {
 		rs = append(rs, Range{First: r.First, Last: r.Last})
+	}
+	for _, seq := range single {
+		rs = append(rs, Range{First: seq, Last: seq})
 	}
 	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.First, b.First) })
 	var out []Range

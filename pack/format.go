@@ -59,6 +59,10 @@ type Manifest struct {
 	// Ranges are the leaves events.bin holds, in order: the runs' ranges
 	// merged. Every event of a range is there, whatever its run.
 	Ranges []Range `json:"ranges"`
+	// Retention are the retention events of the runs' awards that the
+	// workbook's Retention sheet shows (retention dates, holds, purges);
+	// each is a leaf of the ranges.
+	Retention []uint64 `json:"retention,omitempty"`
 	// Leaves is how many leaves events.bin holds.
 	Leaves uint64 `json:"leaves"`
 }

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/auditd/auditd"
 )
 
 // Pack is an opened evidence pack: its small entries read and checked for
@@ -22,6 +24,8 @@ type Pack struct {
 	Proof       Proof
 	Previous    []byte       // previous-checkpoint.txt; nil when the pack has none
 	Consistency *Consistency // consistency.json; nil when the pack has none
+
+	retention []auditd.Event // the retention events, read by Verify from the leaves
 }
 
 // OpenFile opens the pack in the file at path; close it when done.
@@ -119,6 +123,14 @@ func (p *Pack) checkForm() error {
 	for _, r := range m.Runs {
 		if r.ID == "" || !p.covers(r.First, r.Last) {
 			return fmt.Errorf("%s: run %q (%d to %d) lies outside the ranges", FileManifest, r.ID, r.First, r.Last)
+		}
+	}
+	if len(m.Retention) > maxRuns {
+		return fmt.Errorf("%s: %d retention events", FileManifest, len(m.Retention))
+	}
+	for _, seq := range m.Retention {
+		if !p.covers(seq, seq) {
+			return fmt.Errorf("%s: retention event %d lies outside the ranges", FileManifest, seq)
 		}
 	}
 	if p.Proof.TreeSize != m.TreeSize || len(p.Proof.Ranges) != len(m.Ranges) {

@@ -185,6 +185,11 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 	}
 	defer nd.Close()
 	lines := bufio.NewReaderSize(nd, 1<<16)
+	p.retention = nil
+	ret := map[uint64]bool{}
+	for _, seq := range p.Manifest.Retention {
+		ret[seq] = true
+	}
 	ends := map[uint64][]string{} // seq -> runs that must own it
 	for _, run := range p.Manifest.Runs {
 		ends[run.First] = append(ends[run.First], run.ID)
@@ -242,6 +247,14 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 		if !leafBad {
 			if err := cr.push(0, s.leaf); err != nil {
 				return err
+			}
+		}
+		if ret[seq] {
+			switch s.e.Type {
+			case auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
+				p.retention = append(p.retention, s.e)
+			default:
+				r.fail("%s: event %d is listed as a retention event but is a %s", FileManifest, seq, s.e.Type)
 			}
 		}
 		for _, id := range ends[seq] {
@@ -359,7 +372,7 @@ func (p *Pack) verifyWorkbook(r *Report) error {
 	}
 	bad := map[string]bool{}
 	var cellText []byte
-	err = reports.EventRows(packEvents{p}, ids, ranges, func(sheet string, vals []any) error {
+	err = reports.EventRows(packEvents{p}, ids, ranges, p.retention, func(sheet string, vals []any) error {
 		pop := pops[sheet]
 		if bad[sheet] {
 			return nil

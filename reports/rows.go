@@ -12,19 +12,20 @@ const (
 )
 
 // EventSheets names the populations written straight from the ledger's
-// events, in workbook order: the sheets EventRows recomputes.
+// events, in workbook order, the Retention sheet last: the sheets
+// EventRows recomputes.
 func EventSheets() []string {
-	out := make([]string, len(eventSpecs))
-	for i, s := range eventSpecs {
-		out[i] = s.name
+	out := make([]string, 0, len(eventSpecs)+1)
+	for _, s := range eventSpecs {
+		out = append(out, s.name)
 	}
-	return out
+	return append(out, SheetRetention)
 }
 
 // SheetColumns returns the column titles of a population (its header
 // row), or nil for a name that is no population.
 func SheetColumns(name string) []string {
-	for _, s := range append(eventSpecs[:], specManifest, specAward, specRuns, specControl, specReconciliation) {
+	for _, s := range append(eventSpecs[:], specRetention, specManifest, specAward, specRuns, specControl, specReconciliation) {
 		if s.name == name {
 			out := make([]string, len(s.columns))
 			for i, c := range s.columns {
@@ -42,18 +43,19 @@ func ContinuationName(base string, n int) string { return partName(base, n) }
 
 // EventRows computes, from events, the rows Export writes to the event
 // populations (EventSheets) for runIDs over ranges (each run's first and
-// last sequence number, as the Runs sheet states them), in the order it
-// writes them, and calls fn with each: the population's name and the
-// row's values (string, int, int64, uint32, uint64, float64, bool,
-// time.Time or nil; see AppendCellText). An evidence pack's verifier
-// checks a workbook's rows against the pack's leaves this way. fn must not
-// keep vals.
-func EventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, fn func(sheet string, vals []any) error) error {
+// last sequence number, as the Runs sheet states them) and the retention
+// events retention (Manifest.Retention's), in the order it writes them,
+// and calls fn with each: the population's name and the row's values
+// (string, int, int64, uint32, uint64, float64, bool, time.Time or nil;
+// see AppendCellText). An evidence pack's verifier checks a workbook's
+// rows against the pack's leaves this way. fn must not keep vals.
+func EventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, retention []auditd.Event, fn func(sheet string, vals []any) error) error {
 	var rows [5]rowWriter
 	for i, s := range eventSpecs {
 		rows[i] = rowFunc(func(vals ...any) error { return fn(s.name, vals) })
 	}
-	return eventRows(events, runIDs, ranges, rows, DefaultMaxPendingRows, newRedactor(), func() error { return nil })
+	ret := rowFunc(func(vals ...any) error { return fn(SheetRetention, vals) })
+	return eventRows(events, runIDs, ranges, retention, rows, ret, DefaultMaxPendingRows, newRedactor(), func() error { return nil })
 }
 
 type rowFunc func(vals ...any) error

@@ -14,6 +14,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/retention"
 )
 
 // runPack writes the evidence pack of one or more runs offline from a
@@ -72,7 +73,8 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	b := &pack.Builder{Ledger: ledger.NewReader(db), PublicKey: key, Exporter: reports.NewExporter(rec), TmpDir: filepath.Dir(*out)}
+	b := &pack.Builder{Ledger: ledger.NewReader(db), PublicKey: key, Exporter: reports.NewExporter(rec), TmpDir: filepath.Dir(*out),
+		Retention: retention.New(readLedger{ledger.NewReader(db)}, nil)}
 	var m *pack.Manifest
 	err = writeFileAtomic(*out, func(w io.Writer) error {
 		m, err = b.Build(ctx, w, req)

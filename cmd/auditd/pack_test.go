@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bytes"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"go/parser"
 	"go/token"
@@ -219,6 +220,87 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 		t.Errorf("the fork's pack against the original's second pack: exit %d, want 1\n%s%s", code, out, errOut)
 	}
 	t.Logf("fork: %s", out)
+
+	// Retention: the award's final report was long ago, so its payloads
+	// may go, but not while a hold stands; after the purge the ledger and
+	// the packs still verify, R6 still balances, and the pack's workbook
+	// shows the holds and the purge in its Retention and Access sheets.
+	retention := func(args ...string) (int, string) {
+		code, out, errOut := runCmd(t, append([]string{"retention", args[0], "--data", data, "--by", "admin:test"}, args[1:]...)...)
+		return code, out + errOut
+	}
+	if code, out := retention("set", "--award", "F-PACK", "--final-report", "2020-06-30"); code != 0 || !strings.Contains(out, `"retain_until": "2023-06-30T00:00:00Z"`) {
+		t.Fatalf("retention set: %d %s", code, out)
+	}
+	code, holdOut := retention("hold", "--award", "F-PACK", "--reason", "single audit FY2025")
+	var hold struct{ ID string }
+	if code != 0 || json.Unmarshal([]byte(holdOut), &hold) != nil || hold.ID == "" {
+		t.Fatalf("retention hold: %d %s", code, holdOut)
+	}
+	if code, out := retention("purge", "--award", "F-PACK"); code != 1 || !strings.Contains(out, "legal hold") || !strings.Contains(out, "single audit FY2025") {
+		t.Fatalf("purge under a hold: exit %d, want 1 refusing clearly\n%s", code, out)
+	}
+	if code, out := retention("release", "--award", "F-PACK", "--hold", hold.ID, "--reason", "audit closed"); code != 0 {
+		t.Fatalf("release: %d %s", code, out)
+	}
+	code, purgeOut := retention("purge", "--award", "F-PACK")
+	var purged struct{ Payloads int }
+	if code != 0 || json.Unmarshal([]byte(purgeOut), &purged) != nil || purged.Payloads == 0 {
+		t.Fatalf("purge: %d %s", code, purgeOut)
+	}
+	if code, out, errOut := runCmd(t, "verify", "--data", data); code != 0 {
+		t.Errorf("verify after the purge: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCmd(t, "reconcile", "--data", data, "--run", run1, "--format", "json"); code != 0 || !strings.Contains(out, "purged under retention") {
+		t.Errorf("reconcile after the purge: exit %d, want 0 noting the purge\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCmd(t, "verify", "--pack", pack1, "--key", key); code != 0 {
+		t.Errorf("an earlier pack after the purge: exit %d\n%s%s", code, out, errOut)
+	}
+	pack3 := filepath.Join(dir, "pack3.zip")
+	if code, out, errOut := runCmd(t, "pack", "--data", data, "--run", run1, "--out", pack3, "--previous", pack2); code != 0 {
+		t.Fatalf("pack after the purge: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCmd(t, "verify", "--pack", pack3, "--key", key, "--previous", pack2); code != 0 || !strings.Contains(out, "Retention 4") {
+		t.Fatalf("verify the pack after the purge: exit %d, want 0 with 4 Retention rows\n%s%s", code, out, errOut)
+	}
+	b3, _ := os.ReadFile(pack3)
+	book := readEntry(t, b3, "evidence.xlsx")
+	sheets, err := outsideSheets(book)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var access []string
+	for _, row := range sheets["Access log"] {
+		access = append(access, strings.Join(row, " | "))
+	}
+	joined := strings.Join(access, "\n")
+	for _, want := range []string{"placed a legal hold on award F-PACK: single audit FY2025", "released legal hold " + hold.ID, "purged", "admin:test"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("the Access log lacks %q:\n%s", want, joined)
+		}
+	}
+	if err := outsideVerify(b3, key); err != nil {
+		t.Errorf("the outsider's verifier rejects the pack after the purge: %v", err)
+	}
+}
+
+func readEntry(t *testing.T, b []byte, name string) []byte {
+	t.Helper()
+	zr, err := zip.NewReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range zr.File {
+		if f.Name == name {
+			rc, _ := f.Open()
+			defer rc.Close()
+			out, _ := io.ReadAll(rc)
+			return out
+		}
+	}
+	t.Fatalf("no %s", name)
+	return nil
 }
 
 // TestIndependentVerifierImports holds the outsider's verifier to the
