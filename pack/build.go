@@ -2,7 +2,6 @@ package pack
 
 import (
 	"archive/zip"
-	"bufio"
 	"cmp"
 	"compress/flate"
 	"context"
@@ -232,21 +231,19 @@ func mergeRanges(runs []Run, single []uint64) []Range {
 	return out
 }
 
-// leaves writes events.bin and events.ndjson in one read of the ranges:
-// the NDJSON goes to a temporary entry of its own, compressed beside.
+// leaves writes events.bin and events.ndjson in one read of the ranges,
+// each entry compressed on the side (deflated).
 func (b *Builder) leaves(ctx context.Context, zw *zip.Writer, m *Manifest) error {
-	tmp, err := os.CreateTemp(b.TmpDir, "auditd-pack-*.ndjson")
+	bin, err := newDeflated(b.TmpDir)
 	if err != nil {
 		return err
 	}
-	defer func() { tmp.Close(); os.Remove(tmp.Name()) }()
-	nd := bufio.NewWriterSize(tmp, 1<<20)
-
-	bin, err := zw.CreateHeader(&zip.FileHeader{Name: FileLeaves, Method: zip.Deflate, Modified: zipTime})
+	defer bin.discard()
+	nd, err := newDeflated(b.TmpDir)
 	if err != nil {
 		return err
 	}
-	bw := bufio.NewWriterSize(bin, 1<<20)
+	defer nd.discard()
 	var (
 		e    auditd.Event
 		line []byte
@@ -269,7 +266,7 @@ func (b *Builder) leaves(ctx context.Context, zw *zip.Writer, m *Manifest) error
 					return err
 				}
 			}
-			if err := writeFrame(bw, rec.Canonical); err != nil {
+			if err := writeFrame(bin, rec.Canonical); err != nil {
 				return err
 			}
 			if err := ledger.UnmarshalCanonical(rec.Canonical, &e); err != nil {
@@ -277,8 +274,8 @@ func (b *Builder) leaves(ctx context.Context, zw *zip.Writer, m *Manifest) error
 			}
 			e.PrevHash, e.Hash = rec.PrevHash, rec.Hash
 			buf = append(append(buf[:0], 0x00), rec.Canonical...)
-			line, err = appendLeafLine(line[:0], &e, tlog.Hash(sha256.Sum256(buf)))
-			if err != nil {
+			var err error
+			if line, err = appendLeafLine(line[:0], &e, tlog.Hash(sha256.Sum256(buf))); err != nil {
 				return err
 			}
 			_, err = nd.Write(line)
@@ -291,19 +288,8 @@ func (b *Builder) leaves(ctx context.Context, zw *zip.Writer, m *Manifest) error
 			return fmt.Errorf("%w: range %d to %d ends at %d", ledger.ErrCorrupt, rg.First, rg.Last, want-1)
 		}
 	}
-	if err := bw.Flush(); err != nil {
+	if err := bin.copyTo(zw, FileLeaves); err != nil {
 		return err
 	}
-	if err := nd.Flush(); err != nil {
-		return err
-	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	f, err := zw.CreateHeader(&zip.FileHeader{Name: FileNDJSON, Method: zip.Deflate, Modified: zipTime})
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(f, tmp)
-	return err
+	return nd.copyTo(zw, FileNDJSON)
 }

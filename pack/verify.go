@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -88,12 +89,28 @@ func Verify(p *Pack, opts Options) (*Report, error) {
 		}
 		r.Witnessed = append(r.Witnessed, v.Name())
 	}
-	if err := p.verifyLeaves(tree, r); err != nil {
+	if err := p.readRetention(r); err != nil {
 		return nil, err
 	}
-	if err := p.verifyWorkbook(r); err != nil {
+	// The leaves and the workbook are checked side by side: each reads
+	// the leaves once.
+	var (
+		wg            sync.WaitGroup
+		leaves, book  Report
+		lerr, bookErr error
+	)
+	book.Rows = r.Rows
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		lerr = p.verifyLeaves(tree, &leaves)
+	}()
+	bookErr = p.verifyWorkbook(&book)
+	wg.Wait()
+	if err := errors.Join(lerr, bookErr); err != nil {
 		return nil, err
 	}
+	r.Problems = append(append(r.Problems, leaves.Problems...), book.Problems...)
 	p.verifyConsistency(key, tree, opts.Previous, r)
 	r.OK = len(r.Problems) == 0
 	return r, nil
@@ -169,6 +186,64 @@ func (s *leafScanner) next() error {
 	return nil
 }
 
+// readRetention reads the retention events of the manifest from the
+// leaves (decoding no other), for the workbook's Retention rows.
+func (p *Pack) readRetention(r *Report) error {
+	p.retention = nil
+	if len(p.Manifest.Retention) == 0 {
+		return nil
+	}
+	want := map[uint64]bool{}
+	for _, seq := range p.Manifest.Retention {
+		want[seq] = true
+	}
+	rc, err := p.open(FileLeaves)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	br := bufio.NewReaderSize(rc, 1<<16)
+	var buf, hbuf []byte
+	for _, rg := range p.Manifest.Ranges {
+		// The chain hashes (the rows' Event hash) of a range that holds a
+		// retention event are computed from its start.
+		need := false
+		for seq := range want {
+			need = need || seq >= rg.First && seq <= rg.Last
+		}
+		var chain [32]byte
+		hex.Decode(chain[:], []byte(rg.PrevHash))
+		for seq := rg.First; seq <= rg.Last; seq++ {
+			b, err := readFrame(br, buf, ledger.MaxEventSize)
+			if err != nil {
+				return nil // verifyLeaves names it
+			}
+			buf = b
+			if !need {
+				continue
+			}
+			prev := chain
+			hbuf = append(append(hbuf[:0], chain[:]...), b...)
+			chain = sha256.Sum256(hbuf)
+			if !want[seq] {
+				continue
+			}
+			var e auditd.Event
+			if err := ledger.UnmarshalCanonical(b, &e); err != nil {
+				return nil
+			}
+			e.PrevHash, e.Hash = prev, chain
+			switch e.Type {
+			case auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
+				p.retention = append(p.retention, e)
+			default:
+				r.fail("%s: event %d is listed as a retention event but is a %s", FileManifest, seq, e.Type)
+			}
+		}
+	}
+	return nil
+}
+
 // verifyLeaves reads every leaf once: each decodes as the event its place
 // says, its NDJSON line renders it, each range rebuilds the checkpoint's
 // root with its proof, and each run's range starts and ends with one of
@@ -185,11 +260,6 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 	}
 	defer nd.Close()
 	lines := bufio.NewReaderSize(nd, 1<<16)
-	p.retention = nil
-	ret := map[uint64]bool{}
-	for _, seq := range p.Manifest.Retention {
-		ret[seq] = true
-	}
 	ends := map[uint64][]string{} // seq -> runs that must own it
 	for _, run := range p.Manifest.Runs {
 		ends[run.First] = append(ends[run.First], run.ID)
@@ -247,14 +317,6 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 		if !leafBad {
 			if err := cr.push(0, s.leaf); err != nil {
 				return err
-			}
-		}
-		if ret[seq] {
-			switch s.e.Type {
-			case auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
-				p.retention = append(p.retention, s.e)
-			default:
-				r.fail("%s: event %d is listed as a retention event but is a %s", FileManifest, seq, s.e.Type)
 			}
 		}
 		for _, id := range ends[seq] {
@@ -332,6 +394,7 @@ type population struct {
 	header []string
 	stats  []sheetHash
 	sum    hashWriter // the current part's rows so far
+	byCol  []*cell
 }
 
 type sheetHash struct {
@@ -528,13 +591,17 @@ func (pop *population) check(vals []any, buf *[]byte) string {
 	if cells == nil {
 		return fmt.Sprintf("sheet %q ends before the row the leaves give for event %v: rows missing", partName(pop.name, pop.part), vals[0])
 	}
-	at := fmt.Sprintf("sheet %q row %d", partName(pop.name, pop.part), pop.row)
-	byCol := make([]*cell, len(vals))
+	at := func() string { return fmt.Sprintf("sheet %q row %d", partName(pop.name, pop.part), pop.row) }
+	if cap(pop.byCol) < len(vals) {
+		pop.byCol = make([]*cell, len(vals))
+	}
+	byCol := pop.byCol[:len(vals)]
+	clear(byCol)
 	for i := range cells {
 		c := &cells[i]
 		if c.col >= len(vals) {
 			if c.text != "" {
-				return fmt.Sprintf("%s has a value past its last column", at)
+				return fmt.Sprintf("%s has a value past its last column", at())
 			}
 			continue
 		}
@@ -545,14 +612,14 @@ func (pop *population) check(vals []any, buf *[]byte) string {
 		if i > 0 {
 			b = append(b, '\t')
 		}
+		start := len(b)
 		b = reports.AppendCellText(b, v)
-		if !cellMatches(byCol[i], v) {
+		if !cellMatches(byCol[i], v, b[start:]) {
 			got := ""
 			if byCol[i] != nil {
 				got = byCol[i].text
 			}
-			want := string(reports.AppendCellText(nil, v))
-			return fmt.Sprintf("%s (event %v), column %q: the sheet has %q, the leaves give %q", at, vals[0], pop.header[i], got, want)
+			return fmt.Sprintf("%s (event %v), column %q: the sheet has %q, the leaves give %q", at(), vals[0], pop.header[i], got, b[start:])
 		}
 	}
 	b = append(b, '\n')
@@ -651,33 +718,34 @@ func (pop *population) close() {
 
 func partName(base string, n int) string { return reports.ContinuationName(base, n) }
 
-// cellMatches reports whether the stored cell c holds v.
-func cellMatches(c *cell, v any) bool {
-	text := ""
+// cellMatches reports whether the stored cell c holds v, whose text (as
+// AppendCellText renders it) is text.
+func cellMatches(c *cell, v any, text []byte) bool {
+	got := ""
 	if c != nil {
-		text = c.text
+		got = c.text
 	}
 	switch v := v.(type) {
 	case nil:
-		return text == ""
+		return got == ""
 	case string:
-		return text == v && (c == nil || c.typ != "" && c.typ != "b" && c.typ != "n" || v == "")
+		return got == v && (c == nil || c.typ != "" && c.typ != "b" && c.typ != "n" || v == "")
 	case bool:
-		return c != nil && c.typ == "b" && (text == "1") == v
+		return c != nil && c.typ == "b" && (got == "1") == v
 	case time.Time:
 		if v.IsZero() {
-			return text == ""
+			return got == ""
 		}
-		f, err := strconv.ParseFloat(text, 64)
+		f, err := strconv.ParseFloat(got, 64)
 		if err != nil || c.typ != "" && c.typ != "n" {
 			return false
 		}
 		return math.Abs(excelDays(v)-f)*86400e6 < timeTolerance
 	case float64:
-		f, err := strconv.ParseFloat(text, 64)
+		f, err := strconv.ParseFloat(got, 64)
 		return err == nil && (f == v || math.Abs(f-v) <= 1e-12*math.Abs(v))
 	case int, int64, uint32, uint64:
-		return c != nil && (c.typ == "" || c.typ == "n") && text == fmt.Sprint(v)
+		return c != nil && (c.typ == "" || c.typ == "n") && got == string(text)
 	}
 	return false
 }

@@ -148,29 +148,28 @@ func (rr *rowReader) Close() error { return rr.rc.Close() }
 
 var errBadSheet = errors.New("sheet XML not understood")
 
-// readTag returns the next tag's text between < and > (the reader past
-// it) and the text before it.
-func (rr *rowReader) readTag() (text, tag []byte, err error) {
-	t, err := rr.r.ReadSlice('<')
-	if err != nil {
-		if err == bufio.ErrBufferFull {
-			// Text longer than the buffer: keep reading it.
-			acc := append([]byte(nil), t...)
-			for err == bufio.ErrBufferFull && len(acc) <= maxCellText {
-				t, err = rr.r.ReadSlice('<')
-				acc = append(acc, t...)
+// readTag reads up to the next tag and returns it (the text between <
+// and >). The text before it is appended to *keep when keep is not nil,
+// and dropped otherwise: the reader's buffer is reused by the next read.
+func (rr *rowReader) readTag(keep *[]byte) (tag []byte, err error) {
+	for {
+		t, err := rr.r.ReadSlice('<')
+		if keep != nil {
+			text := t
+			if err == nil {
+				text = t[:len(t)-1]
 			}
-			if err != nil {
-				return nil, nil, errBadSheet
+			*keep = append(*keep, text...)
+			if len(*keep) > maxCellText {
+				return nil, errBadSheet
 			}
-			t = acc
-		} else {
-			return nil, nil, err
 		}
-	}
-	text = t[:len(t)-1]
-	if len(text) > 0 {
-		text = append([]byte(nil), text...) // the next read overwrites the buffer
+		if err == nil {
+			break
+		}
+		if err != bufio.ErrBufferFull {
+			return nil, err
+		}
 	}
 	rr.tag = rr.tag[:0]
 	for {
@@ -180,10 +179,10 @@ func (rr *rowReader) readTag() (text, tag []byte, err error) {
 			break
 		}
 		if err != bufio.ErrBufferFull || len(rr.tag) > 1<<20 {
-			return nil, nil, errBadSheet
+			return nil, errBadSheet
 		}
 	}
-	return text, rr.tag[:len(rr.tag)-1], nil
+	return rr.tag[:len(rr.tag)-1], nil
 }
 
 func tagName(tag []byte) string {
@@ -231,7 +230,11 @@ func (rr *rowReader) next() ([]cell, error) {
 	var val []byte
 	inValue := false
 	for {
-		text, tag, err := rr.readTag()
+		var keep *[]byte
+		if inValue {
+			keep = &val
+		}
+		tag, err := rr.readTag(keep)
 		if err == io.EOF {
 			rr.done = true
 			if inRow {
@@ -241,12 +244,6 @@ func (rr *rowReader) next() ([]cell, error) {
 		}
 		if err != nil {
 			return nil, err
-		}
-		if inValue {
-			val = append(val, text...)
-			if len(val) > maxCellText {
-				return nil, errBadSheet
-			}
 		}
 		name := tagName(tag)
 		selfClosing := len(tag) > 0 && tag[len(tag)-1] == '/'
