@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -121,15 +120,6 @@ type leafJSON struct {
 
 func newLeafJSON(e *auditd.Event, leaf tlog.Hash) leafJSON {
 	return leafJSON{EventJSON: auditd.NewEventJSON(e), LeafIndex: e.Seq - 1, LeafHash: hex.EncodeToString(leaf[:])}
-}
-
-// appendLeafLine appends e's NDJSON line (with its newline) to b.
-func appendLeafLine(b []byte, e *auditd.Event, leaf tlog.Hash) ([]byte, error) {
-	j, err := json.Marshal(newLeafJSON(e, leaf))
-	if err != nil {
-		return b, err
-	}
-	return append(append(b, j...), '\n'), nil
 }
 
 // writeFrame writes one leaf of events.bin: a 4-byte big-endian length,

@@ -259,7 +259,7 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 		return err
 	}
 	defer nd.Close()
-	lines := bufio.NewReaderSize(nd, 1<<16)
+	lines := bufio.NewReaderSize(nd, 1<<20) // a line is at most one event's JSON
 	ends := map[uint64][]string{} // seq -> runs that must own it
 	for _, run := range p.Manifest.Runs {
 		ends[run.First] = append(ends[run.First], run.ID)
@@ -325,7 +325,11 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 			}
 		}
 		if !ndBad {
-			got, err := lines.ReadBytes('\n')
+			got, err := lines.ReadSlice('\n')
+			if err == bufio.ErrBufferFull { // a line longer than the buffer
+				rest, rerr := lines.ReadBytes('\n')
+				got, err = append(bytes.Clone(got), rest...), rerr
+			}
 			want, _ := appendLeafLine(line[:0], &s.e, s.leaf)
 			line = want
 			if err != nil || !bytes.Equal(got, want) {
