@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -98,6 +99,11 @@ func (b *Builder) Build(ctx context.Context, w io.Writer, req Request) (*Manifes
 	if err != nil {
 		return nil, err
 	}
+	// The export's memory is garbage now; hand it back before the leaves
+	// allocate their own, so that the build's peak RSS is the export's
+	// (TestPackPeakRSS: 330 MB of anonymous memory without this, the
+	// export's 290 with it, for the 1M-event run).
+	debug.FreeOSMemory()
 	tree, err := ledger.OpenCheckpoint(cp.note, b.PublicKey)
 	if err != nil {
 		return nil, fmt.Errorf("pack checkpoint: %w", err)

@@ -129,6 +129,7 @@ type leafScanner struct {
 	hbuf   []byte
 	e      auditd.Event
 	leaf   tlog.Hash
+	noLeaf bool // the reader needs events and chain hashes, not leaf hashes
 }
 
 func (p *Pack) scanLeaves() (*leafScanner, error) {
@@ -177,8 +178,10 @@ func (s *leafScanner) next() error {
 	s.hbuf = append(append(s.hbuf[:0], s.chain[:]...), b...)
 	s.e.PrevHash, s.e.Hash = s.chain, sha256.Sum256(s.hbuf)
 	s.chain = s.e.Hash
-	s.hbuf = append(append(s.hbuf[:0], 0), b...)
-	s.leaf = sha256.Sum256(s.hbuf)
+	if !s.noLeaf {
+		s.hbuf = append(append(s.hbuf[:0], 0), b...)
+		s.leaf = sha256.Sum256(s.hbuf)
+	}
 	if s.seq++; s.seq > s.ranges[s.ri].Last {
 		s.ri++
 		s.start()
@@ -260,7 +263,7 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 	}
 	defer nd.Close()
 	lines := bufio.NewReaderSize(nd, 1<<20) // a line is at most one event's JSON
-	ends := map[uint64][]string{} // seq -> runs that must own it
+	ends := map[uint64][]string{}           // seq -> runs that must own it
 	for _, run := range p.Manifest.Runs {
 		ends[run.First] = append(ends[run.First], run.ID)
 		ends[run.Last] = append(ends[run.Last], run.ID)
@@ -358,6 +361,7 @@ func (pe packEvents) Scan(from, to uint64, fn func(*auditd.Event) error) error {
 	if err != nil {
 		return err
 	}
+	s.noLeaf = true
 	defer s.Close()
 	for {
 		err := s.next()
@@ -580,7 +584,7 @@ func texts(cells []cell, n int) []string {
 		for c.col >= len(out) {
 			out = append(out, "")
 		}
-		out[c.col] = c.text
+		out[c.col] = string(c.text)
 	}
 	return out
 }
@@ -604,7 +608,7 @@ func (pop *population) check(vals []any, buf *[]byte) string {
 	for i := range cells {
 		c := &cells[i]
 		if c.col >= len(vals) {
-			if c.text != "" {
+			if len(c.text) > 0 {
 				return fmt.Sprintf("%s has a value past its last column", at())
 			}
 			continue
@@ -621,7 +625,7 @@ func (pop *population) check(vals []any, buf *[]byte) string {
 		if !cellMatches(byCol[i], v, b[start:]) {
 			got := ""
 			if byCol[i] != nil {
-				got = byCol[i].text
+				got = string(byCol[i].text)
 			}
 			return fmt.Sprintf("%s (event %v), column %q: the sheet has %q, the leaves give %q", at(), vals[0], pop.header[i], got, b[start:])
 		}
@@ -725,31 +729,31 @@ func partName(base string, n int) string { return reports.ContinuationName(base,
 // cellMatches reports whether the stored cell c holds v, whose text (as
 // AppendCellText renders it) is text.
 func cellMatches(c *cell, v any, text []byte) bool {
-	got := ""
+	var got []byte
 	if c != nil {
 		got = c.text
 	}
 	switch v := v.(type) {
 	case nil:
-		return got == ""
+		return len(got) == 0
 	case string:
-		return got == v && (c == nil || c.typ != "" && c.typ != "b" && c.typ != "n" || v == "")
+		return string(got) == v && (c == nil || c.typ != "" && c.typ != "b" && c.typ != "n" || v == "")
 	case bool:
-		return c != nil && c.typ == "b" && (got == "1") == v
+		return c != nil && c.typ == "b" && (string(got) == "1") == v
 	case time.Time:
 		if v.IsZero() {
-			return got == ""
+			return len(got) == 0
 		}
-		f, err := strconv.ParseFloat(got, 64)
+		f, err := strconv.ParseFloat(string(got), 64)
 		if err != nil || c.typ != "" && c.typ != "n" {
 			return false
 		}
 		return math.Abs(excelDays(v)-f)*86400e6 < timeTolerance
 	case float64:
-		f, err := strconv.ParseFloat(got, 64)
+		f, err := strconv.ParseFloat(string(got), 64)
 		return err == nil && (f == v || math.Abs(f-v) <= 1e-12*math.Abs(v))
 	case int, int64, uint32, uint64:
-		return c != nil && (c.typ == "" || c.typ == "n") && got == string(text)
+		return c != nil && (c.typ == "" || c.typ == "n") && bytes.Equal(got, text)
 	}
 	return false
 }

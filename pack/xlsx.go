@@ -11,6 +11,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // The workbook is read with a small scanner of its sheets' XML rather
@@ -131,7 +132,7 @@ func (b *book) rows(name string) (*rowReader, bool, error) {
 type cell struct {
 	col  int    // from 0
 	typ  string // the t attribute: "" (number), "s", "inlineStr", "str", "b", ...
-	text string // the value's text, shared strings resolved
+	text []byte // the value's text, shared strings resolved; valid until the next row
 }
 
 // rowReader scans a sheet's rows in order.
@@ -141,6 +142,7 @@ type rowReader struct {
 	strings []string
 	tag     []byte
 	cells   []cell
+	arena   []byte // the current row's cell texts
 	done    bool
 }
 
@@ -185,38 +187,48 @@ func (rr *rowReader) readTag(keep *[]byte) (tag []byte, err error) {
 	return rr.tag[:len(rr.tag)-1], nil
 }
 
-func tagName(tag []byte) string {
+func tagName(tag []byte) []byte {
 	end := bytes.IndexAny(tag, " \t\r\n/")
 	if end < 0 {
-		return string(tag)
+		return tag
 	}
 	if end == 0 && len(tag) > 0 && tag[0] == '/' {
 		e := bytes.IndexAny(tag[1:], " \t\r\n")
 		if e < 0 {
-			return string(tag)
+			return tag
 		}
-		return string(tag[:e+1])
+		return tag[:e+1]
 	}
-	return string(tag[:end])
+	return tag[:end]
 }
 
-func attr(tag []byte, name string) (string, bool) {
+func attr(tag []byte, name string) ([]byte, bool) {
 	for i := 0; ; {
 		j := bytes.Index(tag[i:], []byte(name+`="`))
 		if j < 0 {
-			return "", false
+			return nil, false
 		}
 		j += i
 		if j > 0 && (tag[j-1] == ' ' || tag[j-1] == '\t' || tag[j-1] == '\n' || tag[j-1] == '\r') {
 			v := tag[j+len(name)+2:]
 			end := bytes.IndexByte(v, '"')
 			if end < 0 {
-				return "", false
+				return nil, false
 			}
-			return string(v[:end]), true
+			return v[:end], true
 		}
 		i = j + 1
 	}
+}
+
+// cellType interns a cell's t attribute.
+func cellType(t []byte) string {
+	for _, known := range []string{"", "n", "s", "inlineStr", "str", "b", "e", "d"} {
+		if string(t) == known {
+			return known
+		}
+	}
+	return "?"
 }
 
 // next returns the next row's cells, io.EOF after the last row.
@@ -224,7 +236,7 @@ func (rr *rowReader) next() ([]cell, error) {
 	if rr.done {
 		return nil, io.EOF
 	}
-	rr.cells = rr.cells[:0]
+	rr.cells, rr.arena = rr.cells[:0], rr.arena[:0]
 	inRow := false
 	var cur *cell
 	var val []byte
@@ -247,7 +259,7 @@ func (rr *rowReader) next() ([]cell, error) {
 		}
 		name := tagName(tag)
 		selfClosing := len(tag) > 0 && tag[len(tag)-1] == '/'
-		switch name {
+		switch string(name) {
 		case "row":
 			if inRow {
 				return nil, errBadSheet
@@ -270,13 +282,14 @@ func (rr *rowReader) next() ([]cell, error) {
 				c.col = rr.cells[len(rr.cells)-1].col + 1
 			}
 			if ref, ok := attr(tag, "r"); ok {
-				col, ok := columnIndex(ref)
+				col, ok := columnIndex(string(ref))
 				if !ok {
 					return nil, errBadSheet
 				}
 				c.col = col
 			}
-			c.typ, _ = attr(tag, "t")
+			t, _ := attr(tag, "t")
+			c.typ = cellType(t)
 			if selfClosing {
 				rr.cells = append(rr.cells, c)
 				continue
@@ -294,18 +307,19 @@ func (rr *rowReader) next() ([]cell, error) {
 			if cur == nil {
 				return nil, errBadSheet
 			}
-			s, err := unescape(val)
-			if err != nil {
+			start := len(rr.arena)
+			var err error
+			if rr.arena, err = appendUnescaped(rr.arena, val); err != nil {
 				return nil, err
 			}
 			if cur.typ == "s" {
-				i, err := strconv.Atoi(s)
+				i, err := strconv.Atoi(string(rr.arena[start:]))
 				if err != nil || i < 0 || i >= len(rr.strings) {
 					return nil, errBadSheet
 				}
-				s = rr.strings[i]
+				rr.arena = append(rr.arena[:start], rr.strings[i]...)
 			}
-			cur.text, cur = s, nil
+			cur.text, cur = rr.arena[start:len(rr.arena):len(rr.arena)], nil
 		case "/sheetData":
 			rr.done = true
 			if inRow {
@@ -328,37 +342,33 @@ func columnIndex(ref string) (int, bool) {
 	return col - 1, i > 0
 }
 
-// unescape resolves XML's character references and the five entities.
-func unescape(b []byte) (string, error) {
-	if bytes.IndexByte(b, '&') < 0 {
-		return string(b), nil
-	}
-	var out strings.Builder
+// appendUnescaped appends b to dst with XML's character references and
+// the five entities resolved.
+func appendUnescaped(dst, b []byte) ([]byte, error) {
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '&')
 		if i < 0 {
-			out.Write(b)
-			break
+			return append(dst, b...), nil
 		}
-		out.Write(b[:i])
+		dst = append(dst, b[:i]...)
 		b = b[i:]
 		end := bytes.IndexByte(b, ';')
 		if end < 0 || end > 12 {
-			return "", errBadSheet
+			return dst, errBadSheet
 		}
 		ent := string(b[1:end])
 		b = b[end+1:]
 		switch ent {
 		case "lt":
-			out.WriteByte('<')
+			dst = append(dst, '<')
 		case "gt":
-			out.WriteByte('>')
+			dst = append(dst, '>')
 		case "amp":
-			out.WriteByte('&')
+			dst = append(dst, '&')
 		case "quot":
-			out.WriteByte('"')
+			dst = append(dst, '"')
 		case "apos":
-			out.WriteByte('\'')
+			dst = append(dst, '\'')
 		default:
 			var n uint64
 			var err error
@@ -371,12 +381,12 @@ func unescape(b []byte) (string, error) {
 				err = errBadSheet
 			}
 			if err != nil {
-				return "", errBadSheet
+				return dst, errBadSheet
 			}
-			out.WriteRune(rune(n))
+			dst = utf8.AppendRune(dst, rune(n))
 		}
 	}
-	return out.String(), nil
+	return dst, nil
 }
 
 func bufioReader(b []byte) *bufio.Reader { return bufio.NewReaderSize(bytes.NewReader(b), 16) }
