@@ -100,12 +100,14 @@ func Verify(p *Pack, opts Options) (*Report, error) {
 		lerr, bookErr error
 	)
 	book.Rows = r.Rows
+	feed := newLeafFeed(p.Manifest.Ranges[0].First)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		lerr = p.verifyLeaves(tree, &leaves)
+		defer feed.end()
+		lerr = p.verifyLeaves(tree, feed, &leaves)
 	}()
-	bookErr = p.verifyWorkbook(&book)
+	bookErr = p.verifyWorkbook(feed, &book)
 	wg.Wait()
 	if err := errors.Join(lerr, bookErr); err != nil {
 		return nil, err
@@ -251,7 +253,7 @@ func (p *Pack) readRetention(r *Report) error {
 // says, its NDJSON line renders it, each range rebuilds the checkpoint's
 // root with its proof, and each run's range starts and ends with one of
 // its events.
-func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
+func (p *Pack) verifyLeaves(tree ledger.SignedTree, feed *leafFeed, r *Report) error {
 	s, err := p.scanLeaves()
 	if err != nil {
 		return err
@@ -301,6 +303,9 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 			r.fail("%v", err)
 			leafBad = true
 			break
+		}
+		if feed != nil && !feed.publish(&s.e) {
+			feed = nil // the workbook's check wants no more
 		}
 		if ri != rangeIdx {
 			if rangeIdx >= 0 {
@@ -354,9 +359,17 @@ func (p *Pack) verifyLeaves(tree ledger.SignedTree, r *Report) error {
 
 // packEvents serves the pack's leaves as an auditd.EventReader, for
 // reports.EventRows.
-type packEvents struct{ p *Pack }
+type packEvents struct {
+	p    *Pack
+	feed *leafFeed // the leaves verifyLeaves reads, when there is one
+}
 
 func (pe packEvents) Scan(from, to uint64, fn func(*auditd.Event) error) error {
+	if pe.feed != nil {
+		if ok, err := pe.feed.scan(from, to, fn); ok {
+			return err
+		}
+	}
 	s, err := pe.p.scanLeaves()
 	if err != nil {
 		return err
@@ -384,7 +397,7 @@ func (pe packEvents) Scan(from, to uint64, fn func(*auditd.Event) error) error {
 }
 
 func (pe packEvents) ScanRun(runID string, after uint64, fn func(*auditd.Event) error) error {
-	return pe.Scan(after+1, 0, func(e *auditd.Event) error {
+	return packEvents{p: pe.p}.Scan(after+1, 0, func(e *auditd.Event) error {
 		if e.RunID != runID {
 			return nil
 		}
@@ -415,7 +428,8 @@ type sheetHash struct {
 // holds the pack's checkpoint and key, the Runs sheet the runs' ranges,
 // and every event population exactly the rows the leaves give, cell by
 // cell and in order, with the SHA-256 of rows the Manifest states.
-func (p *Pack) verifyWorkbook(r *Report) error {
+func (p *Pack) verifyWorkbook(feed *leafFeed, r *Report) error {
+	defer feed.done()
 	zr, err := p.workbook()
 	if err != nil {
 		r.fail("%v", err)
@@ -443,7 +457,7 @@ func (p *Pack) verifyWorkbook(r *Report) error {
 	}
 	bad := map[string]bool{}
 	var cellText []byte
-	err = reports.EventRows(packEvents{p}, ids, ranges, p.retention, func(sheet string, vals []any) error {
+	err = reports.EventRows(packEvents{p, feed}, ids, ranges, p.retention, func(sheet string, vals []any) error {
 		pop := pops[sheet]
 		if bad[sheet] {
 			return nil

@@ -36,7 +36,7 @@ func newWitness(t *testing.T, name string) (note.Signer, string) {
 	return s, cvkey
 }
 
-func openLedger(t *testing.T) (*bolt.DB, *ledger.Ledger) {
+func openLedger(t testing.TB) (*bolt.DB, *ledger.Ledger) {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, nil)

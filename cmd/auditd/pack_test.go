@@ -207,6 +207,14 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "consistent: the log at size") {
 		t.Fatalf("verify --pack --previous: exit %d\n%s%s", code, out, errOut)
 	}
+	// One pack of the award over the period holds both runs.
+	awardPack := filepath.Join(dir, "award.zip")
+	if code, out, errOut := runCmd(t, "pack", "--data", data, "--award", "F-PACK", "--from", "2020-01-01", "--out", awardPack); code != 0 || !strings.Contains(out, "2 runs") {
+		t.Fatalf("pack --award: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCmd(t, "verify", "--pack", awardPack, "--key", key); code != 0 || !strings.Contains(out, "pack verified") {
+		t.Fatalf("verify the award's pack: exit %d\n%s%s", code, out, errOut)
+	}
 	runFork := packRun(t, fork, config, "forked", 20)
 	forkPack := filepath.Join(dir, "fork.zip")
 	if code, out, errOut := runCmd(t, "pack", "--data", fork, "--run", runFork, "--out", forkPack, "--previous", pack2); code != 2 || !strings.Contains(errOut, "not in this ledger's history") {
