@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	fnote "github.com/transparency-dev/formats/note"
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/auditd/auditd"
@@ -207,6 +208,21 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "consistent: the log at size") {
 		t.Fatalf("verify --pack --previous: exit %d\n%s%s", code, out, errOut)
 	}
+	// A pack proven against a checkpoint a witness cosigned: verify can
+	// require that witness, and fails naming it when another is required.
+	witnessed := filepath.Join(dir, "witnessed.zip")
+	cosigned := filepath.Join(dir, "cosigned.txt")
+	wkey, otherWitness := cosignLatest(t, data, cosigned)
+	if code, out, errOut := runCmd(t, "pack", "--data", data, "--run", run2, "--out", witnessed, "--checkpoint", cosigned); code != 0 {
+		t.Fatalf("pack --checkpoint: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCmd(t, "verify", "--pack", witnessed, "--key", key, "--require-witness", wkey); code != 0 || !strings.Contains(out, "cosigned by: witness.example/w1") {
+		t.Errorf("verify --require-witness: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCmd(t, "verify", "--pack", witnessed, "--key", key, "--require-witness", otherWitness); code != 1 || !strings.Contains(out, "not cosigned by witness.example/w2") {
+		t.Errorf("verify --require-witness of a witness that did not cosign: exit %d, want 1\n%s%s", code, out, errOut)
+	}
+
 	// One pack of the award over the period holds both runs.
 	awardPack := filepath.Join(dir, "award.zip")
 	if code, out, errOut := runCmd(t, "pack", "--data", data, "--award", "F-PACK", "--from", "2020-01-01", "--out", awardPack); code != 0 || !strings.Contains(out, "2 runs") {
@@ -291,6 +307,56 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	if err := outsideVerify(b3, key); err != nil {
 		t.Errorf("the outsider's verifier rejects the pack after the purge: %v", err)
 	}
+}
+
+// cosignLatest cosigns the latest checkpoint of the stopped server's data
+// directory as witness w1 (transparency-dev/formats' cosignature/v1),
+// writes it to path, and returns w1's key and another witness's.
+func cosignLatest(t *testing.T, data, path string) (wkey, other string) {
+	t.Helper()
+	db, err := openDB(data, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := ledger.NewReader(db).Checkpoint()
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ledger.ReadPublicKey(data)
+	v, _ := note.NewVerifier(key)
+	n, err := note.Open(cp, note.VerifierList(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	var signer note.Signer
+	for _, name := range []string{"witness.example/w1", "witness.example/w2"} {
+		skey, vkey, err := note.GenerateKey(rand.Reader, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := fnote.NewSignerForCosignatureV1(skey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if signer == nil {
+			signer = s
+		}
+		ck, err := fnote.VKeyToCosignatureV1(vkey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, ck)
+	}
+	out, err := note.Sign(n, signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return keys[0], keys[1]
 }
 
 func readEntry(t *testing.T, b []byte, name string) []byte {
