@@ -70,6 +70,7 @@ type Server struct {
 	Integrity Integrity
 	Reports   Reports
 	Log       Log
+	Retention Retention
 
 	// PublicLog publishes the checkpoint, the public key, the checkpoint
 	// history and consistency proofs, and accepts witness cosignatures,
@@ -158,6 +159,7 @@ func NewServer() *Server {
 	s.registerReportRoutes(v1)
 	s.registerLedgerRoutes(v1)
 	s.registerLogRoutes(v1)
+	s.registerRetentionRoutes(v1)
 	s.registerTokenRoutes(v1)
 	s.echo = e
 	return s

@@ -21,6 +21,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/retention"
 	"github.com/auditd/auditd/staging"
 	"github.com/auditd/auditd/web"
 )
@@ -164,6 +165,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		return err
 	}
 	srv.PublicLog = o.publicLog
+	srv.Retention = retention.New(led, stage)
 	srv.UI = web.Handler()
 	srv.Logger = log
 	srv.Addr = addr
