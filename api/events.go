@@ -1,14 +1,12 @@
 package api
 
 import (
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"mime"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
@@ -24,68 +22,6 @@ const MIMENDJSON = "application/x-ndjson"
 
 // ndjsonFlushEvery is how many streamed events go out per flush.
 const ndjsonFlushEvery = 256
-
-// eventJSON is an event as the API shows it: snake_case, durations as Go
-// duration strings, hashes in hex, zero fields left out.
-type eventJSON struct {
-	Seq            uint64           `json:"seq"`
-	Type           auditd.EventType `json:"type"`
-	RunID          string           `json:"run_id,omitempty"`
-	SourceID       string           `json:"source_id,omitempty"`
-	ItemKey        string           `json:"item_key,omitempty"`
-	Page           uint32           `json:"page,omitempty"`
-	Attempt        uint32           `json:"attempt,omitempty"`
-	Time           time.Time        `json:"time"`
-	Mono           auditd.Duration  `json:"mono,omitempty"`
-	IdempotencyKey string           `json:"idempotency_key,omitempty"`
-	Method         string           `json:"method,omitempty"`
-	Path           string           `json:"path,omitempty"`
-	Status         int              `json:"status,omitempty"`
-	Bytes          int64            `json:"bytes,omitempty"`
-	Latency        auditd.Duration  `json:"latency,omitempty"`
-	Wait           auditd.Duration  `json:"wait,omitempty"`
-	Actual         auditd.Duration  `json:"actual,omitempty"`
-	RetryAfterRaw  string           `json:"retry_after_raw,omitempty"`
-	RetryAfter     auditd.Duration  `json:"retry_after,omitempty"`
-	Clamped        bool             `json:"clamped,omitempty"`
-	Backoff        auditd.Duration  `json:"backoff,omitempty"`
-	From           string           `json:"from,omitempty"`
-	To             string           `json:"to,omitempty"`
-	Failures       int              `json:"failures,omitempty"`
-	Threshold      int              `json:"threshold,omitempty"`
-	Cooldown       auditd.Duration  `json:"cooldown,omitempty"`
-	OldLimit       int              `json:"old_limit,omitempty"`
-	NewLimit       int              `json:"new_limit,omitempty"`
-	OldWindow      auditd.Duration  `json:"old_window,omitempty"`
-	NewWindow      auditd.Duration  `json:"new_window,omitempty"`
-	Group          string           `json:"group,omitempty"`
-	Outcome        auditd.Outcome   `json:"outcome,omitempty"`
-	BodyError      string           `json:"body_error,omitempty"`
-	PayloadHash    string           `json:"payload_hash,omitempty"`
-	Cause          string           `json:"cause,omitempty"`
-	Principal      string           `json:"principal,omitempty"`
-	Detail         string           `json:"detail,omitempty"`
-	PrevHash       string           `json:"prev_hash"`
-	Hash           string           `json:"hash"`
-}
-
-func newEventJSON(e *auditd.Event) eventJSON {
-	attempt, cause := e.Shared() // "attempt" and "cause" hold what the ledger's encoding does
-	return eventJSON{
-		Seq: e.Seq, Type: e.Type, RunID: e.RunID, SourceID: e.SourceID, ItemKey: e.ItemKey,
-		Page: e.Page, Attempt: attempt, Time: e.Time.UTC(), Mono: auditd.Duration(e.Mono),
-		IdempotencyKey: e.IdempotencyKey, Method: e.Method, Path: e.Path, Status: e.Status,
-		Bytes: e.Bytes, Latency: auditd.Duration(e.Latency), Wait: auditd.Duration(e.Wait),
-		Actual: auditd.Duration(e.Actual), RetryAfterRaw: e.RetryAfterRaw,
-		RetryAfter: auditd.Duration(e.RetryAfter), Clamped: e.Clamped, Backoff: auditd.Duration(e.Backoff),
-		From: e.From, To: e.To, Failures: e.Failures, Threshold: e.Threshold,
-		Cooldown: auditd.Duration(e.Cooldown), OldLimit: e.OldLimit, NewLimit: e.NewLimit,
-		OldWindow: auditd.Duration(e.OldWindow), NewWindow: auditd.Duration(e.NewWindow),
-		Group: e.Group, Outcome: e.Outcome, BodyError: e.BodyError, PayloadHash: e.PayloadHash,
-		Cause: cause, Principal: e.Principal, Detail: e.Detail,
-		PrevHash: hex.EncodeToString(e.PrevHash[:]), Hash: hex.EncodeToString(e.Hash[:]),
-	}
-}
 
 // eventQuery is the parsed query of GET /v1/runs/{id}/events.
 type eventQuery struct {
@@ -142,7 +78,8 @@ func knownEventType(t auditd.EventType) bool {
 		auditd.EventTransportError, auditd.EventInterrupted, auditd.EventBreaker,
 		auditd.EventRegistryChanged, auditd.EventRegistrySnapshot, auditd.EventShed,
 		auditd.EventCacheServed, auditd.EventPayloadStaged, auditd.EventItemFinished,
-		auditd.EventAcknowledged, auditd.EventExport, auditd.EventTokenChanged, auditd.EventSourceChanged:
+		auditd.EventAcknowledged, auditd.EventExport, auditd.EventTokenChanged, auditd.EventSourceChanged,
+		auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
 		return true
 	}
 	return false
@@ -175,9 +112,9 @@ func (s *Server) handleListEvents(c echo.Context) error {
 		return s.streamEvents(c, runID, q)
 	}
 	out := struct {
-		Events     []eventJSON `json:"events"`
-		NextCursor string      `json:"next_cursor,omitempty"`
-	}{Events: []eventJSON{}}
+		Events     []auditd.EventJSON `json:"events"`
+		NextCursor string             `json:"next_cursor,omitempty"`
+	}{Events: []auditd.EventJSON{}}
 	err = s.Ledger.ScanRun(runID, q.after, func(e *auditd.Event) error {
 		if !q.matches(e) {
 			return nil
@@ -186,7 +123,7 @@ func (s *Server) handleListEvents(c echo.Context) error {
 			out.NextCursor = encodeCursor(strconv.FormatUint(out.Events[len(out.Events)-1].Seq, 10))
 			return errPageFull
 		}
-		out.Events = append(out.Events, newEventJSON(e))
+		out.Events = append(out.Events, auditd.NewEventJSON(e))
 		return nil
 	})
 	if err != nil && !errors.Is(err, errPageFull) {
@@ -210,7 +147,7 @@ func (s *Server) streamEvents(c echo.Context, runID string, q eventQuery) error 
 		if q.limit > 0 && n == q.limit {
 			return errPageFull
 		}
-		if err := enc.Encode(newEventJSON(e)); err != nil {
+		if err := enc.Encode(auditd.NewEventJSON(e)); err != nil {
 			return err
 		}
 		if n++; n%ndjsonFlushEvery == 0 {

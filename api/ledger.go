@@ -10,9 +10,9 @@ import (
 
 func (s *Server) registerLedgerRoutes(g *echo.Group) {
 	g.GET("/ledger/verify", s.handleVerify, s.allow(auth.RoleAuditor, costVerify))
-	g.GET("/ledger/checkpoint", s.handleCheckpoint, s.allow(auth.RoleAuditor, costRequest))
+	g.GET("/ledger/checkpoint", s.handleCheckpoint, s.allowPublic(auth.RoleAuditor, costRequest))
 	g.GET("/ledger/proof/:seq", s.handleProof, s.allow(auth.RoleAuditor, costRequest))
-	g.GET("/ledger/public-key", s.handlePublicKey, s.allow(auth.RoleAuditor, costRequest))
+	g.GET("/ledger/public-key", s.handlePublicKey, s.allowPublic(auth.RoleAuditor, costRequest))
 }
 
 func (s *Server) handleVerify(c echo.Context) error {

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"testing"
@@ -65,6 +66,31 @@ func routeCases() []routeCase {
 		{"Checkpoint", auth.RoleAuditor, 200, get("/v1/ledger/checkpoint")},
 		{"Proof", auth.RoleAuditor, 200, get("/v1/ledger/proof/1")},
 		{"PublicKey", auth.RoleAuditor, 200, get("/v1/ledger/public-key")},
+		{"Consistency", auth.RoleAuditor, 200, get("/v1/ledger/consistency?old=1")},
+		{"Inclusion", auth.RoleAuditor, 200, get("/v1/ledger/inclusion?seq=1")},
+		{"CheckpointHistory", auth.RoleAuditor, 200, get("/v1/ledger/checkpoints")},
+		{"CheckpointAt", auth.RoleAuditor, 200, func(e *env) request {
+			return request{path: fmt.Sprintf("/v1/ledger/checkpoints/%d", e.head())}
+		}},
+		// No witness is configured here: an allowed caller's cosignature is refused as such.
+		{"Cosign", auth.RoleAuditor, 400, func(*env) request {
+			return request{method: "POST", path: "/v1/ledger/cosignatures", body: "not a note", ctype: "text/plain"}
+		}},
+		{"LedgerEvents", auth.RoleAuditor, 200, get("/v1/ledger/events?from=1&limit=5")},
+		{"GetRetention", auth.RoleAuditor, 200, get("/v1/awards/F-1/retention")},
+		{"SetRetention", auth.RoleAdmin, 200, func(*env) request {
+			return request{method: "PUT", path: "/v1/awards/F-1/retention", body: `{"final_report":"2026-01-15"}`}
+		}},
+		{"PlaceHold", auth.RoleAdmin, 201, func(*env) request {
+			return request{method: "POST", path: "/v1/awards/F-1/holds", body: `{"reason":"audit"}`}
+		}},
+		{"ReleaseHold", auth.RoleAdmin, 200, func(e *env) request {
+			h, err := e.srv.Retention.PlaceHold(context.Background(), "test", "F-1", "to release")
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return request{method: "POST", path: "/v1/awards/F-1/holds/" + h.ID + "/release", body: `{"reason":"done"}`}
+		}},
 		{"CreateToken", auth.RoleAdmin, 201, func(*env) request {
 			return request{method: "POST", path: "/v1/tokens", body: `{"name":"ci","role":"auditor"}`}
 		}},
@@ -83,7 +109,7 @@ func routeCases() []routeCase {
 // documented status: 401 without a live token, 403 below the route's role,
 // the route's success status at or above it.
 func TestRoleMatrix(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, withLog(), withRetention())
 	callers := []struct {
 		name   string
 		secret func() string

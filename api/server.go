@@ -70,6 +70,14 @@ type Server struct {
 	Integrity Integrity
 	Reports   Reports
 	Timelines Timelines
+	Log       Log
+	Retention Retention
+
+	// PublicLog publishes the checkpoint, the public key, the checkpoint
+	// history and consistency proofs, and accepts witness cosignatures,
+	// without a token (each client address charged to a budget of its
+	// own), so that witnesses can follow the log. Default: false.
+	PublicLog bool
 
 	// TokenBudget charges each token's work. Default: a KeyedBudget with
 	// the DefaultToken* configuration on the real clock.
@@ -152,6 +160,8 @@ func NewServer() *Server {
 	s.registerReportRoutes(v1)
 	s.registerTimelineRoutes(v1)
 	s.registerLedgerRoutes(v1)
+	s.registerLogRoutes(v1)
+	s.registerRetentionRoutes(v1)
 	s.registerTokenRoutes(v1)
 	s.echo = e
 	return s

@@ -103,4 +103,10 @@
 // consistent with itself; only a checkpoint kept elsewhere (VerifyOptions.
 // Trusted) catches that. Inclusion proofs (Prove, Proof.Verify) let a third
 // party check one event against a checkpoint and the public key alone.
+//
+// The tree only grows, so every hash a proof at an older size needs is
+// still stored: Reader proves consistency between two sizes, inclusion at
+// a chosen size and a range of leaves (ProveRange: the compact ranges
+// either side, for evidence packs), and ScanRecords hands out the leaf
+// bytes exactly as they were hashed (proofs.go, records.go).
 package ledger

@@ -48,6 +48,12 @@
 // TRUE/FALSE, as spreadsheets show them. A third party can recompute it
 // from a CSV of the sheet (LibreOffice's, cells as shown, does).
 //
+// With a Retention source the workbook also has a Retention sheet: the
+// retention events of the runs' awards (retention dates, legal holds,
+// purges), whose holds and purges also end the Access log. EventRows
+// recomputes every event population from events, as Export writes it, so
+// that an evidence pack's verifier can hold a workbook to its leaves.
+//
 // Paths are checked for credentials again on the way out (RedactPath):
 // query parameters whose names look like credentials are removed.
 //

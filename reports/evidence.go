@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -84,6 +85,8 @@ type Manifest struct {
 	PublicKey   string      `json:"public_key,omitempty"`
 	// Reports are the reconciliations the workbook's totals come from.
 	Reports []*Report `json:"reports"`
+	// Retention are the retention events the Retention sheet shows.
+	Retention []uint64 `json:"retention,omitempty"`
 }
 
 // Exporter writes evidence workbooks.
@@ -104,6 +107,9 @@ type Exporter struct {
 	TmpDir string
 	// Progress, when set, is called with events done and events in total.
 	Progress func(done, total int64)
+	// Retention, when set, adds the Retention sheet: the retention events
+	// of the runs' awards, the holds and purges also in the Access log.
+	Retention RetentionSource
 }
 
 // NewExporter returns an Exporter reading the ledger r reconciles.
@@ -181,6 +187,14 @@ func (x *Exporter) Export(ctx context.Context, w io.Writer, req Request) (*Manif
 		total += int64(last - first + 1)
 	}
 	m := &Manifest{ExportID: req.ExportID, GeneratedAt: req.GeneratedAt, Filters: req.Filters}
+	// Read before the checkpoint, which then covers them.
+	ret, err := retentionEvents(x.Retention, x.Events, ranges)
+	if err != nil {
+		return nil, fmt.Errorf("retention events: %w", err)
+	}
+	for _, e := range ret {
+		m.Retention = append(m.Retention, e.Seq)
+	}
 	if x.Ledger != nil {
 		cp, err := x.Ledger.Checkpoint()
 		if err != nil {
@@ -208,8 +222,11 @@ func (x *Exporter) Export(ctx context.Context, w io.Writer, req Request) (*Manif
 
 	f := excelize.NewFile()
 	defer f.Close()
-	b := &bookWriter{x: x, f: f, limit: limit, m: m, total: total, stats: make(map[string][]SheetStat)}
-	err := b.setUp()
+	b := &bookWriter{x: x, f: f, limit: limit, m: m, total: total, stats: make(map[string][]SheetStat), order: sheetOrder, retention: ret}
+	if x.Retention != nil {
+		b.order = append(slices.Clone(sheetOrder), SheetRetention)
+	}
+	err = b.setUp()
 	if err == nil {
 		err = b.events(ctx, req.RunIDs, ranges)
 	}
@@ -275,6 +292,9 @@ type bookWriter struct {
 	done   int64
 	stats  map[string][]SheetStat
 	redact *redactor
+	// order is sheetOrder, and the Retention sheet when there is one.
+	order     []string
+	retention []auditd.Event
 }
 
 // setUp fixes the document properties and creates the first sheet of every
@@ -287,7 +307,7 @@ func (b *bookWriter) setUp() error {
 	if err := b.f.SetSheetName("Sheet1", SheetManifest); err != nil {
 		return err
 	}
-	for _, name := range sheetOrder[1:] {
+	for _, name := range b.order[1:] {
 		if _, err := b.f.NewSheet(name); err != nil {
 			return err
 		}
@@ -308,7 +328,7 @@ func (b *bookWriter) finish() error {
 		}
 	}
 	order := []string{SheetManifest}
-	for _, name := range sheetOrder[1:] {
+	for _, name := range b.order[1:] {
 		for _, s := range b.stats[name] {
 			order = append(order, s.Name)
 		}
@@ -403,7 +423,7 @@ func (b *bookWriter) reconciliation() error {
 // manifest writes the first sheet last, when every other sheet's rows and
 // hash are known.
 func (b *bookWriter) manifest() error {
-	for _, name := range sheetOrder[1:] {
+	for _, name := range b.order[1:] {
 		b.m.Sheets = append(b.m.Sheets, b.stats[name]...)
 	}
 	w, err := b.sheet(specManifest)
@@ -433,11 +453,11 @@ func (b *bookWriter) manifest() error {
 		{"Runs", strings.Join(runs, " "), nil},
 		{"Reconciliation balanced", balanced, nil},
 		{"Ledger head at end of export range", ledgerHead(b.m.Reports), nil},
-		{"Signed checkpoint", checkpoint, nil},
-		{"Public key (ed25519, note verifier)", key, nil},
+		{ManifestFieldCheckpoint, checkpoint, nil},
+		{ManifestFieldPublicKey, key, nil},
 		{"How to verify", "Save the signed checkpoint above to a file; on a copy of the ledger's data directory run: auditd verify --data DIR --key '<public key above>' --trusted-checkpoint FILE. It checks the hash chain, the Merkle tree and the signed checkpoints, and names the first bad sequence number. Each sheet's SHA-256 below is over its rows as shown: cells as text joined by tabs (tab, newline and backslash escaped as \\t, \\n, \\\\), one line per row, header row first.", nil},
 		{"Timestamps", "UTC, RFC 3339 with milliseconds; durations in seconds", nil},
-		{"Sheet", "Rows", "SHA-256 of rows"},
+		{ManifestFieldSheet, "Rows", "SHA-256 of rows"},
 	}
 	for _, r := range rows {
 		if err := w.row(r...); err != nil {
@@ -466,35 +486,78 @@ func ledgerHead(reps []*Report) string {
 // events is the second pass over the ledger: it writes the event
 // populations, all sheets at once, in sequence order.
 func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]uint64) error {
-	var sheets [5]*sheetWriter
-	for i, spec := range []sheetSpec{specDispatches, specWaits, specBreaker, specRegistry, specAccess} {
+	var sheets []*sheetWriter
+	var rows [5]rowWriter
+	for i, spec := range eventSpecs {
 		w, err := b.sheet(spec)
 		if err != nil {
 			return err
 		}
-		sheets[i] = w
+		sheets, rows[i] = append(sheets, w), w
 	}
-	disp, waits, breaker, registry, access := sheets[0], sheets[1], sheets[2], sheets[3], sheets[4]
-	maxPending := b.x.MaxPendingRows
+	var retention rowWriter
+	if b.x.Retention != nil {
+		w, err := b.sheet(specRetention)
+		if err != nil {
+			return err
+		}
+		sheets, retention = append(sheets, w), w
+	}
+	progress := func() error {
+		if b.done++; b.done%DefaultProgressEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if b.x.Progress != nil {
+				b.x.Progress(b.done, b.total)
+			}
+		}
+		return nil
+	}
+	if err := eventRows(b.x.Events, runIDs, ranges, b.retention, rows, retention, b.x.MaxPendingRows, b.redact, progress); err != nil {
+		return err
+	}
+	if b.x.Progress != nil {
+		b.x.Progress(b.done, b.total)
+	}
+	for _, w := range sheets {
+		if err := b.closeSheet(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eventSpecs are the populations written straight from the events, in the
+// order eventRows takes their writers.
+var eventSpecs = [5]sheetSpec{specDispatches, specWaits, specBreaker, specRegistry, specAccess}
+
+// rowWriter takes one population's rows: a sheet, or a check of one.
+type rowWriter interface {
+	row(vals ...any) error
+}
+
+// eventRows reads the runs' ranges in order and writes the event
+// populations' rows to rows (eventSpecs' order), calling tick for every
+// event read; then, with a retention writer, the retention events' rows
+// (retentionRows).
+func eventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, ret []auditd.Event, rows [5]rowWriter, retention rowWriter,
+	maxPending int, redact *redactor, tick func() error) error {
+	disp, waits, breaker, registry, access := rows[0], rows[1], rows[2], rows[3], rows[4]
 	if maxPending <= 0 {
 		maxPending = DefaultMaxPendingRows
 	}
-	j := newJoiner(disp, maxPending, b.redact)
+	j := newJoiner(disp, maxPending, redact)
 
 	for i, id := range runIDs {
 		first, last := ranges[i][0], ranges[i][1]
 		// The range the reconciliation read, in order, no more.
-		err := b.x.Events.Scan(first, last, func(e *auditd.Event) error {
+		err := events.Scan(first, last, func(e *auditd.Event) error {
 			if e.Seq > last {
 				return errStop
 			}
-			if b.done++; b.done%DefaultProgressEvery == 0 {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				if b.x.Progress != nil {
-					b.x.Progress(b.done, b.total)
-				}
+			if err := tick(); err != nil {
+				return err
 			}
 			if e.RunID != id {
 				return nil
@@ -519,7 +582,7 @@ func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]ui
 				return registry.row(e.Seq, e.RunID, e.SourceID, e.Time, string(e.Type), cause, e.Group, oldLimit, e.NewLimit,
 					oldWindow, seconds(e.NewWindow), hexHash(e.Hash))
 			case auditd.EventExport:
-				return access.row(e.Seq, e.RunID, e.Time, e.Principal, b.redact.text(e.Detail), e.Head, hexHash(e.Hash))
+				return access.row(e.Seq, e.RunID, e.Time, e.Principal, redact.text(e.Detail), e.Head, hexHash(e.Hash))
 			}
 			return j.observe(e)
 		})
@@ -530,13 +593,8 @@ func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]ui
 			return err
 		}
 	}
-	if b.x.Progress != nil {
-		b.x.Progress(b.done, b.total)
-	}
-	for _, w := range sheets {
-		if err := b.closeSheet(w); err != nil {
-			return err
-		}
+	if retention != nil {
+		return retentionRows(ret, retention, access)
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ type dispatchRow struct {
 // payload of a paged item belongs to its last page). Rows wait in a queue
 // bounded by most, so memory stays flat whatever the run's length.
 type joiner struct {
-	w       *sheetWriter
+	w       rowWriter
 	most    int
 	q       []*dispatchRow
 	head    int
@@ -44,7 +44,7 @@ type joiner struct {
 	redact  *redactor
 }
 
-func newJoiner(w *sheetWriter, most int, redact *redactor) *joiner {
+func newJoiner(w rowWriter, most int, redact *redactor) *joiner {
 	return &joiner{w: w, most: most, redact: redact, open: make(map[reqKey]*dispatchRow), payload: make(map[string]*dispatchRow)}
 }
 

@@ -131,6 +131,7 @@ type recount struct {
 	hash         HashFunc
 	payloads     PayloadVerifier
 	payloadErr   error
+	purged       int              // staged payloads purged under retention: counted, not re-hashed
 	pending      []pendingPayload // staged payloads to re-hash after the scan
 
 	run      RunSummary
@@ -569,6 +570,12 @@ func (rc *recount) verifyPayloads() {
 		if err == nil {
 			continue
 		}
+		if errors.Is(err, auditd.ErrPurged) {
+			// Purged under retention: the recorded hash stands, the
+			// bytes are lawfully gone.
+			rc.purged++
+			continue
+		}
 		if rc.payloadErr == nil {
 			rc.payloadErr = err
 		}
@@ -774,9 +781,14 @@ func (rc *recount) totalNote(i int) string {
 		if rc.payloads == nil {
 			return "payload count checked; hashes not verified (no payload store given)"
 		}
+		var notes []string
 		if rc.payloadErr != nil {
-			return "first payload error: " + rc.payloadErr.Error()
+			notes = append(notes, "first payload error: "+rc.payloadErr.Error())
 		}
+		if rc.purged > 0 {
+			notes = append(notes, fmt.Sprintf("%d payloads purged under retention: counted by their recorded hashes, not re-hashed", rc.purged))
+		}
+		return strings.Join(notes, "; ")
 	case 7:
 		return rc.chain.note
 	case 9:

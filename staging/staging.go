@@ -418,7 +418,7 @@ func (s *Store) Open(sum string) (io.ReadCloser, error) {
 	}
 	f, err := os.Open(s.path(sum))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, ErrNotFound
+		return nil, s.notFound(sum)
 	}
 	return f, err
 }

@@ -26,6 +26,8 @@ func commands() map[string]command {
 		"serve":     {"run the service (REST API, web UI, fetch loop)", runServe},
 		"verify":    {"verify the ledger's hash chain, Merkle tree and signed checkpoints", runVerify},
 		"prove":     {"print an inclusion proof for one event", runProve},
+		"pack":      {"write a run's evidence pack offline, for a third party to verify", runPack},
+		"retention": {"record retention dates, place and release legal holds, purge payloads", runRetention},
 		"reconcile": {"reconcile a run; exit 0 balanced, 1 not, 2 error", runReconcile},
 		"export":    {"write a run's evidence workbook offline", runExport},
 		"sim":       {"serve hostile upstream simulators from a scenario file", runSim},
@@ -56,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer, cmds map[string]command) {
 	fmt.Fprintln(w, "usage: auditd <command> [flags]\n\ncommands:")
-	for _, name := range []string{"serve", "verify", "prove", "reconcile", "export", "sim"} {
+	for _, name := range []string{"serve", "verify", "prove", "pack", "retention", "reconcile", "export", "sim"} {
 		fmt.Fprintf(w, "  %-10s %s\n", name, cmds[name].summary)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/retention"
 	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
 	"github.com/auditd/auditd/web"
@@ -42,6 +43,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	tokenLimit := fs.Int("token-limit", api.DefaultTokenLimit, "units of work each API token may spend per --token-window")
 	tokenWindow := fs.Duration("token-window", api.DefaultTokenWindow, "window of --token-limit")
 	tokenBurst := fs.Int("token-burst", api.DefaultTokenBurst, "units of work a token may spend back to back")
+	publicLog := fs.Bool("public-log", false, "publish the checkpoint, public key, checkpoint history and consistency proofs, and accept witness cosignatures, without a token")
+	var witnesses listFlag
+	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -57,7 +61,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	opts := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
 		registry:    registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow},
-		tokenBudget: budget}
+		tokenBudget: budget, publicLog: *publicLog, witnesses: witnesses}
 	if err := serve(ctx, opts, stdout, log); err != nil {
 		fmt.Fprintf(stderr, "auditd serve: %v\n", err)
 		return 1
@@ -70,6 +74,8 @@ type serveOptions struct {
 	dataDir, addr, configPath, demo string
 	registry                        registry.Options // start limits; the ledger is filled in
 	tokenBudget                     api.Budget       // each API token's budget
+	publicLog                       bool             // the log's routes for witnesses need no token
+	witnesses                       []string         // witness keys whose cosignatures are kept
 }
 
 // serve wires the service together, serves until ctx ends, and shuts it
@@ -154,6 +160,11 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	srv.Integrity = integrityAPI{db: db, led: led}
 	srv.Reports = reps
 	srv.Timelines = reports.NewTimelines(led)
+	if srv.Log, err = newLogAPI(db, led, o.witnesses); err != nil {
+		return err
+	}
+	srv.PublicLog = o.publicLog
+	srv.Retention = retention.New(led, stage)
 	srv.UI = web.Handler()
 	srv.Logger = log
 	srv.Addr = o.addr

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/pack"
+	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/retention"
+)
+
+// runPack writes the evidence pack of one or more runs offline from a
+// stopped server's data directory: the workbook, the leaves and their
+// proofs, for a third party to verify alone (auditd verify --pack).
+func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pack", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	data := fs.String("data", "./data", "data `directory` of a stopped auditd")
+	var runs listFlag
+	fs.Var(&runs, "run", "run `id` (repeat for several runs: one pack, the runs in this order)")
+	out := fs.String("out", "", "pack `file` to write (.zip)")
+	previous := fs.String("previous", "", "an earlier pack or checkpoint `file`: the pack proves its log extends that one")
+	checkpoint := fs.String("checkpoint", "", "signed checkpoint `file` to prove against (a cosigned one); default the latest")
+	exportID := fs.String("export-id", "", "export `id` recorded in the workbook (default: the run ids)")
+	award := fs.String("award", "", "instead of --run: every run of the award (`FAIN`) started in [--from, --to)")
+	from := fs.String("from", "", "with --award: RFC 3339 `time` or date; default the first run")
+	to := fs.String("to", "", "with --award: RFC 3339 `time` or date; default now")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "auditd pack: %v\n", err)
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	case (len(runs) == 0) == (*award == ""):
+		return fail(errors.New("give --run (repeatable) or --award"))
+	case *award == "" && (*from != "" || *to != ""):
+		return fail(errors.New("--from and --to go with --award"))
+	case *out == "":
+		return fail(errors.New("--out is required"))
+	}
+	fromT, err := packTime("from", *from)
+	if err != nil {
+		return fail(err)
+	}
+	toT, err := packTime("to", *to)
+	if err != nil {
+		return fail(err)
+	}
+	key, err := ledger.ReadPublicKey(*data)
+	if err != nil {
+		return fail(err)
+	}
+	db, err := openDB(*data, true)
+	if err != nil {
+		return fail(err)
+	}
+	defer db.Close()
+	filters := "run " + strings.Join(runs, " ")
+	if *award != "" {
+		if runs, err = awardRuns(ledger.NewReader(db), *award, fromT, toT); err != nil {
+			return fail(err)
+		}
+		if len(runs) == 0 {
+			return fail(fmt.Errorf("no run of award %q started in that period", *award))
+		}
+		filters = fmt.Sprintf("award=%s from=%s to=%s", *award, stamp(fromT), stamp(toT))
+	}
+	req := pack.Request{Request: reports.Request{ExportID: *exportID, RunIDs: runs, Filters: filters}}
+	if req.ExportID == "" {
+		req.ExportID = filters
+	}
+	if *previous != "" {
+		if req.Previous, err = previousCheckpoint(*previous); err != nil {
+			return fail(err)
+		}
+	}
+	if *checkpoint != "" {
+		if req.Checkpoint, err = os.ReadFile(*checkpoint); err != nil {
+			return fail(err)
+		}
+	}
+	rec, err := offlineReconciler(db, *data)
+	if err != nil {
+		return fail(err)
+	}
+	b := &pack.Builder{Ledger: ledger.NewReader(db), PublicKey: key, Exporter: reports.NewExporter(rec), TmpDir: filepath.Dir(*out),
+		Retention: retention.New(readLedger{ledger.NewReader(db)}, nil)}
+	var m *pack.Manifest
+	err = writeFileAtomic(*out, func(w io.Writer) error {
+		m, err = b.Build(ctx, w, req)
+		return err
+	})
+	if err != nil {
+		return fail(err)
+	}
+	fmt.Fprintf(stdout, "wrote %s: %d runs, %d leaves in %d ranges, proven against %s at size %d\n",
+		*out, len(m.Runs), m.Leaves, len(m.Ranges), m.Origin, m.TreeSize)
+	return 0
+}
+
+// packTime reads --from or --to: RFC 3339, or a date (midnight UTC).
+func packTime(name, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t.UTC(), nil
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return t, fmt.Errorf("--%s: want an RFC 3339 time or YYYY-MM-DD", name)
+	}
+	return t, nil
+}
+
+// awardRuns finds the runs of an award started in [from, to) from their
+// run.started events, oldest first, as an auditor reads a period.
+func awardRuns(r *ledger.Reader, fain string, from, to time.Time) ([]string, error) {
+	first := uint64(1)
+	if !from.IsZero() {
+		var err error
+		if first, err = r.SeqAt(from); err != nil {
+			return nil, err
+		}
+	}
+	var runs []string
+	err := r.Scan(first, 0, func(e *auditd.Event) error {
+		if !to.IsZero() && !e.Time.Before(to) {
+			return errStopScan
+		}
+		if e.Type != auditd.EventRunStarted {
+			return nil
+		}
+		var d struct {
+			Award auditd.Award `json:"award"`
+		}
+		if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Award.FAIN == fain {
+			runs = append(runs, e.RunID)
+		}
+		return nil
+	})
+	if errors.Is(err, errStopScan) {
+		err = nil
+	}
+	return runs, err
+}
+
+var errStopScan = errors.New("stop scan")
+
+// previousCheckpoint reads the checkpoint of an earlier pack, or a
+// checkpoint note file.
+func previousCheckpoint(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.HasPrefix(b, []byte("PK")) {
+		return b, nil
+	}
+	p, err := pack.Open(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		return nil, fmt.Errorf("--previous: %w", err)
+	}
+	return p.Checkpoint, nil
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(s string) error {
+	if s == "" {
+		return errors.New("empty value")
+	}
+	*l = append(*l, s)
+	return nil
+}
+
+// stamp is a time as a filter names it: RFC 3339 UTC, "-" when unset.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
