@@ -93,6 +93,20 @@ type Options struct {
 	// appender on its own is never delayed. Default: DefaultGroupDelay;
 	// negative turns it off.
 	GroupDelay time.Duration
+
+	// Observer, when set, is told of what every commit group made durable
+	// (the service's metrics). Default: none.
+	Observer Observer
+}
+
+// Observer is told of each commit group once it is durable, on the
+// writer's goroutine and before any appender hears of it: it must be quick
+// and must not append.
+type Observer interface {
+	// Committed is called with the events the group stored (idempotent
+	// repeats left out, each once), and how long its transaction took,
+	// fsync included. It must not keep events.
+	Committed(events []*auditd.Event, took time.Duration)
 }
 
 // Ledger is the append-only event store. It is safe for concurrent use; one
@@ -107,6 +121,7 @@ type Ledger struct {
 	checkpointEvery uint64
 	maxGroup        int
 	groupDelay      time.Duration
+	observer        Observer
 
 	wake chan struct{} // buffered: the queue may have requests, or Close was called
 	done chan struct{} // closed when the writer has stopped
@@ -154,6 +169,7 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 		checkpointEvery: opts.CheckpointEvery,
 		maxGroup:        opts.MaxGroup,
 		groupDelay:      opts.GroupDelay,
+		observer:        opts.Observer,
 		wake:            make(chan struct{}, 1),
 		done:            make(chan struct{}),
 	}

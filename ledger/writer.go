@@ -87,6 +87,8 @@ type batch struct {
 	entry  int         // where the tree entry being built starts in hashes
 	stored []tlog.Hash // what one leaf completed
 	leaf   leafHasher
+
+	observed []*auditd.Event // backs what observe hands the Observer
 }
 
 type kv struct{ key, val []byte }
@@ -102,6 +104,7 @@ func (b *batch) reset() {
 	*b = batch{
 		reqs: b.reqs[:0], records: b.records[:0], tree: b.tree[:0], idem: b.idem[:0], keys: b.keys, runs: b.runs,
 		buf: b.buf[:0], blocks: b.blocks[:0], hashes: b.hashes[:0], stored: b.stored[:0], leaf: b.leaf,
+		observed: b.observed[:0],
 	}
 }
 
@@ -370,6 +373,7 @@ func (l *Ledger) write(b *batch) error {
 		return nil
 	}
 	var latest []byte
+	start := time.Now()
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		events, tree, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketTree)), tx.Bucket([]byte(bucketIdempotency))
 		events.FillPercent, tree.FillPercent = 1.0, 1.0
@@ -413,8 +417,30 @@ func (l *Ledger) write(b *batch) error {
 	l.mu.Unlock()
 	l.groups.Add(1)
 	l.grouped.Add(uint64(len(b.records)))
+	if l.observer != nil {
+		l.observe(b, time.Since(start))
+	}
 	l.answer(b.reqs, nil)
 	return nil
+}
+
+// observe tells the observer of b's stored events: b numbers them in
+// order, so an event numbered no later than one already seen is a repeat
+// (of an earlier batch's, or of this one's).
+func (l *Ledger) observe(b *batch, took time.Duration) {
+	events := b.observed[:0]
+	last := b.before.seq
+	for _, r := range b.reqs {
+		for i := range r.events {
+			if e := &r.events[i]; e.Seq > last {
+				events = append(events, e)
+				last = e.Seq
+			}
+		}
+	}
+	l.observer.Committed(events, took)
+	clear(events)
+	b.observed = events
 }
 
 // answer tells the adders of reqs the outcome of their commit group: err,

@@ -25,6 +25,7 @@ import (
 	"github.com/auditd/auditd/retention"
 	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
+	"github.com/auditd/auditd/telemetry"
 	"github.com/auditd/auditd/web"
 )
 
@@ -44,6 +45,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	tokenWindow := fs.Duration("token-window", api.DefaultTokenWindow, "window of --token-limit")
 	tokenBurst := fs.Int("token-burst", api.DefaultTokenBurst, "units of work a token may spend back to back")
 	publicLog := fs.Bool("public-log", false, "publish the checkpoint, public key, checkpoint history and consistency proofs, and accept witness cosignatures, without a token")
+	logFormat := fs.String("log-format", "text", "lifecycle log `format` on stderr: text or json")
+	logLevel := fs.String("log-level", "info", "least `level` logged: debug, info, warn or error")
 	var witnesses listFlag
 	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -58,7 +61,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "auditd serve: token budget: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "auditd serve: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	var handler slog.Handler
+	switch *logFormat {
+	case "text":
+		handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	case "json":
+		handler = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})
+	default:
+		fmt.Fprintf(stderr, "auditd serve: --log-format %q: want text or json\n", *logFormat)
+		return 2
+	}
+	log := slog.New(handler)
 	opts := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
 		registry:    registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow},
 		tokenBudget: budget, publicLog: *publicLog, witnesses: witnesses}
@@ -91,7 +109,11 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	stop := &stopper{log: log}
 	defer stop.run()
 
-	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir})
+	// The service's metrics and lifecycle logs are read off the ledger's
+	// commits.
+	tel := telemetry.New()
+	tel.Log = log
+	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir, Observer: tel})
 	if err != nil {
 		return fmt.Errorf("open ledger: %w", err)
 	}
@@ -110,6 +132,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		return err
 	}
 	lim := limiter.New(clock.Real{})
+	tel.Wire(reg, lim, nil)
 	loop, err := fetch.New(fetch.Config{
 		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
 		Logger: log, CodeVersion: codeVersion(),
@@ -149,8 +172,10 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	reps := reports.NewService(led, store)
 	reps.Payloads, reps.NewHash = stage, newLedgerHash
+	tel.Wire(reg, lim, runReports{store: store, reps: reps})
 
 	srv := api.NewServer()
+	srv.Registry.MustRegister(tel.Collectors()...) // GET /metrics serves the API's and these
 	srv.Tokens, srv.Ledger = tokens, led
 	if o.tokenBudget != nil {
 		srv.TokenBudget = o.tokenBudget
@@ -172,6 +197,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		return fmt.Errorf("listen: %w", err)
 	}
 	stop.push("shut down API", srv.Shutdown)
+	log.Info("serving", "url", srv.URL(), "data", o.dataDir, "sources", len(reg.ListSources()))
 	greet(stdout, srv.URL(), o.dataDir, secret)
 	if demo != nil {
 		go demo.submitRuns(ctx, loop, log)
@@ -205,6 +231,9 @@ func (s *stopper) run() {
 		if err := s.steps[i].stop(ctx); err != nil {
 			s.log.Error(s.steps[i].what, "err", err)
 		}
+	}
+	if len(s.steps) > 0 {
+		s.log.Info("stopped")
 	}
 }
 
@@ -274,4 +303,23 @@ func codeVersion() string {
 		}
 	}
 	return bi.Main.Version
+}
+
+// runReports is what a finished run's log line reads: its counts from the
+// store, its verdict from the reports service (which keeps it for the API).
+type runReports struct {
+	store *runs.Store
+	reps  *reports.Service
+}
+
+func (r runReports) Run(ctx context.Context, id string) (auditd.RunView, error) {
+	return r.store.Run(ctx, id)
+}
+
+func (r runReports) Reconciled(ctx context.Context, id string) (bool, []string, error) {
+	rep, err := r.reps.Reconciliation(ctx, id)
+	if err != nil {
+		return false, nil, err
+	}
+	return rep.Balanced, rep.Failed(), nil
 }
