@@ -99,7 +99,7 @@ upstreams:
 	}
 	series := parseMetrics(t, body)
 	for _, want := range []struct {
-		series string
+		series  string
 		atLeast float64
 	}{
 		{`auditd_throttles_total{source="limited",status="429"}`, 1},
