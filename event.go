@@ -55,7 +55,6 @@ type Event struct {
 
 	Method        string        // HTTP method of a dispatch
 	Path          string        // path and query, credentials stripped
-	Probe         bool          // a dispatch sent as a half-open breaker's probe
 	Status        int           // HTTP status of a response or throttle
 	Bytes         int64         // response or payload size
 	Latency       time.Duration // dispatch to response
@@ -65,6 +64,8 @@ type Event struct {
 	RetryAfterRaw string        // Retry-After exactly as the server sent it
 	RetryAfter    time.Duration // parsed server hint, floored at zero
 	Clamped       bool          // the hint was clamped to the source's cap
+	Probe         bool          // a dispatch sent as a half-open breaker's probe
+	Attempts      uint32        // the dispatches an item took, all its pages together
 	Backoff       time.Duration // own jittered backoff chosen
 	ErrorText     string        // a transport error, credentials removed
 	From          string        // breaker state before
@@ -80,7 +81,6 @@ type Event struct {
 	Cause         string  // what taught the registry a change: header, throttle, slow_start, recover, probe_up, outage, operator, config (429 in older ledgers)
 	Snapshot      string  // when a registry snapshot was taken: run.start or run.end
 	Outcome       Outcome // outcome of a response, item or run
-	Attempts      uint32  // the dispatches an item took, all its pages together
 	Reason        string  // why, in words: an item's end short of success, a copy served from cache, a run resumed, a dispatch interrupted
 	BodyError     string  // error code found inside a 2xx body
 	PayloadHash   string  // hex SHA-256 of a staged or served payload
