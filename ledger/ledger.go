@@ -313,8 +313,10 @@ func (l *Ledger) Head() (seq uint64, hash [32]byte) {
 	return l.head, l.headHash
 }
 
-// Stalled returns why commits fail, and since when, while they do (see
-// Options.OnStall); a nil error while they succeed.
+// Stalled returns why commits fail while they do (see Options.OnStall),
+// a nil error while they succeed, and when they last started to fail (kept
+// once they succeed again, so that a caller can tell a stall came and went
+// while it waited; zero if they never failed).
 func (l *Ledger) Stalled() (since time.Time, err error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()

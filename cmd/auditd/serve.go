@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -91,7 +92,17 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	stop := &stopper{log: log}
 	defer stop.run()
 
-	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir})
+	// The loop logs which runs a stalled ledger pauses; it starts after
+	// the ledger, which may stall before it does.
+	var stalls atomic.Pointer[fetch.Loop]
+	onStall := func(err error) {
+		if loop := stalls.Load(); loop != nil {
+			loop.Stalled(err)
+		} else if err != nil {
+			log.Error("ledger writes failing: waiting until they succeed", "err", err)
+		}
+	}
+	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir, OnStall: onStall})
 	if err != nil {
 		return fmt.Errorf("open ledger: %w", err)
 	}
@@ -105,7 +116,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg)})
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Stalled: led.Stalled})
 	if err != nil {
 		return err
 	}
@@ -117,6 +128,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
+	stalls.Store(loop)
 
 	if o.configPath != "" {
 		cfg, err := loadConfig(o.configPath, func(src *auditd.Source) (string, string) { return validateSource(reg, src) })
