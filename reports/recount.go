@@ -140,9 +140,9 @@ type recount struct {
 	// statusNote says how run.finished's status disagrees with the
 	// items' ends (R1); empty when it does not.
 	statusNote string
-	first    uint64
-	last     uint64
-	total    Counts // events of the run, all scopes
+	first      uint64
+	last       uint64
+	total      Counts // events of the run, all scopes
 
 	sources map[string]*scope
 	items   map[string]*item
