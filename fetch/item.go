@@ -129,7 +129,8 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
 	lastReason := ""
-	deferred := 0 // failed probes of the source's breaker this page waited through
+	deferred := 0       // failed probes of the source's breaker this page waited through
+	recordFailures := 0 // dispatch records the ledger refused in a row
 	for {
 		if ctx.Err() != nil {
 			if ar.isCancelled() {
@@ -158,7 +159,8 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
-		l.recordAdmission(rctx, ar, it.Item, pg.index, p)
+		// The waits held back the page's next dispatch: they carry its attempt.
+		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p)
 		if err != nil {
 			var shed *limiter.ShedError
 			switch {
@@ -188,10 +190,19 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			continue
 		} else if err != nil {
 			// Not durable, so not sent: the ledger never shows fewer
-			// requests than the upstream received.
-			l.log.Error("record dispatch", "run", ar.id, "item", it.Key, "err", err)
-			return nil, pageAbandon, ""
+			// requests than the upstream received. The request waits and
+			// goes back to the gates; only a shutdown leaves it, for the
+			// next start.
+			it.attempts.unspend(pg.index)
+			if !l.pauseAfter(ctx, ar, "record dispatch", &recordFailures, err) {
+				if ar.isCancelled() {
+					return nil, pageCancelled, "cancelled"
+				}
+				return nil, pageAbandon, ""
+			}
+			continue
 		}
+		recordFailures = 0
 
 		x := l.send(rctx, src, it.Item, pg)
 		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, a, &x)
@@ -297,6 +308,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	buf[0] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
 	e := buf[:1]
+	stalledSince, stalled := l.cfg.Ledger.Stalled()
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
 		l.freeEventBuf(buf)
@@ -308,6 +320,15 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	}
 	ar.live.Count(e...)
 	a.sent = e[0].Time
+	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
+		// The record waited for a disk that refused it: the request
+		// leaves now, not when the gates admitted it. Counted again at
+		// its recorded time, it holds back the requests admitted after it
+		// as the window it is sent in requires.
+		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
+			b.Record(a.sent, 1)
+		}
+	}
 	l.freeEventBuf(buf)
 	return nil
 }
@@ -450,19 +471,15 @@ func scrubError(err error, path string, secret []string) error {
 
 // recordAdmission records what the gates did before admitting a page's
 // request (p; empty when Acquire failed): breaker transitions, then the
-// waits.
-func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, p *limiter.Permit) {
+// waits, each with the attempt it held back.
+func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit) {
 	l.recordTransitions(ctx, ar, it, p.Breaker)
 	for _, w := range p.Waits {
-		l.recordWait(ctx, ar, it, page, string(w.Gate), w.Planned, w.Actual)
+		l.mustRecord(ctx, ar, auditd.Event{
+			Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt,
+			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual,
+		})
 	}
-}
-
-func (l *Loop) recordWait(ctx context.Context, ar *activeRun, it *auditd.Item, page int, gate string, planned, actual time.Duration) {
-	l.mustRecord(ctx, ar, auditd.Event{
-		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page),
-		Gate: gate, Wait: planned, Actual: actual,
-	})
 }
 
 func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {

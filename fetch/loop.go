@@ -40,6 +40,9 @@ type Ledger interface {
 	auditd.EventReader
 	// SeqAt returns the first event recorded at or after t (seedGates).
 	SeqAt(t time.Time) (uint64, error)
+	// Stalled returns why commits fail, while they do, and since when the
+	// last time they did: meanwhile appends wait for the disk.
+	Stalled() (since time.Time, err error)
 }
 
 // Runs is what the loop needs of the store of runs (*runs.Store): it

@@ -97,6 +97,19 @@ type Options struct {
 	// Observer, when set, is told of what every commit group made durable
 	// (the service's metrics). Default: none.
 	Observer Observer
+
+	// OnStall, when set, is told when commits start to fail (a full disk
+	// refuses the write, say) with the error, and with nil once one
+	// succeeds again. While they fail the ledger keeps every append
+	// queued, in order, and retries the write with a backoff (from 10ms up
+	// to 2s): appenders wait, nothing is lost or reordered. It is called
+	// on the writer goroutine and must return quickly.
+	OnStall func(err error)
+
+	// WriteFault, when set, is called before each commit group is
+	// committed; an error it returns fails the commit as a disk that
+	// refuses the write does. A seam for tests of a full disk.
+	WriteFault func() error
 }
 
 // Observer is told of each commit group once it is durable, on the
@@ -141,10 +154,15 @@ type Ledger struct {
 
 	groups, grouped atomic.Uint64 // commit groups written, and the events in them
 
-	mu       sync.RWMutex // guards what Head and Checkpoint read
-	head     uint64
-	headHash [32]byte
-	latest   []byte
+	onStall    func(error)
+	writeFault func() error
+
+	mu         sync.RWMutex // guards what Head, Checkpoint and Stalled read
+	head       uint64
+	headHash   [32]byte
+	latest     []byte
+	stall      error     // why commits fail; nil while they succeed
+	stallSince time.Time // when they started to fail
 }
 
 // BoltOptions are the options auditd opens its bbolt file with (main does;
@@ -170,6 +188,8 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 		maxGroup:        opts.MaxGroup,
 		groupDelay:      opts.GroupDelay,
 		observer:        opts.Observer,
+		onStall:         opts.OnStall,
+		writeFault:      opts.WriteFault,
 		wake:            make(chan struct{}, 1),
 		done:            make(chan struct{}),
 	}
@@ -307,6 +327,16 @@ func (l *Ledger) Head() (seq uint64, hash [32]byte) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.head, l.headHash
+}
+
+// Stalled returns why commits fail while they do (see Options.OnStall),
+// a nil error while they succeed, and when they last started to fail (kept
+// once they succeed again, so that a caller can tell a stall came and went
+// while it waited; zero if they never failed).
+func (l *Ledger) Stalled() (since time.Time, err error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.stallSince, l.stall
 }
 
 // Checkpoint returns the latest signed checkpoint note; it covers every

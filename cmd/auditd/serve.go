@@ -10,7 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -50,7 +50,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var witnesses listFlag
 	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	if *startLimit < 1 || *startWindow <= 0 {
 		fmt.Fprintln(stderr, "auditd serve: --start-limit and --start-window must be positive")
@@ -101,6 +101,21 @@ type serveOptions struct {
 // fetch loop (draining what is in flight), the demo upstreams, the ledger
 // (committing what is queued), and the bbolt file last.
 func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logger) error {
+	// Nothing is created before the configuration is found good, and a
+	// damaged file is refused before bbolt maps it.
+	var cfg *fileConfig
+	if o.configPath != "" {
+		var err error
+		if cfg, err = loadConfig(o.configPath, validateSource); err != nil {
+			return err
+		}
+	}
+	path := filepath.Join(o.dataDir, dbFile)
+	if err := ledger.CheckFile(path); errors.Is(err, ledger.ErrDamaged) {
+		return fmt.Errorf("refusing to serve %s: %v; run auditd verify --data %s for the full report, and restore the data directory from a backup", path, err, o.dataDir)
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	db, err := openDB(o.dataDir, false)
 	if err != nil {
 		return err
@@ -113,7 +128,17 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	// commits.
 	tel := telemetry.New()
 	tel.Log = log
-	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir, Observer: tel})
+	// The loop logs which runs a stalled ledger pauses; it starts after
+	// the ledger, which may stall before it does.
+	var stalls atomic.Pointer[fetch.Loop]
+	onStall := func(err error) {
+		if loop := stalls.Load(); loop != nil {
+			loop.Stalled(err)
+		} else if err != nil {
+			log.Error("ledger writes failing: waiting until they succeed", "err", err)
+		}
+	}
+	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir, Observer: tel, OnStall: onStall})
 	if err != nil {
 		return fmt.Errorf("open ledger: %w", err)
 	}
@@ -127,7 +152,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg)})
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Stalled: led.Stalled})
 	if err != nil {
 		return err
 	}
@@ -140,12 +165,9 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
+	stalls.Store(loop)
 
-	if o.configPath != "" {
-		cfg, err := loadConfig(o.configPath, func(src *auditd.Source) (string, string) { return validateSource(reg, src) })
-		if err != nil {
-			return err
-		}
+	if cfg != nil {
 		if err := applySources(ctx, loop, reg, cfg.Sources, "config:"+filepath.Base(o.configPath)); err != nil {
 			return err
 		}
@@ -279,8 +301,8 @@ func nonNil(m map[string]string) map[string]string {
 
 // validateSource is the check a configuration file's sources get: the
 // registry's own validation, reported as field and message.
-func validateSource(reg *registry.Registry, src *auditd.Source) (field, msg string) {
-	err := reg.ValidateSource(*src)
+func validateSource(src *auditd.Source) (field, msg string) {
+	err := registry.CheckSource(*src)
 	if err == nil {
 		return "", ""
 	}
@@ -290,21 +312,6 @@ func validateSource(reg *registry.Registry, src *auditd.Source) (field, msg stri
 	}
 	return "", err.Error()
 }
-
-// codeVersion names the build: the module version or VCS revision.
-func codeVersion() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			return s.Value
-		}
-	}
-	return bi.Main.Version
-}
-
 // runReports is what a finished run's log line reads: its counts from the
 // store, its verdict from the reports service (which keeps it for the API).
 type runReports struct {
