@@ -46,6 +46,11 @@ type Telemetry struct {
 	Now func() time.Time
 
 	parts atomic.Pointer[parts]
+	// stalledSince is when the ledger's commits started to fail (Unix
+	// nanoseconds), 0 while they succeed.
+	stalledSince atomic.Int64
+
+	stalls prometheus.Counter
 
 	dispatches   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
@@ -121,6 +126,9 @@ func New() *Telemetry {
 		cached: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "auditd_cache_served_total", Help: "Items served from their last good copy.",
 		}, src),
+		stalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "auditd_ledger_stalls_total", Help: "Times the ledger's commits started to fail (a full disk, say); dispatching pauses until they succeed.",
+		}),
 		runsStarted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "auditd_runs_started_total", Help: "Runs started (resumed runs are not counted again).",
 		}),
@@ -147,7 +155,19 @@ func New() *Telemetry {
 func (t *Telemetry) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{t.dispatches, t.retries, t.responses, t.throttles, t.waits, t.breakers, t.changes,
 		t.items, t.shed, t.cached, t.runsStarted, t.runsFinished, t.appendDelay, t.groupSize, t.commitTime,
-		gauges{t}}
+		t.stalls, gauges{t}}
+}
+
+// Stalled is told when the ledger's commits start to fail, with the
+// error, and with nil once one succeeds again (ledger.Options.OnStall).
+func (t *Telemetry) Stalled(err error) {
+	if err == nil {
+		t.stalledSince.Store(0)
+		return
+	}
+	if t.stalledSince.CompareAndSwap(0, time.Now().UnixNano()) {
+		t.stalls.Inc()
+	}
 }
 
 // Committed counts a durable commit group and logs its lifecycle events. It
@@ -229,17 +249,24 @@ var (
 		"How long the pause in force on a source (its group's, when shared) still holds it.", []string{"source"}, nil)
 	descInFlight = prometheus.NewDesc("auditd_in_flight_requests",
 		"Requests to a source sent and not yet answered.", []string{"source"}, nil)
+	descStalled = prometheus.NewDesc("auditd_ledger_stalled_seconds",
+		"How long the ledger's commits have been failing; 0 while they succeed.", nil, nil)
 	descQueued = prometheus.NewDesc("auditd_queued_requests",
 		"Requests waiting at a source's rate gate (its group's, when shared).", []string{"source"}, nil)
 )
 
 func (g gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBreaker, descLimit, descWindow, descCeiling, descGroupLimit, descPause, descInFlight, descQueued} {
+	for _, d := range []*prometheus.Desc{descBreaker, descLimit, descWindow, descCeiling, descGroupLimit, descPause, descInFlight, descQueued, descStalled} {
 		ch <- d
 	}
 }
 
 func (g gauges) Collect(ch chan<- prometheus.Metric) {
+	stalled := 0.0
+	if since := g.t.stalledSince.Load(); since != 0 {
+		stalled = time.Since(time.Unix(0, since)).Seconds()
+	}
+	ch <- prometheus.MustNewConstMetric(descStalled, prometheus.GaugeValue, stalled)
 	p := g.t.wired()
 	reg, lim := p.reg, p.lim
 	if reg == nil {

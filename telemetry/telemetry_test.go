@@ -3,6 +3,7 @@ package telemetry_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -152,4 +153,48 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// A stall counts once however often the ledger reports it, and the gauge
+// says how long it has lasted until a commit succeeds again.
+func TestStalled(t *testing.T) {
+	tel := telemetry.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(tel.Collectors()...)
+	stalled := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "auditd_ledger_stalled_seconds" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no auditd_ledger_stalled_seconds")
+		return 0
+	}
+	if v := stalled(); v != 0 {
+		t.Fatalf("stalled %v before any stall", v)
+	}
+	full := errors.New("no space left on device")
+	tel.Stalled(full)
+	tel.Stalled(full)
+	if v := stalled(); v <= 0 {
+		t.Errorf("stalled %v during a stall", v)
+	}
+	tel.Stalled(nil)
+	if v := stalled(); v != 0 {
+		t.Errorf("stalled %v after commits succeed again", v)
+	}
+	tel.Stalled(full)
+	want := `
+# HELP auditd_ledger_stalls_total Times the ledger's commits started to fail (a full disk, say); dispatching pauses until they succeed.
+# TYPE auditd_ledger_stalls_total counter
+auditd_ledger_stalls_total 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "auditd_ledger_stalls_total"); err != nil {
+		t.Error(err)
+	}
 }

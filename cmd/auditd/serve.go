@@ -132,6 +132,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	// the ledger, which may stall before it does.
 	var stalls atomic.Pointer[fetch.Loop]
 	onStall := func(err error) {
+		tel.Stalled(err)
 		if loop := stalls.Load(); loop != nil {
 			loop.Stalled(err)
 		} else if err != nil {
