@@ -17,17 +17,22 @@
 // tolerates from what it answers, fast enough that a refresh finishes inside
 // its window:
 //
-//   - Slow start: each clean round (Options.StartRound successes, sent at
+//   - Slow start: each clean round (Options.StartRound successes, or as many
+//     as the pace sends in a second if more, sent at
 //     Options.ProbeUtilization of the pace or more) multiplies the pace by
 //     Options.Growth, until the first refusal or a Remaining of 0. From 15 a
-//     minute it reaches 16 a second in about 16 seconds.
+//     minute it reaches 16 a second in about 17 seconds. A round of at least
+//     a second keeps a gateway's burst from hiding a pace many times its
+//     rate before the first refusal.
 //   - A refusal (a 429, a 503 with Retry-After, a plain 503 taken for one;
 //     see below) ends slow start at the pace of the last clean round. After
 //     that it cuts to Options.Decrease times what the server was found to
 //     admit: the lower of the pace the refused request was sent at and, when
 //     the server admitted less than the pace in force since the last cut
 //     (refusing or making the source wait), the rate of its successes since
-//     then, less the waits it asked for. A refusal of a request sent before
+//     then, less the waits it asked for (auditd's own drain pause stays in:
+//     from one refusal to the next a bucket goes from full to full, so what
+//     it admitted in between, two seconds or more of it, is its rate). A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
 //     does not cut again; one after that, before a round proved the new
 //     pace, halves it. A refusal that says nothing of when to come back
@@ -37,7 +42,7 @@
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
 //     (or as many as the pace sends in ten seconds, if fewer) halves the
 //     distance back toward the rate last refused (or a step above what was
-//     admitted, if lower), up to Options.ProbeGain below it, and a further
+//     admitted since the cut before, if lower), up to Options.ProbeGain below it, and a further
 //     ProbeGain below for each refusal met on the way back up; there
 //     the pace holds for Options.ProbeHold rounds, then probes
 //     Options.ProbeGain past it. A probe must hold as long, and ten seconds,
@@ -72,7 +77,8 @@
 // least the source's breaker threshold of them, make the source down:
 // plain 503s are then never refusals until it answers a success, and any
 // cut a plain 503 made at the start of the outage is undone (cause
-// "outage"), so the source resumes at the pace it had learned before.
+// "outage"), so the source resumes at the pace it had learned before, and
+// probes as soon as it did before (the 503s do not count as refused probes).
 //
 // A state stored before learning had phases has none: it starts over in slow
 // start from the limit it has, forgetting the limit last refused, so a

@@ -32,7 +32,7 @@ func (h *history) add(t time.Time, iv time.Duration) {
 }
 
 // minSpan is the shortest span an admitted rate is measured over.
-const minSpan = 5 * time.Second
+const minSpan = 2 * time.Second
 
 // sinceCutSpan is the longest time after a refusal over which admitted
 // counts every success since it.

@@ -55,11 +55,11 @@ func TestAdmitted(t *testing.T) {
 			t.Fatal("an estimate from three successes")
 		}
 		var fast history
-		for i := range 20 {
+		for i := range 15 {
 			fast.add(at(float64(i)/10), 100*time.Millisecond)
 		}
-		if _, ok := fast.admitted(at(2), t0, 0); ok {
-			t.Fatal("an estimate from two seconds")
+		if _, ok := fast.admitted(at(1.5), t0, 0); ok {
+			t.Fatal("an estimate from a second and a half")
 		}
 	})
 

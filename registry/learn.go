@@ -162,6 +162,12 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 			d.Pause = min(d.Pause, e.st.AdvWindow.D()/time.Duration(e.st.AdvLimit))
 		}
 	}
+	// The waits the server asked for (Remaining 0, Retry-After), which the
+	// admitted rate leaves out. The drain pause below is auditd's own: the
+	// server's bucket refills during it at the server's rate, so it stays
+	// in the span, and what was admitted from one refusal to the next is
+	// that rate.
+	wait := d.Pause
 	// A refusal that says nothing of when to come back (a 429 or a plain
 	// 503 without Retry-After) means the server's bucket or window is full:
 	// pause the source while it drains a little, so the next request tests
@@ -173,10 +179,15 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 		}
 		d.Pause = max(d.Pause, settle, min(2*x.interval(), maxDrain))
 	}
-	// The waits the server asked for, which the admitted rate leaves out.
-	wait := d.Pause
 	if obs.refused() && obs.Hint.HasRetryAfter {
-		wait = max(wait, min(obs.Hint.RetryAfter, maxPause))
+		// A Retry-After as short as the drain pause is a bucket's refill
+		// like it: only what goes past that says how long to wait rather
+		// than how fast to go.
+		x := e
+		if g != nil {
+			x = g
+		}
+		wait = max(wait, min(obs.Hint.RetryAfter, maxPause)-max(settle, min(2*x.interval(), maxDrain)))
 	}
 	e.paused += wait
 	if g != nil {
@@ -241,7 +252,7 @@ func (r *Registry) learn(ctx context.Context, e, g *entry, obs *Observation, now
 			x = g
 		}
 		plain := obs.Status == http.StatusServiceUnavailable && !obs.Hint.HasRetryAfter
-		before := x.st
+		before, hold := x.st, x.hold
 		moved, err := r.refuse(ctx, x, obs, obs.Sent, now, o)
 		if err != nil {
 			return err
@@ -251,7 +262,7 @@ func (r *Registry) learn(ctx context.Context, e, g *entry, obs *Observation, now
 			// first of an outage: keep what to go back to, and count it
 			// toward the failures that would show one.
 			if moved && x.undo == nil {
-				x.undo = &before
+				x.undo, x.undoHold = &before, hold
 			}
 			if err := r.fail(ctx, e, g, obs, now, d); err != nil {
 				return err
@@ -450,8 +461,14 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// above only where it fell short of the pace in force meanwhile
 		// (refusals, pauses it asked for); otherwise it is only the pace
 		// that was sent, and the refused pace is the bound.
-		if adm, ok := x.hist.admitted(now, x.lastCut, x.paused); ok && adm < bad && adm < o.Decrease*x.paced(now) {
-			bad = adm
+		adm, ok := x.hist.admitted(now, x.lastCut, x.paused)
+		if ok && adm < bad {
+			if adm < o.Decrease*x.paced(now) {
+				bad = adm
+			}
+			// Either way the server's rate is not far above what it
+			// admitted: recovery heads a step past it, not to the
+			// refused pace.
 			refused = min(refused, adm*(1+o.ProbeGain))
 		}
 		next = o.Decrease * bad
@@ -511,6 +528,7 @@ func (r *Registry) spent(ctx context.Context, x *entry, obs *Observation, now ti
 func (r *Registry) revert(ctx context.Context, x *entry, obs *Observation, now time.Time) (bool, error) {
 	st := *x.undo
 	x.undo = nil
+	x.hold = x.undoHold // the 503s doubled it as refused probes: they were not
 	old := x.st
 	x.st.Refused, x.st.Phase = st.Refused, st.Phase
 	if x.st.Phase == "" {
@@ -532,7 +550,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	// minutes a round), and never fewer than a slow start's.
 	need := max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))))
 	if x.st.Phase != PhaseSteady {
-		need = o.StartRound
+		need = max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
 	}
 	if !x.sustained(now, need, o) {
 		return false, nil
@@ -647,6 +665,7 @@ type entry struct {
 	failSince  time.Time // the first of them
 	suspect    time.Time // sent time of a plain 503 not yet judged; zero when none
 	undo       *state    // what to go back to if an outage follows a plain 503's cut
+	undoHold   int       // and the probe hold then
 	down       bool      // failures in a row showed an outage; until a success
 
 	// Groups only: each member's own limit, and their sum per group window.
@@ -789,6 +808,11 @@ const maxDrain = 5 * time.Second
 // roundTime bounds the time of a round after the first refusal, in
 // successes at the pace.
 const roundTime = 10 * time.Second
+
+// startRoundTime is the least a round of slow start lasts: a gateway's
+// burst hides a pace above its rate for a while, and doubling every few
+// hundred milliseconds runs far past the rate before the first refusal.
+const startRoundTime = time.Second
 
 // settle is the least time after a cut before a refusal can cut again.
 const settle = time.Second
