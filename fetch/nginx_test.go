@@ -47,12 +47,14 @@ const (
 	nginxStatus = http.StatusTooManyRequests
 )
 
-// The run and what it is measured on. The registry starts the source at 4
-// a second and probes up in one-second windows, so it reaches the hidden
-// rate within about four windows; the first nginxLearning of the run, from
-// its first dispatch, is learning and not measured.
+// The run and what it is measured on. The registry starts the source at
+// the configured ceiling's share and slow-starts to the hidden rate within
+// a few seconds; the first nginxLearning of the run, from its first
+// dispatch, is learning and not measured. 400 items (some 40 seconds) let
+// the cut that follows a refusal, and its recovery, weigh as they do in a
+// refresh, not as half the measure.
 const (
-	nginxItems    = 200
+	nginxItems    = 400
 	nginxLearning = 5 * time.Second
 )
 
