@@ -47,9 +47,8 @@ const (
 	nginxStatus = http.StatusTooManyRequests
 )
 
-// The run and what it is measured on. The registry starts the source at
-// the configured ceiling's share and slow-starts to the hidden rate within
-// a few seconds; the first nginxLearning of the run, from its first
+// The run and what it is measured on. The registry slow-starts the source
+// to the hidden rate within a few seconds; the first nginxLearning of the run, from its first
 // dispatch, is learning and not measured. 400 items (some 40 seconds) let
 // the cut that follows a refusal, and its recovery, weigh as they do in a
 // refresh, not as half the measure.
