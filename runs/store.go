@@ -68,6 +68,10 @@ type Options struct {
 	// run ends. Default: seal.Ephemeral(), whose key dies with the process:
 	// such items cannot resume after a restart (LostSendPath).
 	Seal *seal.Box
+	// Stalled says why the ledger cannot write for now, and since when
+	// (*ledger.Ledger.Stalled); meanwhile the views of live runs say they
+	// are paused. Default: nil, never paused.
+	Stalled func() (since time.Time, err error)
 }
 
 // Store keeps runs and their items in the shared bbolt file, and the live
@@ -80,6 +84,7 @@ type Store struct {
 	pace     func(string) (int, time.Duration, error)
 	clock    clock.Clock
 	seal     *seal.Box
+	stalled  func() (time.Time, error)
 
 	mu    sync.Mutex
 	live  map[string]*Live    // runs the loop is working on (Start)
@@ -114,7 +119,7 @@ func Open(db *bolt.DB, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("create run buckets: %w", err)
 	}
 	return &Store{
-		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock, seal: opts.Seal,
+		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock, seal: opts.Seal, stalled: opts.Stalled,
 		live: map[string]*Live{}, locks: map[string]*runLock{},
 		ids: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)},
 	}, nil
