@@ -612,24 +612,31 @@ func secretsContext(id string) []byte { return []byte("registry.secrets/" + id) 
 // What was learned about the source is kept, clamped to a lowered ceiling
 // (a registry.changed event with Cause "operator" when that moves it).
 func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.Source) error {
+	_, err := r.Put(ctx, principal, src)
+	return err
+}
+
+// Put is PutSource, and reports whether it created the source: of
+// concurrent puts of one new id, exactly one creates it.
+func (r *Registry) Put(ctx context.Context, principal string, src auditd.Source) (created bool, err error) {
 	if err := r.validateSource(src); err != nil {
-		return err
+		return false, err
 	}
 	secrets := src.Headers
 	src.Headers = nil
 	if src.Group == src.ID {
 		// A group and a source sharing a name would be indistinguishable in
 		// the ledger's Group field; nothing is lost by forbidding it.
-		return &auditd.Error{Code: auditd.EINVALID, Field: "group", Message: "Group must differ from the source id."}
+		return false, &auditd.Error{Code: auditd.EINVALID, Field: "group", Message: "Group must differ from the source id."}
 	}
 	cfg, err := json.Marshal(src)
 	if err != nil {
-		return fmt.Errorf("encode source %q: %w", src.ID, err)
+		return false, fmt.Errorf("encode source %q: %w", src.ID, err)
 	}
 	var sec []byte
 	if len(secrets) > 0 {
 		if sec, err = json.Marshal(secrets); err != nil {
-			return fmt.Errorf("encode request headers of %q: %w", src.ID, err)
+			return false, fmt.Errorf("encode request headers of %q: %w", src.ID, err)
 		}
 		if r.opts.Seal != nil {
 			sec = r.opts.Seal.Seal(sec, secretsContext(src.ID))
@@ -640,6 +647,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	// groups change here, and puts are rare.
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	created = r.sources[src.ID] == nil
 
 	if _, err := r.opts.Ledger.Append(ctx, auditd.Event{
 		Type:      auditd.EventSourceChanged,
@@ -648,7 +656,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		Principal: principal,
 		Detail:    string(cfg),
 	}); err != nil {
-		return fmt.Errorf("append source.changed for %q: %w", src.ID, err)
+		return false, fmt.Errorf("append source.changed for %q: %w", src.ID, err)
 	}
 	if err := r.db.Update(func(tx *bolt.Tx) error {
 		if err := bucket(tx, bucketSources).Put([]byte(src.ID), cfg); err != nil {
@@ -659,7 +667,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		}
 		return bucket(tx, bucketSecrets).Put([]byte(src.ID), sec)
 	}); err != nil {
-		return fmt.Errorf("store source %q: %w", src.ID, err)
+		return false, fmt.Errorf("store source %q: %w", src.ID, err)
 	}
 
 	e := r.sources[src.ID]
@@ -698,7 +706,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	}
 
 	if err := r.clampOperator(ctx, e, principal, src.Group); err != nil {
-		return err
+		return created, err
 	}
 	for _, name := range touched {
 		if name == "" {
@@ -710,7 +718,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		if g.st.Limit == 0 {
 			if err := r.loadGroup(g); err != nil {
 				g.mu.Unlock()
-				return err
+				return created, err
 			}
 		}
 		err := r.clampOperator(ctx, g, principal, src.ID)
@@ -721,10 +729,10 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		}
 		g.mu.Unlock()
 		if err != nil {
-			return err
+			return created, err
 		}
 	}
-	return nil
+	return created, nil
 }
 
 // loadGroup reads a group's stored state, or starts it at the default.
