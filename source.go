@@ -27,7 +27,8 @@ type Source struct {
 	BodyError BodyErrorRule `json:"body_error,omitempty" yaml:"body_error" validate:"omitempty,oneof=grants_gov arcgis none"`
 	// Headers are added to every request (API keys). They are stored apart from
 	// the ledger, never recorded, and redacted from API responses.
-	Headers map[string]string `json:"headers,omitempty" yaml:"headers" validate:"omitempty,max=20"`
+	// A value holding CR, LF or NUL is refused: no request could carry it.
+	Headers map[string]string `json:"headers,omitempty" yaml:"headers" validate:"omitempty,max=20,dive,max=8192,excludesall=\r\n\x00"`
 	// SecretQuery names query parameters whose values are credentials
 	// beyond the built-in names (package redact); they are redacted before
 	// an item is stored and from every recorded path.

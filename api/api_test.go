@@ -196,7 +196,7 @@ func TestEvents(t *testing.T) {
 func TestSourcesRedactHeaders(t *testing.T) {
 	e := newEnv(t)
 	admin := e.secret[auth.RoleAdmin]
-	r := e.do(request{method: "PUT", path: "/v1/sources/city", secret: admin, body: `{"base_url":"https://city.example.gov","headers":{"Authorization":"Bearer upstream-secret"},"window":"1m"}`})
+	r := e.do(request{method: "PUT", path: "/v1/sources/city", secret: admin, body: `{"base_url":"https://city.example.gov","headers":{"Authorization":"Bearer upstream-secret"},"limit":10,"window":"1m"}`})
 	if r.status != http.StatusCreated || r.header.Get("Location") != "/v1/sources/city" {
 		t.Fatalf("create: %d %q %s", r.status, r.header.Get("Location"), r.body)
 	}
