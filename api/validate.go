@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,9 +36,12 @@ func newValidator() *validator.Validate {
 		}
 		return name
 	})
-	// The tag is registered on a fresh validator, so it cannot collide.
+	// The tags are registered on a fresh validator, so they cannot collide.
 	_ = v.RegisterValidation("listing", func(fl validator.FieldLevel) bool {
 		return listingPattern.MatchString(fl.Field().String())
+	})
+	_ = v.RegisterValidation("itempath", func(fl validator.FieldLevel) bool {
+		return auditd.ValidPath(fl.Field().String())
 	})
 	return v
 }
@@ -68,6 +72,17 @@ func (s *Server) decode(c echo.Context, v any, limit int64) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var domainErr *auditd.Error
+		if errors.As(err, &domainErr) && domainErr.Field == "" {
+			// A value's own parser refused it (a duration); json does not
+			// say which field it was: find it.
+			var raw any
+			if json.Unmarshal(body, &raw) == nil {
+				if field := badText(raw, reflect.TypeOf(v), ""); field != "" {
+					return invalid(field, "%s: %s", field, domainErr.Message)
+				}
+			}
+		}
 		return decodeError(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
@@ -161,4 +176,51 @@ func tagMin(tag string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// badText returns the path of the first string in raw that the field of t
+// it decodes into, an encoding.TextUnmarshaler, refuses; "" when none.
+func badText(raw any, t reflect.Type, path string) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if str, ok := raw.(string); ok {
+		if u, ok := reflect.New(t).Interface().(encoding.TextUnmarshaler); ok && u.UnmarshalText([]byte(str)) != nil {
+			return path
+		}
+		return ""
+	}
+	switch t.Kind() {
+	case reflect.Slice:
+		list, _ := raw.([]any)
+		for i, el := range list {
+			if f := badText(el, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); f != "" {
+				return f
+			}
+		}
+	case reflect.Struct:
+		obj, _ := raw.(map[string]any)
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if f.Anonymous {
+				if p := badText(raw, f.Type, path); p != "" {
+					return p
+				}
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			val, ok := obj[name]
+			if name == "" || name == "-" || !ok {
+				continue
+			}
+			field := name
+			if path != "" {
+				field = path + "." + name
+			}
+			if p := badText(val, f.Type, field); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }

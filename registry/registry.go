@@ -944,7 +944,7 @@ func (r *Registry) validateSource(src auditd.Source) error {
 			return &auditd.Error{Code: auditd.EINVALID, Field: "headers", Message: "Invalid header name."}
 		}
 		if strings.ContainsAny(value, "\r\n\x00") {
-			return &auditd.Error{Code: auditd.EINVALID, Field: "headers." + name, Message: fmt.Sprintf("The value of header %s must not contain CR, LF or NUL.", name)}
+			return &auditd.Error{Code: auditd.EINVALID, Field: "headers[" + name + "]", Message: fmt.Sprintf("The value of header %s must not contain CR, LF or NUL.", name)}
 		}
 	}
 	return nil
