@@ -93,8 +93,9 @@ type Item struct {
 	Key      string `json:"key" validate:"required,max=200,printascii"`
 	SourceID string `json:"source" validate:"required,max=100,printascii"`
 	Method   string `json:"method,omitempty" validate:"omitempty,oneof=GET POST"`
-	Path     string `json:"path" validate:"required,max=4096,startswith=/,itempath"` // itempath: ValidPath
-	Body     []byte `json:"body,omitempty"`                                          // JSON body for POST
+	// Path is sent after the source's base URL; itempath is ValidPath.
+	Path     string `json:"path" validate:"required,max=4096,startswith=/,itempath"`
+	Body     []byte `json:"body,omitempty"` // JSON body for POST
 	Paging   Paging `json:"paging,omitempty" validate:"omitempty,oneof=arcgis wfs grants_gov"`
 	PageSize int    `json:"page_size,omitempty" validate:"omitempty,min=1,max=10000"`
 	// SendPath is the path as it is sent upstream, when Path is it with
