@@ -90,7 +90,13 @@ func (s *Server) decode(c echo.Context, v any, limit int64) error {
 	}
 	// An integer the contract bounds below (minimum: 1) and the struct
 	// reads as "not given" at zero (omitempty) is refused when it is
-	// given: 0 is then a value, and out of bounds.
+	// given: 0 is then a value, and out of bounds. Any other value below
+	// the bound is not zero, and the validator refuses it; so a body
+	// without a zero in it is not decoded a second time (that doubles the
+	// cost of a 100,000-item run).
+	if !explicitZero.Match(body) {
+		return nil
+	}
 	var raw any
 	d := json.NewDecoder(bytes.NewReader(body))
 	d.UseNumber()
@@ -99,6 +105,11 @@ func (s *Server) decode(c echo.Context, v any, limit int64) error {
 	}
 	return explicitMinimums(raw, reflect.TypeOf(v), "")
 }
+
+// explicitZero matches a JSON value that is a zero number (0, -0, 0.0,
+// 0e3), and more (the same inside a string): a body it does not match has
+// no zero in it.
+var explicitZero = regexp.MustCompile(`:\s*-?0(?:[\s,}\].eE]|$)`)
 
 // explicitMinimums walks raw, a decoded JSON body, alongside t, the type it
 // was decoded into, and refuses an integer field tagged omitempty and
