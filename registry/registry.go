@@ -1041,3 +1041,27 @@ func effectiveBurst(s State) int {
 	}
 	return limiter.DefaultBurst
 }
+
+// SecretQueries reads, from a registry's bbolt file opened read-only (a
+// stopped service's, for an offline export), each source's declared
+// secret query parameter names. A file without a registry has none.
+func SecretQueries(db *bolt.DB) (map[string][]string, error) {
+	out := map[string][]string{}
+	err := db.View(func(tx *bolt.Tx) error {
+		root := tx.Bucket([]byte(bucketRoot))
+		if root == nil || root.Bucket([]byte(bucketSources)) == nil {
+			return nil
+		}
+		return root.Bucket([]byte(bucketSources)).ForEach(func(k, v []byte) error {
+			var src auditd.Source
+			if err := json.Unmarshal(v, &src); err != nil {
+				return fmt.Errorf("source %q: %w", k, err)
+			}
+			if len(src.SecretQuery) > 0 {
+				out[string(k)] = src.SecretQuery
+			}
+			return nil
+		})
+	})
+	return out, err
+}

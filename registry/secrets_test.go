@@ -114,3 +114,19 @@ func TestCheckSourceRefusesCredentialsAndBadURLs(t *testing.T) {
 }
 
 func asError(err error, target **auditd.Error) bool { return errors.As(err, target) }
+
+// TestSecretQueriesOffline: a stopped service's file gives each source's
+// declared names (auditd export reads them for its second guard).
+func TestSecretQueriesOffline(t *testing.T) {
+	h := newHarness(t, registry.Options{})
+	h.put(t, auditd.Source{ID: "a", SecretQuery: []string{"sq", "sig2"}})
+	h.put(t, auditd.Source{ID: "b"})
+	got, err := registry.SecretQueries(h.db)
+	if err != nil || len(got) != 1 || len(got["a"]) != 2 || got["a"][0] != "sq" {
+		t.Fatalf("SecretQueries = %v, %v", got, err)
+	}
+	empty, err := registry.SecretQueries(MustOpenDB(t))
+	if err != nil || len(empty) != 0 {
+		t.Fatalf("a file without a registry: %v, %v", empty, err)
+	}
+}
