@@ -1,6 +1,10 @@
 package auditd
 
-import "time"
+import (
+	"net/url"
+	"strings"
+	"time"
+)
 
 // Outcome classifies a response, an item or a run.
 type Outcome string
@@ -89,10 +93,34 @@ type Item struct {
 	Key      string `json:"key" validate:"required,max=200,printascii"`
 	SourceID string `json:"source" validate:"required,max=100,printascii"`
 	Method   string `json:"method,omitempty" validate:"omitempty,oneof=GET POST"`
-	Path     string `json:"path" validate:"required,max=4096,startswith=/"`
+	// Path is sent after the source's base URL; itempath is ValidPath.
+	Path     string `json:"path" validate:"required,max=4096,startswith=/,itempath"`
 	Body     []byte `json:"body,omitempty"` // JSON body for POST
 	Paging   Paging `json:"paging,omitempty" validate:"omitempty,oneof=arcgis wfs grants_gov"`
 	PageSize int    `json:"page_size,omitempty" validate:"omitempty,min=1,max=10000"`
+	// SendPath is the path as it is sent upstream, when Path is it with
+	// credentials redacted (the fetch loop splits them when the item is
+	// submitted). It lives in memory and, sealed, with the run until the
+	// run ends; it is never encoded, shown or recorded.
+	SendPath string `json:"-" yaml:"-"`
+}
+
+// ValidPath reports whether p can be an item's path: it starts with "/",
+// parses as a request target, and holds no control character, space or
+// fragment, which no request line can carry (a fragment is never sent).
+// Characters past ASCII are allowed; they are sent percent-encoded in the
+// path and as UTF-8 in the query.
+func ValidPath(p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c <= ' ' || c == 0x7f || c == '#' {
+			return false
+		}
+	}
+	_, err := url.ParseRequestURI(p)
+	return err == nil
 }
 
 // ItemResult is how an item ended.

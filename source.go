@@ -6,8 +6,10 @@ import "time"
 // geocoder) as configured by an operator. What auditd has learned about it
 // lives in the registry, next to this configuration.
 type Source struct {
-	ID      string `json:"id" yaml:"id" validate:"required,max=100,printascii"`
-	BaseURL string `json:"base_url" yaml:"base_url" validate:"required,url,startswith=http"`
+	ID string `json:"id" yaml:"id" validate:"required,max=100,printascii"`
+	// BaseURL is http or https with a host, no query and no credentials
+	// (registry.checkBaseURL says why each is refused).
+	BaseURL string `json:"base_url" yaml:"base_url" validate:"required,max=2048,url,startswith=http"`
 	// Group names a gateway group: members share one budget and one pause.
 	Group string `json:"group,omitempty" yaml:"group" validate:"omitempty,max=100,printascii"`
 	// Limit requests per Window is the configured ceiling: the most auditd
@@ -25,10 +27,12 @@ type Source struct {
 	BodyError BodyErrorRule `json:"body_error,omitempty" yaml:"body_error" validate:"omitempty,oneof=grants_gov arcgis none"`
 	// Headers are added to every request (API keys). They are stored apart from
 	// the ledger, never recorded, and redacted from API responses.
-	Headers map[string]string `json:"headers,omitempty" yaml:"headers" validate:"omitempty,max=20"`
+	// A value holding CR, LF or NUL is refused: no request could carry it.
+	Headers map[string]string `json:"headers,omitempty" yaml:"headers" validate:"omitempty,max=20,dive,max=8192,excludesall=\r\n\x00"`
 	// SecretQuery names query parameters whose values are credentials
-	// (token, api_key); they are redacted from every recorded path.
-	SecretQuery []string `json:"secret_query,omitempty" yaml:"secret_query" validate:"omitempty,max=20"`
+	// beyond the built-in names (package redact); they are redacted before
+	// an item is stored and from every recorded path.
+	SecretQuery []string `json:"secret_query,omitempty" yaml:"secret_query" validate:"omitempty,max=20,dive,required,max=100"`
 }
 
 // BreakerPolicy configures a source's circuit breaker.

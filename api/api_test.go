@@ -196,7 +196,7 @@ func TestEvents(t *testing.T) {
 func TestSourcesRedactHeaders(t *testing.T) {
 	e := newEnv(t)
 	admin := e.secret[auth.RoleAdmin]
-	r := e.do(request{method: "PUT", path: "/v1/sources/city", secret: admin, body: `{"base_url":"https://city.example.gov","headers":{"Authorization":"Bearer upstream-secret"},"window":"1m"}`})
+	r := e.do(request{method: "PUT", path: "/v1/sources/city", secret: admin, body: `{"base_url":"https://city.example.gov","headers":{"Authorization":"Bearer upstream-secret"},"limit":10,"window":"1m"}`})
 	if r.status != http.StatusCreated || r.header.Get("Location") != "/v1/sources/city" {
 		t.Fatalf("create: %d %q %s", r.status, r.header.Get("Location"), r.body)
 	}
@@ -208,6 +208,17 @@ func TestSourcesRedactHeaders(t *testing.T) {
 	}
 	if r := e.do(request{method: "PUT", path: "/v1/sources/city", secret: admin, body: `{"id":"city","base_url":"https://city.example.gov"}`}); r.status != http.StatusOK {
 		t.Errorf("replace: %d, want 200", r.status)
+	}
+	// A source stored before base URLs were checked is still shown without
+	// its credentials.
+	e.sources.mu.Lock()
+	e.sources.byID["old"] = api.SourceState{Config: auditd.Source{ID: "old", BaseURL: "http://u:OLDPW@old.example/?sq=OLDSQ", SecretQuery: []string{"sq"}}}
+	e.sources.mu.Unlock()
+	for _, path := range []string{"/v1/sources/old", "/v1/sources"} {
+		r := e.do(request{path: path, secret: e.secret[auth.RoleAuditor]})
+		if r.status != http.StatusOK || bytes.Contains(r.body, []byte("OLDPW")) || bytes.Contains(r.body, []byte("OLDSQ")) {
+			t.Errorf("GET %s: %d %s", path, r.status, r.body)
+		}
 	}
 }
 

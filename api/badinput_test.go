@@ -32,13 +32,7 @@ func TestBadInput(t *testing.T) {
 	e := newEnv(t)
 	runs := "/v1/runs/" + e.runID
 	cursor := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
-	cases := []struct {
-		name   string
-		req    request
-		role   auth.Role
-		status int
-		field  string
-	}{
+	cases := []badCase{
 		// POST /v1/runs: the envelope.
 		{"RunMalformedJSON", request{method: "POST", path: "/v1/runs", body: `{"name":`}, auth.RoleOperator, 400, ""},
 		{"RunNotJSON", request{method: "POST", path: "/v1/runs", body: `hello`}, auth.RoleOperator, 400, ""},
@@ -77,8 +71,8 @@ func TestBadInput(t *testing.T) {
 		{"SourceIDMismatch", request{method: "PUT", path: "/v1/sources/county", body: `{"id":"city","base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
 		{"SourceBaseURLMissing", request{method: "PUT", path: "/v1/sources/new", body: `{}`}, auth.RoleAdmin, 400, "base_url"},
 		{"SourceBaseURLNotURL", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"not a url"}`}, auth.RoleAdmin, 400, "base_url"},
-		{"SourceWindowWords", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"fast"}`}, auth.RoleAdmin, 400, ""},
-		{"SourceWindowNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"-1s"}`}, auth.RoleAdmin, 400, ""},
+		{"SourceWindowWords", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"fast"}`}, auth.RoleAdmin, 400, "window"},
+		{"SourceWindowNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"-1s"}`}, auth.RoleAdmin, 400, "window"},
 		{"SourceLimitNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","limit":-5}`}, auth.RoleAdmin, 400, "limit"},
 		{"SourceTierUnknown", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","tier":"ultra"}`}, auth.RoleAdmin, 400, "tier"},
 		{"SourceTooManyHeaders", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{` + manyHeaders(21) + `}}`}, auth.RoleAdmin, 400, "headers"},
@@ -116,9 +110,38 @@ func TestBadInput(t *testing.T) {
 		{"WrongMethod", request{method: "PATCH", path: "/v1/runs"}, auth.RoleOperator, 405, ""},
 		{"UnknownRun", request{path: "/v1/runs/01JNOPE"}, auth.RoleAuditor, 404, ""},
 		{"CancelFinishedRun", request{method: "POST", path: runs + "/cancel"}, auth.RoleOperator, 409, ""},
+		// Issue 16: what was accepted and written.
+		{"CursorNotEscaped", request{path: "/v1/runs?cursor=%zz"}, auth.RoleAuditor, 400, "cursor"},
+		{"ItemsCursorNotEscaped", request{path: runs + "/items?cursor=%zz&limit=1"}, auth.RoleAuditor, 400, "cursor"},
+		{"QuerySemicolon", request{path: "/v1/runs?limit=1;x=2"}, auth.RoleAuditor, 400, "limit"},
+		{"SourceIDEncodedSlash", request{method: "PUT", path: "/v1/sources/..%2F..%2Fetc", body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
+		{"SourceIDEncodedSlashGet", request{path: "/v1/sources/..%2Fcounty"}, auth.RoleAuditor, 404, ""},
+		{"SourceBaseURLUserinfo", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"http://user:PW@x.example"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLUserOnly", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://tok@x.example/api"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLApiKey", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example/q?api_key=PW"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLQuery", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example/q?f=json"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLFragment", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example/#x"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLSchemeHTTPX", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"httpx://x.example"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLOpaque", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"http:foo"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLNoHost", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"http:///path"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLHexHost", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"http://0x7f000001"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceBaseURLDecimalHost", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"http://2130706433/"}`}, auth.RoleAdmin, 400, "base_url"},
+		{"SourceHeaderCRLF", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{"X-Api-Key":"a\r\nX-Evil: 1"}}`}, auth.RoleAdmin, 400, "headers[X-Api-Key]"},
+		{"SourceHeaderNUL", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{"X-Api-Key":"a\u0000b"}}`}, auth.RoleAdmin, 400, "headers[X-Api-Key]"},
+		{"SourceHeaderBadName", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{"X Api":"v"}}`}, auth.RoleAdmin, 400, "headers"},
+		{"SourceSecretQueryEmptyName", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","secret_query":[""]}`}, auth.RoleAdmin, 400, "secret_query[0]"},
+		{"RunItemPathSpace", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p 1?sq=x"`, "")}, auth.RoleOperator, 400, "items[0].path"},
+		{"RunItemPathControl", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p\u0001"`, "")}, auth.RoleOperator, 400, "items[0].path"},
+		{"RunItemPathFragment", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p#token=x"`, "")}, auth.RoleOperator, 400, "items[0].path"},
+		{"EvidenceUnknownAward", request{path: "/v1/evidence.xlsx?award=NO-SUCH-FAIN"}, auth.RoleAuditor, 404, ""},
 	}
-	if len(cases) < 40 {
-		t.Fatalf("%d cases; the issue asks for at least 40", len(cases))
+	generated := specCases(t, loadSpec(t))
+	if len(generated) < 40 {
+		t.Fatalf("%d cases generated from openapi.yaml's bounds; the walk is broken", len(generated))
+	}
+	cases = append(cases, generated...)
+	if len(cases) < 100 {
+		t.Fatalf("%d cases; the issue asks for at least 100", len(cases))
 	}
 	head, nRuns, nSources := e.head(), e.runs.count(), e.sources.count()
 	toks, err := e.tokens.List()
@@ -154,6 +177,15 @@ func TestBadInput(t *testing.T) {
 	if len(after) != len(toks) {
 		t.Errorf("rejected requests changed tokens: %d to %d", len(toks), len(after))
 	}
+}
+
+// badCase is a request that must be refused with status, naming field.
+type badCase struct {
+	name   string
+	req    request
+	role   auth.Role
+	status int
+	field  string
 }
 
 func manyHeaders(n int) string {

@@ -22,6 +22,7 @@ import (
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -131,6 +132,9 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 		{Item: auditd.Item{Key: "a", SourceID: "county", Method: "GET", Path: "/layer/0/query"}, Result: &auditd.ItemResult{Outcome: auditd.ItemSucceeded, PayloadHash: strings.Repeat("ab", 32), Bytes: 7, Attempts: 1}},
 		{Item: auditd.Item{Key: "b", SourceID: "county", Method: "GET", Path: "/layer/1/query"}},
 	})
+	e.runs.mu.Lock()
+	e.runs.runs[e.runID].state.Run.Award.FAIN = "F-1" // the award of GET /v1/evidence.xlsx?award=F-1
+	e.runs.mu.Unlock()
 	for i, typ := range []auditd.EventType{auditd.EventRunStarted, auditd.EventItemQueued, auditd.EventItemQueued, auditd.EventDispatch, auditd.EventResponse, auditd.EventPayloadStaged, auditd.EventItemFinished, auditd.EventRunFinished} {
 		ev := auditd.Event{Type: typ, RunID: e.runID, SourceID: "county", ItemKey: "a", Status: 200 * min(i, 1)}
 		ev.SetShared(1, "") // attempt 1, as the API shows it
@@ -292,7 +296,14 @@ func (s *specCheck) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 
-	route, params, err := s.router.FindRoute(req)
+	match := req
+	if req.URL.RawPath != "" {
+		// Routed as the server routes it: on the escaped path, an escaped
+		// "/" inside one parameter.
+		match = req.Clone(req.Context())
+		match.URL.Path = req.URL.RawPath
+	}
+	route, params, err := s.router.FindRoute(match)
 	if err != nil {
 		// Only a request the API has no route for may miss the spec.
 		if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusMethodNotAllowed {
@@ -331,6 +342,11 @@ func newFakeSources(l auditd.Appender) *fakeSources {
 }
 
 func (f *fakeSources) PutSource(ctx context.Context, src auditd.Source, principal string) (bool, error) {
+	// The registry's own check, so the API's tests refuse what the
+	// service refuses.
+	if err := registry.CheckSource(src); err != nil {
+		return false, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	_, existed := f.byID[src.ID]
@@ -487,6 +503,9 @@ func (f *fakeRuns) Runs(_ context.Context, flt auditd.RunFilter) ([]auditd.RunVi
 			continue
 		}
 		if flt.Status != "" && r.state.Run.Status != flt.Status {
+			continue
+		}
+		if flt.FAIN != "" && r.state.Run.Award.FAIN != flt.FAIN {
 			continue
 		}
 		if len(out) == flt.Limit {

@@ -223,6 +223,10 @@ func validationError(err error) error {
 		msg = "must start with " + fe.Param()
 	case "url":
 		msg = "must be a URL"
+	case "itempath":
+		msg = "must start with / and hold no space, control character or fragment"
+	case "excludesall":
+		msg = "must not contain CR, LF or NUL"
 	case "printascii":
 		msg = "must be printable ASCII"
 	case "alphanum":

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -73,4 +74,62 @@ func rangeParams(q url.Values) (from, to time.Time, err error) {
 		err = invalid("to", "to must be after from.")
 	}
 	return
+}
+
+// decodeRequest refuses a query string that does not decode (`?cursor=%zz`
+// would otherwise read as no cursor at all), naming the parameter, and
+// percent-decodes the path parameters exactly once: echo routes on the
+// escaped path when there is one (an id or item key holding "/" arrives as
+// %2F) and hands the parameters over as written, so every handler, and
+// every validation of an id, sees the decoded value.
+func decodeRequest(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if name, bad := badQueryParam(r.URL.RawQuery); bad {
+			return invalid(name, "Query parameter %q is not percent-encoded correctly.", name)
+		}
+		if r.URL.RawPath != "" {
+			names, values := c.ParamNames(), c.ParamValues()
+			decoded := make([]string, len(values))
+			for i, v := range values {
+				d, err := url.PathUnescape(v)
+				if err != nil {
+					name := ""
+					if i < len(names) {
+						name = names[i]
+					}
+					return invalid(name, "Path parameter %q is not percent-encoded correctly.", name)
+				}
+				decoded[i] = d
+			}
+			c.SetParamValues(decoded...)
+		}
+		return next(c)
+	}
+}
+
+// badQueryParam returns the first parameter of a raw query whose name or
+// value does not decode, or that is separated by ';' (which url.ParseQuery
+// refuses and URL.Query would silently drop).
+func badQueryParam(raw string) (string, bool) {
+	if raw == "" {
+		return "", false
+	}
+	if _, err := url.ParseQuery(raw); err == nil {
+		return "", false
+	}
+	for _, pair := range strings.Split(raw, "&") {
+		k, v, _ := strings.Cut(pair, "=")
+		name, kerr := url.QueryUnescape(k)
+		if kerr != nil {
+			name = k
+		}
+		if _, verr := url.QueryUnescape(v); kerr != nil || verr != nil || strings.Contains(pair, ";") {
+			if len(name) > 100 {
+				name = name[:100]
+			}
+			return name, true
+		}
+	}
+	return "", true
 }

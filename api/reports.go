@@ -77,6 +77,13 @@ func (s *Server) handleAwardEvidence(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// An award with no run in the period is a 404 that records nothing:
+	// nothing is downloaded.
+	if runs, _, err := s.Runs.Runs(c.Request().Context(), auditd.RunFilter{FAIN: fain, From: from, To: to, Limit: 1}); err != nil {
+		return err
+	} else if len(runs) == 0 {
+		return auditd.Errorf(auditd.ENOTFOUND, "No run of award %q in that period.", fain)
+	}
 	detail := map[string]string{"what": "evidence", "award": fain, "format": "xlsx"}
 	if !from.IsZero() {
 		detail["from"] = from.Format("2006-01-02T15:04:05.000Z07:00")

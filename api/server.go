@@ -142,7 +142,7 @@ func NewServer() *Server {
 	e.HTTPErrorHandler = s.handleError
 	// Budgets key on the peer address; X-Forwarded-For is not trusted.
 	e.IPExtractor = echo.ExtractIPDirect()
-	e.Use(s.assignRequestID, s.observe, middleware.RecoverWithConfig(middleware.RecoverConfig{
+	e.Use(s.assignRequestID, s.observe, decodeRequest, middleware.RecoverWithConfig(middleware.RecoverConfig{
 		// The panic becomes an error, which handleError logs once.
 		LogErrorFunc: func(_ echo.Context, err error, stack []byte) error {
 			return fmt.Errorf("panic: %w\n%s", err, stack)

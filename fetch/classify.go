@@ -64,49 +64,6 @@ func bodyError(rule auditd.BodyErrorRule, body []byte) string {
 	return ""
 }
 
-// credentialParams are query parameters whose values are never recorded,
-// whatever a source declares.
-var credentialParams = []string{"token", "key", "apikey", "api_key", "access_token", "password", "secret", "signature", "sig", "client_secret"}
-
-// redactPath returns path with the values of credential query parameters
-// replaced by "REDACTED". It is applied before anything is recorded.
-func redactPath(path string, extra []string) string {
-	before, query, ok := strings.Cut(path, "?")
-	if !ok {
-		return path
-	}
-	vals, err := url.ParseQuery(query)
-	if err != nil {
-		return before + "?REDACTED"
-	}
-	changed := false
-	for name := range vals {
-		if isCredential(name, extra) {
-			vals[name] = []string{"REDACTED"}
-			changed = true
-		}
-	}
-	if !changed {
-		return path
-	}
-	return before + "?" + vals.Encode()
-}
-
-func isCredential(name string, extra []string) bool {
-	n := strings.ToLower(name)
-	for _, c := range credentialParams {
-		if n == c {
-			return true
-		}
-	}
-	for _, c := range extra {
-		if strings.EqualFold(name, c) {
-			return true
-		}
-	}
-	return false
-}
-
 // withQuery returns path with the given parameters set, keeping the others.
 func withQuery(path string, set map[string]int) string {
 	before, query, _ := strings.Cut(path, "?")

@@ -16,7 +16,11 @@ type ClientOptions struct {
 	// MaxConnsPerHost caps the connections to one host, idle or in use;
 	// 0 means no cap. A request that finds none free waits for one.
 	MaxConnsPerHost int
-	MaxRedirects    int
+	// Policy says which addresses the client may connect to, checked on
+	// the address each connection dials (after DNS), so a name that
+	// resolves elsewhere later cannot pass it. Default DefaultPolicy():
+	// link-local, cloud metadata and unspecified addresses refused.
+	Policy *AddrPolicy
 }
 
 // DefaultClientOptions are the bounds a production loop uses.
@@ -32,20 +36,26 @@ func DefaultClientOptions() ClientOptions {
 		// dials for every request that finds no idle connection at that
 		// instant, even when one comes free a moment later.
 		MaxConnsPerHost: 64,
-		MaxRedirects:    5,
+		Policy:          DefaultPolicy(),
 	}
 }
 
-// errCrossHostRedirect refuses a redirect to another host: credentials added
-// for one jurisdiction must never reach another.
-var errCrossHostRedirect = errors.New("redirect to another host refused")
-
-// NewClient returns the HTTP client the loop sends with: timeouts on connect,
-// headers and the whole exchange, and redirects only to the same host.
+// NewClient returns the HTTP client the loop sends with: timeouts on
+// connect, headers and the whole exchange; connections only to addresses
+// the policy allows; and no redirect followed. A 3xx is the response of
+// its dispatch, recorded as it came: following it inside the client would
+// put a request on the wire that no dispatch record describes.
 func NewClient(o ClientOptions) *http.Client {
+	policy := o.Policy
+	if policy == nil {
+		policy = DefaultPolicy()
+	}
+	dialer := &net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second, Control: policy.control}
 	tr := &http.Transport{
+		// A proxy from the environment is dialled, and checked, in the
+		// upstream's place: it must apply its own policy.
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dialer.DialContext,
 		TLSHandshakeTimeout:   o.ConnectTimeout,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		MaxIdleConnsPerHost:   o.MaxIdlePerHost,
@@ -56,14 +66,11 @@ func NewClient(o ClientOptions) *http.Client {
 	return &http.Client{
 		Transport: tr,
 		Timeout:   o.RequestTimeout,
-		CheckRedirect: func(req *http.Request, via []*http.Request) error {
-			if len(via) >= o.MaxRedirects {
-				return errors.New("too many redirects")
-			}
-			if req.URL.Host != via[0].URL.Host {
-				return errCrossHostRedirect
-			}
-			return nil
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
 		},
 	}
 }
+
+// isDenied reports whether err is a connection the address policy refused.
+func isDenied(err error) bool { return errors.Is(err, ErrAddressDenied) }

@@ -30,6 +30,17 @@
 //     transport.error, or dispatch.interrupted when found on resume).
 //   - Every item ends with exactly one item.finished; every run reaches a
 //     terminal status. One source being down never holds the others back.
-//   - Secret request headers are added at send time and never recorded;
-//     credential query parameters are redacted before anything is recorded.
+//   - Secret request headers are added at send time and never recorded.
+//     Credential query parameters (package redact: the built-in names and
+//     the source's secret_query) are redacted once, in Submit, before the
+//     run is stored: Item.Path is the redacted path everything else sees,
+//     Item.SendPath the path as sent, which the run store keeps sealed
+//     until the run ends. Error texts are built from redacted URLs
+//     (scrubError), and a redirect's Location is recorded redacted.
+//   - Every request on the wire is its own dispatch: the client follows no
+//     redirect (a 3xx is the outcome; the item fails), and the transport's
+//     request bodies cannot be replayed on a stale connection.
+//   - Connections go only to addresses the AddrPolicy allows, checked on
+//     the dialled address (net.Dialer.Control), so DNS cannot rebind past
+//     it; a refusal is a transport.error and is not retried.
 package fetch

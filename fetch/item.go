@@ -8,13 +8,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/hints"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/redact"
 	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
 )
 
@@ -52,6 +56,16 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		}
 	}
 
+	// Pages are built from the path as sent, and recorded redacted.
+	sendable := it.Item
+	if it.SendPath == runs.LostSendPath {
+		l.endItem(ar, it, auditd.ItemFailed, "the path's credentials were sealed under a key this process does not hold; submit the item again", nil, "", nil)
+		return
+	} else if it.SendPath != "" {
+		cp := *it.Item
+		cp.Path, sendable = it.SendPath, &cp
+	}
+
 	w, err := l.cfg.Staging.NewWriter()
 	if err != nil {
 		l.endItem(ar, it, auditd.ItemFailed, "staging: "+err.Error(), nil, "", nil)
@@ -65,7 +79,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 			l.failOrServe(rctx, ar, it, lastGoodKey, fmt.Sprintf("more than %d pages", maxPages))
 			return
 		}
-		pg, err := pageRequest(it.Item, p)
+		pg, err := pageRequest(sendable, p)
 		if err != nil {
 			l.endItem(ar, it, auditd.ItemFailed, err.Error(), nil, "", nil)
 			return
@@ -122,7 +136,8 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 // deadline or the loop's life ends. It returns the body of a good response.
 func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source, it *job, pg page, lastGood string) ([]byte, pageEnd, string) {
 	rctx := ar.recordCtx // not cancelled with the run: see activeRun.recordCtx
-	path := redactPath(pg.path, src.SecretQuery)
+	rule := redact.New(src.SecretQuery)
+	path := rule.URL(pg.path)
 	maxAttempts := l.cfg.MaxAttempts
 	if src.MaxAttempts > 0 {
 		maxAttempts = src.MaxAttempts
@@ -204,9 +219,12 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 		recordFailures = 0
 
-		x := l.send(rctx, src, it.Item, pg)
+		x := l.send(rctx, src, rule, it.Item, pg)
 		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, a, &x)
 		switch {
+		case x.err != nil && isDenied(x.err):
+			// Nothing left: the policy will refuse every try alike.
+			return nil, pageFailed, "transport error: " + x.err.Error()
 		case x.err != nil:
 			lastReason = "transport error: " + x.err.Error()
 			retryAt = l.cfg.Clock.Now().Add(wait)
@@ -222,6 +240,14 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			// unavailable") inside a 200: try again, paced by the gates,
 			// until the attempts are spent.
 			lastReason = fmt.Sprintf("error in a %d body: %s", x.status, bodyErr)
+		case x.status >= 300 && x.status < 400:
+			// Not followed: the next hop would be a request no dispatch
+			// describes. Location is recorded redacted, as every path is.
+			reason := fmt.Sprintf("redirect (%d) not followed", x.status)
+			if loc := x.header.Get("Location"); loc != "" {
+				reason += ": Location " + strconv.Quote(rule.Text(rule.URL(loc)))
+			}
+			return nil, pageFailed, reason
 		default:
 			return nil, pageFailed, fmt.Sprintf("client error (%d)", x.status)
 		}
@@ -243,7 +269,7 @@ type exchange struct {
 	header     http.Header // nil for a transport error
 	receivedAt time.Time
 	latency    time.Duration // from dispatch to the whole body
-	err        error         // a transport error, credentials removed
+	err        error         // a transport error, its text redacted (scrubError)
 }
 
 // settle records how a dispatched request came back (its outcome event,
@@ -408,7 +434,7 @@ func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status
 
 // send performs one request with the source's secret headers and reads a
 // capped body.
-func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg page) exchange {
+func (l *Loop) send(ctx context.Context, src *auditd.Source, rule redact.Rule, it *auditd.Item, pg page) exchange {
 	start := l.cfg.Clock.Now()
 	var body io.Reader
 	if len(pg.body) > 0 {
@@ -416,7 +442,7 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 	}
 	req, err := http.NewRequestWithContext(ctx, it.Method, strings.TrimRight(src.BaseURL, "/")+pg.path, body)
 	if err != nil {
-		return exchange{receivedAt: start, err: err}
+		return exchange{receivedAt: start, err: scrubError(err, rule)}
 	}
 	if len(pg.body) > 0 {
 		req.Header.Set("Content-Type", "application/json")
@@ -442,12 +468,12 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, it *auditd.Item, pg
 	}
 	resp, err := l.cfg.Client.Do(req)
 	if err != nil {
-		return failed(scrubError(err, pg.path, src.SecretQuery))
+		return failed(scrubError(err, rule))
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, l.cfg.MaxBodyBytes+1))
 	if err != nil {
-		return failed(fmt.Errorf("read body: %w", scrubError(err, pg.path, src.SecretQuery)))
+		return failed(fmt.Errorf("read body: %w", scrubError(err, rule)))
 	}
 	if int64(len(data)) > l.cfg.MaxBodyBytes {
 		return failed(fmt.Errorf("response body larger than %d bytes", l.cfg.MaxBodyBytes))
@@ -463,11 +489,33 @@ type emptyBody struct{}
 func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
 func (emptyBody) Close() error             { return nil }
 
-// scrubError removes the request's query (which may hold credentials) from
-// a transport error's text before it is recorded.
-func scrubError(err error, path string, secret []string) error {
-	return errors.New(strings.ReplaceAll(err.Error(), path, redactPath(path, secret)))
+// scrubError returns err with its text built only from redacted URLs:
+// net/http quotes the request's URL in its errors (url.Error), re-encoded
+// (`Get "http://h/p%201?sq=SECRET": dial tcp ...`), so the path as
+// submitted cannot be looked for in it. Every url.Error in the chain has
+// its URL redacted before the text is made, and the text is redacted
+// again as free text. The result keeps ErrAddressDenied for isDenied.
+func scrubError(err error, rule redact.Rule) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if ue, ok := e.(*url.Error); ok {
+			ue.URL = rule.URL(ue.URL)
+		}
+	}
+	text := rule.Text(err.Error())
+	if isDenied(err) {
+		return &scrubbed{text: text, wrapped: ErrAddressDenied}
+	}
+	return errors.New(text)
 }
+
+// scrubbed is a redacted error text that still says what it wraps.
+type scrubbed struct {
+	text    string
+	wrapped error
+}
+
+func (e *scrubbed) Error() string { return e.text }
+func (e *scrubbed) Unwrap() error { return e.wrapped }
 
 // recordAdmission records what the gates did before admitting a page's
 // request (p; empty when Acquire failed): breaker transitions, then the

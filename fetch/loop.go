@@ -16,6 +16,7 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/redact"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
@@ -214,7 +215,12 @@ func (l *Loop) Close(ctx context.Context) error {
 // same contents, returns that run. Nothing is stored or recorded when the
 // request is refused: an unknown source or a duplicate item key fails
 // before anything is queued.
+//
+// Credentials in item paths are redacted here, before anything else sees
+// them (redactItems): the run store, the ledger, the idempotency
+// fingerprint and every view hold only the redacted path.
 func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
+	l.redactItems(nr.Items)
 	if nr.IdempotencyKey != "" {
 		v, err := l.cfg.Runs.RunByIdempotencyKey(ctx, nr)
 		if err == nil {
@@ -263,6 +269,27 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 	return v, true, err
 }
 
+// redactItems redacts, under each item's source's rule, the credentials
+// in its path: Path becomes the redacted path, and SendPath keeps the path
+// as sent, which the run store keeps sealed until the run ends. An item
+// whose path holds none is left as it is. A source that is not known has
+// the built-in names only (validate refuses the item anyway).
+func (l *Loop) redactItems(items []auditd.Item) {
+	rules := map[string]redact.Rule{}
+	for i := range items {
+		it := &items[i]
+		rule, ok := rules[it.SourceID]
+		if !ok {
+			src, _ := l.cfg.Registry.GetSource(it.SourceID)
+			rule = redact.New(src.SecretQuery)
+			rules[it.SourceID] = rule
+		}
+		if red := rule.URL(it.Path); red != it.Path {
+			it.SendPath, it.Path = it.Path, red
+		}
+	}
+}
+
 // itemMethod is an item's method: GET when it names none.
 func itemMethod(m string) string {
 	if m == "" {
@@ -293,6 +320,13 @@ func (l *Loop) validate(req auditd.NewRun) error {
 				return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".source"), Message: fmt.Sprintf("unknown source %q", it.SourceID)}
 			}
 			checked[it.SourceID] = true
+		}
+		sent := it.Path
+		if it.SendPath != "" {
+			sent = it.SendPath
+		}
+		if !auditd.ValidPath(sent) {
+			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".path"), Message: "path must start with / and hold no space, control character or fragment"}
 		}
 		if _, err := pageRequest(&req.Items[i], 0); err != nil {
 			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ""), Message: auditd.ErrorMessage(err)}
@@ -405,18 +439,12 @@ func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Ite
 		batch = batch[:0]
 		return nil
 	}
-	secret := map[string][]string{}
 	for i := range items {
 		it := &items[i]
-		q, ok := secret[it.SourceID]
-		if !ok {
-			src, _ := l.cfg.Registry.GetSource(it.SourceID)
-			q = src.SecretQuery
-			secret[it.SourceID] = q
-		}
+		// Path is redacted already (Submit), or was when stored (resume).
 		batch = append(batch, auditd.Event{
 			Type: auditd.EventItemQueued, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-			Method: it.Method, Path: redactPath(it.Path, q),
+			Method: it.Method, Path: it.Path,
 		})
 		if len(batch) == queueBatch {
 			if err := flush(); err != nil {

@@ -15,9 +15,8 @@ import (
 // registry validates and stores it (and records source.changed), and the
 // gates are reconfigured at once.
 func (l *Loop) PutSource(ctx context.Context, principal string, src auditd.Source) (created bool, err error) {
-	_, getErr := l.cfg.Registry.GetSource(src.ID)
-	created = getErr != nil
-	if err := l.cfg.Registry.PutSource(ctx, principal, src); err != nil {
+	created, err = l.cfg.Registry.Put(ctx, principal, src)
+	if err != nil {
 		return false, err
 	}
 	stored, err := l.cfg.Registry.GetSource(src.ID)

@@ -104,8 +104,13 @@
 //     change is undone, so the ledger never shows less than the registry.
 //   - An Observe that changes nothing takes no bbolt transaction and does not
 //     allocate.
-//   - Secret request headers live in their own bucket. They never appear in an
-//     event, in GetSource or ListSources; RequestHeaders is the only way out.
+//   - Secret request headers live in their own bucket, sealed under
+//     Options.Seal (package seal). They never appear in an event, in
+//     GetSource or ListSources; RequestHeaders is the only way out, and
+//     HeaderNames shows their names alone. Headers that do not open under
+//     the key fail RequestHeaders until the source is put again.
+//   - A base URL is http or https with a host and nothing secret in it
+//     (checkBaseURL); of concurrent Puts of one new id, one creates it.
 //   - Nothing learned from one source moves another outside its group.
 //
 // # Caveats

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
+	"net/url"
 	"reflect"
 	"sort"
 	"strings"
@@ -18,6 +20,8 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/redact"
+	"github.com/auditd/auditd/seal"
 )
 
 // Defaults for Options.
@@ -115,7 +119,7 @@ var (
 const (
 	bucketRoot    = "registry"
 	bucketSources = "sources" // source ID -> JSON auditd.Source without Headers
-	bucketSecrets = "secrets" // source ID -> JSON map of request headers
+	bucketSecrets = "secrets" // source ID -> request headers: sealed JSON map (JSON in the clear without Options.Seal)
 	bucketLearned = "learned" // source ID -> JSON state
 	bucketGroups  = "groups"  // group name -> JSON state
 )
@@ -134,6 +138,10 @@ type Options struct {
 	// Clock dates what was taught and measures runs of successes.
 	// Default clock.Real{}.
 	Clock clock.Clock
+
+	// Seal seals the sources' request headers at rest. Default: nil, which
+	// stores them in the clear (tests); the service always sets it.
+	Seal *seal.Box
 
 	// DefaultLimit per DefaultWindow is where an unknown source starts.
 	DefaultLimit  int
@@ -235,6 +243,10 @@ type Registry struct {
 	mu      sync.RWMutex
 	sources map[string]*entry
 	groups  map[string]*entry
+	// unopened names the sources whose stored headers did not open under
+	// Options.Seal (the key changed): their requests fail until the source
+	// is put again, rather than leave without their credentials.
+	unopened map[string]bool
 }
 
 // Open returns a Registry over db, creating its buckets when needed and
@@ -250,6 +262,7 @@ func Open(db *bolt.DB, opts Options) (*Registry, error) {
 		validate: newValidator(),
 		sources:  make(map[string]*entry),
 		groups:   make(map[string]*entry),
+		unopened: make(map[string]bool),
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
 		root, err := tx.CreateBucketIfNotExists([]byte(bucketRoot))
@@ -289,8 +302,21 @@ func (r *Registry) load(tx *bolt.Tx) error {
 			e.st = r.initialState(e.ceil)
 		}
 		if v := secrets.Get(k); v != nil {
-			if err := json.Unmarshal(v, &e.headers); err != nil {
-				return fmt.Errorf("request headers of %q: %w", k, err)
+			if seal.IsSealed(v) {
+				if r.opts.Seal == nil {
+					r.unopened[src.ID] = true
+					v = nil
+				} else if opened, err := r.opts.Seal.Open(v, secretsContext(src.ID)); err == nil {
+					v = opened
+				} else {
+					r.unopened[src.ID] = true
+					v = nil
+				}
+			}
+			if v != nil {
+				if err := json.Unmarshal(v, &e.headers); err != nil {
+					return fmt.Errorf("request headers of %q: %w", k, err)
+				}
 			}
 		}
 		r.startLearning(e)
@@ -550,10 +576,35 @@ func (r *Registry) RequestHeaders(id string) (map[string]string, error) {
 	if e == nil {
 		return nil, ErrSourceNotFound
 	}
+	if r.unopened[id] {
+		return nil, fmt.Errorf("the stored request headers of source %q do not open under the sealing key (%s changed?); put the source again", id, seal.KeyFile)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return maps.Clone(e.headers), nil
 }
+
+// HeaderNames returns the names of source id's request headers, sorted,
+// without their values: what the API shows of them.
+func (r *Registry) HeaderNames(id string) ([]string, error) {
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return nil, ErrSourceNotFound
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	names := make([]string, 0, len(e.headers))
+	for k := range e.headers {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// secretsContext binds a source's sealed headers to its id.
+func secretsContext(id string) []byte { return []byte("registry.secrets/" + id) }
 
 // PutSource creates or replaces the configuration of src.ID, on behalf of
 // principal. It validates src, appends a source.changed event whose Detail
@@ -561,24 +612,34 @@ func (r *Registry) RequestHeaders(id string) (map[string]string, error) {
 // What was learned about the source is kept, clamped to a lowered ceiling
 // (a registry.changed event with Cause "operator" when that moves it).
 func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.Source) error {
+	_, err := r.Put(ctx, principal, src)
+	return err
+}
+
+// Put is PutSource, and reports whether it created the source: of
+// concurrent puts of one new id, exactly one creates it.
+func (r *Registry) Put(ctx context.Context, principal string, src auditd.Source) (created bool, err error) {
 	if err := r.validateSource(src); err != nil {
-		return err
+		return false, err
 	}
 	secrets := src.Headers
 	src.Headers = nil
 	if src.Group == src.ID {
 		// A group and a source sharing a name would be indistinguishable in
 		// the ledger's Group field; nothing is lost by forbidding it.
-		return &auditd.Error{Code: auditd.EINVALID, Field: "group", Message: "Group must differ from the source id."}
+		return false, &auditd.Error{Code: auditd.EINVALID, Field: "group", Message: "Group must differ from the source id."}
 	}
 	cfg, err := json.Marshal(src)
 	if err != nil {
-		return fmt.Errorf("encode source %q: %w", src.ID, err)
+		return false, fmt.Errorf("encode source %q: %w", src.ID, err)
 	}
 	var sec []byte
 	if len(secrets) > 0 {
 		if sec, err = json.Marshal(secrets); err != nil {
-			return fmt.Errorf("encode request headers of %q: %w", src.ID, err)
+			return false, fmt.Errorf("encode request headers of %q: %w", src.ID, err)
+		}
+		if r.opts.Seal != nil {
+			sec = r.opts.Seal.Seal(sec, secretsContext(src.ID))
 		}
 	}
 
@@ -586,6 +647,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	// groups change here, and puts are rare.
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	created = r.sources[src.ID] == nil
 
 	if _, err := r.opts.Ledger.Append(ctx, auditd.Event{
 		Type:      auditd.EventSourceChanged,
@@ -594,7 +656,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		Principal: principal,
 		Detail:    string(cfg),
 	}); err != nil {
-		return fmt.Errorf("append source.changed for %q: %w", src.ID, err)
+		return false, fmt.Errorf("append source.changed for %q: %w", src.ID, err)
 	}
 	if err := r.db.Update(func(tx *bolt.Tx) error {
 		if err := bucket(tx, bucketSources).Put([]byte(src.ID), cfg); err != nil {
@@ -605,7 +667,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		}
 		return bucket(tx, bucketSecrets).Put([]byte(src.ID), sec)
 	}); err != nil {
-		return fmt.Errorf("store source %q: %w", src.ID, err)
+		return false, fmt.Errorf("store source %q: %w", src.ID, err)
 	}
 
 	e := r.sources[src.ID]
@@ -620,6 +682,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	defer e.mu.Unlock()
 	oldGroup := e.src.Group
 	e.src, e.ceil, e.headers = src, r.sourceCeiling(src), maps.Clone(secrets)
+	delete(r.unopened, src.ID)
 
 	// Groups whose membership or ceilings may have moved.
 	if src.Group != "" {
@@ -643,7 +706,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	}
 
 	if err := r.clampOperator(ctx, e, principal, src.Group); err != nil {
-		return err
+		return created, err
 	}
 	for _, name := range touched {
 		if name == "" {
@@ -655,7 +718,7 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		if g.st.Limit == 0 {
 			if err := r.loadGroup(g); err != nil {
 				g.mu.Unlock()
-				return err
+				return created, err
 			}
 		}
 		err := r.clampOperator(ctx, g, principal, src.ID)
@@ -666,10 +729,10 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 		}
 		g.mu.Unlock()
 		if err != nil {
-			return err
+			return created, err
 		}
 	}
-	return nil
+	return created, nil
 }
 
 // loadGroup reads a group's stored state, or starts it at the default.
@@ -873,12 +936,76 @@ func (r *Registry) validateSource(src auditd.Source) error {
 	} else if src.Window > 0 && src.Limit == 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "limit", Message: "A window needs a limit."}
 	}
-	for name := range src.Headers {
+	if err := checkBaseURL(src.BaseURL); err != nil {
+		return err
+	}
+	for name, value := range src.Headers {
 		if !validHeaderName(name) {
 			return &auditd.Error{Code: auditd.EINVALID, Field: "headers", Message: "Invalid header name."}
 		}
+		if strings.ContainsAny(value, "\r\n\x00") {
+			return &auditd.Error{Code: auditd.EINVALID, Field: "headers[" + name + "]", Message: fmt.Sprintf("The value of header %s must not contain CR, LF or NUL.", name)}
+		}
 	}
 	return nil
+}
+
+// checkBaseURL refuses a base URL that is not http or https with a host,
+// that carries a query or a fragment, or that carries credentials: those
+// belong in headers (stored sealed, never recorded) or in item paths under
+// a parameter named in secret_query (redacted before anything is stored).
+// A host written as a number in another form than dotted decimal
+// ("0x7f000001", "2130706433", "127.1") is refused too: resolvers disagree
+// about what it names.
+func checkBaseURL(raw string) error {
+	bad := func(format string, args ...any) error {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "base_url", Message: fmt.Sprintf(format, args...)}
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return bad("base_url is not a URL.")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return bad("base_url must be an http or https URL.")
+	}
+	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
+		return bad("base_url must name a host (http://host or https://host).")
+	}
+	if u.User != nil || redact.New(nil).URL(raw) != raw {
+		return bad("base_url must not carry credentials; put them in headers, or in item paths under a parameter named in secret_query.")
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.ContainsAny(raw, "?#") {
+		return bad("base_url must not have a query or a fragment; parameters belong in item paths.")
+	}
+	if host := u.Hostname(); !strings.Contains(host, ":") && numericHost(host) {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return bad("base_url's host %q is a number but not a dotted-decimal IPv4 address; write the address in full.", host)
+		}
+	}
+	return nil
+}
+
+// numericHost reports whether host is made of digits, dots and hex
+// notation only: an address in some form, not a name.
+func numericHost(host string) bool {
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	if h == "" {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" {
+			return false
+		}
+		if strings.HasPrefix(label, "0x") {
+			label = strings.TrimLeft(label[2:], "0123456789abcdef")
+		} else {
+			label = strings.TrimLeft(label, "0123456789")
+		}
+		if label != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.
@@ -913,4 +1040,28 @@ func effectiveBurst(s State) int {
 		return s.Source.Burst
 	}
 	return limiter.DefaultBurst
+}
+
+// SecretQueries reads, from a registry's bbolt file opened read-only (a
+// stopped service's, for an offline export), each source's declared
+// secret query parameter names. A file without a registry has none.
+func SecretQueries(db *bolt.DB) (map[string][]string, error) {
+	out := map[string][]string{}
+	err := db.View(func(tx *bolt.Tx) error {
+		root := tx.Bucket([]byte(bucketRoot))
+		if root == nil || root.Bucket([]byte(bucketSources)) == nil {
+			return nil
+		}
+		return root.Bucket([]byte(bucketSources)).ForEach(func(k, v []byte) error {
+			var src auditd.Source
+			if err := json.Unmarshal(v, &src); err != nil {
+				return fmt.Errorf("source %q: %w", k, err)
+			}
+			if len(src.SecretQuery) > 0 {
+				out[string(k)] = src.SecretQuery
+			}
+			return nil
+		})
+	})
+	return out, err
 }

@@ -55,7 +55,10 @@
 // that an evidence pack's verifier can hold a workbook to its leaves.
 //
 // Paths are checked for credentials again on the way out (RedactPath):
-// query parameters whose names look like credentials are removed.
+// query parameters whose names look like credentials are removed, and with
+// Exporter.SecretQuery a source's declared names too (unless the value is
+// REDACTED already, as the loop records it). The ledger holds them
+// redacted (package redact); this is the second guard.
 //
 // # Timelines
 //

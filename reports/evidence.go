@@ -114,6 +114,12 @@ type Exporter struct {
 	// Retention, when set, adds the Retention sheet: the retention events
 	// of the runs' awards, the holds and purges also in the Access log.
 	Retention RetentionSource
+	// SecretQuery, when set, names each source's declared secret query
+	// parameters (auditd.Source.SecretQuery): a parameter of that name
+	// whose value is not already redact.Replacement is dropped from the
+	// exported paths and error texts, with those of the built-in names.
+	// The ledger holds them redacted already; this is the second guard.
+	SecretQuery func(sourceID string) []string
 }
 
 // NewExporter returns an Exporter reading the ledger r reconciles.
@@ -327,6 +333,7 @@ func (b *bookWriter) setUp() error {
 	var err error
 	b.st, err = newStyles(b.f)
 	b.redact = newRedactor()
+	b.redact.declared = b.x.SecretQuery
 	return err
 }
 

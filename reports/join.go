@@ -155,9 +155,9 @@ func (j *joiner) write(r *dispatchRow) error {
 				outcome = string(auditd.OutcomeThrottled)
 			}
 		case auditd.EventTransportError:
-			latency, errText = seconds(r.latency), j.redact.text(r.errText)
+			latency, errText = seconds(r.latency), j.redact.sourceText(r.source, r.errText)
 		}
 	}
-	return j.w.row(r.seq, r.run, r.item, r.page, r.attempt, r.source, r.method, j.redact.path(r.path), r.at,
+	return j.w.row(r.seq, r.run, r.item, r.page, r.attempt, r.source, r.method, j.redact.sourcePath(r.source, r.path), r.at,
 		completed, kind, status, r.bodyErr, outcome, errText, bytes, latency, r.payload, hexHash(r.hash))
 }

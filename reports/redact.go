@@ -3,6 +3,8 @@ package reports
 import (
 	"bytes"
 	"strings"
+
+	"github.com/auditd/auditd/redact"
 )
 
 // credentialNames are fragments of query parameter names that carry
@@ -58,6 +60,15 @@ func RedactPath(p string) string { return redactPath(p, credentialParam) }
 func credentialParam(name string) bool { return credentialName(unescapeName(name)) }
 
 func redactPath(p string, isCredential func(name string) bool) string {
+	return redactPairs(p, func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return isCredential(name)
+	})
+}
+
+// redactPairs drops from p's query every name=value pair drop holds to
+// carry a credential.
+func redactPairs(p string, drop func(kv string) bool) string {
 	frag := ""
 	if h := strings.IndexByte(p, '#'); h >= 0 {
 		p, frag = p[:h], p[h:]
@@ -66,7 +77,7 @@ func redactPath(p string, isCredential func(name string) bool) string {
 	if q < 0 {
 		return p + frag
 	}
-	if !anyCredential(p[q+1:], isCredential) {
+	if !anyCredential(p[q+1:], drop) {
 		return p + frag // the common case: nothing to strip, nothing to copy
 	}
 	var b strings.Builder
@@ -81,8 +92,7 @@ func redactPath(p string, isCredential func(name string) bool) string {
 		if end >= 0 {
 			kv = rest[:end]
 		}
-		name, _, _ := strings.Cut(kv, "=")
-		if kv != "" && !isCredential(name) {
+		if kv != "" && !drop(kv) {
 			if first {
 				b.WriteByte('?')
 				first = false
@@ -102,7 +112,7 @@ func redactPath(p string, isCredential func(name string) bool) string {
 
 // anyCredential reports whether a query string holds a parameter whose
 // name looks like a credential.
-func anyCredential(query string, isCredential func(string) bool) bool {
+func anyCredential(query string, drop func(kv string) bool) bool {
 	for query != "" {
 		kv := query
 		if end := strings.IndexAny(query, "&;"); end >= 0 {
@@ -110,8 +120,7 @@ func anyCredential(query string, isCredential func(string) bool) bool {
 		} else {
 			query = ""
 		}
-		name, _, _ := strings.Cut(kv, "=")
-		if isCredential(name) {
+		if drop(kv) {
 			return true
 		}
 	}
@@ -123,6 +132,13 @@ func anyCredential(query string, isCredential func(string) bool) bool {
 func RedactText(s string) string { return redactText(s, credentialParam) }
 
 func redactText(s string, isCredential func(string) bool) string {
+	return redactTextPairs(s, func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return isCredential(name)
+	})
+}
+
+func redactTextPairs(s string, drop func(kv string) bool) string {
 	if !strings.Contains(s, "?") {
 		return s
 	}
@@ -130,7 +146,7 @@ func redactText(s string, isCredential func(string) bool) string {
 	for i, w := range words {
 		if strings.Contains(w, "?") {
 			trim := strings.TrimRight(w, `":,;)'`)
-			words[i] = redactPath(trim, isCredential) + w[len(trim):]
+			words[i] = redactPairs(trim, drop) + w[len(trim):]
 		}
 	}
 	return strings.Join(words, " ")
@@ -178,9 +194,52 @@ const maxJudgedNames = 4096
 // has judged: an export meets the same few names millions of times.
 type redactor struct {
 	judged map[string]bool
+	// declared, when set, names a source's declared secret parameters.
+	declared func(sourceID string) []string
+	bySource map[string]func(string) bool // nil: the source declares none
 }
 
-func newRedactor() *redactor { return &redactor{judged: make(map[string]bool)} }
+func newRedactor() *redactor {
+	return &redactor{judged: make(map[string]bool), bySource: make(map[string]func(string) bool)}
+}
+
+// sourceRule returns the credential test of source's paths: the built-in
+// names, and the names source declares unless the value is redacted
+// already (so that a workbook's rows stay those EventRows computes
+// without the declarations, unless a value slipped into the ledger).
+func (r *redactor) sourceRule(source string) func(string) bool {
+	if r.declared == nil {
+		return nil
+	}
+	is, ok := r.bySource[source]
+	if !ok {
+		if names := r.declared(source); len(names) > 0 {
+			rule := redact.New(names)
+			is = func(kv string) bool {
+				name, value, _ := strings.Cut(kv, "=")
+				return r.isCredential(name) || value != redact.Replacement && rule.Secret(name)
+			}
+		}
+		r.bySource[source] = is
+	}
+	return is
+}
+
+// sourcePath and sourceText are path and text with source's declared
+// names too.
+func (r *redactor) sourcePath(source, p string) string {
+	if is := r.sourceRule(source); is != nil {
+		return redactPairs(p, is)
+	}
+	return r.path(p)
+}
+
+func (r *redactor) sourceText(source, s string) string {
+	if is := r.sourceRule(source); is != nil {
+		return redactTextPairs(s, is)
+	}
+	return r.text(s)
+}
 
 func (r *redactor) isCredential(name string) bool {
 	if v, ok := r.judged[name]; ok {

@@ -50,6 +50,10 @@ type Service struct {
 	Admission *Admission
 	// Clock stamps an export's generated-at time. Default: clock.Real{}.
 	Clock clock.Clock
+	// SecretQuery names each source's declared secret query parameters,
+	// for the exports' second guard (Exporter.SecretQuery). Default nil:
+	// the built-in names only.
+	SecretQuery func(sourceID string) []string
 
 	ledger Ledger
 	runs   Runs
@@ -185,7 +189,7 @@ func (s *Service) export(ctx context.Context, w io.Writer, runIDs []string, filt
 	}
 	head, _ := s.ledger.Head()
 	x := NewExporter(s.reconciler())
-	x.Ledger = s.ledger
+	x.Ledger, x.SecretQuery = s.ledger, s.SecretQuery
 	req := Request{
 		ExportID:    fmt.Sprintf("%s@%d", filters, head),
 		RunIDs:      runIDs,

@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/seal"
 	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
 )
@@ -26,7 +28,14 @@ import (
 var (
 	bucketRuns = []byte("fetch.runs") // run id -> record JSON
 	bucketIdem = []byte("fetch.idem") // idempotency key -> run id
+	// bucketSendPaths keeps, until its run ends, the path as sent of each
+	// item whose credentials were redacted from its stored Path, sealed.
+	bucketSendPaths = []byte("fetch.sendpaths") // run id, 0, item key -> sealed SendPath
 )
+
+// LostSendPath is the SendPath Resume gives an item whose sealed path as
+// sent did not open (the sealing key changed): the item cannot be sent.
+const LostSendPath = "\x00lost"
 
 // ErrKeyTaken means another run took the idempotency key while Create was
 // storing this one: the caller should look the key up again.
@@ -55,6 +64,10 @@ type Options struct {
 	Pace func(sourceID string) (limit int, window time.Duration, err error)
 	// Clock stamps new runs and the estimate. Default: clock.Real{}.
 	Clock clock.Clock
+	// Seal seals the paths as sent of items with credentials until their
+	// run ends. Default: seal.Ephemeral(), whose key dies with the process:
+	// such items cannot resume after a restart (LostSendPath).
+	Seal *seal.Box
 	// Stalled says why the ledger cannot write for now, and since when
 	// (*ledger.Ledger.Stalled); meanwhile the views of live runs say they
 	// are paused. Default: nil, never paused.
@@ -70,6 +83,7 @@ type Store struct {
 	payloads Payloads
 	pace     func(string) (int, time.Duration, error)
 	clock    clock.Clock
+	seal     *seal.Box
 	stalled  func() (time.Time, error)
 
 	mu    sync.Mutex
@@ -90,8 +104,11 @@ func Open(db *bolt.DB, opts Options) (*Store, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.Real{}
 	}
+	if opts.Seal == nil {
+		opts.Seal = seal.Ephemeral()
+	}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketIdem, bucketItemChunks, bucketKeyChunks, bucketResultChunks, bucketItems, bucketKeys, bucketResults} {
+		for _, b := range [][]byte{bucketRuns, bucketIdem, bucketItemChunks, bucketKeyChunks, bucketResultChunks, bucketItems, bucketKeys, bucketResults, bucketSendPaths} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -102,7 +119,7 @@ func Open(db *bolt.DB, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("create run buckets: %w", err)
 	}
 	return &Store{
-		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock, stalled: opts.Stalled,
+		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock, seal: opts.Seal, stalled: opts.Stalled,
 		live: map[string]*Live{}, locks: map[string]*runLock{},
 		ids: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)},
 	}, nil
@@ -176,6 +193,9 @@ func (s *Store) Create(run auditd.Run, nr auditd.NewRun) (*Live, error) {
 		if err := putItems(tx, rec.ID, nr.Items); err != nil {
 			return err
 		}
+		if err := s.putSendPaths(tx, rec.ID, nr.Items); err != nil {
+			return err
+		}
 		if nr.IdempotencyKey != "" {
 			return tx.Bucket(bucketIdem).Put([]byte(nr.IdempotencyKey), []byte(rec.ID))
 		}
@@ -217,7 +237,14 @@ func (s *Store) Resume(id string) (*Live, []auditd.Item, error) {
 		if rec, err = loadRun(tx, id); err != nil {
 			return err
 		}
+		sent := tx.Bucket(bucketSendPaths)
 		return forEachItem(tx, id, func(it *auditd.Item) error {
+			if v := sent.Get(namedKey(id, it.Key)); v != nil {
+				it.SendPath = LostSendPath
+				if p, err := s.seal.Open(v, namedKey(id, it.Key)); err == nil {
+					it.SendPath = string(p)
+				}
+			}
 			items = append(items, *it)
 			return nil
 		})
@@ -288,6 +315,9 @@ func (s *Store) End(r *Live, fin *auditd.Event) error {
 			if err := s.payloads.PutLastGood(tx, c.key, c.sum, c.at); err != nil {
 				return err
 			}
+		}
+		if err := deleteSendPaths(tx, rec.ID); err != nil {
+			return err
 		}
 		return saveRun(tx, &rec)
 	})
@@ -394,4 +424,32 @@ func (s *Store) countStored(e *auditd.Event) error {
 		rec.LastSeq = max(rec.LastSeq, e.Seq)
 		return saveRun(tx, rec)
 	})
+}
+
+// putSendPaths stores, sealed, the path as sent of each of a new run's
+// items that has one.
+func (s *Store) putSendPaths(tx *bolt.Tx, runID string, items []auditd.Item) error {
+	b := tx.Bucket(bucketSendPaths)
+	for i := range items {
+		if items[i].SendPath == "" {
+			continue
+		}
+		k := namedKey(runID, items[i].Key)
+		if err := b.Put(k, s.seal.Seal([]byte(items[i].SendPath), k)); err != nil {
+			return fmt.Errorf("store the sealed paths of run %s: %w", runID, err)
+		}
+	}
+	return nil
+}
+
+// deleteSendPaths forgets a run's sealed paths as sent: it has ended.
+func deleteSendPaths(tx *bolt.Tx, runID string) error {
+	c := tx.Bucket(bucketSendPaths).Cursor()
+	prefix := append([]byte(runID), 0)
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
+		if err := c.Delete(); err != nil {
+			return fmt.Errorf("forget the sealed paths of run %s: %w", runID, err)
+		}
+	}
+	return nil
 }

@@ -36,8 +36,17 @@ func (a sourcesAPI) Source(_ context.Context, id string) (api.SourceState, error
 	if err != nil {
 		return api.SourceState{}, err
 	}
+	// The contract shows a source's header names, never their values:
+	// the API writes "[redacted]" for each.
+	cfg := st.Source
+	if names, err := a.reg.HeaderNames(id); err == nil && len(names) > 0 {
+		cfg.Headers = make(map[string]string, len(names))
+		for _, n := range names {
+			cfg.Headers[n] = ""
+		}
+	}
 	out := api.SourceState{
-		Config:  st.Source,
+		Config:  cfg,
 		Learned: api.Learned{Limit: st.Limit, Window: st.Window, Cause: st.Cause, ChangedAt: st.TaughtAt},
 		Breaker: api.Breaker{State: string(limiter.BreakerClosed)},
 	}

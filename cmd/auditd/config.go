@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/fetch"
 	"gopkg.in/yaml.v3"
 )
 
@@ -16,6 +17,18 @@ import (
 // data directory; the file is applied again at each start.
 type fileConfig struct {
 	Sources []auditd.Source `yaml:"sources"`
+	// Upstream is the address policy of upstream connections, added to
+	// the built-in denials (fetch.DeniedByDefault) and to the
+	// --allow-upstream and --deny-upstream flags.
+	Upstream upstreamPolicy `yaml:"upstream"`
+}
+
+// upstreamPolicy lists CIDR prefixes (or single addresses) upstream
+// connections may and may not reach; the most specific rule decides
+// (fetch.AddrPolicy).
+type upstreamPolicy struct {
+	Allow []string `yaml:"allow"`
+	Deny  []string `yaml:"deny"`
 }
 
 // configError names the line and field of a bad configuration value.
@@ -63,6 +76,9 @@ func loadConfig(path string, validate func(*auditd.Source) (field, msg string)) 
 			}
 		}
 		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := fetch.NewPolicy(cfg.Upstream.Allow, cfg.Upstream.Deny); err != nil {
+		return nil, fmt.Errorf("%s: upstream: %w", path, err)
 	}
 	seen := map[string]int{}
 	for i := range cfg.Sources {

@@ -31,6 +31,10 @@ func TestConfigErrorsNameLineAndField(t *testing.T) {
 		{"LimitTooHigh", "sources:\n  - id: a\n    base_url: http://x\n    limit: 99999999\n", ":2: sources[0].limit"},
 		{"Duplicate", "sources:\n  - id: a\n    base_url: http://x\n  - id: a\n    base_url: http://y\n", "duplicate id \"a\" (first at line 2)"},
 		{"NotYAML", "sources: [\n", "config.yaml"},
+		{"BaseURLCredentials", "sources:\n  - id: a\n    base_url: http://u:pw@x\n", ":2: sources[0].base_url: base_url must not carry credentials; put them in headers"},
+		{"HeaderCRLF", "sources:\n  - id: a\n    base_url: http://x\n    headers: {X-A: \"a\\r\\nb\"}\n", "sources[0].headers[X-A]"},
+		{"UpstreamBadCIDR", "upstream: {deny: [10.0.0.0/33]}\nsources:\n  - id: a\n    base_url: http://x\n", `upstream: deny "10.0.0.0/33"`},
+		{"UpstreamUnknownKey", "upstream: {block: [10.0.0.0/8]}\n", "block"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "config.yaml")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
 )
 
@@ -67,6 +68,11 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	x := reports.NewExporter(r)
 	x.TmpDir = filepath.Dir(*out)
+	declared, err := registry.SecretQueries(db)
+	if err != nil {
+		return fail(err)
+	}
+	x.SecretQuery = func(id string) []string { return declared[id] }
 	if key, err := ledger.ReadPublicKey(*data); err == nil {
 		x.Ledger = offlineCheckpoint{reader: ledger.NewReader(db), key: key}
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/retention"
 	"github.com/auditd/auditd/runs"
+	"github.com/auditd/auditd/seal"
 	"github.com/auditd/auditd/staging"
 	"github.com/auditd/auditd/telemetry"
 	"github.com/auditd/auditd/web"
@@ -47,6 +49,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	publicLog := fs.Bool("public-log", false, "publish the checkpoint, public key, checkpoint history and consistency proofs, and accept witness cosignatures, without a token")
 	logFormat := fs.String("log-format", "text", "lifecycle log `format` on stderr: text or json")
 	logLevel := fs.String("log-level", "info", "least `level` logged: debug, info, warn or error")
+	var allowUpstream, denyUpstream listFlag
+	fs.Var(&allowUpstream, "allow-upstream", "CIDR `prefix` or address upstream connections may reach even inside a denied range (repeatable; the most specific rule wins)")
+	fs.Var(&denyUpstream, "deny-upstream", "CIDR `prefix` or address upstream connections must not reach, beyond link-local, metadata and unspecified (repeatable; 127.0.0.0/8 and ::1/128 deny loopback)")
 	var witnesses listFlag
 	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -79,7 +84,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	log := slog.New(handler)
 	opts := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
 		registry:    registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow},
-		tokenBudget: budget, publicLog: *publicLog, witnesses: witnesses}
+		tokenBudget: budget, publicLog: *publicLog, witnesses: witnesses,
+		allowUpstream: allowUpstream, denyUpstream: denyUpstream}
+	if _, err := fetch.NewPolicy(allowUpstream, denyUpstream); err != nil {
+		fmt.Fprintf(stderr, "auditd serve: upstream policy: %v\n", err)
+		return 2
+	}
 	if err := serve(ctx, opts, stdout, log); err != nil {
 		fmt.Fprintf(stderr, "auditd serve: %v\n", err)
 		return 1
@@ -94,6 +104,7 @@ type serveOptions struct {
 	tokenBudget                     api.Budget       // each API token's budget
 	publicLog                       bool             // the log's routes for witnesses need no token
 	witnesses                       []string         // witness keys whose cosignatures are kept
+	allowUpstream, denyUpstream     []string         // the upstream address policy's flags (the config file adds its own)
 }
 
 // serve wires the service together, serves until ctx ends, and shuts it
@@ -144,7 +155,13 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		return fmt.Errorf("open ledger: %w", err)
 	}
 	stop.push("close ledger", led.Close)
-	o.registry.Ledger = led
+	// Request headers and the paths as sent of items with credentials
+	// are sealed at rest under a key of the data directory.
+	box, err := seal.Open(o.dataDir)
+	if err != nil {
+		return err
+	}
+	o.registry.Ledger, o.registry.Seal = led, box
 	reg, err := registry.Open(db, o.registry)
 	if err != nil {
 		return fmt.Errorf("open registry: %w", err)
@@ -153,15 +170,26 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Stalled: led.Stalled})
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Stalled: led.Stalled, Seal: box})
 	if err != nil {
 		return err
 	}
 	lim := limiter.New(clock.Real{})
 	tel.Wire(reg, lim, nil)
+	allow, deny := o.allowUpstream, o.denyUpstream
+	if cfg != nil {
+		allow = append(slices.Clone(allow), cfg.Upstream.Allow...)
+		deny = append(slices.Clone(deny), cfg.Upstream.Deny...)
+	}
+	policy, err := fetch.NewPolicy(allow, deny)
+	if err != nil {
+		return fmt.Errorf("upstream policy: %w", err)
+	}
+	clientOpts := fetch.DefaultClientOptions()
+	clientOpts.Policy = policy
 	loop, err := fetch.New(fetch.Config{
 		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
-		Logger: log, CodeVersion: codeVersion(),
+		Client: fetch.NewClient(clientOpts), Logger: log, CodeVersion: codeVersion(),
 	})
 	if err != nil {
 		return err
@@ -195,6 +223,10 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	reps := reports.NewService(led, store)
 	reps.Payloads, reps.NewHash = stage, newLedgerHash
+	reps.SecretQuery = func(id string) []string {
+		src, _ := reg.GetSource(id)
+		return src.SecretQuery
+	}
 	tel.Wire(reg, lim, runReports{store: store, reps: reps})
 
 	srv := api.NewServer()
