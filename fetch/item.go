@@ -224,6 +224,7 @@ type attempt struct {
 	n      uint32          // its number: 1 for the page's first dispatch
 	permit *limiter.Permit // the gates' admission
 	sent   time.Time       // when its dispatch was recorded
+	seq    uint64          // its dispatch's sequence number
 }
 
 // exchange is what came back for one dispatch.
@@ -234,7 +235,11 @@ type exchange struct {
 	receivedAt time.Time
 	latency    time.Duration // from dispatch to the whole body
 	err        error         // a transport error, credentials removed
+	n          int64         // the body's size when body does not hold it (a proxied response streamed on)
 }
+
+// size is the size of the response's body.
+func (x *exchange) size() int64 { return max(int64(len(x.body)), x.n) }
 
 // settle records how a dispatched request came back (its outcome event,
 // breaker transitions) and lets the gates and the registry learn from it.
@@ -261,7 +266,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, a 
 		l.post(ar, []auditd.Event{e}, nil, nil, "")
 	default:
 		out, bodyErr = classify(x.status, hint.RetryAfterRaw != "", src.BodyError, x.body)
-		e.Status, e.Bytes = x.status, int64(len(x.body))
+		e.Status, e.Bytes = x.status, x.size()
 		if v.Class == limiter.ClassThrottled {
 			e.Type = auditd.EventThrottle
 			e.RetryAfterRaw, e.RetryAfter, e.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
@@ -302,7 +307,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, a *attempt, path str
 		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
 	}
 	ar.live.Count(e...)
-	a.sent = e[0].Time
+	a.sent, a.seq = e[0].Time, e[0].Seq
 	return nil
 }
 

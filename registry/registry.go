@@ -116,6 +116,7 @@ const (
 	bucketRoot    = "registry"
 	bucketSources = "sources" // source ID -> JSON auditd.Source without Headers
 	bucketSecrets = "secrets" // source ID -> JSON map of request headers
+	bucketQuery   = "query"   // source ID -> JSON map of secret query parameters (proxied requests)
 	bucketLearned = "learned" // source ID -> JSON state
 	bucketGroups  = "groups"  // group name -> JSON state
 )
@@ -235,6 +236,9 @@ type Registry struct {
 	mu      sync.RWMutex
 	sources map[string]*entry
 	groups  map[string]*entry
+	// queries holds each source's secret query parameters (Source.Query),
+	// kept out of its configuration as its headers are.
+	queries map[string]map[string]string
 }
 
 // Open returns a Registry over db, creating its buckets when needed and
@@ -250,13 +254,14 @@ func Open(db *bolt.DB, opts Options) (*Registry, error) {
 		validate: newValidator(),
 		sources:  make(map[string]*entry),
 		groups:   make(map[string]*entry),
+		queries:  make(map[string]map[string]string),
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
 		root, err := tx.CreateBucketIfNotExists([]byte(bucketRoot))
 		if err != nil {
 			return err
 		}
-		for _, name := range []string{bucketSources, bucketSecrets, bucketLearned, bucketGroups} {
+		for _, name := range []string{bucketSources, bucketSecrets, bucketQuery, bucketLearned, bucketGroups} {
 			if _, err := root.CreateBucketIfNotExists([]byte(name)); err != nil {
 				return err
 			}
@@ -292,6 +297,13 @@ func (r *Registry) load(tx *bolt.Tx) error {
 			if err := json.Unmarshal(v, &e.headers); err != nil {
 				return fmt.Errorf("request headers of %q: %w", k, err)
 			}
+		}
+		if v := bucket(tx, bucketQuery).Get(k); v != nil {
+			var q map[string]string
+			if err := json.Unmarshal(v, &q); err != nil {
+				return fmt.Errorf("secret query of %q: %w", k, err)
+			}
+			r.queries[src.ID] = q
 		}
 		r.startLearning(e)
 		r.sources[src.ID] = e
@@ -555,6 +567,18 @@ func (r *Registry) RequestHeaders(id string) (map[string]string, error) {
 	return maps.Clone(e.headers), nil
 }
 
+// RequestQuery returns a copy of the secret query parameters to add to
+// every request proxied to source id (Source.Query). Like RequestHeaders
+// it is for the fetch loop only: nothing it returns may be recorded.
+func (r *Registry) RequestQuery(id string) (map[string]string, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.sources[id] == nil {
+		return nil, ErrSourceNotFound
+	}
+	return maps.Clone(r.queries[id]), nil
+}
+
 // PutSource creates or replaces the configuration of src.ID, on behalf of
 // principal. It validates src, appends a source.changed event whose Detail
 // is the configuration without its headers, then stores the headers apart.
@@ -564,8 +588,8 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	if err := r.validateSource(src); err != nil {
 		return err
 	}
-	secrets := src.Headers
-	src.Headers = nil
+	secrets, query := src.Headers, src.Query
+	src.Headers, src.Query = nil, nil
 	if src.Group == src.ID {
 		// A group and a source sharing a name would be indistinguishable in
 		// the ledger's Group field; nothing is lost by forbidding it.
@@ -575,10 +599,15 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	if err != nil {
 		return fmt.Errorf("encode source %q: %w", src.ID, err)
 	}
-	var sec []byte
+	var sec, qry []byte
 	if len(secrets) > 0 {
 		if sec, err = json.Marshal(secrets); err != nil {
 			return fmt.Errorf("encode request headers of %q: %w", src.ID, err)
+		}
+	}
+	if len(query) > 0 {
+		if qry, err = json.Marshal(query); err != nil {
+			return fmt.Errorf("encode secret query of %q: %w", src.ID, err)
 		}
 	}
 
@@ -598,6 +627,13 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	}
 	if err := r.db.Update(func(tx *bolt.Tx) error {
 		if err := bucket(tx, bucketSources).Put([]byte(src.ID), cfg); err != nil {
+			return err
+		}
+		if qry == nil {
+			if err := bucket(tx, bucketQuery).Delete([]byte(src.ID)); err != nil {
+				return err
+			}
+		} else if err := bucket(tx, bucketQuery).Put([]byte(src.ID), qry); err != nil {
 			return err
 		}
 		if sec == nil {
@@ -620,6 +656,11 @@ func (r *Registry) PutSource(ctx context.Context, principal string, src auditd.S
 	defer e.mu.Unlock()
 	oldGroup := e.src.Group
 	e.src, e.ceil, e.headers = src, r.sourceCeiling(src), maps.Clone(secrets)
+	if len(query) > 0 {
+		r.queries[src.ID] = maps.Clone(query)
+	} else {
+		delete(r.queries, src.ID)
+	}
 
 	// Groups whose membership or ceilings may have moved.
 	if src.Group != "" {
@@ -876,6 +917,11 @@ func (r *Registry) validateSource(src auditd.Source) error {
 	for name := range src.Headers {
 		if !validHeaderName(name) {
 			return &auditd.Error{Code: auditd.EINVALID, Field: "headers", Message: "Invalid header name."}
+		}
+	}
+	for name := range src.Query {
+		if !validHeaderName(name) { // a token: nothing a query string would need to escape
+			return &auditd.Error{Code: auditd.EINVALID, Field: "query", Message: "Invalid query parameter name."}
 		}
 	}
 	return nil

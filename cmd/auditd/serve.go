@@ -228,9 +228,10 @@ func applySources(ctx context.Context, loop *fetch.Loop, reg *registry.Registry,
 	for _, src := range srcs {
 		if old, err := reg.GetSource(src.ID); err == nil {
 			headers, _ := reg.RequestHeaders(src.ID)
+			query, _ := reg.RequestQuery(src.ID)
 			want := src
-			want.Headers = nil
-			if reflect.DeepEqual(old, want) && reflect.DeepEqual(headers, nonNil(src.Headers)) {
+			want.Headers, want.Query = nil, nil
+			if reflect.DeepEqual(old, want) && reflect.DeepEqual(headers, nonNil(src.Headers)) && reflect.DeepEqual(nonNil(query), nonNil(src.Query)) {
 				continue
 			}
 		}

@@ -1,0 +1,645 @@
+package fetch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/staging"
+)
+
+// The proxy route's requests. A pipeline keeps its own HTTP code and points
+// it at auditd; each request it sends becomes an item of a proxy-mode run
+// and passes the same gates, in the same order, as a batch run's item
+// (fetchPage): the breaker, the group pause, the rate and a concurrency
+// slot (Limiter.Acquire), a dispatch durable before the request leaves
+// (dispatch), and an outcome recorded and learned from (settle). auditd
+// retries 429s, 5xx and transport errors itself, honouring Retry-After,
+// until the request's deadline; the client sees one final response.
+
+// Proxy limits.
+const (
+	// proxyDrainBytes is how much of a response that will be retried is
+	// read (and discarded) so that its connection can be kept.
+	proxyDrainBytes = 64 << 10
+	// proxyBodyErrorBytes is how much of a 2xx body is kept to find an
+	// error inside it, for a source with a body_error rule.
+	proxyBodyErrorBytes = 1 << 20
+	// proxyMaxDeadline bounds the deadline a request may ask for.
+	proxyMaxDeadline = time.Hour
+)
+
+// hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1), which a proxy
+// never forwards, in either direction.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// ForwardHeader returns the headers of a client's request that may go
+// upstream: without hop-by-hop headers (and those Connection names), the
+// client's credentials for auditd (Authorization, Proxy-Authorization),
+// auditd's own Auditd-* headers, Host, and Accept-Encoding (auditd asks
+// for gzip itself and stages what it decodes).
+func ForwardHeader(h http.Header) http.Header {
+	out := h.Clone()
+	removeHop(out)
+	for k := range out {
+		if strings.HasPrefix(k, "Auditd-") {
+			delete(out, k)
+		}
+	}
+	for _, k := range []string{"Authorization", "Host", "Accept-Encoding", "Expect", "Content-Length"} {
+		out.Del(k)
+	}
+	return out
+}
+
+// removeHop removes the hop-by-hop headers from h, and those its
+// Connection header names.
+func removeHop(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+// responseHeader is the upstream's response header as the client gets it.
+func responseHeader(h http.Header) http.Header {
+	out := h.Clone()
+	removeHop(out)
+	for k := range out {
+		if strings.HasPrefix(k, "Auditd-") {
+			delete(out, k) // only auditd says what Auditd-* headers say
+		}
+	}
+	return out
+}
+
+// Proxy carries out one proxied request and writes its one final response
+// to out: the upstream's, or the last good copy (meta.Stale). When it
+// returns an error nothing was written to out, and meta says what auditd
+// knows (the item, the attempts, RetryAfter); the API renders the error.
+//
+// A request for a run that is not an active proxy-mode run, or for an
+// unknown source, is refused before anything is recorded or sent (nothing
+// is written). Once its item is added, the request's end is always on
+// record: item.finished, succeeded (with payload.staged), failed, shed or
+// served from cache.
+func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (auditd.ProxyMeta, error) {
+	meta := auditd.ProxyMeta{RunID: req.RunID}
+	ar := l.activeRun(req.RunID)
+	if ar == nil || ar.proxy == nil {
+		return meta, l.notProxyRun(ctx, req.RunID)
+	}
+	src, err := l.cfg.Registry.GetSource(req.SourceID)
+	if err != nil {
+		return meta, auditd.Errorf(auditd.ENOTFOUND, "Unknown source %q; PUT /v1/sources/{id} first.", req.SourceID)
+	}
+	headers, err := l.cfg.Registry.RequestHeaders(src.ID)
+	if err != nil {
+		return meta, err
+	}
+	query, err := l.cfg.Registry.RequestQuery(src.ID)
+	if err != nil {
+		return meta, err
+	}
+	if err := l.enterProxy(ar); err != nil {
+		return meta, err
+	}
+	defer l.leaveProxy(ar)
+
+	// The request ends with the client's connection, the run's
+	// cancellation or the loop's shutdown, whichever comes first.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(ar.proxy.ctx, stop)()
+	if err := l.snapshotSource(ctx, ar, src.ID); err != nil {
+		return meta, err
+	}
+
+	secret := append(slices.Clone(src.SecretQuery), slices.Sorted(maps.Keys(query))...)
+	p := &proxied{l: l, ar: ar, src: src, req: req, out: out, meta: &meta, headers: headers, query: query,
+		path: redactPath(req.Path, secret)}
+	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path}
+	var detail string
+	if req.Method == http.MethodPost {
+		sum := sha256.Sum256(req.Body)
+		p.bodySum = hex.EncodeToString(sum[:])
+		d, _ := json.Marshal(proxiedDetail{BodySHA256: p.bodySum, BodyBytes: len(req.Body)})
+		detail = string(d)
+	}
+	if err := l.addProxyItem(ar, it, req.ItemKey); err != nil {
+		return meta, err
+	}
+	meta.ItemKey = it.Key
+	p.job = &job{Item: it, attempts: &itemAttempts{}}
+	p.lastGood = staging.RequestKey(src.ID, it.Method, it.Path, []byte(p.bodySum))
+	l.post(ar, []auditd.Event{{Type: auditd.EventItemQueued, SourceID: src.ID, ItemKey: it.Key,
+		Method: it.Method, Path: it.Path, Detail: detail}}, nil, nil, "")
+	err = p.run(ctx)
+	return meta, err
+}
+
+// notProxyRun says why run id takes no proxied requests.
+func (l *Loop) notProxyRun(ctx context.Context, id string) error {
+	v, err := l.cfg.Runs.Run(ctx, id)
+	switch {
+	case auditd.ErrorCode(err) == auditd.ENOTFOUND:
+		return &auditd.Error{Code: auditd.ENOTFOUND, Field: "Auditd-Run", Message: fmt.Sprintf("No run %q; create one with POST /v1/runs {\"mode\":\"proxy\"}.", id)}
+	case err != nil:
+		return err
+	case v.Mode != auditd.RunProxy:
+		return &auditd.Error{Code: auditd.ECONFLICT, Field: "Auditd-Run", Message: fmt.Sprintf("Run %s is a batch run; proxied requests need a run created with \"mode\":\"proxy\".", id)}
+	case v.Status.Terminal():
+		return &auditd.Error{Code: auditd.ECONFLICT, Field: "Auditd-Run", Message: fmt.Sprintf("Run %s is %s; it takes no more requests.", id, v.Status)}
+	}
+	return auditd.Errorf(auditd.EUNAVAILABLE, "Run %s is not active (auditd is starting or shutting down); retry.", id)
+}
+
+// addProxyItem adds it to the run under key, or under a key derived from
+// its method and path when key is "": the same request sent again gets
+// " #2", " #3" and so on. A key the run has is ECONFLICT.
+func (l *Loop) addProxyItem(ar *activeRun, it *auditd.Item, key string) error {
+	if ar.live.Run().ItemCount >= DefaultMaxItemsInRun {
+		return auditd.Errorf(auditd.ECONFLICT, "Run %s holds %d items, the most a run may; finish it and create another.", ar.id, DefaultMaxItemsInRun)
+	}
+	if key != "" {
+		it.Key = key
+		return ar.live.AddItem(*it)
+	}
+	base := proxyKey(it.Method, it.Path)
+	pr := ar.proxy
+	pr.mu.Lock()
+	n := pr.repeats[base]
+	pr.mu.Unlock()
+	for ; ; n++ {
+		it.Key = base
+		if n > 0 {
+			it.Key = fmt.Sprintf("%s #%d", base, n+1)
+		}
+		err := ar.live.AddItem(*it)
+		if auditd.ErrorCode(err) != auditd.ECONFLICT {
+			pr.mu.Lock()
+			pr.repeats[base] = max(pr.repeats[base], n+1)
+			pr.mu.Unlock()
+			return err
+		}
+	}
+}
+
+// maxProxyKey leaves room, under the 200 characters of an item key, for
+// the " #n" of a repeated request.
+const maxProxyKey = 190
+
+// proxyKey derives a proxied request's item key from its method and its
+// recorded path: "GET /query?f=json". A long or unprintable one is cut and
+// ends with a hash of the whole.
+func proxyKey(method, path string) string {
+	k := method + " " + path
+	printable := true
+	for i := 0; i < len(k); i++ {
+		if k[i] < ' ' || k[i] > '~' {
+			printable = false
+			break
+		}
+	}
+	if printable && len(k) <= maxProxyKey {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	cut := make([]byte, 0, maxProxyKey)
+	for i := 0; i < len(k) && len(cut) < maxProxyKey-18; i++ {
+		if k[i] >= ' ' && k[i] <= '~' {
+			cut = append(cut, k[i])
+		}
+	}
+	return string(cut) + "~" + hex.EncodeToString(sum[:8])
+}
+
+// proxied is one proxied request being carried out.
+type proxied struct {
+	l        *Loop
+	ar       *activeRun
+	src      auditd.Source
+	req      *auditd.ProxyRequest
+	out      auditd.ProxyResponder
+	meta     *auditd.ProxyMeta
+	job      *job
+	path     string            // the recorded path: credentials redacted
+	bodySum  string            // a POST body's SHA-256, hex
+	lastGood string            // the request's key in the last-good index
+	headers  map[string]string // the source's secret headers
+	query    map[string]string // the source's secret query parameters
+
+	retryAt    time.Time // own backoff after a 5xx or transport error
+	lastReason string
+}
+
+// run passes the request through the gates and sends it until it gets a
+// final response, its deadline passes, or the client goes away.
+func (p *proxied) run(ctx context.Context) error {
+	l, src, it := p.l, &p.src, p.job
+	rctx := p.ar.recordCtx
+	maxAttempts := l.cfg.MaxAttempts
+	if src.MaxAttempts > 0 {
+		maxAttempts = src.MaxAttempts
+	}
+	// A POST is retried only when that is safe: the client says so with an
+	// Idempotency-Key, or the source's POSTs change nothing.
+	retryable := p.req.Method != http.MethodPost || p.req.Idempotent || src.Proxy.RetryPost
+	wait := p.req.Deadline
+	if wait <= 0 {
+		wait = src.Proxy.Deadline.D()
+	}
+	if wait <= 0 {
+		wait = auditd.DefaultProxyDeadline
+	}
+	deadline := l.cfg.Clock.Now().Add(min(wait, proxyMaxDeadline))
+	if !p.ar.deadline.IsZero() && p.ar.deadline.Before(deadline) {
+		deadline = p.ar.deadline
+	}
+	deferred := 0 // failed probes of the breaker waited through
+	for {
+		if ctx.Err() != nil {
+			return p.gone(rctx)
+		}
+		if src.Proxy.ServeStale {
+			// A source that is down is answered from its last good copy
+			// at once rather than waited for.
+			if st, err := l.cfg.Limiter.State(src.ID); err == nil && st.Breaker == limiter.BreakerOpen && p.serveStale(rctx, "breaker open") {
+				return nil
+			}
+		}
+		perm, err := l.cfg.Limiter.Acquire(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt, StopAtReopen: true})
+		l.recordAdmission(rctx, p.ar, it.Item, 0, perm)
+		for _, w := range perm.Waits {
+			p.meta.Waited += w.Actual
+		}
+		if err != nil {
+			var shed *limiter.ShedError
+			switch {
+			case errors.Is(err, limiter.ErrStillDown):
+				deferred++
+				p.lastReason = "breaker open: the source is still down"
+				if it.attempts.spent(0)+deferred >= maxAttempts {
+					return p.giveUp(rctx, fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
+				}
+				continue
+			case errors.As(err, &shed):
+				return p.shed(rctx, shed)
+			case ctx.Err() != nil:
+				return p.gone(rctx)
+			default:
+				return p.giveUp(rctx, "limiter: "+err.Error(), auditd.EINTERNAL)
+			}
+		}
+		a := &attempt{it: it.Item, page: 0, n: it.attempts.next(0), permit: perm}
+		err = l.dispatch(rctx, p.ar, a, p.path)
+		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
+			it.attempts.unspend(0) // nothing was sent: the number is not spent
+			continue
+		} else if err != nil {
+			// Not durable, so not sent.
+			l.log.Error("record dispatch", "run", p.ar.id, "item", it.Key, "err", err)
+			l.endItem(p.ar, it, auditd.ItemFailed, "the dispatch could not be recorded; nothing was sent", nil, "", nil)
+			return auditd.Errorf(auditd.EUNAVAILABLE, "The dispatch could not be recorded, so nothing was sent; retry.")
+		}
+		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
+		final := !retryable || it.attempts.spent(0)+deferred >= maxAttempts
+		if done, err := p.exchange(ctx, rctx, a, final); done {
+			return err
+		}
+	}
+}
+
+// exchange sends the dispatched request a. A response that will be
+// retried is read and recorded here; a final one is streamed to the
+// client (stream). done says the request has ended.
+func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (done bool, err error) {
+	l := p.l
+	start := l.cfg.Clock.Now()
+	resp, err := p.send(ctx)
+	if err != nil {
+		now := l.cfg.Clock.Now()
+		x := exchange{receivedAt: now, latency: now.Sub(start), err: err}
+		_, _, wait := l.settle(rctx, p.ar, &p.src, a, &x)
+		p.lastReason = "transport error: " + err.Error()
+		switch {
+		case ctx.Err() != nil:
+			return true, p.gone(rctx)
+		case final:
+			return true, p.giveUp(rctx, p.lastReason, auditd.EUPSTREAM)
+		}
+		p.retryAt = l.cfg.Clock.Now().Add(wait)
+		return false, nil
+	}
+	defer resp.Body.Close()
+	if retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500; retry && !final {
+		n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, proxyDrainBytes))
+		now := l.cfg.Clock.Now()
+		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
+		out, _, wait := l.settle(rctx, p.ar, &p.src, a, &x)
+		if out == auditd.OutcomeThrottled {
+			p.lastReason = fmt.Sprintf("throttled (%d)", x.status)
+		} else {
+			p.lastReason = fmt.Sprintf("server error (%d)", x.status)
+			p.retryAt = l.cfg.Clock.Now().Add(wait)
+		}
+		return false, nil
+	}
+	return true, p.stream(rctx, a, resp, start)
+}
+
+// bufPool holds the buffers responses are streamed through.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// stream sends the final response to the client while it stages a 2xx
+// body (up to the staging cap, MaxBodyBytes: a larger one is passed
+// through and recorded as not staged), then records the outcome and ends
+// the item.
+func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, start time.Time) error {
+	l, it := p.l, p.job
+	success := resp.StatusCode >= 200 && resp.StatusCode < 300
+	var w *staging.Writer
+	if success {
+		var err error
+		if w, err = l.cfg.Staging.NewWriter(); err != nil {
+			return p.giveUp(rctx, "staging: "+err.Error(), auditd.EINTERNAL)
+		}
+		defer w.Abort()
+	}
+	var keep *bytes.Buffer // for the body-error rule
+	if success && p.src.BodyError != auditd.BodyErrorNone {
+		keep = &bytes.Buffer{}
+	}
+	body := p.out.Start(resp.StatusCode, responseHeader(resp.Header), p.meta)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	var n int64
+	var readErr, writeErr, stageErr error
+	for {
+		k, err := resp.Body.Read(buf)
+		if k > 0 {
+			n += int64(k)
+			if w != nil && stageErr == nil {
+				if n > l.cfg.MaxBodyBytes {
+					stageErr = fmt.Errorf("body over the %d-byte staging cap", l.cfg.MaxBodyBytes)
+				} else if _, err := w.Write(buf[:k]); err != nil {
+					stageErr = err
+				}
+			}
+			if keep != nil && keep.Len() < proxyBodyErrorBytes {
+				keep.Write(buf[:min(k, proxyBodyErrorBytes-keep.Len())])
+			}
+			if _, err := body.Write(buf[:k]); err != nil {
+				writeErr = err
+				break
+			}
+		}
+		if err == io.EOF {
+			break
+		} else if err != nil {
+			readErr = p.scrub(fmt.Errorf("read body: %w", err))
+			break
+		}
+	}
+	now := l.cfg.Clock.Now()
+	x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
+	if keep != nil {
+		x.body = keep.Bytes()
+	}
+	if readErr != nil {
+		x = exchange{receivedAt: now, latency: now.Sub(start), err: readErr}
+	}
+	out, bodyErr, _ := l.settle(rctx, p.ar, &p.src, a, &x)
+	switch {
+	case readErr != nil:
+		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("transport error after %d bytes: %v", n, readErr), nil, "", nil)
+		p.out.Abort() // the client must not take the part for the whole
+		return nil
+	case writeErr != nil:
+		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("the client went away after %d bytes of the response", n), nil, "", nil)
+		return nil
+	case out == auditd.OutcomeBodyError:
+		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("error in a %d body: %s", x.status, bodyErr), nil, "", nil)
+		return nil
+	case !success:
+		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("%s (%d), passed to the client", out, x.status), nil, "", nil)
+		return nil
+	case stageErr != nil:
+		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("passed through, not staged: %d bytes (%v)", n, stageErr), nil, "", nil)
+		return nil
+	}
+	payload, err := w.Finish()
+	if err != nil {
+		l.endItem(p.ar, it, auditd.ItemFailed, "passed through, not staged: "+err.Error(), nil, "", nil)
+		return nil
+	}
+	res := &auditd.ItemResult{Advertised: -1, Pages: 1, PayloadHash: payload.Sum, Bytes: payload.N}
+	l.endItem(p.ar, it, auditd.ItemSucceeded, "", res, p.lastGood, &payload)
+	return nil
+}
+
+// send performs the request once: the client's headers and the source's
+// secret headers, the source's secret query parameters added to the
+// client's query, no redirect followed (the client gets the 3xx), and a
+// body the transport cannot resend on its own (see Loop.send).
+func (p *proxied) send(ctx context.Context) (*http.Response, error) {
+	u := strings.TrimRight(p.src.BaseURL, "/") + p.req.Path
+	if len(p.query) > 0 {
+		var q strings.Builder
+		for _, k := range slices.Sorted(maps.Keys(p.query)) {
+			if q.Len() > 0 {
+				q.WriteByte('&')
+			}
+			q.WriteString(url.QueryEscape(k) + "=" + url.QueryEscape(p.query[k]))
+		}
+		if strings.Contains(u, "?") {
+			u += "&" + q.String()
+		} else {
+			u += "?" + q.String()
+		}
+	}
+	var body io.Reader = emptyBody{}
+	if len(p.req.Body) > 0 {
+		body = bytes.NewReader(p.req.Body)
+	}
+	req, err := http.NewRequestWithContext(ctx, p.req.Method, u, body)
+	if err != nil {
+		return nil, p.scrub(err)
+	}
+	req.GetBody = nil
+	if len(p.req.Body) == 0 {
+		req.Body = emptyBody{}
+	}
+	req.Header = p.req.Header.Clone()
+	if req.Header == nil {
+		req.Header = http.Header{}
+	}
+	if len(p.req.Body) > 0 && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range p.headers {
+		req.Header.Set(k, v)
+	}
+	c := *p.l.cfg.Client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, p.scrub(err)
+	}
+	return resp, nil
+}
+
+// scrub rewrites a transport error for the record: the URL it names, which
+// holds the source's secret query parameters, becomes the recorded path,
+// and no secret value survives in the text.
+func (p *proxied) scrub(err error) error {
+	text := err.Error()
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		text = fmt.Sprintf("%s %s: %v", ue.Op, p.path, ue.Err)
+	}
+	for _, v := range p.query {
+		if v != "" {
+			text = strings.ReplaceAll(text, v, "REDACTED")
+			text = strings.ReplaceAll(text, url.QueryEscape(v), "REDACTED")
+		}
+	}
+	for _, v := range p.headers {
+		if v != "" {
+			text = strings.ReplaceAll(text, v, "REDACTED")
+		}
+	}
+	return errors.New(text)
+}
+
+// gone ends the item of a request whose context ended before it got an
+// answer: the client went away, the run was cancelled, or auditd is
+// shutting down.
+func (p *proxied) gone(rctx context.Context) error {
+	reason := "the client went away before an answer"
+	switch {
+	case p.ar.isCancelled():
+		reason = "cancelled"
+	case p.l.ctx.Err() != nil:
+		reason = "auditd shut down before an answer"
+	}
+	p.l.endItem(p.ar, p.job, auditd.ItemFailed, reason, nil, "", nil)
+	return auditd.Errorf(auditd.EUNAVAILABLE, "No answer: %s.", reason)
+}
+
+// giveUp ends a request that cannot be answered fresh: from the last good
+// copy when the source allows it and there is one, as failed otherwise
+// (an error of code for the client).
+func (p *proxied) giveUp(rctx context.Context, reason, code string) error {
+	if p.src.Proxy.ServeStale && p.serveStale(rctx, reason) {
+		return nil
+	}
+	p.l.endItem(p.ar, p.job, auditd.ItemFailed, reason, nil, "", nil)
+	if code == auditd.EUNAVAILABLE && p.meta.RetryAfter == 0 {
+		p.meta.RetryAfter = time.Second
+	}
+	return auditd.Errorf(code, "%s.", upperFirst(reason))
+}
+
+// shed ends a request the gates could not admit before its deadline: the
+// shed is recorded, then the last good copy is served when the source
+// allows it, or the client is told when the gates expect to admit it.
+func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
+	gate := string(shed.Gate)
+	p.l.mustRecord(rctx, p.ar, auditd.Event{Type: auditd.EventShed, SourceID: p.src.ID, ItemKey: p.job.Key, Gate: gate})
+	if p.src.Proxy.ServeStale && p.serveStale(rctx, "shed at "+gate) {
+		return nil
+	}
+	p.l.endItem(p.ar, p.job, auditd.ItemShed, "deadline", nil, "", nil)
+	p.meta.RetryAfter = max(shed.Wait, time.Second)
+	why := ""
+	if p.lastReason != "" {
+		why = " after " + p.lastReason
+	}
+	return auditd.Errorf(auditd.EUNAVAILABLE, "Not admitted by the request's deadline (the %s gate)%s; the gates expect to admit it in %v.",
+		gate, why, p.meta.RetryAfter.Round(time.Millisecond))
+}
+
+// serveStale answers the request from its last good copy, if there is one
+// and it still verifies: cache.served is recorded and the item ends
+// cached.
+func (p *proxied) serveStale(rctx context.Context, reason string) bool {
+	l := p.l
+	sum, at, ok, err := l.cfg.Staging.LastGoodAt(p.lastGood)
+	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
+		return false
+	}
+	rc, err := l.cfg.Staging.Open(sum)
+	if err != nil {
+		return false
+	}
+	defer rc.Close()
+	l.mustRecord(rctx, p.ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: sum, Reason: reason})
+	l.endItem(p.ar, p.job, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
+	p.meta.Stale = &auditd.StaleCopy{PayloadHash: sum, FetchedAt: at.UTC(), Age: max(l.cfg.Clock.Now().Sub(at), 0), RunID: l.originRun(sum, at)}
+	br := bufio.NewReader(rc)
+	head, _ := br.Peek(512)
+	h := http.Header{}
+	h.Set("Content-Type", http.DetectContentType(head))
+	if p.req.Method == http.MethodHead {
+		p.out.Start(http.StatusOK, h, p.meta)
+		return true
+	}
+	_, _ = io.Copy(p.out.Start(http.StatusOK, h, p.meta), br)
+	return true
+}
+
+// errFound ends a scan that found what it looked for.
+var errFound = errors.New("found")
+
+// originRun finds the run that fetched the payload sum whose item finished
+// at at, from the ledger: the last-good index keeps the time, and the
+// item.finished is among the first events recorded from then on.
+func (l *Loop) originRun(sum string, at time.Time) string {
+	from, err := l.cfg.Ledger.SeqAt(at.Add(-time.Second))
+	if err != nil || from == 0 {
+		return ""
+	}
+	run := ""
+	_ = l.cfg.Ledger.Scan(from, from+20_000, func(e *auditd.Event) error {
+		if e.Type == auditd.EventItemFinished && e.PayloadHash == sum && e.Time.Sub(at).Abs() < time.Millisecond {
+			run = e.RunID
+			return errFound
+		}
+		if e.Time.After(at.Add(time.Second)) {
+			return errFound
+		}
+		return nil
+	})
+	return run
+}
+
+func upperFirst(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
+}
