@@ -3,8 +3,29 @@ package auditd
 import (
 	"io"
 	"net/http"
+	"strings"
 	"time"
 )
+
+// hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1), which a proxy
+// never forwards, in either direction.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// RemoveHopHeaders removes the hop-by-hop headers from h, and those its
+// Connection header names.
+func RemoveHopHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
 
 // ProxyRequest is one request a pipeline sends through the proxy route
 // (ANY /proxy/{source}/{path}), as the API hands it to the fetch loop:

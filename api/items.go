@@ -3,6 +3,7 @@ package api
 import (
 	"io"
 	"net/http"
+	"net/url"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
@@ -37,8 +38,27 @@ func (s *Server) handleListItems(c echo.Context) error {
 	}{Items: items, NextCursor: encodeCursor(next)})
 }
 
+// keyParam is the item key of an item route. A key holding "/" (every
+// proxied request's derived key) is sent escaped, as %2F; echo then
+// routes on the escaped path and leaves the parameter escaped.
+func keyParam(c echo.Context) (string, error) {
+	key := c.Param("key")
+	if c.Request().URL.RawPath == "" {
+		return key, nil // echo routed on the decoded path: the key is decoded
+	}
+	k, err := url.PathUnescape(key)
+	if err != nil {
+		return "", invalid("key", "The item key is not a valid escaped path segment.")
+	}
+	return k, nil
+}
+
 func (s *Server) handleGetItem(c echo.Context) error {
-	it, err := s.Runs.Item(c.Request().Context(), c.Param("id"), c.Param("key"))
+	key, err := keyParam(c)
+	if err != nil {
+		return err
+	}
+	it, err := s.Runs.Item(c.Request().Context(), c.Param("id"), key)
 	if err != nil {
 		return err
 	}
@@ -50,7 +70,11 @@ const PayloadHashHeader = "X-Payload-Sha256"
 
 func (s *Server) handleGetPayload(c echo.Context) error {
 	ctx := c.Request().Context()
-	runID, key := c.Param("id"), c.Param("key")
+	runID := c.Param("id")
+	key, err := keyParam(c)
+	if err != nil {
+		return err
+	}
 	it, err := s.Runs.Item(ctx, runID, key)
 	if err != nil {
 		return err

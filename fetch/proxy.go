@@ -44,49 +44,10 @@ const (
 	proxyMaxDeadline = time.Hour
 )
 
-// hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1), which a proxy
-// never forwards, in either direction.
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-// ForwardHeader returns the headers of a client's request that may go
-// upstream: without hop-by-hop headers (and those Connection names), the
-// client's credentials for auditd (Authorization, Proxy-Authorization),
-// auditd's own Auditd-* headers, Host, and Accept-Encoding (auditd asks
-// for gzip itself and stages what it decodes).
-func ForwardHeader(h http.Header) http.Header {
-	out := h.Clone()
-	removeHop(out)
-	for k := range out {
-		if strings.HasPrefix(k, "Auditd-") {
-			delete(out, k)
-		}
-	}
-	for _, k := range []string{"Authorization", "Host", "Accept-Encoding", "Expect", "Content-Length"} {
-		out.Del(k)
-	}
-	return out
-}
-
-// removeHop removes the hop-by-hop headers from h, and those its
-// Connection header names.
-func removeHop(h http.Header) {
-	for _, v := range h.Values("Connection") {
-		for name := range strings.SplitSeq(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				h.Del(name)
-			}
-		}
-	}
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
-}
-
 // responseHeader is the upstream's response header as the client gets it.
 func responseHeader(h http.Header) http.Header {
 	out := h.Clone()
-	removeHop(out)
+	auditd.RemoveHopHeaders(out)
 	for k := range out {
 		if strings.HasPrefix(k, "Auditd-") {
 			delete(out, k) // only auditd says what Auditd-* headers say

@@ -157,6 +157,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	srv.Sources = sourcesAPI{loop: loop, reg: reg, lim: lim}
 	srv.Runs = runsAPI{Store: store, loop: loop}
+	srv.Proxy = loop
 	srv.Integrity = integrityAPI{db: db, led: led}
 	srv.Reports = reps
 	srv.Timelines = reports.NewTimelines(led)
