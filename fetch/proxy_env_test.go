@@ -106,7 +106,10 @@ func newProxyEnvWith(tb testing.TB, o proxyEnvOptions, maxBody int64) *proxyEnv 
 	s := api.NewServer()
 	s.Tokens, s.Ledger, s.Logger = tokens, e.ledger, log
 	s.Runs = proxyRunsAPI{e.store, e.loop}
-	s.Sources = proxySourcesAPI{e.reg}
+	s.Sources = proxySourcesAPI{e.reg, e.loop}
+	reps := reports.NewService(e.ledger, e.store)
+	reps.Payloads = e.stage
+	s.Reports = reps
 	s.Proxy = e.loop
 	s.TokenBudget, _ = api.NewKeyedBudget(clk, limiter.BudgetConfig{Limit: limiter.MaxLimit, Window: time.Second, Burst: limiter.MaxLimit})
 	e.srv = httptest.NewServer(s.Handler())
@@ -143,12 +146,15 @@ func (a proxyRunsAPI) FinishRun(ctx context.Context, id, principal string) (audi
 	return a.loop.Finish(ctx, id, principal)
 }
 
-// proxySourcesAPI is the little of cmd/auditd's sourcesAPI a run's
-// submission needs: whether a source exists.
-type proxySourcesAPI struct{ reg *registry.Registry }
+// proxySourcesAPI is as much of cmd/auditd's sourcesAPI as these tests
+// need: putting a source, and whether one exists.
+type proxySourcesAPI struct {
+	reg  *registry.Registry
+	loop *fetch.Loop
+}
 
-func (a proxySourcesAPI) PutSource(context.Context, auditd.Source, string) (bool, error) {
-	return false, auditd.Errorf(auditd.EFORBIDDEN, "not in this test")
+func (a proxySourcesAPI) PutSource(ctx context.Context, src auditd.Source, principal string) (bool, error) {
+	return a.loop.PutSource(ctx, principal, src)
 }
 
 func (a proxySourcesAPI) Source(_ context.Context, id string) (api.SourceState, error) {
