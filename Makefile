@@ -5,11 +5,13 @@ DATA    ?= ./data
 ADDR    ?= 127.0.0.1:8080
 BENCH   ?= .
 COUNT   ?= 6
+# The version runs and evidence record and auditd version prints.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
 .PHONY: build run test bench bench-pacing lint fuzz clean
 
 build:
-	$(GO) build -o $(BIN) ./cmd/auditd
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/auditd
 
 # The service on its embedded bbolt default, with the simulator's hostile
 # upstreams and two demo runs to look at.

@@ -1,7 +1,5 @@
 package auditd
 
-import "maps"
-
 // Counts are a run's counters. The fetch loop counts each of the run's
 // events once it is durable (Count), the runs store keeps them with the
 // run, the API shows them, and reconciliation (R7) compares them with a
@@ -28,7 +26,7 @@ type Counts struct {
 	Acknowledged    int `json:"acknowledged"`
 
 	// BySource counts items per source, for progress and the finish estimate.
-	BySource map[string]SourceProgress `json:"by_source,omitempty"`
+	BySource map[string]*SourceProgress `json:"by_source,omitempty"`
 }
 
 // SourceProgress is one source's share of a run's items.
@@ -47,7 +45,7 @@ func (c *Counts) Count(e *Event) {
 	case EventItemQueued:
 		c.Items++
 		c.Pending++
-		c.progress(e.SourceID, 1, 0)
+		c.source(e.SourceID).Items++
 	case EventDispatch:
 		c.Dispatches++
 		if e.Attempt > 1 {
@@ -80,7 +78,7 @@ func (c *Counts) Count(e *Event) {
 		c.Acknowledged++
 	case EventItemFinished:
 		c.Pending--
-		c.progress(e.SourceID, 0, 1)
+		c.source(e.SourceID).Done++
 		switch e.Outcome {
 		case ItemSucceeded:
 			c.Succeeded++
@@ -94,19 +92,27 @@ func (c *Counts) Count(e *Event) {
 	}
 }
 
-func (c *Counts) progress(sourceID string, items, done int) {
+func (c *Counts) source(id string) *SourceProgress {
 	if c.BySource == nil {
-		c.BySource = map[string]SourceProgress{}
+		c.BySource = map[string]*SourceProgress{}
 	}
-	p := c.BySource[sourceID]
-	p.Items += items
-	p.Done += done
-	c.BySource[sourceID] = p
+	p := c.BySource[id]
+	if p == nil {
+		p = &SourceProgress{}
+		c.BySource[id] = p
+	}
+	return p
 }
 
 // Clone returns a copy of c that shares nothing with it.
 func (c *Counts) Clone() Counts {
 	out := *c
-	out.BySource = maps.Clone(c.BySource)
+	if c.BySource != nil {
+		out.BySource = make(map[string]*SourceProgress, len(c.BySource))
+		for id, p := range c.BySource {
+			q := *p
+			out.BySource[id] = &q
+		}
+	}
 	return out
 }

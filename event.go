@@ -31,6 +31,7 @@ const (
 	EventItemFinished     EventType = "item.finished"        // Outcome, Attempts, Reason (when not succeeded), PayloadHash, Bytes, Detail (paged)
 	EventAcknowledged     EventType = "item.acknowledged"    // the downstream pipeline loaded the item: Principal, PayloadHash
 	EventExport           EventType = "export.downloaded"    // Principal, Detail (what), Head
+	EventViewed           EventType = "report.viewed"        // a reconciliation read (the UI, CI), not downloaded: Principal, Detail (what), Head
 	EventTokenChanged     EventType = "token.changed"        // Principal, Detail
 	EventSourceChanged    EventType = "source.changed"       // Principal, Detail (JSON of the new configuration, secrets removed)
 )
@@ -55,7 +56,6 @@ type Event struct {
 
 	Method        string        // HTTP method of a dispatch
 	Path          string        // path and query, credentials stripped
-	Probe         bool          // a dispatch sent as a half-open breaker's probe
 	Status        int           // HTTP status of a response or throttle
 	Bytes         int64         // response or payload size
 	Latency       time.Duration // dispatch to response
@@ -65,6 +65,8 @@ type Event struct {
 	RetryAfterRaw string        // Retry-After exactly as the server sent it
 	RetryAfter    time.Duration // parsed server hint, floored at zero
 	Clamped       bool          // the hint was clamped to the source's cap
+	Probe         bool          // a dispatch sent as a half-open breaker's probe
+	Attempts      uint32        // the dispatches an item took, all its pages together
 	Backoff       time.Duration // own jittered backoff chosen
 	ErrorText     string        // a transport error, credentials removed
 	From          string        // breaker state before
@@ -80,11 +82,10 @@ type Event struct {
 	Cause         string  // what taught the registry a change: header, throttle, slow_start, recover, probe_up, outage, operator, config (429 in older ledgers)
 	Snapshot      string  // when a registry snapshot was taken: run.start or run.end
 	Outcome       Outcome // outcome of a response, item or run
-	Attempts      uint32  // the dispatches an item took, all its pages together
 	Reason        string  // why, in words: an item's end short of success, a copy served from cache, a run resumed, a dispatch interrupted
 	BodyError     string  // error code found inside a 2xx body
 	PayloadHash   string  // hex SHA-256 of a staged or served payload
-	Head          string  // the ledger's head seq when an export was downloaded
+	Head          string  // the ledger's head seq when an export was downloaded or a report viewed
 	Principal     string  // who (token principal) for access-log events
 	Detail        string  // free-form JSON for events that need more (run.started, snapshots)
 
@@ -129,11 +130,16 @@ func causeOf(t EventType) causeField {
 		return causeCause
 	case EventRegistrySnapshot:
 		return causeSnapshot
-	case EventExport:
+	case EventExport, EventViewed:
 		return causeHead
 	}
 	return causeReason
 }
+
+// Access reports whether events of type t record who read or downloaded
+// the records (export.downloaded, report.viewed). They are a population of
+// their own: reading a run never changes what its reconciliation counts.
+func (t EventType) Access() bool { return t == EventExport || t == EventViewed }
 
 // Shared returns e's attempt and cause as the canonical encoding and the
 // API's event JSON hold them.

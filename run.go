@@ -149,6 +149,17 @@ type RunView struct {
 	// EstimatedFinish is computed from each source's pace and the items
 	// still queued for it; zero once the run is finished or when unknown.
 	EstimatedFinish time.Time `json:"estimated_finish,omitzero"`
+	// Paused says why a running run dispatches nothing for now, and
+	// since when: its records cannot be written (the disk is full, say),
+	// and no request leaves before its dispatch is on record. Nil while
+	// it runs, and once it has ended.
+	Paused *Pause `json:"paused,omitempty"`
+}
+
+// Pause is why, and since when, a run dispatches nothing for now.
+type Pause struct {
+	Since  time.Time `json:"since"`
+	Reason string    `json:"reason"`
 }
 
 // ItemView is an item with how it ended; Result is nil while it is pending.

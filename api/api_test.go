@@ -17,7 +17,8 @@ import (
 )
 
 // TestExportsAreLedgerEvents: every export appends one export.downloaded
-// event naming the token and the ledger head before it.
+// event, and every read of a reconciliation's JSON one report.viewed,
+// naming the token and the ledger head before it.
 func TestExportsAreLedgerEvents(t *testing.T) {
 	e := newEnv(t)
 	aud := e.secret[auth.RoleAuditor]
@@ -27,12 +28,13 @@ func TestExportsAreLedgerEvents(t *testing.T) {
 	}
 	cases := []struct {
 		name, path, ctype, what string
+		typ                     auditd.EventType
 	}{
-		{"ReconciliationJSON", "/v1/runs/" + e.runID + "/reconciliation", "application/json", `"what":"reconciliation"`},
-		{"ReconciliationCSV", "/v1/runs/" + e.runID + "/reconciliation?format=csv", "text/csv; charset=utf-8", `"format":"csv"`},
-		{"ReconciliationXLSX", "/v1/runs/" + e.runID + "/reconciliation?format=xlsx", api.MIMEXLSX, `"format":"xlsx"`},
-		{"RunEvidence", "/v1/runs/" + e.runID + "/evidence.xlsx", api.MIMEXLSX, `"what":"evidence"`},
-		{"AwardEvidence", "/v1/evidence.xlsx?award=F-1&from=2026-01-01", api.MIMEXLSX, `"award":"F-1"`},
+		{"ReconciliationJSON", "/v1/runs/" + e.runID + "/reconciliation", "application/json", `"what":"reconciliation"`, auditd.EventViewed},
+		{"ReconciliationCSV", "/v1/runs/" + e.runID + "/reconciliation?format=csv", "text/csv; charset=utf-8", `"format":"csv"`, auditd.EventExport},
+		{"ReconciliationXLSX", "/v1/runs/" + e.runID + "/reconciliation?format=xlsx", api.MIMEXLSX, `"format":"xlsx"`, auditd.EventExport},
+		{"RunEvidence", "/v1/runs/" + e.runID + "/evidence.xlsx", api.MIMEXLSX, `"what":"evidence"`, auditd.EventExport},
+		{"AwardEvidence", "/v1/evidence.xlsx?award=F-1&from=2026-01-01", api.MIMEXLSX, `"award":"F-1"`, auditd.EventExport},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -43,10 +45,10 @@ func TestExportsAreLedgerEvents(t *testing.T) {
 			}
 			evs := e.eventsAfter(head)
 			if len(evs) != 1 {
-				t.Fatalf("%d events, want 1 export.downloaded", len(evs))
+				t.Fatalf("%d events, want 1 %s", len(evs), tc.typ)
 			}
 			ev := evs[0]
-			if ev.Type != auditd.EventExport || ev.Principal != tok.Principal() || !strings.Contains(ev.Detail, tc.what) || ev.Head == "" {
+			if ev.Type != tc.typ || ev.Principal != tok.Principal() || !strings.Contains(ev.Detail, tc.what) || ev.Head == "" {
 				t.Errorf("event %s principal %q detail %s head %q", ev.Type, ev.Principal, ev.Detail, ev.Head)
 			}
 		})

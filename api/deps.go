@@ -151,6 +151,10 @@ type Verification struct {
 	HeadHash string `json:"head_hash"`           // its hash, hex
 	FirstBad uint64 `json:"first_bad,omitempty"` // first bad sequence number when not OK
 	Problem  string `json:"problem,omitempty"`   // what is wrong there
+	// Findings lists everything found wrong: the chain's problem, damage
+	// to the file's pages (bbolt's check), the run and idempotency
+	// indexes disagreeing with the events. Empty when OK.
+	Findings []string `json:"findings,omitempty"`
 }
 
 // Proof is an RFC 6962 inclusion proof of one event.

@@ -78,7 +78,7 @@ func knownEventType(t auditd.EventType) bool {
 		auditd.EventTransportError, auditd.EventInterrupted, auditd.EventBreaker,
 		auditd.EventRegistryChanged, auditd.EventRegistrySnapshot, auditd.EventShed,
 		auditd.EventCacheServed, auditd.EventPayloadStaged, auditd.EventItemFinished,
-		auditd.EventAcknowledged, auditd.EventExport, auditd.EventTokenChanged, auditd.EventSourceChanged,
+		auditd.EventAcknowledged, auditd.EventExport, auditd.EventViewed, auditd.EventTokenChanged, auditd.EventSourceChanged,
 		auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
 		return true
 	}

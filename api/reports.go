@@ -42,7 +42,13 @@ func (s *Server) handleReconciliation(c echo.Context) error {
 	if _, err := s.Runs.Run(c.Request().Context(), runID); err != nil {
 		return err
 	}
-	if err := s.recordExport(c, runID, map[string]string{"what": "reconciliation", "run_id": runID, "format": format}); err != nil {
+	// Reading the JSON (the UI, a CI job) is a view; a CSV or XLSX file is
+	// a download. Both are in the access log, neither in the run's counts.
+	access := auditd.EventViewed
+	if format != "json" {
+		access = auditd.EventExport
+	}
+	if err := s.recordAccess(c, access, runID, map[string]string{"what": "reconciliation", "run_id": runID, "format": format}); err != nil {
 		return err
 	}
 	s.startDownload(c, ctype, fmt.Sprintf("reconciliation-%s.%s", runID, format), format != "json")
@@ -54,7 +60,7 @@ func (s *Server) handleRunEvidence(c echo.Context) error {
 	if _, err := s.Runs.Run(c.Request().Context(), runID); err != nil {
 		return err
 	}
-	if err := s.recordExport(c, runID, map[string]string{"what": "evidence", "run_id": runID, "format": "xlsx"}); err != nil {
+	if err := s.recordAccess(c, auditd.EventExport, runID, map[string]string{"what": "evidence", "run_id": runID, "format": "xlsx"}); err != nil {
 		return err
 	}
 	s.startDownload(c, MIMEXLSX, "evidence-"+runID+".xlsx", true)
@@ -78,31 +84,31 @@ func (s *Server) handleAwardEvidence(c echo.Context) error {
 	if !to.IsZero() {
 		detail["to"] = to.Format("2006-01-02T15:04:05.000Z07:00")
 	}
-	if err := s.recordExport(c, "", detail); err != nil {
+	if err := s.recordAccess(c, auditd.EventExport, "", detail); err != nil {
 		return err
 	}
 	s.startDownload(c, MIMEXLSX, "evidence-"+sanitizeFilename(fain)+".xlsx", true)
 	return s.Reports.WriteAwardEvidence(c.Request().Context(), c.Response(), auditd.RunFilter{FAIN: fain, From: from, To: to})
 }
 
-// recordExport appends the export.downloaded event before any byte of the
-// export leaves: the access log never misses a download, though it may
-// name one that failed half-way.
-func (s *Server) recordExport(c echo.Context, runID string, what map[string]string) error {
+// recordAccess appends the access event (export.downloaded or
+// report.viewed) before any byte of the report leaves: the access log
+// never misses a download, though it may name one that failed half-way.
+func (s *Server) recordAccess(c echo.Context, typ auditd.EventType, runID string, what map[string]string) error {
 	detail, err := json.Marshal(what)
 	if err != nil {
 		return err
 	}
 	head, _ := s.Ledger.Head()
 	_, err = s.Ledger.Append(c.Request().Context(), auditd.Event{
-		Type:      auditd.EventExport,
+		Type:      typ,
 		RunID:     runID,
 		Principal: token(c).Principal(),
 		Detail:    string(detail),
 		Head:      strconv.FormatUint(head, 10),
 	})
 	if err != nil {
-		return fmt.Errorf("record export: %w", err)
+		return fmt.Errorf("record %s: %w", typ, err)
 	}
 	return nil
 }

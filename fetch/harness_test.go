@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"runtime/metrics"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +38,7 @@ type harness struct {
 	sim    *sim.Sim
 	urls   map[string]string // upstream name -> base URL
 	dir    string            // the data directory
+	full   atomic.Bool       // the disk refuses the ledger's writes (ledger.Options.WriteFault)
 }
 
 var epoch = time.Date(2026, 11, 2, 8, 0, 0, 0, time.UTC)
@@ -71,7 +74,20 @@ func (h *harness) open(tb testing.TB, dir string) {
 	// These tests are about pacing, not durability (the crash test is):
 	// skip fsync so commits do not dominate the run time.
 	db.NoSync = true
-	led, err := ledger.Open(db, ledger.Options{KeyDir: dir, Clock: h.clk})
+	var loopp atomic.Pointer[fetch.Loop]
+	led, err := ledger.Open(db, ledger.Options{KeyDir: dir, Clock: h.clk,
+		WriteFault: func() error {
+			if h.full.Load() {
+				return syscall.ENOSPC
+			}
+			return nil
+		},
+		OnStall: func(err error) {
+			if l := loopp.Load(); l != nil {
+				l.Stalled(err)
+			}
+		},
+	})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -83,7 +99,7 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Clock: h.clk})
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Clock: h.clk, Stalled: led.Stalled})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -94,6 +110,7 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	loopp.Store(loop)
 	if err := loop.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}

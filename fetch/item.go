@@ -129,7 +129,8 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
 	lastReason := ""
-	deferred := 0 // failed probes of the source's breaker this page waited through
+	deferred := 0       // failed probes of the source's breaker this page waited through
+	recordFailures := 0 // dispatch records the ledger refused in a row
 	for {
 		if ctx.Err() != nil {
 			if ar.isCancelled() {
@@ -158,7 +159,8 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
-		l.recordAdmission(rctx, ar, it.Item, pg.index, p)
+		// The waits held back the page's next dispatch: they carry its attempt.
+		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p)
 		if err != nil {
 			var shed *limiter.ShedError
 			switch {
@@ -181,20 +183,29 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		a := &attempt{it: it.Item, page: pg.index, n: it.attempts.next(pg.index), permit: p}
-		err = l.dispatch(rctx, ar, a, path)
+		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p}
+		err = l.dispatch(rctx, ar, it.Item, a, path)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
 			continue
 		} else if err != nil {
 			// Not durable, so not sent: the ledger never shows fewer
-			// requests than the upstream received.
-			l.log.Error("record dispatch", "run", ar.id, "item", it.Key, "err", err)
-			return nil, pageAbandon, ""
+			// requests than the upstream received. The request waits and
+			// goes back to the gates; only a shutdown leaves it, for the
+			// next start.
+			it.attempts.unspend(pg.index)
+			if !l.pauseAfter(ctx, ar, "record dispatch", &recordFailures, err) {
+				if ar.isCancelled() {
+					return nil, pageCancelled, "cancelled"
+				}
+				return nil, pageAbandon, ""
+			}
+			continue
 		}
+		recordFailures = 0
 
 		x := l.send(rctx, src, it.Item, pg)
-		out, bodyErr, wait := l.settle(rctx, ar, src, a, &x)
+		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, a, &x)
 		switch {
 		case x.err != nil:
 			lastReason = "transport error: " + x.err.Error()
@@ -219,7 +230,6 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 
 // attempt is one dispatch of an item's page.
 type attempt struct {
-	it     *auditd.Item
 	page   int
 	n      uint32          // its number: 1 for the page's first dispatch
 	permit *limiter.Permit // the gates' admission
@@ -245,7 +255,7 @@ func (x *exchange) size() int64 { return max(int64(len(x.body)), x.n) }
 // breaker transitions) and lets the gates and the registry learn from it.
 // It returns the outcome (none for a transport error), the code found in
 // the body of a body error, and the wait the gates chose before a retry.
-func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, a *attempt, x *exchange) (out auditd.Outcome, bodyErr string, wait time.Duration) {
+func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it *auditd.Item, a *attempt, x *exchange) (out auditd.Outcome, bodyErr string, wait time.Duration) {
 	hint := hints.Parse(x.header, x.receivedAt)
 	// The registry owns what Remaining and Reset teach (a pause of one
 	// quota interval); handing them to the limiter as well would pause
@@ -256,14 +266,16 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, a 
 	// refusing it: the registry says so, and the gates take it for a
 	// throttle that pauses the source and leaves the breaker alone.
 	refused := x.status == http.StatusServiceUnavailable && x.err == nil &&
-		l.cfg.Registry.Refusal(registry.Observation{SourceID: a.it.SourceID, Status: x.status, Sent: a.sent, Hint: hint})
+		l.cfg.Registry.Refusal(registry.Observation{SourceID: it.SourceID, Status: x.status, Sent: a.sent, Hint: hint})
 	v := a.permit.Observe(limiter.Outcome{Status: x.status, Err: x.err, Hint: gateHint, Attempt: int(a.n), Refused: refused})
 
-	e := auditd.Event{SourceID: a.it.SourceID, ItemKey: a.it.Key, Page: uint32(a.page), Attempt: a.n, Latency: x.latency}
+	buf := l.eventBuf()
+	e := &buf[0]
+	*e = auditd.Event{SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page), Attempt: a.n, Latency: x.latency}
 	switch {
 	case x.err != nil:
 		e.Type, e.ErrorText = auditd.EventTransportError, x.err.Error()
-		l.post(ar, []auditd.Event{e}, nil, nil, "")
+		l.post(ar, buf, 1, nil, nil, "")
 	default:
 		out, bodyErr = classify(x.status, hint.RetryAfterRaw != "", src.BodyError, x.body)
 		e.Status, e.Bytes = x.status, x.size()
@@ -271,15 +283,16 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, a 
 			e.Type = auditd.EventThrottle
 			e.RetryAfterRaw, e.RetryAfter, e.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
 			e.Backoff, e.Wait = v.Backoff, v.Wait
-			l.recordThrottle(ctx, ar, e)
+			l.recordThrottle(ctx, ar, *e)
+			l.freeEventBuf(buf)
 			out = auditd.OutcomeThrottled
 		} else {
 			e.Type, e.Outcome, e.BodyError = auditd.EventResponse, out, bodyErr
-			l.post(ar, []auditd.Event{e}, nil, nil, "")
+			l.post(ar, buf, 1, nil, nil, "")
 		}
 	}
-	l.recordBreaker(ctx, ar, a.it, v.Breaker)
-	l.learn(ctx, ar, a.it.SourceID, x.status, out, a.sent, hint)
+	l.recordBreaker(ctx, ar, it, v.Breaker)
+	l.learn(ctx, ar, it.SourceID, x.status, out, a.sent, hint)
 	return out, bodyErr, v.Wait
 }
 
@@ -291,51 +304,65 @@ var (
 	errPausedMeanwhile = errors.New("source paused before dispatch")
 )
 
-// dispatch records the dispatch of a, with the recorded path, and sets
+// dispatch records the dispatch of a of item it, with the recorded path, and sets
 // a.sent to its recorded time once it is durable, unless the source's
 // breaker opened or a throttle paused it since the admission (then it
 // releases the permit and says which).
-func (l *Loop) dispatch(ctx context.Context, ar *activeRun, a *attempt, path string) error {
-	e := []auditd.Event{{Type: auditd.EventDispatch, RunID: ar.id, SourceID: a.it.SourceID, ItemKey: a.it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: a.it.Method, Path: path, Probe: a.permit.Probe}}
-	f, err := l.queueDispatch(a, e)
+func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *attempt, path string) error {
+	buf := l.eventBuf()
+	buf[0] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
+		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
+	e := buf[:1]
+	stalledSince, stalled := l.cfg.Ledger.Stalled()
+	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
+		l.freeEventBuf(buf)
 		return err
 	}
 	if err := f.Wait(ctx); err != nil {
 		a.permit.Release()
-		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
+		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err) // buf stays out of the pool: the ledger may still hold it
 	}
 	ar.live.Count(e...)
 	a.sent, a.seq = e[0].Time, e[0].Seq
+	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
+		// The record waited for a disk that refused it: the request
+		// leaves now, not when the gates admitted it. Counted again at
+		// its recorded time, it holds back the requests admitted after it
+		// as the window it is sent in requires.
+		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
+			b.Record(a.sent, 1)
+		}
+	}
+	l.freeEventBuf(buf)
 	return nil
 }
 
-// queueDispatch checks, under the source's send lock, that a's request may
-// still go, and adds its dispatch record, e, to the ledger. The send lock
+// queueDispatch checks, under the source's send lock, that the request p
+// admitted may still go, and adds its dispatch record, e, to the ledger. The send lock
 // orders dispatch records against breaker and throttle records: a dispatch
 // is on record either before a throttle or after its pause is in force.
 // Holding it while the dispatch is added is enough for that, since the
 // ledger stores e before anything added after it; the wait for e's commit
 // group, the longest part of a dispatch, is the caller's, outside the
 // lock, so that the source's other requests can share the group.
-func (l *Loop) queueDispatch(a *attempt, e []auditd.Event) (auditd.Future, error) {
-	mu := l.sendLock(a.it.SourceID)
+func (l *Loop) queueDispatch(sourceID string, p *limiter.Permit, e []auditd.Event) (auditd.Future, error) {
+	mu := l.sendLock(sourceID)
 	mu.Lock()
 	defer mu.Unlock()
-	if st, err := l.cfg.Limiter.State(a.it.SourceID); err == nil {
-		if !a.permit.Probe && st.Breaker != limiter.BreakerClosed {
-			a.permit.Release()
+	if st, err := l.cfg.Limiter.State(sourceID); err == nil {
+		if !p.Probe && st.Breaker != limiter.BreakerClosed {
+			p.Release()
 			return nil, errBreakerOpened
 		}
 		if st.PausedUntil.After(l.cfg.Clock.Now()) {
-			a.permit.Release()
+			p.Release()
 			return nil, errPausedMeanwhile
 		}
 	}
 	f, err := l.cfg.Ledger.Add(e)
 	if err != nil {
-		a.permit.Release()
+		p.Release()
 		return nil, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
 	}
 	return f, nil
@@ -449,19 +476,15 @@ func scrubError(err error, path string, secret []string) error {
 
 // recordAdmission records what the gates did before admitting a page's
 // request (p; empty when Acquire failed): breaker transitions, then the
-// waits.
-func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, p *limiter.Permit) {
+// waits, each with the attempt it held back.
+func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit) {
 	l.recordTransitions(ctx, ar, it, p.Breaker)
 	for _, w := range p.Waits {
-		l.recordWait(ctx, ar, it, page, string(w.Gate), w.Planned, w.Actual)
+		l.mustRecord(ctx, ar, auditd.Event{
+			Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt,
+			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual,
+		})
 	}
-}
-
-func (l *Loop) recordWait(ctx context.Context, ar *activeRun, it *auditd.Item, page int, gate string, planned, actual time.Duration) {
-	l.mustRecord(ctx, ar, auditd.Event{
-		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page),
-		Gate: gate, Wait: planned, Actual: actual,
-	})
 }
 
 func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
@@ -528,17 +551,18 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 	}
 	res.Outcome, res.Reason = out, reason
 	res.Attempts = it.attempts.total
-	events := make([]auditd.Event, 0, 2)
+	buf, n := l.eventBuf(), 0
 	var puts []auditd.Put
 	if payload != nil {
 		if rec, ok := payload.Record(); ok {
 			puts = []auditd.Put{rec}
 		}
-		events = append(events, auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
-			PayloadHash: payload.Sum, Bytes: payload.N})
+		buf[n] = auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
+			PayloadHash: payload.Sum, Bytes: payload.N}
+		n++
 	}
-	events = append(events, finishedEvent(it.Item, res))
-	l.post(ar, events, puts, res, lastGood)
+	buf[n] = finishedEvent(it.Item, res)
+	l.post(ar, buf, n+1, puts, res, lastGood)
 }
 
 // finishedEvent is the item.finished event of an item that ended with res:

@@ -40,6 +40,9 @@ type Ledger interface {
 	auditd.EventReader
 	// SeqAt returns the first event recorded at or after t (seedGates).
 	SeqAt(t time.Time) (uint64, error)
+	// Stalled returns why commits fail, while they do, and since when the
+	// last time they did: meanwhile appends wait for the disk.
+	Stalled() (since time.Time, err error)
 }
 
 // Runs is what the loop needs of the store of runs (*runs.Store): it
@@ -96,6 +99,26 @@ type Loop struct {
 	active    map[string]*activeRun
 	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
 	closed    bool
+
+	// eventBufs hold a request's records (*[2]auditd.Event) until the
+	// ledger has told their outcome: a dispatch, a response and an item's
+	// end are allocations of nearly 600 bytes each otherwise
+	// (BenchmarkLoopInMemory: 2.4 allocs/req and 2 GC cycles a run fewer).
+	eventBufs sync.Pool
+}
+
+// eventBuf returns a buffer for up to two events.
+func (l *Loop) eventBuf() *[2]auditd.Event {
+	if b, ok := l.eventBufs.Get().(*[2]auditd.Event); ok {
+		return b
+	}
+	return new([2]auditd.Event)
+}
+
+// freeEventBuf returns b, whose events the ledger is done with, to the
+// pool. Whoever takes it next sets each event it uses whole.
+func (l *Loop) freeEventBuf(b *[2]auditd.Event) {
+	l.eventBufs.Put(b)
 }
 
 // New returns a Loop; it starts nothing.
@@ -327,10 +350,11 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 	return nil
 }
 
-// post records events for run ar, with puts in the same transaction,
-// without waiting for them to be durable: for what has already happened
-// when nothing the caller does next depends on the record (a response, an
-// item's end). It takes events over. Whatever the run records after post
+// post records the first n events of buf for run ar, with puts in the same
+// transaction, without waiting for them to be durable: for what has
+// already happened when nothing the caller does next depends on the record
+// (a response, an item's end). It takes buf over, and frees it once the
+// ledger has told the outcome. Whatever the run records after post
 // returns is stored after them; a run's run.finished therefore waits for
 // all of them. Once they are durable they are counted. When they end an
 // item (res is not nil, and the last event is its item.finished), the run
@@ -338,19 +362,22 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // lastGood's newest good copy (runs.Live.Finished). A failure is logged,
 // as mustRecord logs it: the record describes something that happened,
 // and the reconciliation will show the gap.
-func (l *Loop) post(ar *activeRun, events []auditd.Event, puts []auditd.Put, res *auditd.ItemResult, lastGood string) {
+func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Put, res *auditd.ItemResult, lastGood string) {
+	events := buf[:n]
 	for i := range events {
 		events[i].RunID = ar.id
 	}
 	typ, item := events[0].Type, events[0].ItemKey
 	f, err := l.cfg.Ledger.Add(events, puts...)
 	if err != nil {
+		l.freeEventBuf(buf)
 		l.postFailed(ar, typ, item, puts, err)
 		return
 	}
 	ar.posts.Add(1)
 	f.Then(func(stored []auditd.Event, err error) {
 		defer ar.posts.Done()
+		defer l.freeEventBuf(buf)
 		if err != nil {
 			l.postFailed(ar, typ, item, puts, err)
 			return

@@ -62,8 +62,8 @@ func responseHeader(h http.Header) http.Header {
 // knows (the item, the attempts, RetryAfter); the API renders the error.
 //
 // A request for a run that is not an active proxy-mode run, or for an
-// unknown source, is refused before anything is recorded or sent (nothing
-// is written). Once its item is added, the request's end is always on
+// unknown source, or while the ledger cannot write (Ledger.Stalled), is
+// refused before anything is recorded or sent (nothing is written). Once its item is added, the request's end is always on
 // record: item.finished, succeeded (with payload.staged), failed, shed or
 // served from cache.
 func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (auditd.ProxyMeta, error) {
@@ -83,6 +83,10 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	query, err := l.cfg.Registry.RequestQuery(src.ID)
 	if err != nil {
 		return meta, err
+	}
+	if _, err := l.cfg.Ledger.Stalled(); err != nil {
+		meta.RetryAfter = stallRetryAfter
+		return meta, auditd.Errorf(auditd.EUNAVAILABLE, "auditd cannot write its ledger for now, so nothing was sent; retry.")
 	}
 	if err := l.enterProxy(ar); err != nil {
 		return meta, err
@@ -115,8 +119,10 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	meta.ItemKey = it.Key
 	p.job = &job{Item: it, attempts: &itemAttempts{}}
 	p.lastGood = staging.RequestKey(src.ID, it.Method, it.Path, []byte(p.bodySum))
-	l.post(ar, []auditd.Event{{Type: auditd.EventItemQueued, SourceID: src.ID, ItemKey: it.Key,
-		Method: it.Method, Path: it.Path, Detail: detail}}, nil, nil, "")
+	buf := l.eventBuf()
+	buf[0] = auditd.Event{Type: auditd.EventItemQueued, SourceID: src.ID, ItemKey: it.Key,
+		Method: it.Method, Path: it.Path, Detail: detail}
+	l.post(ar, buf, 1, nil, nil, "")
 	err = p.run(ctx)
 	return meta, err
 }
@@ -251,8 +257,17 @@ func (p *proxied) run(ctx context.Context) error {
 				return nil
 			}
 		}
+		if _, err := l.cfg.Ledger.Stalled(); err != nil {
+			// Nothing leaves unrecorded, and nothing is recorded while the
+			// ledger's writes fail: the client hears so now rather than at
+			// its deadline. The item's end lands once writes succeed.
+			l.endItem(p.ar, it, auditd.ItemFailed, "ledger writes failing: nothing was sent", nil, "", nil)
+			p.meta.RetryAfter = stallRetryAfter
+			return auditd.Errorf(auditd.EUNAVAILABLE, "auditd cannot write its ledger for now, so nothing was sent; retry.")
+		}
 		perm, err := l.cfg.Limiter.Acquire(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt, StopAtReopen: true})
-		l.recordAdmission(rctx, p.ar, it.Item, 0, perm)
+		// The waits held back the request's next dispatch: they carry its attempt.
+		l.recordAdmission(rctx, p.ar, it.Item, 0, uint32(it.attempts.spent(0)+1), perm)
 		for _, w := range perm.Waits {
 			p.meta.Waited += w.Actual
 		}
@@ -274,15 +289,21 @@ func (p *proxied) run(ctx context.Context) error {
 				return p.giveUp(rctx, "limiter: "+err.Error(), auditd.EINTERNAL)
 			}
 		}
-		a := &attempt{it: it.Item, page: 0, n: it.attempts.next(0), permit: perm}
-		err = l.dispatch(rctx, p.ar, a, p.path)
+		a := &attempt{page: 0, n: it.attempts.next(0), permit: perm}
+		err = p.dispatch(ctx, a, deadline)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(0) // nothing was sent: the number is not spent
 			continue
+		} else if errors.Is(err, errDispatchLate) {
+			// Not durable in time, so not sent; the item ends once the
+			// ledger has decided the dispatch record (dispatch).
+			p.meta.RetryAfter = stallRetryAfter
+			return auditd.Errorf(auditd.EUNAVAILABLE, "The ledger could not record the dispatch by the request's deadline, so nothing was sent; retry.")
 		} else if err != nil {
 			// Not durable, so not sent.
 			l.log.Error("record dispatch", "run", p.ar.id, "item", it.Key, "err", err)
 			l.endItem(p.ar, it, auditd.ItemFailed, "the dispatch could not be recorded; nothing was sent", nil, "", nil)
+			p.meta.RetryAfter = stallRetryAfter
 			return auditd.Errorf(auditd.EUNAVAILABLE, "The dispatch could not be recorded, so nothing was sent; retry.")
 		}
 		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
@@ -291,6 +312,71 @@ func (p *proxied) run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// stallRetryAfter is the Retry-After of a request refused because the
+// ledger cannot write: as long as a worker waits between tries of a
+// record the disk refused (maxRecordBackoff).
+const stallRetryAfter = maxRecordBackoff
+
+// errDispatchLate means a dispatch record was not durable by the request's
+// deadline (the ledger's writes fail, and it retries them), or before the
+// client went away: the request was not sent.
+var errDispatchLate = errors.New("dispatch not durable in time")
+
+// dispatch records the dispatch of a, as Loop.dispatch does, but waits for
+// it only until the request's deadline or the client's going away: a
+// client is not held past its deadline while the ledger's writes fail.
+// The record may still land after that (errDispatchLate): once the ledger
+// decides it, the request's item ends, failed, closing the dispatch, if
+// it landed, with dispatch.interrupted (the request was never sent), so
+// that the run has no dispatch without an outcome.
+func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) error {
+	l, ar, it := p.l, p.ar, p.job.Item
+	e := []auditd.Event{{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
+		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: p.path, Probe: a.permit.Probe}}
+	stalledSince, stalled := l.cfg.Ledger.Stalled()
+	f, err := l.queueDispatch(it.SourceID, a.permit, e)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if err := f.Wait(wctx); err != nil {
+		a.permit.Release()
+		job := p.job
+		ar.posts.Add(1) // the run's end waits for the item's
+		f.Then(func(stored []auditd.Event, err error) {
+			defer ar.posts.Done()
+			res := &auditd.ItemResult{Advertised: -1, Outcome: auditd.ItemFailed, Attempts: job.attempts.total}
+			if err != nil {
+				job.attempts.unspend(0)
+				res.Attempts = job.attempts.total
+				res.Reason = "the dispatch could not be recorded; nothing was sent"
+				buf := l.eventBuf()
+				buf[0] = finishedEvent(it, res)
+				l.post(ar, buf, 1, nil, res, "")
+				return
+			}
+			ar.live.Count(stored...)
+			res.Reason = "the dispatch record was durable only after the request's deadline; nothing was sent"
+			buf := l.eventBuf()
+			buf[0] = auditd.Event{Type: auditd.EventInterrupted, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page),
+				Attempt: a.n, Method: it.Method, Path: p.path, Reason: "not sent: its record was durable only after the request's deadline"}
+			buf[1] = finishedEvent(it, res)
+			l.post(ar, buf, 2, nil, res, "")
+		})
+		return errDispatchLate
+	}
+	ar.live.Count(e...)
+	a.sent, a.seq = e[0].Time, e[0].Seq
+	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
+		// As in Loop.dispatch: the request leaves now, not when admitted.
+		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
+			b.Record(a.sent, 1)
+		}
+	}
+	return nil
 }
 
 // exchange sends the dispatched request a. A response that will be
@@ -303,7 +389,7 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 	if err != nil {
 		now := l.cfg.Clock.Now()
 		x := exchange{receivedAt: now, latency: now.Sub(start), err: err}
-		_, _, wait := l.settle(rctx, p.ar, &p.src, a, &x)
+		_, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
 		p.lastReason = "transport error: " + err.Error()
 		switch {
 		case ctx.Err() != nil:
@@ -319,7 +405,7 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, proxyDrainBytes))
 		now := l.cfg.Clock.Now()
 		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
-		out, _, wait := l.settle(rctx, p.ar, &p.src, a, &x)
+		out, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
 		if out == auditd.OutcomeThrottled {
 			p.lastReason = fmt.Sprintf("throttled (%d)", x.status)
 		} else {
@@ -393,7 +479,7 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 	if readErr != nil {
 		x = exchange{receivedAt: now, latency: now.Sub(start), err: readErr}
 	}
-	out, bodyErr, _ := l.settle(rctx, p.ar, &p.src, a, &x)
+	out, bodyErr, _ := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
 	switch {
 	case readErr != nil:
 		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("transport error after %d bytes: %v", n, readErr), nil, "", nil)

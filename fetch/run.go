@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/runs"
 )
 
@@ -188,6 +189,44 @@ func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
 	}()
 }
 
+// Backoff between tries of a record or a store the disk refused.
+const (
+	minRecordBackoff = 50 * time.Millisecond
+	maxRecordBackoff = 5 * time.Second
+)
+
+// pauseAfter is what a worker does when a record or store it needs has
+// failed: it logs it and waits, longer with each failure in a row
+// (*failures counts them), before the caller tries again. It returns false
+// at once, without waiting, when ctx has ended (the loop is shutting down
+// or the run was cancelled). The ledger retries a write the disk refused
+// on its own (its appends then wait, and Stalled says so): this is for
+// what fails all the same.
+func (l *Loop) pauseAfter(ctx context.Context, ar *activeRun, what string, failures *int, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	d := minRecordBackoff << min(*failures, 10)
+	d = min(d, maxRecordBackoff)
+	*failures++
+	l.log.Error(what+" failed: dispatching paused, will try again", "run", ar.id, "after", d, "err", err)
+	return clock.Sleep(ctx, l.cfg.Clock, d) == nil
+}
+
+// Stalled is told when the ledger's commits start to fail (err) and when
+// they succeed again (nil): meanwhile every record waits, so no run
+// dispatches. It logs which runs are paused.
+func (l *Loop) Stalled(err error) {
+	l.mu.Lock()
+	ids := slices.Sorted(maps.Keys(l.active))
+	l.mu.Unlock()
+	if err != nil {
+		l.log.Error("ledger writes failing: dispatching paused until they succeed", "runs", ids, "err", err)
+		return
+	}
+	l.log.Info("ledger writes succeed again: dispatching resumed", "runs", ids)
+}
+
 func (ar *activeRun) isCancelled() bool {
 	ar.mu.Lock()
 	defer ar.mu.Unlock()
@@ -201,12 +240,11 @@ func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	ar.posts.Wait()
 	c := ar.live.Counts()
 	sources := slices.Sorted(maps.Keys(c.BySource))
-	status := auditd.RunSucceeded
-	switch {
-	case ar.isCancelled():
-		status = auditd.RunCancelled
-	case c.Failed+c.Shed > 0:
-		status = auditd.RunPartial
+	status := runStatus(&c, ar.isCancelled())
+	if c.Pending > 0 {
+		// Every item ends with its item.finished before its worker moves
+		// on; one that did not is a record the ledger refused for good.
+		l.log.Error("run ends with items that have no end on record", "run", ar.id, "pending", c.Pending, "status", status)
 	}
 	if err := l.cfg.Registry.EndRun(ctx, ar.id, sources); err != nil {
 		return err
@@ -215,7 +253,27 @@ func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	if err != nil {
 		return err
 	}
-	return l.storeEnd(ar, &ev)
+	// The run is over on record; the store must learn it too, or the run
+	// stays running there (and in Wait) until the next start.
+	for failures := 0; ; {
+		err := l.storeEnd(ar, &ev)
+		if err == nil || !l.pauseAfter(l.ctx, ar, "store the end of the run", &failures, err) {
+			return err
+		}
+	}
+}
+
+// runStatus is the terminal status of a run whose items ended as c
+// counts: succeeded only when every item succeeded or was served from
+// cache. An item with no end (pending) keeps a run from succeeding.
+func runStatus(c *auditd.Counts, cancelled bool) auditd.RunStatus {
+	switch {
+	case cancelled:
+		return auditd.RunCancelled
+	case c.Failed+c.Shed+c.Pending > 0:
+		return auditd.RunPartial
+	}
+	return auditd.RunSucceeded
 }
 
 // storeEnd stores what a run leaves (runs.Store.End), after moving its

@@ -6,6 +6,9 @@
 // # Invariants
 //
 //   - Sequence numbers are global, contiguous and start at 1.
+//   - A commit group the disk refuses (full, say) is not lost: its appends
+//     stay queued, in order, and are written again after a backoff (a
+//     stall: Options.OnStall, Stalled); appenders wait meanwhile.
 //   - Events are durable when Append or AppendBatch returns, or when the
 //     Future of an Add says so: once the bbolt transaction holding them has
 //     committed with fsync. One writer goroutine takes every waiting append
@@ -101,8 +104,23 @@
 // density (Options.CheckpointEvery) is the resolution. Cutting the tail
 // together with its later checkpoints leaves a shorter ledger that is
 // consistent with itself; only a checkpoint kept elsewhere (VerifyOptions.
-// Trusted) catches that. Inclusion proofs (Prove, Proof.Verify) let a third
-// party check one event against a checkpoint and the public key alone.
+// Trusted) catches that, or a run index still listing what was cut.
+// Inclusion proofs (Prove, Proof.Verify) let a third party check one event
+// against a checkpoint and the public key alone.
+//
+// The run index and the idempotency index are held to the events as they
+// are read: every event of a run listed under it once, nothing listed
+// that is not the run's (an entry removed, added or moved is named), every
+// key pointing at its event.
+//
+// Verify also runs bbolt's own consistency check of the file's pages
+// (tx.Check), and reads the buckets so that a panic of bbolt's on a page
+// it cannot read is reported as damage. bbolt maps the file and trusts
+// it: a file cut below its high-water mark, or a page pointing outside
+// it, faults the process that reads it, which no recover catches.
+// CheckFile reads the file's page tree with plain reads before anything
+// maps it (auditd verify and serve run it first), so that what bbolt
+// then follows lies inside the file.
 //
 // The tree only grows, so every hash a proof at an older size needs is
 // still stored: Reader proves consistency between two sizes, inclusion at

@@ -93,6 +93,33 @@ type Options struct {
 	// appender on its own is never delayed. Default: DefaultGroupDelay;
 	// negative turns it off.
 	GroupDelay time.Duration
+
+	// Observer, when set, is told of what every commit group made durable
+	// (the service's metrics). Default: none.
+	Observer Observer
+
+	// OnStall, when set, is told when commits start to fail (a full disk
+	// refuses the write, say) with the error, and with nil once one
+	// succeeds again. While they fail the ledger keeps every append
+	// queued, in order, and retries the write with a backoff (from 10ms up
+	// to 2s): appenders wait, nothing is lost or reordered. It is called
+	// on the writer goroutine and must return quickly.
+	OnStall func(err error)
+
+	// WriteFault, when set, is called before each commit group is
+	// committed; an error it returns fails the commit as a disk that
+	// refuses the write does. A seam for tests of a full disk.
+	WriteFault func() error
+}
+
+// Observer is told of each commit group once it is durable, on the
+// writer's goroutine and before any appender hears of it: it must be quick
+// and must not append.
+type Observer interface {
+	// Committed is called with the events the group stored (idempotent
+	// repeats left out, each once), and how long its transaction took,
+	// fsync included. It must not keep events.
+	Committed(events []*auditd.Event, took time.Duration)
 }
 
 // Ledger is the append-only event store. It is safe for concurrent use; one
@@ -107,6 +134,7 @@ type Ledger struct {
 	checkpointEvery uint64
 	maxGroup        int
 	groupDelay      time.Duration
+	observer        Observer
 
 	wake chan struct{} // buffered: the queue may have requests, or Close was called
 	done chan struct{} // closed when the writer has stopped
@@ -126,10 +154,15 @@ type Ledger struct {
 
 	groups, grouped atomic.Uint64 // commit groups written, and the events in them
 
-	mu       sync.RWMutex // guards what Head and Checkpoint read
-	head     uint64
-	headHash [32]byte
-	latest   []byte
+	onStall    func(error)
+	writeFault func() error
+
+	mu         sync.RWMutex // guards what Head, Checkpoint and Stalled read
+	head       uint64
+	headHash   [32]byte
+	latest     []byte
+	stall      error     // why commits fail; nil while they succeed
+	stallSince time.Time // when they started to fail
 }
 
 // BoltOptions are the options auditd opens its bbolt file with (main does;
@@ -154,6 +187,9 @@ func Open(db *bolt.DB, opts Options) (*Ledger, error) {
 		checkpointEvery: opts.CheckpointEvery,
 		maxGroup:        opts.MaxGroup,
 		groupDelay:      opts.GroupDelay,
+		observer:        opts.Observer,
+		onStall:         opts.OnStall,
+		writeFault:      opts.WriteFault,
 		wake:            make(chan struct{}, 1),
 		done:            make(chan struct{}),
 	}
@@ -293,6 +329,16 @@ func (l *Ledger) Head() (seq uint64, hash [32]byte) {
 	return l.head, l.headHash
 }
 
+// Stalled returns why commits fail while they do (see Options.OnStall),
+// a nil error while they succeed, and when they last started to fail (kept
+// once they succeed again, so that a caller can tell a stall came and went
+// while it waited; zero if they never failed).
+func (l *Ledger) Stalled() (since time.Time, err error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.stallSince, l.stall
+}
+
 // Checkpoint returns the latest signed checkpoint note; it covers every
 // event Append has acknowledged.
 func (l *Ledger) Checkpoint() ([]byte, error) {
@@ -379,6 +425,7 @@ func (l *Ledger) Append(ctx context.Context, e auditd.Event) (auditd.Event, erro
 		return auditd.Event{}, err // r stays out of the pool: the writer may not be done with it
 	}
 	stored, err := r.one[0], r.err
+	r.one[0] = auditd.Event{}
 	r.recycle()
 	if err != nil {
 		return auditd.Event{}, err
@@ -485,9 +532,11 @@ func (r *request) decide(err error) {
 	r.recycle()
 }
 
-// recycle puts r back in its ledger's pool.
+// recycle puts r back in its ledger's pool. It clears what r refers to,
+// one by one: clearing r whole would clear its array of one event too, on
+// every Add (BenchmarkLoopInMemory).
 func (r *request) recycle() {
-	*r = request{l: r.l, done: r.done}
+	r.events, r.puts, r.err, r.then, r.told = nil, nil, nil, nil, false
 	r.l.requests.Put(r)
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 
 	"github.com/auditd/auditd"
@@ -46,10 +47,36 @@ type Report struct {
 	OK          bool
 	Events      uint64 // events read
 	Head        uint64 // sequence number of the last contiguous event
-	FirstBad    uint64 // first sequence number the ledger cannot vouch for; 0 when OK
-	Problem     string // what is wrong at FirstBad; empty when OK
+	FirstBad    uint64 // first sequence number the ledger cannot vouch for; 0 when the chain holds
+	Problem     string // what is wrong at FirstBad; empty when the chain holds
 	Checkpoints int    // signed checkpoints checked against the events
+
+	// Damage is what bbolt's own consistency check (tx.Check) found wrong
+	// with the file's pages, or what could not be read of them; empty
+	// when nothing. A damaged file is not intact whatever its chain.
+	Damage []string
+	// Index is where the run index or the idempotency index disagrees
+	// with the events: an event of a run it does not list, an entry that
+	// names an event of another run or none, a key that points elsewhere;
+	// empty when they agree.
+	Index []string
 }
+
+// Findings lists everything Verify found wrong, the chain's problem
+// first; none when the ledger is intact.
+func (r *Report) Findings() []string {
+	var out []string
+	if r.Problem != "" {
+		out = append(out, fmt.Sprintf("first bad sequence %d: %s", r.FirstBad, r.Problem))
+	}
+	for _, d := range r.Damage {
+		out = append(out, "data file: "+d)
+	}
+	return append(out, r.Index...)
+}
+
+// maxFindings caps the damage and index findings a Report lists.
+const maxFindings = 20
 
 // anchor is one signed checkpoint Verify holds the events against.
 type anchor struct {
@@ -64,8 +91,15 @@ type anchor struct {
 // signed checkpoint (the history, the latest and opts.Trusted), which also
 // proves successive checkpoints consistent with each other.
 //
-// Tampering is a Report with OK false, not an error; Verify returns an error
-// only when it cannot do the check (no key, bad trusted checkpoint, ctx).
+// It also runs bbolt's consistency check of the file's pages (tx.Check),
+// and holds the run index and the idempotency index to the events. A file
+// whose pages cannot be read is reported as damage, not a panic; a file
+// that may be damaged should be checked with CheckFile before it is
+// opened, since bbolt maps it and a page past its end faults.
+//
+// Tampering and damage are a Report with OK false, not an error; Verify
+// returns an error only when it cannot do the check (no key, bad trusted
+// checkpoint, ctx).
 func Verify(ctx context.Context, db *bolt.DB, opts VerifyOptions) (*Report, error) {
 	vkey := opts.VerifierKey
 	if vkey == "" {
@@ -93,21 +127,52 @@ func Verify(ctx context.Context, db *bolt.DB, opts VerifyOptions) (*Report, erro
 
 	r := &Report{}
 	err = db.View(func(tx *bolt.Tx) error {
-		events := tx.Bucket([]byte(bucketEvents))
-		if events == nil {
-			return verifyEmpty(r, anchors)
-		}
-		var bad bool
-		if anchors, bad = loadAnchors(tx, v, anchors, r); bad {
-			return nil
-		}
-		return verifyEvents(ctx, tx, anchors, opts.Progress, r)
+		// Damaged pages do not stop the rest: what can be read is read.
+		checkPages(tx, r)
+		return readSafely(r, func() error {
+			events := tx.Bucket([]byte(bucketEvents))
+			if events == nil {
+				return verifyEmpty(r, anchors)
+			}
+			var bad bool
+			if anchors, bad = loadAnchors(tx, v, anchors, r); bad {
+				return nil
+			}
+			return verifyEvents(ctx, tx, anchors, opts.Progress, r)
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
-	r.OK = r.Problem == ""
+	r.OK = r.Problem == "" && len(r.Damage) == 0 && len(r.Index) == 0
 	return r, nil
+}
+
+// checkPages runs bbolt's consistency check and adds what it finds to
+// r.Damage.
+func checkPages(tx *bolt.Tx, r *Report) {
+	n := 0
+	for err := range tx.Check() {
+		if n++; n <= maxFindings {
+			r.Damage = append(r.Damage, err.Error())
+		}
+	}
+	if n > maxFindings {
+		r.Damage = append(r.Damage, fmt.Sprintf("and %d more", n-maxFindings))
+	}
+}
+
+// readSafely runs fn, turning a panic of bbolt's on pages it cannot read
+// (and, in this goroutine, a fault on memory it maps) into damage.
+func readSafely(r *Report, fn func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			r.Damage = append(r.Damage, fmt.Sprintf("reading the ledger's buckets failed: %v", p))
+			err = nil
+		}
+	}()
+	return fn()
 }
 
 func verifyEmpty(r *Report, anchors []anchor) error {
@@ -211,6 +276,7 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 		return nil
 	}
 
+	index := newIndexCheck(tx, r)
 	ec := newEventsCursor(events)
 	var tk, tv []byte
 	if tree != nil {
@@ -246,6 +312,7 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 		if e.Seq != seq {
 			return fail(seq, "event stored as %d says it is %d", seq, e.Seq)
 		}
+		index.observe(&e)
 		chain = h
 		stored = front.push(leaf.hash(canon), stored[:0])
 		packed = packed[:0]
@@ -281,6 +348,7 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 		expected++
 	}
 	r.Head = expected - 1
+	index.finish(events)
 	if progress != nil {
 		progress(r.Head, total)
 	}

@@ -3,6 +3,7 @@ package ledger
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -27,8 +28,13 @@ import (
 //     waited for the one before, already prepared.
 //
 // Batches commit one at a time, in order. A batch is prepared on top of the
-// one being committed; if that one fails, the pending one fails with it and
-// the writer goes back to the last committed state, so no gap is left.
+// one being committed. If that one cannot be built (a put bbolt refuses),
+// the pending one fails with it and the writer goes back to the last
+// committed state, so no gap is left. If it was built but the disk refused
+// to write it (full, say), the writer goes back the same way, puts both
+// batches' requests back at the head of the queue and, after a backoff,
+// prepares and writes them again: their appenders wait, and nothing added
+// after them is stored before them (Options.OnStall).
 
 // maxKeptScratch is the most buffer space a batch keeps for the next one; a
 // batch of unusually large events gets its own, then drops it.
@@ -87,6 +93,8 @@ type batch struct {
 	entry  int         // where the tree entry being built starts in hashes
 	stored []tlog.Hash // what one leaf completed
 	leaf   leafHasher
+
+	observed []*auditd.Event // backs what observe hands the Observer
 }
 
 type kv struct{ key, val []byte }
@@ -102,6 +110,7 @@ func (b *batch) reset() {
 	*b = batch{
 		reqs: b.reqs[:0], records: b.records[:0], tree: b.tree[:0], idem: b.idem[:0], keys: b.keys, runs: b.runs,
 		buf: b.buf[:0], blocks: b.blocks[:0], hashes: b.hashes[:0], stored: b.stored[:0], leaf: b.leaf,
+		observed: b.observed[:0],
 	}
 }
 
@@ -122,6 +131,10 @@ func (l *Ledger) run() {
 		busy    bool             // it held at least busyRequests requests
 		linger  *time.Timer      // armed while a batch waits to grow
 		lingerC <-chan time.Time // linger's channel while armed
+
+		backoff time.Duration    // since the last write the disk refused; 0 when writing
+		retry   *time.Timer      // armed while a refused batch waits to be written again
+		retryC  <-chan time.Time // retry's channel while armed
 	)
 	for {
 		group, closed = l.take(group[:0], l.maxGroup-pending.events, len(pending.reqs) == 0)
@@ -129,7 +142,11 @@ func (l *Ledger) run() {
 			l.prepare(pending, r, inflight)
 		}
 		clear(group)
-		if inflight == nil && len(pending.reqs) > 0 {
+		if closed && retryC != nil {
+			retry.Stop()
+			retryC = nil // closing: one last try, then the appends fail
+		}
+		if inflight == nil && retryC == nil && len(pending.reqs) > 0 {
 			wait := l.lingerFor(pending, busy, sealed, closed)
 			if wait <= 0 {
 				if lingerC != nil {
@@ -158,16 +175,94 @@ func (l *Ledger) run() {
 		case <-l.wake:
 		case <-lingerC:
 			lingerC = nil
+		case <-retryC:
+			retryC = nil
 		case err := <-written:
-			if err != nil {
-				// pending was prepared on top of the batch that failed.
+			var failed *writeError
+			switch {
+			case err == nil:
+				if backoff > 0 {
+					backoff = 0
+					l.stalled(nil)
+				}
+			case errors.As(err, &failed) && !closed:
+				// The disk refused the write (full, say): put the batch
+				// and the one prepared on top of it back at the head of
+				// the queue, to be prepared again (stamped anew) and
+				// written once the backoff has passed. Nothing is
+				// answered, so appenders wait, and nothing added later
+				// can be stored before them.
 				l.tip = inflight.before
+				l.requeue(inflight.reqs, pending.reqs)
+				pending.reset()
+				backoff = min(max(2*backoff, minRetry), maxRetry)
+				if retry == nil {
+					retry = time.NewTimer(backoff)
+				} else {
+					retry.Reset(backoff)
+				}
+				retryC = retry.C
+				l.stalled(failed.err)
+				inflight.reset()
+				spare, inflight = inflight, nil
+				continue
+			default:
+				// The batch could not be built in a transaction, or the
+				// ledger is closing: it fails, and pending, prepared on
+				// top of it, with it.
+				l.tip = inflight.before
+				if failed != nil {
+					err = failed.err
+				}
+				l.answer(inflight.reqs, err)
 				l.answer(pending.reqs, fmt.Errorf("previous commit group failed: %w", err))
 				pending.reset()
 			}
 			inflight.reset()
 			spare, inflight = inflight, nil
 		}
+	}
+}
+
+// Retries of a commit group the disk refused start at minRetry apart and
+// double up to maxRetry.
+const (
+	minRetry = 10 * time.Millisecond
+	maxRetry = 2 * time.Second
+)
+
+// writeError is a commit group that was built but could not be written:
+// the fsynced commit (or Options.WriteFault) failed. Such a group is
+// retried; one that could not be built fails its appenders.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
+
+// requeue puts the requests of failed batches back at the head of the
+// queue, in order, ahead of those that came since.
+func (l *Ledger) requeue(batches ...[]*request) {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	var back []*request
+	for _, reqs := range batches {
+		back = append(back, reqs...)
+	}
+	l.queue = append(back, l.queue...)
+}
+
+// stalled notes that writes fail with err, or succeed again (nil), and
+// tells Options.OnStall when that changes.
+func (l *Ledger) stalled(err error) {
+	l.mu.Lock()
+	was := l.stall
+	l.stall = err
+	if err != nil && was == nil {
+		l.stallSince = time.Now()
+	}
+	l.mu.Unlock()
+	if l.onStall != nil && (err == nil) != (was == nil) {
+		l.onStall(err)
 	}
 }
 
@@ -361,7 +456,9 @@ func (l *Ledger) seal(b *batch) {
 }
 
 // write commits b in one transaction, publishes the new head and answers
-// b's requests. It runs on its own goroutine, one batch at a time.
+// b's requests. It runs on its own goroutine, one batch at a time. On
+// failure it answers nothing: run decides whether b fails or is written
+// again. A *writeError is a batch built but not written.
 func (l *Ledger) write(b *batch) error {
 	if len(b.records) == 0 {
 		// Only idempotent repeats, of events already committed (by an
@@ -369,52 +466,88 @@ func (l *Ledger) write(b *batch) error {
 		l.answer(b.reqs, nil)
 		return nil
 	}
-	var latest []byte
-	err := l.db.Update(func(tx *bolt.Tx) error {
-		events, tree, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketTree)), tx.Bucket([]byte(bucketIdempotency))
-		events.FillPercent, tree.FillPercent = 1.0, 1.0
-		if err := putRecords(events, b.records, &b.blocks); err != nil {
-			return err
-		}
-		for _, p := range b.tree {
-			if err := tree.Put(p.key, p.val); err != nil {
-				return fmt.Errorf("append tree hashes to %d: %w", binary.BigEndian.Uint64(p.key), err)
-			}
-		}
-		for _, p := range b.idem {
-			if err := idem.Put(p.key, p.val); err != nil {
-				return fmt.Errorf("index event %d: %w", binary.BigEndian.Uint64(p.val), err)
-			}
-		}
-		if err := b.runs.put(tx.Bucket([]byte(bucketRuns))); err != nil {
-			return err
-		}
-		for _, r := range b.reqs {
-			for _, p := range r.puts {
-				bucket := tx.Bucket(p.Bucket)
-				if bucket == nil {
-					return fmt.Errorf("put into %s: no such bucket", p.Bucket)
-				}
-				if err := bucket.Put(p.Key, p.Value); err != nil {
-					return fmt.Errorf("put into %s: %w", p.Bucket, err)
-				}
-			}
-		}
-		var err error
-		latest, err = l.putCheckpoint(tx, b.checkpoint, b.history)
-		return err
-	})
+	start := time.Now()
+	tx, err := l.db.Begin(true)
 	if err != nil {
-		l.answer(b.reqs, err)
 		return err
+	}
+	latest, err := l.fill(tx, b)
+	if err == nil && l.writeFault != nil {
+		if err = l.writeFault(); err != nil {
+			err = &writeError{err}
+		}
+	}
+	if err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return &writeError{err}
 	}
 	l.mu.Lock()
 	l.head, l.headHash, l.latest = b.checkpoint.Size, b.checkpoint.Chain, latest
 	l.mu.Unlock()
 	l.groups.Add(1)
 	l.grouped.Add(uint64(len(b.records)))
+	if l.observer != nil {
+		l.observe(b, time.Since(start))
+	}
 	l.answer(b.reqs, nil)
 	return nil
+}
+
+// observe tells the observer of b's stored events: b numbers them in
+// order, so an event numbered no later than one already seen is a repeat
+// (of an earlier batch's, or of this one's).
+func (l *Ledger) observe(b *batch, took time.Duration) {
+	events := b.observed[:0]
+	last := b.before.seq
+	for _, r := range b.reqs {
+		for i := range r.events {
+			if e := &r.events[i]; e.Seq > last {
+				events = append(events, e)
+				last = e.Seq
+			}
+		}
+	}
+	l.observer.Committed(events, took)
+	clear(events)
+	b.observed = events
+}
+
+// fill puts b's records, index entries, puts and signed checkpoint in tx,
+// and returns the checkpoint.
+func (l *Ledger) fill(tx *bolt.Tx, b *batch) ([]byte, error) {
+	events, tree, idem := tx.Bucket([]byte(bucketEvents)), tx.Bucket([]byte(bucketTree)), tx.Bucket([]byte(bucketIdempotency))
+	events.FillPercent, tree.FillPercent = 1.0, 1.0
+	if err := putRecords(events, b.records, &b.blocks); err != nil {
+		return nil, err
+	}
+	for _, p := range b.tree {
+		if err := tree.Put(p.key, p.val); err != nil {
+			return nil, fmt.Errorf("append tree hashes to %d: %w", binary.BigEndian.Uint64(p.key), err)
+		}
+	}
+	for _, p := range b.idem {
+		if err := idem.Put(p.key, p.val); err != nil {
+			return nil, fmt.Errorf("index event %d: %w", binary.BigEndian.Uint64(p.val), err)
+		}
+	}
+	if err := b.runs.put(tx.Bucket([]byte(bucketRuns))); err != nil {
+		return nil, err
+	}
+	for _, r := range b.reqs {
+		for _, p := range r.puts {
+			bucket := tx.Bucket(p.Bucket)
+			if bucket == nil {
+				return nil, fmt.Errorf("put into %s: no such bucket", p.Bucket)
+			}
+			if err := bucket.Put(p.Key, p.Value); err != nil {
+				return nil, fmt.Errorf("put into %s: %w", p.Bucket, err)
+			}
+		}
+	}
+	return l.putCheckpoint(tx, b.checkpoint, b.history)
 }
 
 // answer tells the adders of reqs the outcome of their commit group: err,

@@ -119,8 +119,8 @@ func (b *Builder) Build(ctx context.Context, w io.Writer, req Request) (*Manifes
 		}
 		m.Runs = append(m.Runs, r)
 	}
-	m.Retention = bm.Retention
-	m.Ranges = mergeRanges(m.Runs, m.Retention)
+	m.Retention, m.Access = bm.Retention, bm.Access
+	m.Ranges = mergeRanges(m.Runs, slices.Concat(m.Retention, m.Access))
 	proof := Proof{TreeSize: tree.Size, Root: base64.StdEncoding.EncodeToString(tree.Root[:])}
 	for _, rg := range m.Ranges {
 		p, err := b.Ledger.ProveRange(rg.First, rg.Last, tree.Size)

@@ -91,6 +91,7 @@ func (d *deflated) copyTo(zw *zip.Writer, name string) error {
 	if err != nil {
 		return err
 	}
+	//lint:ignore SA1019 ModifiedDate fixes the DOS date (1980-01-01) with no extra field, so packs are byte-for-byte reproducible
 	w, err := zw.CreateRaw(&zip.FileHeader{Name: name, Method: zip.Deflate, ModifiedDate: 1<<5 | 1,
 		CRC32: d.crc, CompressedSize64: uint64(size), UncompressedSize64: uint64(d.raw)})
 	if err != nil {

@@ -62,6 +62,10 @@ type Manifest struct {
 	// workbook's Retention sheet shows (retention dates, holds, purges);
 	// each is a leaf of the ranges.
 	Retention []uint64 `json:"retention,omitempty"`
+	// Access are the access events (views and exports) of the runs
+	// recorded after their ranges, which the workbook's Access log shows;
+	// each is a leaf of the ranges.
+	Access []uint64 `json:"access,omitempty"`
 	// Leaves is how many leaves events.bin holds.
 	Leaves uint64 `json:"leaves"`
 }

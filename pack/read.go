@@ -26,6 +26,7 @@ type Pack struct {
 	Consistency *Consistency // consistency.json; nil when the pack has none
 
 	retention []auditd.Event // the retention events, read by Verify from the leaves
+	access    []auditd.Event // the access events after the runs' ranges, likewise
 }
 
 // OpenFile opens the pack in the file at path; close it when done.
@@ -125,12 +126,17 @@ func (p *Pack) checkForm() error {
 			return fmt.Errorf("%s: run %q (%d to %d) lies outside the ranges", FileManifest, r.ID, r.First, r.Last)
 		}
 	}
-	if len(m.Retention) > maxRuns {
-		return fmt.Errorf("%s: %d retention events", FileManifest, len(m.Retention))
-	}
-	for _, seq := range m.Retention {
-		if !p.covers(seq, seq) {
-			return fmt.Errorf("%s: retention event %d lies outside the ranges", FileManifest, seq)
+	for _, single := range []struct {
+		what string
+		seqs []uint64
+	}{{"retention", m.Retention}, {"access", m.Access}} {
+		if len(single.seqs) > maxRuns {
+			return fmt.Errorf("%s: %d %s events", FileManifest, len(single.seqs), single.what)
+		}
+		for _, seq := range single.seqs {
+			if !p.covers(seq, seq) {
+				return fmt.Errorf("%s: %s event %d lies outside the ranges", FileManifest, single.what, seq)
+			}
 		}
 	}
 	if p.Proof.TreeSize != m.TreeSize || len(p.Proof.Ranges) != len(m.Ranges) {

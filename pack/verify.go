@@ -3,6 +3,7 @@ package pack
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"hash"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -89,7 +91,7 @@ func Verify(p *Pack, opts Options) (*Report, error) {
 		}
 		r.Witnessed = append(r.Witnessed, v.Name())
 	}
-	if err := p.readRetention(r); err != nil {
+	if err := p.readSingles(r); err != nil {
 		return nil, err
 	}
 	// The leaves and the workbook are checked side by side: each reads
@@ -191,16 +193,20 @@ func (s *leafScanner) next() error {
 	return nil
 }
 
-// readRetention reads the retention events of the manifest from the
-// leaves (decoding no other), for the workbook's Retention rows.
-func (p *Pack) readRetention(r *Report) error {
-	p.retention = nil
-	if len(p.Manifest.Retention) == 0 {
+// readSingles reads the retention events and the access events after the
+// runs' ranges that the manifest lists from the leaves (decoding no
+// other), for the workbook's Retention and Access log rows.
+func (p *Pack) readSingles(r *Report) error {
+	p.retention, p.access = nil, nil
+	if len(p.Manifest.Retention) == 0 && len(p.Manifest.Access) == 0 {
 		return nil
 	}
-	want := map[uint64]bool{}
+	want := map[uint64]string{}
 	for _, seq := range p.Manifest.Retention {
-		want[seq] = true
+		want[seq] = "retention"
+	}
+	for _, seq := range p.Manifest.Access {
+		want[seq] = "access"
 	}
 	rc, err := p.open(FileLeaves)
 	if err != nil {
@@ -211,7 +217,7 @@ func (p *Pack) readRetention(r *Report) error {
 	var buf, hbuf []byte
 	for _, rg := range p.Manifest.Ranges {
 		// The chain hashes (the rows' Event hash) of a range that holds a
-		// retention event are computed from its start.
+		// listed event are computed from its start.
 		need := false
 		for seq := range want {
 			need = need || seq >= rg.First && seq <= rg.Last
@@ -230,7 +236,8 @@ func (p *Pack) readRetention(r *Report) error {
 			prev := chain
 			hbuf = append(append(hbuf[:0], chain[:]...), b...)
 			chain = sha256.Sum256(hbuf)
-			if !want[seq] {
+			what, ok := want[seq]
+			if !ok {
 				continue
 			}
 			var e auditd.Event
@@ -238,15 +245,32 @@ func (p *Pack) readRetention(r *Report) error {
 				return nil
 			}
 			e.PrevHash, e.Hash = prev, chain
-			switch e.Type {
-			case auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
+			switch {
+			case what == "access" && e.Type.Access():
+				p.access = append(p.access, e)
+			case what == "retention" && isRetention(e.Type):
 				p.retention = append(p.retention, e)
 			default:
-				r.fail("%s: event %d is listed as a retention event but is a %s", FileManifest, seq, e.Type)
+				r.fail("%s: event %d is listed as a %s event but is a %s", FileManifest, seq, what, e.Type)
 			}
 		}
 	}
+	// The workbook lists access events in the manifest's order (run after
+	// run), the leaves hold them in sequence order.
+	at := make(map[uint64]int, len(p.Manifest.Access))
+	for i, seq := range p.Manifest.Access {
+		at[seq] = i
+	}
+	slices.SortStableFunc(p.access, func(a, b auditd.Event) int { return cmp.Compare(at[a.Seq], at[b.Seq]) })
 	return nil
+}
+
+func isRetention(t auditd.EventType) bool {
+	switch t {
+	case auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
+		return true
+	}
+	return false
 }
 
 // verifyLeaves reads every leaf once: each decodes as the event its place
@@ -457,7 +481,7 @@ func (p *Pack) verifyWorkbook(feed *leafFeed, r *Report) error {
 	}
 	bad := map[string]bool{}
 	var cellText []byte
-	err = reports.EventRows(packEvents{p, feed}, ids, ranges, p.retention, func(sheet string, vals []any) error {
+	err = reports.EventRows(packEvents{p, feed}, ids, ranges, p.access, p.retention, func(sheet string, vals []any) error {
 		pop := pops[sheet]
 		if bad[sheet] {
 			return nil

@@ -318,9 +318,6 @@ func (p *pacer) between(from, to time.Duration) tally {
 	return t
 }
 
-// rate is the success rate over [from, to), per second.
-func (p *pacer) rate(from, to time.Duration) float64 { return p.between(from, to).rate() }
-
 // limits describes the registry's limits for each upstream.
 func (p *pacer) limits() string {
 	var b strings.Builder

@@ -30,10 +30,15 @@
 //     then, less the waits it asked for. A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
 //     does not cut again; one after that, before a round proved the new
-//     pace, halves it.
+//     pace, halves it. A refusal that says nothing of when to come back
+//     (no Retry-After) also pauses the source (Decision.Pause) for a second,
+//     or two intervals of the new pace up to five seconds, while the
+//     server's bucket drains.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
-//     halves the distance back toward the rate last refused (or a step above
-//     what was admitted, if lower), up to Options.ProbeGain below it; there
+//     (or as many as the pace sends in ten seconds, if fewer) halves the
+//     distance back toward the rate last refused (or a step above what was
+//     admitted, if lower), up to Options.ProbeGain below it, and a further
+//     ProbeGain below for each refusal met on the way back up; there
 //     the pace holds for Options.ProbeHold rounds, then probes
 //     Options.ProbeGain past it. A probe must hold as long, and ten seconds,
 //     to count (a gateway's burst hides a slightly fast pace for seconds);

@@ -706,18 +706,6 @@ func withQuota(h hints.Hint, limit int, window time.Duration) hints.Hint {
 	return h
 }
 
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 func TestPace(t *testing.T) {
 	for _, tc := range []struct {
 		name       string

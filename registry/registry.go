@@ -945,6 +945,12 @@ func validHeaderName(name string) bool {
 // configuration file is checked whole with it before any source is applied.
 func (r *Registry) ValidateSource(src auditd.Source) error { return r.validateSource(src) }
 
+// CheckSource is ValidateSource without a registry: a configuration file
+// is checked before anything is opened or created for it.
+func CheckSource(src auditd.Source) error {
+	return (&Registry{validate: newValidator()}).validateSource(src)
+}
+
 // effectiveBurst is the burst the limiter gives a source: its configured
 // Burst, the limiter's default when it sets none, and the default for a
 // gateway group member (members share one budget, described alike).

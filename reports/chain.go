@@ -11,12 +11,19 @@ import (
 // runRange returns the sequence numbers of a run's first and last events
 // (0, 0 when it has none) with a handful of index probes instead of a read
 // of the whole run: the last event is found by galloping, then bisecting,
-// over "does the run have an event after x".
+// over "does the run have an event after x". Access events (views and
+// exports of the run's reports) do not count: the range of a finished run
+// ends with run.finished, or its last acknowledgement, however often it is
+// read since. A probe reads past the access events it meets, so the cost
+// grows with the reads recorded after the run's last event.
 func runRange(r auditd.EventReader, runID string) (first, last uint64, err error) {
-	// next returns the run's first seq after x, or 0.
+	// next returns the run's first seq after x that is no access event, or 0.
 	next := func(x uint64) (uint64, error) {
 		var seq uint64
 		err := r.ScanRun(runID, x, func(e *auditd.Event) error {
+			if e.Type.Access() {
+				return nil
+			}
 			seq = e.Seq
 			return errStop
 		})

@@ -87,6 +87,10 @@ type Manifest struct {
 	Reports []*Report `json:"reports"`
 	// Retention are the retention events the Retention sheet shows.
 	Retention []uint64 `json:"retention,omitempty"`
+	// Access are the access events (views and exports) of the runs
+	// recorded after their ranges, which the Access log shows after the
+	// ranges' own.
+	Access []uint64 `json:"access,omitempty"`
 }
 
 // Exporter writes evidence workbooks.
@@ -195,6 +199,13 @@ func (x *Exporter) Export(ctx context.Context, w io.Writer, req Request) (*Manif
 	for _, e := range ret {
 		m.Retention = append(m.Retention, e.Seq)
 	}
+	after, err := accessAfter(x.Events, req.RunIDs, ranges)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range after {
+		m.Access = append(m.Access, e.Seq)
+	}
 	if x.Ledger != nil {
 		cp, err := x.Ledger.Checkpoint()
 		if err != nil {
@@ -222,7 +233,7 @@ func (x *Exporter) Export(ctx context.Context, w io.Writer, req Request) (*Manif
 
 	f := excelize.NewFile()
 	defer f.Close()
-	b := &bookWriter{x: x, f: f, limit: limit, m: m, total: total, stats: make(map[string][]SheetStat), order: sheetOrder, retention: ret}
+	b := &bookWriter{x: x, f: f, limit: limit, m: m, total: total, stats: make(map[string][]SheetStat), order: sheetOrder, retention: ret, access: after}
 	if x.Retention != nil {
 		b.order = append(slices.Clone(sheetOrder), SheetRetention)
 	}
@@ -295,6 +306,7 @@ type bookWriter struct {
 	// order is sheetOrder, and the Retention sheet when there is one.
 	order     []string
 	retention []auditd.Event
+	access    []auditd.Event // the runs' access events after their ranges
 }
 
 // setUp fixes the document properties and creates the first sheet of every
@@ -514,7 +526,7 @@ func (b *bookWriter) events(ctx context.Context, runIDs []string, ranges [][2]ui
 		}
 		return nil
 	}
-	if err := eventRows(b.x.Events, runIDs, ranges, b.retention, rows, retention, b.x.MaxPendingRows, b.redact, progress); err != nil {
+	if err := eventRows(b.x.Events, runIDs, ranges, b.access, b.retention, rows, retention, b.x.MaxPendingRows, b.redact, progress); err != nil {
 		return err
 	}
 	if b.x.Progress != nil {
@@ -539,9 +551,10 @@ type rowWriter interface {
 
 // eventRows reads the runs' ranges in order and writes the event
 // populations' rows to rows (eventSpecs' order), calling tick for every
-// event read; then, with a retention writer, the retention events' rows
-// (retentionRows).
-func eventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, ret []auditd.Event, rows [5]rowWriter, retention rowWriter,
+// event read; then the Access log rows of after, the runs' access events
+// recorded after their ranges; then, with a retention writer, the
+// retention events' rows (retentionRows).
+func eventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, after, ret []auditd.Event, rows [5]rowWriter, retention rowWriter,
 	maxPending int, redact *redactor, tick func() error) error {
 	disp, waits, breaker, registry, access := rows[0], rows[1], rows[2], rows[3], rows[4]
 	if maxPending <= 0 {
@@ -581,8 +594,8 @@ func eventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, r
 				}
 				return registry.row(e.Seq, e.RunID, e.SourceID, e.Time, string(e.Type), cause, e.Group, oldLimit, e.NewLimit,
 					oldWindow, seconds(e.NewWindow), hexHash(e.Hash))
-			case auditd.EventExport:
-				return access.row(e.Seq, e.RunID, e.Time, e.Principal, redact.text(e.Detail), e.Head, hexHash(e.Hash))
+			case auditd.EventExport, auditd.EventViewed:
+				return accessRow(access, e, redact)
 			}
 			return j.observe(e)
 		})
@@ -593,10 +606,43 @@ func eventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, r
 			return err
 		}
 	}
+	for i := range after {
+		if err := accessRow(access, &after[i], redact); err != nil {
+			return err
+		}
+	}
 	if retention != nil {
 		return retentionRows(ret, retention, access)
 	}
 	return nil
+}
+
+// accessRow writes the Access log row of e, a view or an export.
+func accessRow(access rowWriter, e *auditd.Event, redact *redactor) error {
+	what := redact.text(e.Detail)
+	if e.Type == auditd.EventViewed {
+		what = "viewed " + what
+	}
+	return access.row(e.Seq, e.RunID, e.Time, e.Principal, what, e.Head, hexHash(e.Hash))
+}
+
+// accessAfter returns the access events of the runs recorded after their
+// ranges (runRange: they never extend one), run after run, in sequence
+// order.
+func accessAfter(events auditd.EventReader, runIDs []string, ranges [][2]uint64) ([]auditd.Event, error) {
+	var out []auditd.Event
+	for i, id := range runIDs {
+		err := events.ScanRun(id, ranges[i][1], func(e *auditd.Event) error {
+			if e.Type.Access() {
+				out = append(out, *e)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("access events of run %s: %w", id, err)
+		}
+	}
+	return out, nil
 }
 
 func hexHash(h [32]byte) string {

@@ -108,7 +108,6 @@ type Counts struct {
 	Staged          int64 `json:"staged"`
 	CacheServed     int64 `json:"cache_served"`
 	Acknowledged    int64 `json:"acknowledged"`
-	Access          int64 `json:"access_events"`
 }
 
 func (c *Counts) add(o Counts) {
@@ -137,7 +136,6 @@ func (c *Counts) add(o Counts) {
 	c.Staged += o.Staged
 	c.CacheServed += o.CacheServed
 	c.Acknowledged += o.Acknowledged
-	c.Access += o.Access
 }
 
 // LiveCounters are a run's counters as kept while it ran (auditd.Counts),

@@ -136,9 +136,13 @@ type recount struct {
 
 	run      RunSummary
 	finished bool
-	first    uint64
-	last     uint64
-	total    Counts // events of the run, all scopes
+	finSeq   uint64 // run.finished
+	// statusNote says how run.finished's status disagrees with the
+	// items' ends (R1); empty when it does not.
+	statusNote string
+	first      uint64
+	last       uint64
+	total      Counts // events of the run, all scopes
 
 	sources map[string]*scope
 	items   map[string]*item
@@ -185,6 +189,9 @@ func (rc *recount) source(id string) *scope {
 }
 
 func (rc *recount) observe(e *auditd.Event) {
+	if e.Type.Access() {
+		return // a read of the run's records, not part of them (R8 covers it all the same)
+	}
 	rc.total.Events++
 	if rc.first == 0 {
 		rc.first = e.Seq
@@ -202,7 +209,7 @@ func (rc *recount) observe(e *auditd.Event) {
 	case auditd.EventRunStarted:
 		rc.runStarted(e)
 	case auditd.EventRunFinished:
-		rc.finished = true
+		rc.finished, rc.finSeq = true, e.Seq
 		rc.run.Status = string(e.Outcome)
 		rc.run.FinishedAt = e.Time.UTC()
 
@@ -312,8 +319,6 @@ func (rc *recount) observe(e *auditd.Event) {
 			it.acked = true
 		}
 
-	case auditd.EventExport:
-		s.counts.Access++
 	}
 }
 
@@ -671,6 +676,8 @@ func (rc *recount) report(live *LiveCounters) *Report {
 		s.checks[1].actual++
 	}
 
+	rc.checkStatus()
+
 	rep := &Report{RunID: rc.run.ID, Run: rc.run}
 	rep.Run.FirstSeq, rep.Run.LastSeq = rc.first, rc.last
 	ids := make([]string, 0, len(rc.sources))
@@ -737,6 +744,39 @@ func (rc *recount) report(live *LiveCounters) *Report {
 	return rep
 }
 
+// checkStatus holds run.finished's status to the items' ends (R1): a run
+// ends only once every item has, succeeded only when none failed or was
+// shed, partial only when one did. A disagreement fails R1 at run.finished.
+func (rc *recount) checkStatus() {
+	if !rc.finished {
+		return
+	}
+	var pending, failed int64
+	for _, s := range rc.sources {
+		pending += s.counts.Pending
+		failed += s.counts.Failed + s.counts.Shed
+	}
+	status := auditd.RunStatus(rc.run.Status)
+	var notes []string
+	if pending > 0 {
+		notes = append(notes, fmt.Sprintf("the run ended %s with %d items that never ended", status, pending))
+	}
+	switch {
+	case status == auditd.RunSucceeded && failed > 0:
+		notes = append(notes, fmt.Sprintf("the run ended succeeded with %d items failed or shed", failed))
+	case status == auditd.RunPartial && failed == 0 && pending == 0:
+		notes = append(notes, "the run ended partial with no item failed or shed")
+	case !status.Terminal():
+		notes = append(notes, fmt.Sprintf("run.finished gives no terminal status (%q)", status))
+	}
+	if len(notes) > 0 {
+		rc.statusNote = strings.Join(notes, "; ")
+		c := &rc.source("").checks[0]
+		c.offend(rc.finSeq, rc.maxOffending)
+		c.note = rc.statusNote
+	}
+}
+
 // settle fills the parts of a scope's checks known only at the end.
 func (rc *recount) settle(s *scope, live *LiveCounters) {
 	s.checks[3].actual = s.checks[3].expected - int64(len(s.violated))
@@ -777,6 +817,8 @@ func naTotal(i int) string {
 
 func (rc *recount) totalNote(i int) string {
 	switch i {
+	case 0:
+		return rc.statusNote
 	case 5:
 		if rc.payloads == nil {
 			return "payload count checked; hashes not verified (no payload store given)"

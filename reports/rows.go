@@ -43,19 +43,20 @@ func ContinuationName(base string, n int) string { return partName(base, n) }
 
 // EventRows computes, from events, the rows Export writes to the event
 // populations (EventSheets) for runIDs over ranges (each run's first and
-// last sequence number, as the Runs sheet states them) and the retention
-// events retention (Manifest.Retention's), in the order it writes them,
+// last sequence number, as the Runs sheet states them), the access events
+// after the ranges access (Manifest.Access's) and the retention events
+// retention (Manifest.Retention's), in the order it writes them,
 // and calls fn with each: the population's name and the row's values
 // (string, int, int64, uint32, uint64, float64, bool, time.Time or nil;
 // see AppendCellText). An evidence pack's verifier checks a workbook's
 // rows against the pack's leaves this way. fn must not keep vals.
-func EventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, retention []auditd.Event, fn func(sheet string, vals []any) error) error {
+func EventRows(events auditd.EventReader, runIDs []string, ranges [][2]uint64, access, retention []auditd.Event, fn func(sheet string, vals []any) error) error {
 	var rows [5]rowWriter
 	for i, s := range eventSpecs {
 		rows[i] = rowFunc(func(vals ...any) error { return fn(s.name, vals) })
 	}
 	ret := rowFunc(func(vals ...any) error { return fn(SheetRetention, vals) })
-	return eventRows(events, runIDs, ranges, retention, rows, ret, DefaultMaxPendingRows, newRedactor(), func() error { return nil })
+	return eventRows(events, runIDs, ranges, access, retention, rows, ret, DefaultMaxPendingRows, newRedactor(), func() error { return nil })
 }
 
 type rowFunc func(vals ...any) error

@@ -82,23 +82,27 @@ func (s *Service) reconciler() *Reconciler {
 // WriteReconciliation writes run runID's reconciliation as format: "json",
 // "csv" or "xlsx" (see Write).
 func (s *Service) WriteReconciliation(ctx context.Context, w io.Writer, runID, format string) error {
-	v, err := s.runs.Run(ctx, runID)
-	if err != nil {
-		return err
-	}
-	compute := func() (*Report, error) {
-		return s.reconciler().Reconcile(ctx, runID, &LiveCounters{Total: v.Counts})
-	}
-	var rep *Report
-	if v.Status.Terminal() {
-		rep, err = s.cached(runID, v.LastSeq, compute)
-	} else {
-		rep, err = compute() // a running run changes under every request
-	}
+	rep, err := s.Reconciliation(ctx, runID)
 	if err != nil {
 		return err
 	}
 	return Write(w, rep, format)
+}
+
+// Reconciliation returns run runID's reconciliation: a finished run's is
+// computed once and kept.
+func (s *Service) Reconciliation(ctx context.Context, runID string) (*Report, error) {
+	v, err := s.runs.Run(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	compute := func() (*Report, error) {
+		return s.reconciler().Reconcile(ctx, runID, &LiveCounters{Total: v.Counts})
+	}
+	if v.Status.Terminal() {
+		return s.cached(runID, v.LastSeq, compute)
+	}
+	return compute() // a running run changes under every request
 }
 
 // cached returns the kept report of run id at lastSeq, or computes it.

@@ -55,6 +55,10 @@ type Options struct {
 	Pace func(sourceID string) (limit int, window time.Duration, err error)
 	// Clock stamps new runs and the estimate. Default: clock.Real{}.
 	Clock clock.Clock
+	// Stalled says why the ledger cannot write for now, and since when
+	// (*ledger.Ledger.Stalled); meanwhile the views of live runs say they
+	// are paused. Default: nil, never paused.
+	Stalled func() (since time.Time, err error)
 }
 
 // Store keeps runs and their items in the shared bbolt file, and the live
@@ -66,6 +70,7 @@ type Store struct {
 	payloads Payloads
 	pace     func(string) (int, time.Duration, error)
 	clock    clock.Clock
+	stalled  func() (time.Time, error)
 
 	mu    sync.Mutex
 	live  map[string]*Live    // runs the loop is working on (Start)
@@ -97,7 +102,7 @@ func Open(db *bolt.DB, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("create run buckets: %w", err)
 	}
 	return &Store{
-		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock,
+		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock, stalled: opts.Stalled,
 		live: map[string]*Live{}, locks: map[string]*runLock{},
 		ids: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)},
 	}, nil

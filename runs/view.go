@@ -21,7 +21,7 @@ import (
 // stored record otherwise; ENOTFOUND when there is none.
 func (s *Store) Run(_ context.Context, id string) (auditd.RunView, error) {
 	if r := s.tracked(id); r != nil {
-		return s.view(r.record()), nil
+		return s.liveView(r), nil
 	}
 	var rec *record
 	err := s.db.View(func(tx *bolt.Tx) (err error) {
@@ -37,6 +37,18 @@ func (s *Store) Run(_ context.Context, id string) (auditd.RunView, error) {
 func (s *Store) view(rec record) auditd.RunView {
 	v := auditd.RunView{Run: rec.Run, Counts: rec.Counts}
 	v.EstimatedFinish = s.estimate(&v)
+	return v
+}
+
+// liveView is the view of a run the loop is working on: paused while the
+// ledger cannot write its records.
+func (s *Store) liveView(r *Live) auditd.RunView {
+	v := s.view(r.record())
+	if s.stalled != nil && !v.Status.Terminal() {
+		if since, err := s.stalled(); err != nil {
+			v.Paused = &auditd.Pause{Since: since.UTC(), Reason: "the ledger cannot write its records: " + err.Error()}
+		}
+	}
 	return v
 }
 

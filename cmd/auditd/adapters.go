@@ -99,7 +99,7 @@ func (a integrityAPI) Verify(ctx context.Context) (api.Verification, error) {
 	seq, hash := a.led.Head()
 	return api.Verification{
 		OK: rep.OK, Events: rep.Events, HeadSeq: seq, HeadHash: hex.EncodeToString(hash[:]),
-		FirstBad: rep.FirstBad, Problem: rep.Problem,
+		FirstBad: rep.FirstBad, Problem: rep.Problem, Findings: rep.Findings(),
 	}, nil
 }
 

@@ -7,36 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/registry"
 )
 
-// openRegistry returns a registry on a fresh data directory, for its
-// validation.
-func openRegistry(tb testing.TB) *registry.Registry {
-	tb.Helper()
-	dir := tb.TempDir()
-	db, err := openDB(dir, false)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	led, err := ledger.Open(db, ledger.Options{KeyDir: dir})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { led.Close(tb.Context()) })
-	reg, err := registry.Open(db, registry.Options{Ledger: led})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return reg
-}
-
 func TestConfigExampleLoads(t *testing.T) {
-	reg := openRegistry(t)
-	cfg, err := loadConfig("../../testdata/config/sources.example.yaml", func(s *auditd.Source) (string, string) { return validateSource(reg, s) })
+	cfg, err := loadConfig("../../testdata/config/sources.example.yaml", validateSource)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +21,7 @@ func TestConfigExampleLoads(t *testing.T) {
 }
 
 func TestConfigErrorsNameLineAndField(t *testing.T) {
-	reg := openRegistry(t)
-	validate := func(s *auditd.Source) (string, string) { return validateSource(reg, s) }
+	validate := validateSource
 	for _, tc := range []struct {
 		name, yaml, want string
 	}{
@@ -76,18 +50,17 @@ func FuzzLoadConfig(f *testing.F) {
 	f.Add(ex)
 	f.Add([]byte("sources:\n  - id: a\n    base_url: http://x\n    window: soon\n"))
 	f.Add([]byte("sources: [\n"))
-	reg := openRegistry(f)
 	path := filepath.Join(f.TempDir(), "config.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := loadConfig(path, func(s *auditd.Source) (string, string) { return validateSource(reg, s) })
+		cfg, err := loadConfig(path, validateSource)
 		if err != nil {
 			return
 		}
 		for i := range cfg.Sources {
-			if err := reg.ValidateSource(cfg.Sources[i]); err != nil {
+			if err := registry.CheckSource(cfg.Sources[i]); err != nil {
 				t.Fatalf("accepted a source validation refuses: %v", err)
 			}
 		}

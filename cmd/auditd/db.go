@@ -18,6 +18,9 @@ const (
 	payloadsDir = "payloads"
 )
 
+// errHeld means another process holds the bbolt file.
+var errHeld = errors.New("another process (a running auditd serve?) holds it; stop it or use its API")
+
 // openDB opens (creating if needed) the one bbolt file of a data directory.
 // Another process holding the file makes it fail within a second instead of
 // hanging. readOnly opens it shared, for offline commands.
@@ -35,7 +38,7 @@ func openDB(dir string, readOnly bool) (*bolt.DB, error) {
 	}
 	db, err := bolt.Open(path, 0o600, ledger.BoltOptions(readOnly))
 	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("open %s: another process (a running auditd serve?) holds it; stop it or use its API", path)
+		return nil, fmt.Errorf("open %s: %w", path, errHeld)
 	} else if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}

@@ -26,7 +26,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	exportID := fs.String("export-id", "", "export `id` recorded in the Manifest (default: run id)")
 	generated := fs.String("generated-at", "", "RFC 3339 `time` recorded as generated-at, or \"now\"; empty keeps the file reproducible")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "auditd export: %v\n", err)

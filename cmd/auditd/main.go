@@ -7,10 +7,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 )
 
@@ -31,6 +34,7 @@ func commands() map[string]command {
 		"reconcile": {"reconcile a run; exit 0 balanced, 1 not, 2 error", runReconcile},
 		"export":    {"write a run's evidence workbook offline", runExport},
 		"sim":       {"serve hostile upstream simulators from a scenario file", runSim},
+		"version":   {"print the build's version", runVersion},
 	}
 }
 
@@ -43,9 +47,13 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch {
+	case len(args) == 0:
 		usage(stderr, cmds)
 		return 2
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "help":
+		usage(stdout, cmds) // asked for: not an error
+		return 0
 	}
 	c, ok := cmds[args[0]]
 	if !ok {
@@ -58,7 +66,53 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer, cmds map[string]command) {
 	fmt.Fprintln(w, "usage: auditd <command> [flags]\n\ncommands:")
-	for _, name := range []string{"serve", "verify", "prove", "pack", "retention", "reconcile", "export", "sim"} {
+	for _, name := range []string{"serve", "verify", "prove", "pack", "retention", "reconcile", "export", "sim", "version"} {
 		fmt.Fprintf(w, "  %-10s %s\n", name, cmds[name].summary)
 	}
+	fmt.Fprintln(w, "\nauditd <command> -h lists a command's flags.")
+}
+
+// parseStatus is the exit status of a command whose flags did not parse:
+// 0 when -h asked for them (the flag package has printed them), 2 for a
+// usage error.
+func parseStatus(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
+}
+
+// version is the build's version, stamped by the Makefile
+// (-ldflags "-X main.version=..."); a build without it says what the Go
+// toolchain knows (the module version or VCS revision), or "devel".
+var version string
+
+// codeVersion names the build: recorded with every run, in evidence, and
+// printed by auditd version.
+func codeVersion() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "devel"
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	return "devel"
+}
+
+func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		fmt.Fprintf(stderr, "auditd version: unexpected argument %q\n", args[0])
+		return 2
+	}
+	fmt.Fprintf(stdout, "auditd %s\n", codeVersion())
+	return 0
 }

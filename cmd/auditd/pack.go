@@ -37,7 +37,7 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	from := fs.String("from", "", "with --award: RFC 3339 `time` or date; default the first run")
 	to := fs.String("to", "", "with --award: RFC 3339 `time` or date; default now")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "auditd pack: %v\n", err)

@@ -21,7 +21,7 @@ func runProve(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	check := fs.String("check", "", "check the proof in `file` instead of making one")
 	key := fs.String("key", "", "note verifier `key` (default: ledger.pub in the data directory)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	if (*seq == 0) == (*check == "") || fs.NArg() > 0 {
 		fmt.Fprintln(stderr, "auditd prove: give exactly one of --seq N or --check FILE")

@@ -36,7 +36,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	token := fs.String("token", "", "API `token` (default $AUDITD_TOKEN)")
 	format := fs.String("format", "table", "output: table, json or csv")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)

@@ -53,7 +53,7 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fail(fmt.Errorf("unknown subcommand %q: set, hold, release, status or purge", sub))
 	}
 	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	if fs.NArg() > 0 {
 		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))

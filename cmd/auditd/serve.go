@@ -10,7 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -25,6 +25,7 @@ import (
 	"github.com/auditd/auditd/retention"
 	"github.com/auditd/auditd/runs"
 	"github.com/auditd/auditd/staging"
+	"github.com/auditd/auditd/telemetry"
 	"github.com/auditd/auditd/web"
 )
 
@@ -44,10 +45,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	tokenWindow := fs.Duration("token-window", api.DefaultTokenWindow, "window of --token-limit")
 	tokenBurst := fs.Int("token-burst", api.DefaultTokenBurst, "units of work a token may spend back to back")
 	publicLog := fs.Bool("public-log", false, "publish the checkpoint, public key, checkpoint history and consistency proofs, and accept witness cosignatures, without a token")
+	logFormat := fs.String("log-format", "text", "lifecycle log `format` on stderr: text or json")
+	logLevel := fs.String("log-level", "info", "least `level` logged: debug, info, warn or error")
 	var witnesses listFlag
 	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	if *startLimit < 1 || *startWindow <= 0 {
 		fmt.Fprintln(stderr, "auditd serve: --start-limit and --start-window must be positive")
@@ -58,7 +61,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "auditd serve: token budget: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "auditd serve: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	var handler slog.Handler
+	switch *logFormat {
+	case "text":
+		handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	case "json":
+		handler = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})
+	default:
+		fmt.Fprintf(stderr, "auditd serve: --log-format %q: want text or json\n", *logFormat)
+		return 2
+	}
+	log := slog.New(handler)
 	opts := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
 		registry:    registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow},
 		tokenBudget: budget, publicLog: *publicLog, witnesses: witnesses}
@@ -83,6 +101,21 @@ type serveOptions struct {
 // fetch loop (draining what is in flight), the demo upstreams, the ledger
 // (committing what is queued), and the bbolt file last.
 func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logger) error {
+	// Nothing is created before the configuration is found good, and a
+	// damaged file is refused before bbolt maps it.
+	var cfg *fileConfig
+	if o.configPath != "" {
+		var err error
+		if cfg, err = loadConfig(o.configPath, validateSource); err != nil {
+			return err
+		}
+	}
+	path := filepath.Join(o.dataDir, dbFile)
+	if err := ledger.CheckFile(path); errors.Is(err, ledger.ErrDamaged) {
+		return fmt.Errorf("refusing to serve %s: %v; run auditd verify --data %s for the full report, and restore the data directory from a backup", path, err, o.dataDir)
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	db, err := openDB(o.dataDir, false)
 	if err != nil {
 		return err
@@ -91,7 +124,21 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	stop := &stopper{log: log}
 	defer stop.run()
 
-	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir})
+	// The service's metrics and lifecycle logs are read off the ledger's
+	// commits.
+	tel := telemetry.New()
+	tel.Log = log
+	// The loop logs which runs a stalled ledger pauses; it starts after
+	// the ledger, which may stall before it does.
+	var stalls atomic.Pointer[fetch.Loop]
+	onStall := func(err error) {
+		if loop := stalls.Load(); loop != nil {
+			loop.Stalled(err)
+		} else if err != nil {
+			log.Error("ledger writes failing: waiting until they succeed", "err", err)
+		}
+	}
+	led, err := ledger.Open(db, ledger.Options{KeyDir: o.dataDir, Observer: tel, OnStall: onStall})
 	if err != nil {
 		return fmt.Errorf("open ledger: %w", err)
 	}
@@ -105,11 +152,12 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg)})
+	store, err := runs.Open(db, runs.Options{Ledger: led, Payloads: stage, Pace: fetch.Pace(reg), Stalled: led.Stalled})
 	if err != nil {
 		return err
 	}
 	lim := limiter.New(clock.Real{})
+	tel.Wire(reg, lim, nil)
 	loop, err := fetch.New(fetch.Config{
 		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
 		Logger: log, CodeVersion: codeVersion(),
@@ -117,12 +165,9 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
+	stalls.Store(loop)
 
-	if o.configPath != "" {
-		cfg, err := loadConfig(o.configPath, func(src *auditd.Source) (string, string) { return validateSource(reg, src) })
-		if err != nil {
-			return err
-		}
+	if cfg != nil {
 		if err := applySources(ctx, loop, reg, cfg.Sources, "config:"+filepath.Base(o.configPath)); err != nil {
 			return err
 		}
@@ -149,8 +194,10 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	reps := reports.NewService(led, store)
 	reps.Payloads, reps.NewHash = stage, newLedgerHash
+	tel.Wire(reg, lim, runReports{store: store, reps: reps})
 
 	srv := api.NewServer()
+	srv.Registry.MustRegister(tel.Collectors()...) // GET /metrics serves the API's and these
 	srv.Tokens, srv.Ledger = tokens, led
 	if o.tokenBudget != nil {
 		srv.TokenBudget = o.tokenBudget
@@ -173,6 +220,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		return fmt.Errorf("listen: %w", err)
 	}
 	stop.push("shut down API", srv.Shutdown)
+	log.Info("serving", "url", srv.URL(), "data", o.dataDir, "sources", len(reg.ListSources()))
 	greet(stdout, srv.URL(), o.dataDir, secret)
 	if demo != nil {
 		go demo.submitRuns(ctx, loop, log)
@@ -206,6 +254,9 @@ func (s *stopper) run() {
 		if err := s.steps[i].stop(ctx); err != nil {
 			s.log.Error(s.steps[i].what, "err", err)
 		}
+	}
+	if len(s.steps) > 0 {
+		s.log.Info("stopped")
 	}
 }
 
@@ -252,8 +303,8 @@ func nonNil(m map[string]string) map[string]string {
 
 // validateSource is the check a configuration file's sources get: the
 // registry's own validation, reported as field and message.
-func validateSource(reg *registry.Registry, src *auditd.Source) (field, msg string) {
-	err := reg.ValidateSource(*src)
+func validateSource(src *auditd.Source) (field, msg string) {
+	err := registry.CheckSource(*src)
 	if err == nil {
 		return "", ""
 	}
@@ -264,16 +315,21 @@ func validateSource(reg *registry.Registry, src *auditd.Source) (field, msg stri
 	return "", err.Error()
 }
 
-// codeVersion names the build: the module version or VCS revision.
-func codeVersion() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
+// runReports is what a finished run's log line reads: its counts from the
+// store, its verdict from the reports service (which keeps it for the API).
+type runReports struct {
+	store *runs.Store
+	reps  *reports.Service
+}
+
+func (r runReports) Run(ctx context.Context, id string) (auditd.RunView, error) {
+	return r.store.Run(ctx, id)
+}
+
+func (r runReports) Reconciled(ctx context.Context, id string) (bool, []string, error) {
+	rep, err := r.reps.Reconciliation(ctx, id)
+	if err != nil {
+		return false, nil, err
 	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			return s.Value
-		}
-	}
-	return bi.Main.Version
+	return rep.Balanced, rep.Failed(), nil
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -40,5 +42,64 @@ func TestStopperStopsLastStartedFirst(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "drain fetch loop") || !strings.Contains(logs.String(), "drain timed out") {
 		t.Errorf("the failed step was not logged: %s", logs.String())
+	}
+}
+
+// A configuration file serve refuses leaves nothing behind: no data
+// directory, no key.
+func TestServeRefusedConfigCreatesNothing(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	cfg := filepath.Join(t.TempDir(), "sources.yaml")
+	if err := os.WriteFile(cfg, []byte("sources:\n  - id: a\n    base_url: not a url\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCmd(t, "serve", "--data", dir, "--addr", "127.0.0.1:0", "--config", cfg)
+	if code != 1 || !strings.Contains(errOut, "base_url") {
+		t.Fatalf("exit %d, want 1 naming the field:\n%s", code, errOut)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused config left %s behind (%v)", dir, err)
+	}
+}
+
+// serve refuses a damaged data file at start, before bbolt maps it, and
+// says to run verify.
+func TestServeRefusesDamagedFile(t *testing.T) {
+	dir, _ := mustLedgerDir(t, 20)
+	path := filepath.Join(dir, dbFile)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cut below the high-water mark: mapped, its missing pages would fault.
+	if err := os.Truncate(path, 3*4096); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCmd(t, "serve", "--data", dir, "--addr", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errOut, "damaged") || !strings.Contains(errOut, "auditd verify --data "+dir) {
+		t.Fatalf("exit %d (file of %d bytes cut to %d), want 1 pointing to verify:\n%s%s", code, fi.Size(), 3*4096, out, errOut)
+	}
+	code, out, _ = runCmd(t, "verify", "--data", dir)
+	if code != 1 || !strings.Contains(out, "truncated") {
+		t.Fatalf("verify exit %d, want 1 saying the file is truncated:\n%s", code, out)
+	}
+}
+
+// -h is a question, not a mistake: exit 0, for the command and for each
+// subcommand; auditd version prints the build's version.
+func TestHelpAndVersion(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"help"}, {"serve", "-h"}, {"verify", "-h"}, {"reconcile", "-h"}, {"export", "-h"}, {"retention", "set", "-h"}} {
+		if code, _, errOut := runCmd(t, args...); code != 0 {
+			t.Errorf("auditd %s: exit %d, want 0\n%s", strings.Join(args, " "), code, errOut)
+		}
+	}
+	if code, _, _ := runCmd(t); code != 2 {
+		t.Errorf("auditd with no command: exit %d, want 2", code)
+	}
+	old := version
+	version = "v1.2.3-test"
+	defer func() { version = old }()
+	if code, out, _ := runCmd(t, "version"); code != 0 || out != "auditd v1.2.3-test\n" {
+		t.Errorf("auditd version: exit %d, %q", code, out)
 	}
 }

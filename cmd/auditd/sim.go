@@ -30,7 +30,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	urlsOut := fs.String("urls-out", "", "also write {name: base_url} as JSON to this file")
 	host := fs.String("host", sim.DefaultHost, "address to listen on")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	if *scenario == "" || fs.NArg() > 0 {
 		fmt.Fprintln(stderr, "usage: auditd sim --scenario FILE [--urls-out FILE] [--host ADDR]")

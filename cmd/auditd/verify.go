@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/auditd/auditd/ledger"
 )
@@ -23,7 +25,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var witnesses listFlag
 	fs.Var(&witnesses, "require-witness", "with --pack: a witness's cosignature verifier `key` that must have cosigned the checkpoint (repeatable)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseStatus(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "auditd verify: unexpected argument %q\n", fs.Arg(0))
@@ -45,10 +47,24 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		opts.Trusted = b
 	}
-	db, err := openDB(*data, true)
-	if err != nil {
+	// bbolt maps the file and trusts it: a damaged one is named before it
+	// is opened, not met as a crash.
+	path := filepath.Join(*data, dbFile)
+	if err := ledger.CheckFile(path); errors.Is(err, ledger.ErrDamaged) {
+		fmt.Fprintf(stdout, "ledger NOT intact: %s: %v\n", path, err)
+		return 1
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(stderr, "auditd verify: %v\n", err)
 		return 2
+	}
+	db, err := openDB(*data, true)
+	if errors.Is(err, errHeld) || errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(stderr, "auditd verify: %v\n", err)
+		return 2
+	} else if err != nil {
+		// The file's pages passed CheckFile, yet bbolt refuses it.
+		fmt.Fprintf(stdout, "ledger NOT intact: bbolt cannot open it: %v\n", err)
+		return 1
 	}
 	defer db.Close()
 
@@ -58,9 +74,12 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 2
 	}
 	if !r.OK {
-		fmt.Fprintf(stdout, "ledger NOT intact: first bad sequence %d: %s\n", r.FirstBad, r.Problem)
+		fmt.Fprintln(stdout, "ledger NOT intact:")
+		for _, f := range r.Findings() {
+			fmt.Fprintf(stdout, "  %s\n", f)
+		}
 		return 1
 	}
-	fmt.Fprintf(stdout, "ledger intact: %d events, %d signed checkpoints match\n", r.Events, r.Checkpoints)
+	fmt.Fprintf(stdout, "ledger intact: %d events, %d signed checkpoints match, bbolt's page check and the run and idempotency indexes agree\n", r.Events, r.Checkpoints)
 	return 0
 }

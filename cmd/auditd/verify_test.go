@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,6 +158,23 @@ func truncate(seq, head uint64) func(*bolt.Tx) error {
 	}
 }
 
+// truncateAll is truncate, the run index cut to match too.
+func truncateAll(seq, head uint64) func(*bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
+		if err := truncate(seq, head)(tx); err != nil {
+			return err
+		}
+		b := tx.Bucket([]byte("ledger.runs"))
+		for s := seq + 1; s <= head; s++ {
+			k := append(binary.AppendUvarint(nil, uint64(len("run"))), "run"...)
+			if err := b.Delete(binary.BigEndian.AppendUint64(k, s)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 var firstBadRE = regexp.MustCompile(`first bad sequence (\d+)`)
 
 func TestVerifyTamperMatrix(t *testing.T) {
@@ -165,25 +183,28 @@ func TestVerifyTamperMatrix(t *testing.T) {
 		name         string
 		tamper       func(*bolt.Tx) error
 		trusted      bool
-		wantFirstBad uint64 // 0: verify passes
+		wantFirstBad uint64 // 0: the chain holds
+		wantFinding  string // with wantFirstBad 0: verify passes when empty
 	}{
-		{"Intact", func(*bolt.Tx) error { return nil }, true, 0},
-		{"EditedEvent", editValue(5, func(v []byte) []byte { v[len(v)-40] ^= 0x01; return v }), false, 5},
-		{"RewrittenAndRehashedWithoutKey", rewrite(5), false, 5},
-		{"DeletedEvent", deleteKeys("ledger.events", 5), false, 5},
-		{"TwoConsecutiveDeleted", deleteKeys("ledger.events", 5, 6), false, 5},
-		{"BytesAppendedToValue", editValue(7, func(v []byte) []byte { return append(v, 0) }), false, 7},
-		{"DeletedLastEvent", deleteKeys("ledger.events", head), false, head},
+		{"Intact", func(*bolt.Tx) error { return nil }, true, 0, ""},
+		{"EditedEvent", editValue(5, func(v []byte) []byte { v[len(v)-40] ^= 0x01; return v }), false, 5, ""},
+		{"RewrittenAndRehashedWithoutKey", rewrite(5), false, 5, ""},
+		{"DeletedEvent", deleteKeys("ledger.events", 5), false, 5, ""},
+		{"TwoConsecutiveDeleted", deleteKeys("ledger.events", 5, 6), false, 5, ""},
+		{"BytesAppendedToValue", editValue(7, func(v []byte) []byte { return append(v, 0) }), false, 7, ""},
+		{"DeletedLastEvent", deleteKeys("ledger.events", head), false, head, ""},
 		{"EditedTreeHash", func(tx *bolt.Tx) error {
 			b := tx.Bucket([]byte("ledger.tree"))
 			v := bytes.Clone(b.Get(key(4)))
 			v[0] ^= 1
 			return b.Put(key(4), v)
-		}, false, 4},
-		// Self-consistent once the later checkpoints are gone too: only a
-		// checkpoint kept elsewhere shows what is missing.
-		{"TruncatedTailUntrusted", truncate(7, head), false, 0},
-		{"TruncatedTailTrusted", truncate(7, head), true, 8},
+		}, false, 4, ""},
+		// The run index still lists the events cut off.
+		{"TruncatedTailUntrusted", truncate(7, head), false, 0, "lists event 8 under run \"run\", past the ledger's last event 7"},
+		// Self-consistent once the later checkpoints and index entries are
+		// gone too: only a checkpoint kept elsewhere shows what is missing.
+		{"TruncatedTailAndIndexUntrusted", truncateAll(7, head), false, 0, ""},
+		{"TruncatedTailTrusted", truncate(7, head), true, 8, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, checkpoint := mustLedgerDir(t, head)
@@ -199,6 +220,12 @@ func TestVerifyTamperMatrix(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			code := run(context.Background(), args, &stdout, &stderr)
 			t.Logf("exit %d: %s", code, stdout.String())
+			if tc.wantFirstBad == 0 && tc.wantFinding != "" {
+				if code != 1 || !strings.Contains(stdout.String(), tc.wantFinding) {
+					t.Fatalf("exit %d, want 1 naming %q\n%s%s", code, tc.wantFinding, stdout.String(), stderr.String())
+				}
+				return
+			}
 			if tc.wantFirstBad == 0 {
 				if code != 0 {
 					t.Fatalf("exit %d, want 0\n%s%s", code, stdout.String(), stderr.String())

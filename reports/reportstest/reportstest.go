@@ -382,6 +382,9 @@ func Mutations() []Mutation {
 		mut("R1/ItemFinishedTwice", Mutation{Before: insertAfter(38, auditd.Event{Type: auditd.EventItemFinished, SourceID: "grants", ItemKey: "opps", Outcome: auditd.ItemFailed})}, reports.R1, 39),
 		mut("R1/ItemQueuedTwice", Mutation{Before: insertAfter(9, auditd.Event{Type: auditd.EventItemQueued, SourceID: "grants", ItemKey: "budget"})}, reports.R1, 10),
 		mut("R1/UnknownOutcome", Mutation{Before: edit(25, func(e *auditd.Event) { e.Outcome = "gone" })}, reports.R1, 25),
+		// The run's status disagrees with how its items ended: run.finished fails R1.
+		mut("R1/SucceededWithItemsFailed", Mutation{Before: edit(55, func(e *auditd.Event) { e.Outcome = auditd.Outcome(auditd.RunSucceeded) })}, reports.R1, 55),
+		mut("R1/FinishedWithItemPending", Mutation{Before: drop(25)}, reports.R1, 54),
 		mut("R2/OutcomeMissing", Mutation{Before: drop(37)}, reports.R2, 36),
 		mut("R2/OutcomeTwice", Mutation{Before: insertAfter(29, auditd.Event{Type: auditd.EventResponse, SourceID: "gis", ItemKey: "parcels", Page: 1, Attempt: 2, Status: 200, Outcome: auditd.OutcomeSuccess})}, reports.R2, 30),
 		mut("R3/AttemptGap", Mutation{Before: func(evs []auditd.Event) []auditd.Event {

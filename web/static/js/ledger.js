@@ -41,7 +41,7 @@ export async function ledgerPage(main, { signal }) {
       fill(verify, h('div', { class: 'pagehead' }, h('h2', { id: 'verify-h' }, 'Verification'), again),
         v.ok
           ? h('p', { class: 'verdict verdict-ok', id: 'verify-verdict' }, h('strong', null, 'Intact.'),
-            ` The hash chain, Merkle tree and checkpoints verify over ${fmtNum(v.events)} events.`)
+            ` The hash chain, Merkle tree and checkpoints verify over ${fmtNum(v.events)} events; the file's pages and the run and idempotency indexes agree with them.`)
           : h('p', { class: 'verdict verdict-bad', id: 'verify-verdict' }, h('strong', null, 'Verification failed'),
             v.first_bad ? ` at sequence ${fmtNum(v.first_bad)}` : '', v.problem ? `: ${v.problem}` : '.'),
         dl([
@@ -50,7 +50,10 @@ export async function ledgerPage(main, { signal }) {
           ['Head hash', h('span', { class: 'mono break' }, v.head_hash || '')],
           v.first_bad ? ['First bad sequence', fmtNum(v.first_bad)] : null,
           v.problem ? ['Problem', v.problem] : null,
-        ]));
+        ]),
+        (v.findings || []).length
+          ? h('ul', { class: 'findings', id: 'verify-findings' }, v.findings.map((f) => h('li', null, f)))
+          : null);
     } catch (err) {
       fill(verify, h('h2', { id: 'verify-h' }, 'Verification'), problemBox(err, 'Could not verify the ledger'));
     }

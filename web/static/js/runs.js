@@ -18,7 +18,7 @@ export const eventTypes = [
   'run.started', 'run.resumed', 'run.finished', 'item.queued', 'dispatch', 'wait', 'response',
   'throttle', 'transport.error', 'dispatch.interrupted', 'breaker', 'registry.changed',
   'registry.snapshot', 'shed', 'cache.served', 'payload.staged', 'item.finished',
-  'item.acknowledged', 'export.downloaded',
+  'item.acknowledged', 'export.downloaded', 'report.viewed',
 ];
 
 // listOf and nextOf read a page of a list (openapi.yaml: {<key>: [...],
@@ -492,7 +492,7 @@ function eventDetail(e) {
   }
   add('group', e.group);
   add('payload', e.payload_hash ? short(e.payload_hash, 12) : undefined);
-  add(e.type === 'export.downloaded' ? 'ledger head' : 'cause', e.cause);
+  add(e.type === 'export.downloaded' || e.type === 'report.viewed' ? 'ledger head' : 'cause', e.cause);
   add('by', e.principal);
   for (const [k, v] of detailFields(e.detail)) add(k, v);
   if (!parts.length) return '';

@@ -1,0 +1,155 @@
+package telemetry_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/telemetry"
+)
+
+type fakeRegistry struct{}
+
+func (fakeRegistry) ListSources() []auditd.Source {
+	return []auditd.Source{{ID: "county", Group: "gw"}}
+}
+func (fakeRegistry) State(string) (registry.State, error) {
+	return registry.State{Limit: 30, Window: time.Minute, CeilingLimit: 10, CeilingWindow: time.Second,
+		Group: "gw", GroupLimit: 4, GroupWindow: time.Second}, nil
+}
+
+type fakeLimiter struct{ paused time.Time }
+
+func (f fakeLimiter) State(string) (limiter.State, error) {
+	return limiter.State{Breaker: limiter.BreakerOpen, InFlight: 2, Queued: 3, PausedUntil: f.paused}, nil
+}
+
+type fakeRuns struct{}
+
+func (fakeRuns) Run(context.Context, string) (auditd.RunView, error) {
+	return auditd.RunView{Counts: auditd.Counts{Items: 2, Succeeded: 1, Failed: 1}}, nil
+}
+func (fakeRuns) Reconciled(context.Context, string) (bool, []string, error) {
+	return false, []string{"R1"}, nil
+}
+
+// Each event moves its series, the gauges read the gates at a scrape, and
+// the log has one line per lifecycle event and none per dispatch.
+func TestCommitted(t *testing.T) {
+	var logs syncBuffer
+	tel := telemetry.New()
+	tel.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	now := time.Date(2026, 3, 2, 9, 0, 1, 0, time.UTC)
+	tel.Now = func() time.Time { return now }
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(tel.Collectors()...)
+	tel.Wire(fakeRegistry{}, fakeLimiter{paused: time.Now().Add(time.Hour)}, fakeRuns{})
+
+	at := now.Add(-10 * time.Millisecond)
+	ev := func(e auditd.Event) *auditd.Event { e.SourceID, e.RunID, e.Time = "county", "run-1", at; return &e }
+	events := []*auditd.Event{
+		ev(auditd.Event{Type: auditd.EventRunStarted, Detail: `{"name":"morning","items":2}`}),
+		ev(auditd.Event{Type: auditd.EventDispatch, Attempt: 1}),
+		ev(auditd.Event{Type: auditd.EventThrottle, Status: 429, RetryAfterRaw: "2", Wait: 2 * time.Second}),
+		ev(auditd.Event{Type: auditd.EventWait, Gate: "pause", Actual: 2 * time.Second}),
+		ev(auditd.Event{Type: auditd.EventDispatch, Attempt: 2}),
+		ev(auditd.Event{Type: auditd.EventResponse, Status: 200}),
+		ev(auditd.Event{Type: auditd.EventRegistryChanged, OldLimit: 60, OldWindow: time.Minute, NewLimit: 30, NewWindow: time.Minute, Cause: "throttle"}),
+		ev(auditd.Event{Type: auditd.EventBreaker, From: "closed", To: "open", Failures: 5, Threshold: 5}),
+		ev(auditd.Event{Type: auditd.EventShed, Gate: "breaker"}),
+		ev(auditd.Event{Type: auditd.EventItemFinished, Outcome: auditd.ItemSucceeded}),
+		ev(auditd.Event{Type: auditd.EventRunFinished, Outcome: auditd.Outcome(auditd.RunPartial)}),
+	}
+	tel.Committed(events, 3*time.Millisecond)
+
+	for _, c := range []struct {
+		c    prometheus.Collector
+		want float64
+	}{
+		{tel.Collectors()[0].(*prometheus.CounterVec).WithLabelValues("county"), 2},
+		{tel.Collectors()[1].(*prometheus.CounterVec).WithLabelValues("county"), 1},
+	} {
+		if got := testutil.ToFloat64(c.c); got != c.want {
+			t.Errorf("got %v, want %v", got, c.want)
+		}
+	}
+	want := `
+# HELP auditd_throttles_total Refusals for rate (429, 503 with Retry-After, a plain 503 taken for one), by status.
+# TYPE auditd_throttles_total counter
+auditd_throttles_total{source="county",status="429"} 1
+# HELP auditd_breaker_state A source's circuit breaker: 0 closed, 1 half-open, 2 open.
+# TYPE auditd_breaker_state gauge
+auditd_breaker_state{source="county"} 2
+# HELP auditd_learned_limit_per_second The pace a source's learned limit allows, in requests per second.
+# TYPE auditd_learned_limit_per_second gauge
+auditd_learned_limit_per_second{source="county"} 0.5
+# HELP auditd_group_learned_limit_per_second The pace a gateway group's learned limit allows, in requests per second.
+# TYPE auditd_group_learned_limit_per_second gauge
+auditd_group_learned_limit_per_second{group="gw"} 4
+# HELP auditd_in_flight_requests Requests to a source sent and not yet answered.
+# TYPE auditd_in_flight_requests gauge
+auditd_in_flight_requests{source="county"} 2
+# HELP auditd_runs_finished_total Runs finished, by status.
+# TYPE auditd_runs_finished_total counter
+auditd_runs_finished_total{status="partial"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "auditd_throttles_total", "auditd_breaker_state",
+		"auditd_learned_limit_per_second", "auditd_group_learned_limit_per_second", "auditd_in_flight_requests", "auditd_runs_finished_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(reg, "auditd_ledger_append_seconds"); n != 1 {
+		t.Errorf("append latency series %d", n)
+	}
+	for _, c := range tel.Collectors() {
+		problems, err := testutil.CollectAndLint(c)
+		if err != nil || len(problems) > 0 {
+			t.Errorf("lint: %v %+v", err, problems)
+		}
+	}
+
+	// The finished run's line comes from a goroutine of its own.
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), `msg="run finished"`) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	out := logs.String()
+	for _, line := range []string{`msg="run started" run=run-1 name=morning items=2`, `msg=refused source=county`,
+		`msg="learned limit changed" source=county cause=throttle from_per_second=1 to_per_second=0.5`,
+		`level=WARN msg="breaker open" source=county`, `level=WARN msg=shed source=county`,
+		`msg="run finished" run=run-1 status=partial items=2 succeeded=1`, `balanced=false failing=[R1]`} {
+		if !strings.Contains(out, line) {
+			t.Errorf("log lacks %q:\n%s", line, out)
+		}
+	}
+	if strings.Contains(out, "msg=dispatch") {
+		t.Errorf("a line per dispatch:\n%s", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
