@@ -132,16 +132,17 @@ func (g *gateway) log(tb testing.TB) []logged {
 	return out
 }
 
-// python returns Debian's python3 when it has requests; the test is
-// skipped without them, except in CI (.ci/run installs python3-requests).
+// python returns Debian's python3 when it has requests and httpx; the
+// test is skipped without them, except in CI (.ci/run installs
+// python3-requests and python3-httpx).
 func python(tb testing.TB) string {
 	tb.Helper()
 	const bin = "/usr/bin/python3"
-	if err := exec.Command(bin, "-c", "import requests").Run(); err != nil {
+	if out, err := exec.Command(bin, "-c", "import requests, httpx").CombinedOutput(); err != nil {
 		if os.Getenv("CI") == "true" {
-			tb.Fatalf("%s with requests is needed (.ci/run installs python3-requests): %v", bin, err)
+			tb.Fatalf("%s with requests and httpx is needed (.ci/run installs python3-requests and python3-httpx): %v\n%s", bin, err, out)
 		}
-		tb.Skipf("%s with requests is not installed: %v", bin, err)
+		tb.Skipf("%s with requests and httpx is not installed: %v\n%s", bin, err, out)
 	}
 	return bin
 }
@@ -149,6 +150,7 @@ func python(tb testing.TB) string {
 // clientResult is what one client process printed.
 type clientResult struct {
 	Worker       int            `json:"worker"`
+	Lib          string         `json:"lib"`
 	Statuses     map[string]int `json:"statuses"`
 	Errors       int            `json:"errors"`
 	DispatchSeqs []uint64       `json:"dispatch_seqs"`
@@ -162,7 +164,8 @@ type clients struct {
 }
 
 // startClients starts n client processes, each sending each requests
-// through base to run, round robin over sources.
+// through base to run, round robin over sources: the even ones with
+// requests, the odd ones with httpx (docs/PROXY.md's two examples).
 func startClients(tb testing.TB, n, each int, base, token, run, sources, upstreamToken string) *clients {
 	tb.Helper()
 	py := python(tb)
@@ -173,7 +176,7 @@ func startClients(tb testing.TB, n, each int, base, token, run, sources, upstrea
 	c := &clients{}
 	for i := range n {
 		cmd := exec.Command(py, script, "--base", base, "--token", token, "--run", run, "--sources", sources,
-			"--n", strconv.Itoa(each), "--worker", strconv.Itoa(i), "--upstream-token", upstreamToken)
+			"--n", strconv.Itoa(each), "--worker", strconv.Itoa(i), "--upstream-token", upstreamToken, "--lib", []string{"requests", "httpx"}[i%2])
 		out := &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -228,11 +231,12 @@ type runCounts struct {
 	Counts auditd.Counts `json:"counts"`
 }
 
-// Sixteen Python client processes share one gateway quota through one
-// auditd: nginx refuses none of their requests, it logged exactly the
-// dispatches the ledger holds, the run reconciles (auditd reconcile, as CI
-// asks), and neither the pipelines' tokens reach the gateway nor the
-// source's credentials the ledger, the logs or the exports.
+// Sixteen Python client processes, eight with requests and eight with
+// httpx, share one gateway quota through one auditd: nginx refuses none
+// of their requests, it logged exactly the dispatches the ledger holds,
+// the run reconciles (auditd reconcile, as CI asks), and neither the
+// pipelines' tokens reach the gateway nor the source's credentials the
+// ledger, the logs or the exports.
 func TestProxyPythonFleetSharesQuota(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nginx, auditd and 16 Python processes")
@@ -264,12 +268,16 @@ func TestProxyPythonFleetSharesQuota(t *testing.T) {
 	id := srv.proxyRun(t, token)
 
 	results := startClients(t, clientsN, each, srv.url, token, id, "gw-a,gw-b", "pipeline-upstream-secret-5d2e").wait(t)
-	ok := 0
+	ok, libs := 0, map[string]int{}
 	for _, r := range results {
 		ok += r.Statuses["200"]
+		libs[r.Lib] += r.Statuses["200"]
 		if r.Errors > 0 || r.Statuses["200"] != each {
 			t.Errorf("client %d: %+v", r.Worker, r)
 		}
+	}
+	if libs["requests"] != clientsN/2*each || libs["httpx"] != clientsN/2*each {
+		t.Errorf("200s by client library: %v, want %d each", libs, clientsN/2*each)
 	}
 	var fin runCounts
 	if code := srv.call(t, "POST", "/v1/runs/"+id+"/finish", token, nil, &fin); code != http.StatusOK {

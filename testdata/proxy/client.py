@@ -1,16 +1,38 @@
 """A pipeline's own HTTP code, pointed at auditd's proxy route.
 
 The proxy tests (cmd/auditd/proxy_test.go) start this as a real client
-process with Debian's python3 and python3-requests. It sends --n GET
-requests through auditd, round robin over --sources, and prints one JSON
-line: the statuses it got and, per response, auditd's headers. A
-connection that breaks (auditd killed mid-request) is counted, not fatal.
+process with Debian's python3 and python3-requests or python3-httpx. It
+sends --n GET requests through auditd, round robin over --sources, and
+prints one JSON line: the statuses it got and, per response, auditd's
+headers. A connection that breaks (auditd killed mid-request) is counted,
+not fatal. docs/PROXY.md shows requests_session and httpx_client as its
+examples: they are the whole change a pipeline makes.
 """
 import argparse
 import json
 import sys
 
-import requests
+
+def requests_session(base, token, run):
+    """A requests Session that sends every request through auditd."""
+    import requests
+
+    s = requests.Session()
+    s.headers["Proxy-Authorization"] = "Bearer " + token  # auditd's token, never forwarded
+    s.headers["Auditd-Run"] = run  # the proxy-mode run the requests belong to
+    return s, f"{base}/proxy", requests.RequestException
+
+
+def httpx_client(base, token, run):
+    """An httpx Client that sends every request through auditd."""
+    import httpx
+
+    c = httpx.Client(
+        base_url=f"{base}/proxy",
+        headers={"Proxy-Authorization": "Bearer " + token, "Auditd-Run": run},
+        timeout=60,
+    )
+    return c, "", httpx.HTTPError
 
 
 def main():
@@ -21,22 +43,21 @@ def main():
     ap.add_argument("--sources", required=True, help="comma-separated source ids")
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--worker", type=int, default=0)
+    ap.add_argument("--lib", choices=["requests", "httpx"], default="requests")
     ap.add_argument("--upstream-token", default="", help="an Authorization the pipeline sends, which must not reach the upstream")
     a = ap.parse_args()
 
-    s = requests.Session()
-    # The whole change a pipeline makes: the base URL, its token, its run.
-    s.headers["Proxy-Authorization"] = "Bearer " + a.token
-    s.headers["Auditd-Run"] = a.run
+    make = requests_session if a.lib == "requests" else httpx_client
+    s, prefix, errors = make(a.base, a.token, a.run)
     if a.upstream_token:
         s.headers["Authorization"] = "Bearer " + a.upstream_token
     sources = a.sources.split(",")
-    out = {"worker": a.worker, "statuses": {}, "errors": 0, "dispatch_seqs": [], "attempts": 0}
+    out = {"worker": a.worker, "lib": a.lib, "statuses": {}, "errors": 0, "dispatch_seqs": [], "attempts": 0}
     for i in range(a.n):
         src = sources[i % len(sources)]
         try:
-            r = s.get(f"{a.base}/proxy/{src}/data/w{a.worker}/r{i}.json", params={"f": "json", "i": i}, timeout=60)
-        except requests.RequestException:
+            r = s.get(f"{prefix}/{src}/data/w{a.worker}/r{i}.json", params={"f": "json", "i": i}, timeout=60)
+        except errors:
             out["errors"] += 1
             continue
         if r.status_code == 200:
