@@ -57,6 +57,7 @@ const (
 	EventTypePayloadStaged       EventType = "payload.staged"
 	EventTypeRegistryChanged     EventType = "registry.changed"
 	EventTypeRegistrySnapshot    EventType = "registry.snapshot"
+	EventTypeReportViewed        EventType = "report.viewed"
 	EventTypeResponse            EventType = "response"
 	EventTypeRetentionSet        EventType = "retention.set"
 	EventTypeRunFinished         EventType = "run.finished"
@@ -100,6 +101,8 @@ func (e EventType) Valid() bool {
 	case EventTypeRegistryChanged:
 		return true
 	case EventTypeRegistrySnapshot:
+		return true
+	case EventTypeReportViewed:
 		return true
 	case EventTypeResponse:
 		return true
@@ -1152,12 +1155,15 @@ type Token struct {
 
 // Verification defines model for Verification.
 type Verification struct {
-	Events   int     `json:"events"`
-	FirstBad *int    `json:"first_bad,omitempty"`
-	HeadHash string  `json:"head_hash"`
-	HeadSeq  int     `json:"head_seq"`
-	Ok       bool    `json:"ok"`
-	Problem  *string `json:"problem,omitempty"`
+	Events int `json:"events"`
+
+	// Findings Everything found wrong, the chain's problem first, then damage to the file's pages (bbolt's consistency check) and the run and idempotency indexes disagreeing with the events.
+	Findings *[]string `json:"findings,omitempty"`
+	FirstBad *int      `json:"first_bad,omitempty"`
+	HeadHash string    `json:"head_hash"`
+	HeadSeq  int       `json:"head_seq"`
+	Ok       bool      `json:"ok"`
+	Problem  *string   `json:"problem,omitempty"`
 }
 
 // Bucket defines model for Bucket.
@@ -1827,7 +1833,7 @@ type ClientInterface interface {
 
 	// GetReconciliation The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
 	//
-	// Recorded in the ledger as an export.downloaded event naming the token. A finished run's reconciliation is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
+	// Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 	//
 	// Corresponds with GET /v1/runs/{id}/reconciliation (the `GetReconciliation` operationId).
 	GetReconciliation(ctx context.Context, id RunID, params *GetReconciliationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2615,7 +2621,7 @@ func (c *Client) GetPayload(ctx context.Context, id RunID, key ItemKey, reqEdito
 
 // GetReconciliation The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
 //
-// Recorded in the ledger as an export.downloaded event naming the token. A finished run's reconciliation is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
+// Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 //
 // Corresponds with GET /v1/runs/{id}/reconciliation (the `GetReconciliation` operationId).
 func (c *Client) GetReconciliation(ctx context.Context, id RunID, params *GetReconciliationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5317,7 +5323,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetReconciliationWithResponse The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
 	//
-	// Recorded in the ledger as an export.downloaded event naming the token. A finished run's reconciliation is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
+	// Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -11071,7 +11077,7 @@ func (c *ClientWithResponses) GetPayloadWithResponse(ctx context.Context, id Run
 
 // GetReconciliationWithResponse The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
 //
-// Recorded in the ledger as an export.downloaded event naming the token. A finished run's reconciliation is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
+// Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 //
 // Returns a wrapper object for the known response body format(s).
 //
