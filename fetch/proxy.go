@@ -267,7 +267,7 @@ func (p *proxied) run(ctx context.Context) error {
 		}
 		perm, err := l.cfg.Limiter.Acquire(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt, StopAtReopen: true})
 		// The waits held back the request's next dispatch: they carry its attempt.
-		l.recordAdmission(rctx, p.ar, it.Item, 0, uint32(it.attempts.spent(0)+1), perm)
+		p.recordAdmission(uint32(it.attempts.spent(0)+1), perm)
 		for _, w := range perm.Waits {
 			p.meta.Waited += w.Actual
 		}
@@ -311,6 +311,33 @@ func (p *proxied) run(ctx context.Context) error {
 		if done, err := p.exchange(ctx, rctx, a, final); done {
 			return err
 		}
+	}
+}
+
+// note records e, which describes what already happened, for the
+// request's run without waiting for it to be durable (Loop.post): what the
+// run records next is stored after it all the same. A proxied request
+// waits for no record but its dispatch's (dispatch), and that only until
+// its deadline, so that a client is not held while the ledger's writes
+// fail; a batch run's worker records these with Loop.mustRecord.
+func (p *proxied) note(e auditd.Event) {
+	buf := p.l.eventBuf()
+	buf[0] = e
+	p.l.post(p.ar, buf, 1, nil, nil, "")
+}
+
+// recordAdmission records what the gates did before admitting the
+// request's attempt (perm; empty when Acquire failed), as
+// Loop.recordAdmission does, without waiting (note).
+func (p *proxied) recordAdmission(attempt uint32, perm *limiter.Permit) {
+	it := p.job.Item
+	for _, t := range perm.Breaker {
+		p.note(auditd.Event{Type: auditd.EventBreaker, SourceID: it.SourceID, ItemKey: it.Key,
+			From: string(t.From), To: string(t.To), Failures: t.Failures, Threshold: t.Threshold, Cooldown: t.Cooldown})
+	}
+	for _, w := range perm.Waits {
+		p.note(auditd.Event{Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Attempt: attempt,
+			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual})
 	}
 }
 
@@ -616,7 +643,7 @@ func (p *proxied) giveUp(rctx context.Context, reason, code string) error {
 // allows it, or the client is told when the gates expect to admit it.
 func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
 	gate := string(shed.Gate)
-	p.l.mustRecord(rctx, p.ar, auditd.Event{Type: auditd.EventShed, SourceID: p.src.ID, ItemKey: p.job.Key, Gate: gate})
+	p.note(auditd.Event{Type: auditd.EventShed, SourceID: p.src.ID, ItemKey: p.job.Key, Gate: gate})
 	if p.src.Proxy.ServeStale && p.serveStale(rctx, "shed at "+gate) {
 		return nil
 	}
@@ -644,7 +671,7 @@ func (p *proxied) serveStale(rctx context.Context, reason string) bool {
 		return false
 	}
 	defer rc.Close()
-	l.mustRecord(rctx, p.ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: sum, Reason: reason})
+	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: sum, Reason: reason})
 	l.endItem(p.ar, p.job, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
 	p.meta.Stale = &auditd.StaleCopy{PayloadHash: sum, FetchedAt: at.UTC(), Age: max(l.cfg.Clock.Now().Sub(at), 0), RunID: l.originRun(sum, at)}
 	br := bufio.NewReader(rc)

@@ -11,6 +11,8 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,6 +53,9 @@ type proxyEnvOptions struct {
 	noSync      bool // fsync off: for tests of behaviour, not of durability
 	startLimit  int  // the registry's start limit per second; default 1000
 	client      *http.Client
+	// full, when set, is a disk that refuses the ledger's writes while it
+	// holds true (ledger.Options.WriteFault).
+	full *atomic.Bool
 }
 
 func newProxyEnv(tb testing.TB, o proxyEnvOptions) *proxyEnv {
@@ -69,7 +74,16 @@ func newProxyEnvWith(tb testing.TB, o proxyEnvOptions, maxBody int64) *proxyEnv 
 	db.NoSync = o.noSync
 	e := &proxyEnv{t: tb, db: db, logs: &bytes.Buffer{}}
 	clk := clock.Real{}
-	if e.ledger, err = ledger.Open(db, ledger.Options{KeyDir: dir, Clock: clk}); err != nil {
+	lopts := ledger.Options{KeyDir: dir, Clock: clk}
+	if o.full != nil {
+		lopts.WriteFault = func() error {
+			if o.full.Load() {
+				return syscall.ENOSPC
+			}
+			return nil
+		}
+	}
+	if e.ledger, err = ledger.Open(db, lopts); err != nil {
 		tb.Fatal(err)
 	}
 	if o.startLimit == 0 {

@@ -345,6 +345,74 @@ func TestProxyIdleTimeout(t *testing.T) {
 	}
 }
 
+// While the disk refuses the ledger's writes nothing leaves unrecorded:
+// a request in flight when the writes start failing, and those sent while
+// they fail, get a 503 with Retry-After and none reaches the upstream.
+// Once the disk takes writes again the run goes on; finished, it holds
+// one dispatch per request the upstream received (and one closed as not
+// sent, when the first request's dispatch was queued before the stall
+// showed), every dispatch has an outcome, and it reconciles.
+func TestProxyLedgerStalled(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { fmt.Fprint(w, `{"ok":true}`) })
+	var full atomic.Bool
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true, full: &full})
+	e.source(auditd.Source{ID: "s", BaseURL: up.URL, Limit: 1000, Window: auditd.Duration(time.Second)})
+	id := e.proxyRun("")
+	if r := e.send("GET", id, "/proxy/s/before", nil, nil); r.status != 200 {
+		t.Fatalf("before the disk filled: %d %s", r.status, r.body)
+	}
+	// The first request's records are on disk before the disk fills.
+	for {
+		var v auditd.RunView
+		if e.call("GET", "/v1/runs/"+id, "", &v); v.Counts.Succeeded == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	full.Store(true)
+	// The first request finds the ledger writing; its own records are
+	// the first refused. Its deadline bounds how long it waits for them.
+	first := e.send("GET", id, "/proxy/s/during", nil, map[string]string{"Auditd-Deadline": "2"})
+	if _, err := e.ledger.Stalled(); err == nil {
+		t.Fatal("the ledger does not say it is stalled")
+	}
+	second := e.send("GET", id, "/proxy/s/during2", nil, nil)
+	for i, r := range []proxiedResp{first, second} {
+		if r.status != 503 || r.header.Get("Retry-After") == "" || !strings.Contains(r.header.Get("Content-Type"), "problem+json") || r.header.Get("Auditd-Dispatch-Seq") != "" {
+			t.Errorf("request %d while the disk is full: %d Retry-After %q %v %s", i+1, r.status, r.header.Get("Retry-After"), r.header, r.body)
+		}
+	}
+	if n := up.n.Load(); n != 1 {
+		t.Errorf("the upstream got %d requests, want the 1 sent before the disk filled", n)
+	}
+
+	full.Store(false)
+	var r proxiedResp
+	for range 200 { // the ledger retries its refused commit with a backoff
+		if r = e.send("GET", id, "/proxy/s/after", nil, map[string]string{"Auditd-Item-Key": fmt.Sprintf("after %d", up.n.Load())}); r.status != 503 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r.status != 200 {
+		t.Fatalf("after the disk took writes again: %d %s", r.status, r.body)
+	}
+	run := e.finish(id)
+	ev := e.events(id)
+	// A dispatch whose record was durable only after its request's
+	// deadline was not sent, and is closed with dispatch.interrupted.
+	interrupted := countType(ev, auditd.EventInterrupted)
+	if got, want := countType(ev, auditd.EventDispatch), int(up.n.Load())+interrupted; got != want || run.Counts.Dispatches != want || interrupted > 1 {
+		t.Errorf("%d dispatches on record (%d counted, %d interrupted), the upstream received %d", got, run.Counts.Dispatches, interrupted, up.n.Load())
+	}
+	t.Logf("the upstream received %d; %d dispatches on record, %d interrupted", up.n.Load(), run.Counts.Dispatches, interrupted)
+	if run.Counts.Pending != 0 || run.Counts.Succeeded != 2 || run.Counts.Failed != 1 || run.Status != auditd.RunPartial {
+		t.Errorf("run %s: %+v", run.Status, run.Counts)
+	}
+	e.reconcile(id)
+}
+
 // Bad input is refused with a 4xx problem before anything is forwarded
 // or written.
 func TestProxyBadInput(t *testing.T) {
