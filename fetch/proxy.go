@@ -119,10 +119,13 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	meta.ItemKey = it.Key
 	p.job = &job{Item: it, attempts: &itemAttempts{}}
 	p.lastGood = staging.RequestKey(src.ID, it.Method, it.Path, []byte(p.bodySum))
-	buf := l.eventBuf()
-	buf[0] = auditd.Event{Type: auditd.EventItemQueued, SourceID: src.ID, ItemKey: it.Key,
+	// The item's item.queued goes to the ledger with its first dispatch,
+	// in one commit: posted on its own it would be written alone (an idle
+	// ledger seals a group at once) and the dispatch would wait for two
+	// fsyncs instead of one. Whatever else the item records first posts
+	// it before (flushQueued).
+	p.queued = &auditd.Event{Type: auditd.EventItemQueued, RunID: ar.id, SourceID: src.ID, ItemKey: it.Key,
 		Method: it.Method, Path: it.Path, Detail: detail}
-	l.post(ar, buf, 1, nil, nil, "")
 	err = p.run(ctx)
 	return meta, err
 }
@@ -220,6 +223,26 @@ type proxied struct {
 
 	retryAt    time.Time // own backoff after a 5xx or transport error
 	lastReason string
+	// queued is the item's item.queued until it is added to the ledger:
+	// with the first dispatch, or before any other record of the item.
+	queued *auditd.Event
+}
+
+// flushQueued posts the item's item.queued, unless it is on its way.
+func (p *proxied) flushQueued() {
+	if p.queued == nil {
+		return
+	}
+	buf := p.l.eventBuf()
+	buf[0] = *p.queued
+	p.queued = nil
+	p.l.post(p.ar, buf, 1, nil, nil, "")
+}
+
+// end ends the request's item (Loop.endItem), its item.queued first.
+func (p *proxied) end(out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload) {
+	p.flushQueued()
+	p.l.endItem(p.ar, p.job, out, reason, res, lastGood, payload)
 }
 
 // run passes the request through the gates and sends it until it gets a
@@ -261,7 +284,7 @@ func (p *proxied) run(ctx context.Context) error {
 			// Nothing leaves unrecorded, and nothing is recorded while the
 			// ledger's writes fail: the client hears so now rather than at
 			// its deadline. The item's end lands once writes succeed.
-			l.endItem(p.ar, it, auditd.ItemFailed, "ledger writes failing: nothing was sent", nil, "", nil)
+			p.end(auditd.ItemFailed, "ledger writes failing: nothing was sent", nil, "", nil)
 			p.meta.RetryAfter = stallRetryAfter
 			return auditd.Errorf(auditd.EUNAVAILABLE, "auditd cannot write its ledger for now, so nothing was sent; retry.")
 		}
@@ -302,7 +325,7 @@ func (p *proxied) run(ctx context.Context) error {
 		} else if err != nil {
 			// Not durable, so not sent.
 			l.log.Error("record dispatch", "run", p.ar.id, "item", it.Key, "err", err)
-			l.endItem(p.ar, it, auditd.ItemFailed, "the dispatch could not be recorded; nothing was sent", nil, "", nil)
+			p.end(auditd.ItemFailed, "the dispatch could not be recorded; nothing was sent", nil, "", nil)
 			p.meta.RetryAfter = stallRetryAfter
 			return auditd.Errorf(auditd.EUNAVAILABLE, "The dispatch could not be recorded, so nothing was sent; retry.")
 		}
@@ -321,6 +344,7 @@ func (p *proxied) run(ctx context.Context) error {
 // its deadline, so that a client is not held while the ledger's writes
 // fail; a batch run's worker records these with Loop.mustRecord.
 func (p *proxied) note(e auditd.Event) {
+	p.flushQueued()
 	buf := p.l.eventBuf()
 	buf[0] = e
 	p.l.post(p.ar, buf, 1, nil, nil, "")
@@ -360,13 +384,19 @@ var errDispatchLate = errors.New("dispatch not durable in time")
 // that the run has no dispatch without an outcome.
 func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) error {
 	l, ar, it := p.l, p.ar, p.job.Item
-	e := []auditd.Event{{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: p.path, Probe: a.permit.Probe}}
+	e := make([]auditd.Event, 0, 2)
+	if p.queued != nil {
+		e = append(e, *p.queued) // the item's first record, in the dispatch's commit
+	}
+	e = append(e, auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
+		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: p.path, Probe: a.permit.Probe})
 	stalledSince, stalled := l.cfg.Ledger.Stalled()
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
 		return err
 	}
+	queued := p.queued
+	p.queued = nil
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if err := f.Wait(wctx); err != nil {
@@ -380,9 +410,13 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 				job.attempts.unspend(0)
 				res.Attempts = job.attempts.total
 				res.Reason = "the dispatch could not be recorded; nothing was sent"
-				buf := l.eventBuf()
-				buf[0] = finishedEvent(it, res)
-				l.post(ar, buf, 1, nil, res, "")
+				buf, n := l.eventBuf(), 0
+				if queued != nil { // refused with the dispatch
+					buf[n] = *queued
+					n++
+				}
+				buf[n] = finishedEvent(it, res)
+				l.post(ar, buf, n+1, nil, res, "")
 				return
 			}
 			ar.live.Count(stored...)
@@ -396,7 +430,8 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 		return errDispatchLate
 	}
 	ar.live.Count(e...)
-	a.sent, a.seq = e[0].Time, e[0].Seq
+	d := &e[len(e)-1]
+	a.sent, a.seq = d.Time, d.Seq
 	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
 		// As in Loop.dispatch: the request leaves now, not when admitted.
 		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
@@ -452,7 +487,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 // through and recorded as not staged), then records the outcome and ends
 // the item.
 func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, start time.Time) error {
-	l, it := p.l, p.job
+	l := p.l
 	success := resp.StatusCode >= 200 && resp.StatusCode < 300
 	var w *staging.Writer
 	if success {
@@ -509,29 +544,29 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 	out, bodyErr, _ := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
 	switch {
 	case readErr != nil:
-		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("transport error after %d bytes: %v", n, readErr), nil, "", nil)
+		p.end(auditd.ItemFailed, fmt.Sprintf("transport error after %d bytes: %v", n, readErr), nil, "", nil)
 		p.out.Abort() // the client must not take the part for the whole
 		return nil
 	case writeErr != nil:
-		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("the client went away after %d bytes of the response", n), nil, "", nil)
+		p.end(auditd.ItemFailed, fmt.Sprintf("the client went away after %d bytes of the response", n), nil, "", nil)
 		return nil
 	case out == auditd.OutcomeBodyError:
-		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("error in a %d body: %s", x.status, bodyErr), nil, "", nil)
+		p.end(auditd.ItemFailed, fmt.Sprintf("error in a %d body: %s", x.status, bodyErr), nil, "", nil)
 		return nil
 	case !success:
-		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("%s (%d), passed to the client", out, x.status), nil, "", nil)
+		p.end(auditd.ItemFailed, fmt.Sprintf("%s (%d), passed to the client", out, x.status), nil, "", nil)
 		return nil
 	case stageErr != nil:
-		l.endItem(p.ar, it, auditd.ItemFailed, fmt.Sprintf("passed through, not staged: %d bytes (%v)", n, stageErr), nil, "", nil)
+		p.end(auditd.ItemFailed, fmt.Sprintf("passed through, not staged: %d bytes (%v)", n, stageErr), nil, "", nil)
 		return nil
 	}
 	payload, err := w.Finish()
 	if err != nil {
-		l.endItem(p.ar, it, auditd.ItemFailed, "passed through, not staged: "+err.Error(), nil, "", nil)
+		p.end(auditd.ItemFailed, "passed through, not staged: "+err.Error(), nil, "", nil)
 		return nil
 	}
 	res := &auditd.ItemResult{Advertised: -1, Pages: 1, PayloadHash: payload.Sum, Bytes: payload.N}
-	l.endItem(p.ar, it, auditd.ItemSucceeded, "", res, p.lastGood, &payload)
+	p.end(auditd.ItemSucceeded, "", res, p.lastGood, &payload)
 	return nil
 }
 
@@ -620,7 +655,7 @@ func (p *proxied) gone(rctx context.Context) error {
 	case p.l.ctx.Err() != nil:
 		reason = "auditd shut down before an answer"
 	}
-	p.l.endItem(p.ar, p.job, auditd.ItemFailed, reason, nil, "", nil)
+	p.end(auditd.ItemFailed, reason, nil, "", nil)
 	return auditd.Errorf(auditd.EUNAVAILABLE, "No answer: %s.", reason)
 }
 
@@ -631,7 +666,7 @@ func (p *proxied) giveUp(rctx context.Context, reason, code string) error {
 	if p.src.Proxy.ServeStale && p.serveStale(rctx, reason) {
 		return nil
 	}
-	p.l.endItem(p.ar, p.job, auditd.ItemFailed, reason, nil, "", nil)
+	p.end(auditd.ItemFailed, reason, nil, "", nil)
 	if code == auditd.EUNAVAILABLE && p.meta.RetryAfter == 0 {
 		p.meta.RetryAfter = time.Second
 	}
@@ -647,7 +682,7 @@ func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
 	if p.src.Proxy.ServeStale && p.serveStale(rctx, "shed at "+gate) {
 		return nil
 	}
-	p.l.endItem(p.ar, p.job, auditd.ItemShed, "deadline", nil, "", nil)
+	p.end(auditd.ItemShed, "deadline", nil, "", nil)
 	p.meta.RetryAfter = max(shed.Wait, time.Second)
 	why := ""
 	if p.lastReason != "" {
@@ -672,7 +707,7 @@ func (p *proxied) serveStale(rctx context.Context, reason string) bool {
 	}
 	defer rc.Close()
 	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: sum, Reason: reason})
-	l.endItem(p.ar, p.job, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
+	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
 	p.meta.Stale = &auditd.StaleCopy{PayloadHash: sum, FetchedAt: at.UTC(), Age: max(l.cfg.Clock.Now().Sub(at), 0), RunID: l.originRun(sum, at)}
 	br := bufio.NewReader(rc)
 	head, _ := br.Peek(512)
