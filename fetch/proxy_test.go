@@ -413,6 +413,51 @@ func TestProxyLedgerStalled(t *testing.T) {
 	e.reconcile(id)
 }
 
+// A POST is retried after a 5xx when the client sent an Idempotency-Key
+// (forwarded upstream) or its source sets retry_post: the client gets the
+// one final answer, the same body reached the upstream each time.
+func TestProxyPostRetriedWhenSafe(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{} // path -> requests
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		var b bytes.Buffer
+		b.ReadFrom(r.Body)
+		mu.Lock()
+		seen[r.URL.Path]++
+		n := seen[r.URL.Path]
+		mu.Unlock()
+		if n == 1 {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		fmt.Fprintf(w, "%s %s", r.Header.Get("Idempotency-Key"), b.String())
+	})
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true})
+	e.source(auditd.Source{ID: "grants", BaseURL: up.URL, Limit: 1000, Window: auditd.Duration(time.Second)})
+	e.source(auditd.Source{ID: "search", BaseURL: up.URL, Limit: 1000, Window: auditd.Duration(time.Second), Proxy: auditd.ProxyPolicy{RetryPost: true}})
+	id := e.proxyRun("")
+	body := []byte(`{"keyword":"water"}`)
+
+	r := e.send("POST", id, "/proxy/grants/keyed", body, map[string]string{"Idempotency-Key": "k-1"})
+	if r.status != 200 || string(r.body) != `k-1 {"keyword":"water"}` || r.header.Get("Auditd-Attempts") != "2" {
+		t.Errorf("POST with Idempotency-Key: %d %q attempts %s", r.status, r.body, r.header.Get("Auditd-Attempts"))
+	}
+	r = e.send("POST", id, "/proxy/search/policy", body, nil)
+	if r.status != 200 || string(r.body) != ` {"keyword":"water"}` || r.header.Get("Auditd-Attempts") != "2" {
+		t.Errorf("POST to a retry_post source: %d %q attempts %s", r.status, r.body, r.header.Get("Auditd-Attempts"))
+	}
+	run := e.finish(id)
+	if run.Status != auditd.RunSucceeded || run.Counts.Dispatches != 4 || run.Counts.Status5xx != 2 {
+		t.Errorf("run %s: %+v", run.Status, run.Counts)
+	}
+	for _, ur := range up.requests() {
+		if ur.URL.Path == "/keyed" && ur.Header.Get("Idempotency-Key") != "k-1" {
+			t.Errorf("the Idempotency-Key did not reach the upstream: %v", ur.Header)
+		}
+	}
+	e.reconcile(id)
+}
+
 // Bad input is refused with a 4xx problem before anything is forwarded
 // or written.
 func TestProxyBadInput(t *testing.T) {
