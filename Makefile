@@ -5,6 +5,7 @@ DATA    ?= ./data
 ADDR    ?= 127.0.0.1:8080
 BENCH   ?= .
 COUNT   ?= 6
+BENCHTIME ?= 1s
 # The version runs and evidence record and auditd version prints.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
@@ -22,9 +23,11 @@ test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 8m ./...
 
-# Benchmarks, side by side in one run; compare with benchstat.
+# Benchmarks, side by side in one run; compare with benchstat. The proxy
+# route's: make bench BENCH=ProxyLatency BENCHTIME=2000x, and
+# BENCH=ProxyThroughput BENCHTIME=20000x (docs/bench/proxy.md).
 bench:
-	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -count=$(COUNT) -timeout 60m ./... | tee bench.txt
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchtime=$(BENCHTIME) -benchmem -count=$(COUNT) -timeout 60m ./... | tee bench.txt
 	$(GO) tool benchstat bench.txt
 
 # Learning against real nginx limit_req servers auditd is not told, side by

@@ -15,6 +15,7 @@ const (
 	EFORBIDDEN    = "forbidden"
 	ETOOMANY      = "too_many_requests"
 	EUNAVAILABLE  = "unavailable"
+	EUPSTREAM     = "upstream_failed" // a proxied request's upstream could not be reached
 )
 
 // Error is auditd's domain error: a code the API maps to a status, a message

@@ -56,6 +56,20 @@ type Award struct {
 	RecipientUEI       string `json:"recipient_uei,omitempty" validate:"omitempty,len=12,alphanum,uppercase"`
 }
 
+// RunMode says how a run's items come: all at once with the run (batch),
+// or one per request a pipeline sends through the proxy route (proxy).
+type RunMode string
+
+// Run modes.
+const (
+	RunBatch RunMode = ""      // items submitted with the run; the loop fetches them
+	RunProxy RunMode = "proxy" // no items up front: each proxied request becomes one
+)
+
+// DefaultIdleTimeout ends a proxy-mode run that has seen no request for
+// this long.
+const DefaultIdleTimeout = 15 * time.Minute
+
 // Run is a named list of fetches submitted by a pipeline.
 type Run struct {
 	ID          string    `json:"id"` // ULID: sortable by creation time
@@ -74,6 +88,10 @@ type Run struct {
 	HeadAtStart string    `json:"head_at_start"`
 	HeadAtEnd   string    `json:"head_at_end,omitempty"`
 	ItemCount   int       `json:"item_count"`
+	// Mode is RunProxy for a run whose items are proxied requests;
+	// IdleTimeout then ends it after that long without one.
+	Mode        RunMode  `json:"mode,omitempty"`
+	IdleTimeout Duration `json:"idle_timeout,omitempty"`
 }
 
 // Paging names how an item expands into pages.
@@ -143,10 +161,12 @@ type NewRun struct {
 	Name           string
 	Award          Award
 	Items          []Item
-	Deadline       time.Time // zero: none; past it, unfinished items are shed
-	Replay         bool      // read staged payloads instead of re-fetching
-	IdempotencyKey string    // a second submit with the same key returns the first run
-	Principal      string    // who submitted it
+	Deadline       time.Time     // zero: none; past it, unfinished items are shed
+	Replay         bool          // read staged payloads instead of re-fetching
+	IdempotencyKey string        // a second submit with the same key returns the first run
+	Principal      string        // who submitted it
+	Mode           RunMode       // RunProxy: no Items; requests through the proxy route become them
+	IdleTimeout    time.Duration // a proxy run ends after this long without a request; 0: DefaultIdleTimeout
 }
 
 // RunView is a run as its readers see it: the stored run, its counters

@@ -33,6 +33,33 @@ type Source struct {
 	// beyond the built-in names (package redact); they are redacted before
 	// an item is stored and from every recorded path.
 	SecretQuery []string `json:"secret_query,omitempty" yaml:"secret_query" validate:"omitempty,max=20,dive,required,max=100"`
+	// Query are query parameters (name and value) that auditd adds to
+	// every request it proxies to the source: credentials passed in the
+	// URL, kept in auditd rather than in pipeline code. Like Headers they
+	// are stored apart from the ledger, never recorded and never shown;
+	// their names are redacted from every recorded path.
+	Query map[string]string `json:"query,omitempty" yaml:"query" validate:"omitempty,max=20"`
+	// Proxy is how the proxy route treats the source's requests.
+	Proxy ProxyPolicy `json:"proxy,omitzero" yaml:"proxy"`
+}
+
+// DefaultProxyDeadline is how long a proxied request may wait for
+// admission and retries when neither its source nor the request says.
+const DefaultProxyDeadline = 30 * time.Second
+
+// ProxyPolicy is how the proxy route treats one source's requests.
+type ProxyPolicy struct {
+	// Deadline bounds a proxied request's waits and retries; a request may
+	// ask for less or more with its Auditd-Deadline header. Default
+	// DefaultProxyDeadline.
+	Deadline Duration `json:"deadline,omitempty" yaml:"deadline"`
+	// ServeStale answers a request that cannot be fetched by its deadline
+	// (or whose source is down) with the last good copy, when there is one.
+	ServeStale bool `json:"serve_stale,omitempty" yaml:"serve_stale"`
+	// RetryPost retries a POST after a 429, 5xx or transport error even
+	// without an Idempotency-Key (the source's POSTs are searches that
+	// change nothing, as Grants.gov's search2).
+	RetryPost bool `json:"retry_post,omitempty" yaml:"retry_post"`
 }
 
 // BreakerPolicy configures a source's circuit breaker.

@@ -87,6 +87,10 @@ type Runs interface {
 	// CancelRun stops a run on behalf of principal; ECONFLICT when it has
 	// already finished.
 	CancelRun(ctx context.Context, id, principal string) (auditd.RunView, error)
+	// FinishRun ends a proxy-mode run on behalf of principal once its
+	// requests in flight are answered, and returns it finished; ECONFLICT
+	// for a batch run or one that has ended.
+	FinishRun(ctx context.Context, id, principal string) (auditd.RunView, error)
 	// Acknowledge records that the downstream pipeline loaded the items
 	// with keys; it returns how many were newly acknowledged. A key that
 	// names no delivered item of the run is EINVALID with Field "items[i]",
@@ -100,6 +104,18 @@ type Runs interface {
 	Item(ctx context.Context, runID, key string) (auditd.ItemView, error)
 	// Payload opens the payload an item staged; ENOTFOUND when it has none.
 	Payload(ctx context.Context, runID, key string) (io.ReadCloser, error)
+}
+
+// Proxy carries out requests sent through the proxy route (*fetch.Loop):
+// it paces, records and forwards each, and writes its one final response
+// to out. When it returns an error it has written nothing, and meta says
+// what is known of the request (its item, attempts, RetryAfter). Errors:
+// ENOTFOUND for an unknown run or source, ECONFLICT for a run that takes
+// no proxied requests or an item key it has, EUNAVAILABLE when the
+// request was not answered by its deadline (meta.RetryAfter), EUPSTREAM
+// when the upstream could not be reached.
+type Proxy interface {
+	Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (meta auditd.ProxyMeta, err error)
 }
 
 // Ledger is what the API reads from the ledger and the one event it writes

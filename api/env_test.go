@@ -456,7 +456,8 @@ func (f *fakeRuns) CreateRun(_ context.Context, nr auditd.NewRun) (auditd.RunVie
 	for i, it := range nr.Items {
 		items[i] = auditd.ItemView{Item: it}
 	}
-	id := f.addLocked(auditd.Run{Name: nr.Name, Award: nr.Award, Status: auditd.RunRunning, InitiatedBy: nr.Principal, Deadline: nr.Deadline, Replay: nr.Replay}, items)
+	id := f.addLocked(auditd.Run{Name: nr.Name, Award: nr.Award, Status: auditd.RunRunning, InitiatedBy: nr.Principal, Deadline: nr.Deadline, Replay: nr.Replay,
+		Mode: nr.Mode, IdleTimeout: auditd.Duration(nr.IdleTimeout)}, items)
 	f.runs[id].req = nr
 	if nr.IdempotencyKey != "" {
 		f.idem[nr.IdempotencyKey] = id
@@ -527,6 +528,20 @@ func (f *fakeRuns) CancelRun(_ context.Context, id, _ string) (auditd.RunView, e
 		return r.state, auditd.Errorf(auditd.ECONFLICT, "Run %s is %s.", id, r.state.Run.Status)
 	}
 	r.state.Run.Status = auditd.RunCancelled
+	return r.state, nil
+}
+
+func (f *fakeRuns) FinishRun(_ context.Context, id, _ string) (auditd.RunView, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, err := f.get(id)
+	if err != nil {
+		return auditd.RunView{}, err
+	}
+	if r.state.Run.Mode != auditd.RunProxy || r.state.Run.Status.Terminal() {
+		return r.state, auditd.Errorf(auditd.ECONFLICT, "Run %s is not a running proxy-mode run.", id)
+	}
+	r.state.Run.Status = auditd.RunSucceeded
 	return r.state, nil
 }
 

@@ -43,6 +43,7 @@ var codeStatuses = []struct {
 	{codeUnsupportedMedia, http.StatusUnsupportedMediaType},
 	{auditd.ETOOMANY, http.StatusTooManyRequests},
 	{auditd.EUNAVAILABLE, http.StatusServiceUnavailable},
+	{auditd.EUPSTREAM, http.StatusBadGateway},
 }
 
 // status is the HTTP status of an error code. An unknown code is a 500.
@@ -87,7 +88,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 		code, msg = echoCode(he.Code), http.StatusText(he.Code)
 	}
 	st := status(code)
-	if st >= 500 && code != auditd.EUNAVAILABLE {
+	if st >= 500 && code != auditd.EUNAVAILABLE && code != auditd.EUPSTREAM {
 		s.Logger.Error("internal error", "request_id", reqID, "method", c.Request().Method, "path", c.Request().URL.Path, "err", err)
 		code, msg = auditd.EINTERNAL, fmt.Sprintf("Internal error; quote request id %s when reporting it.", reqID)
 	}

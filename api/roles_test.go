@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -49,6 +50,17 @@ func routeCases() []routeCase {
 		{"CancelRun", auth.RoleOperator, 200, func(e *env) request {
 			id := e.runs.add(auditd.RunRunning, []auditd.ItemView{{Item: auditd.Item{Key: "x", SourceID: "county", Path: "/"}}})
 			return request{method: "POST", path: "/v1/runs/" + id + "/cancel"}
+		}},
+		{"FinishRun", auth.RoleOperator, 200, func(e *env) request {
+			r := request{method: "POST", path: "/v1/runs", body: `{"name":"proxied","mode":"proxy"}`}
+			r.secret = e.secret[auth.RoleOperator]
+			var run struct {
+				ID string `json:"id"`
+			}
+			if got := e.do(r); got.status != 201 || json.Unmarshal(got.body, &run) != nil {
+				e.t.Fatalf("create a proxy-mode run: %d %s", got.status, got.body)
+			}
+			return request{method: "POST", path: "/v1/runs/" + run.ID + "/finish"}
 		}},
 		{"Acknowledge", auth.RoleOperator, 200, func(e *env) request {
 			return request{method: "POST", path: "/v1/runs/" + e.runID + "/acknowledgements", body: `{"items":["a"]}`}

@@ -15,17 +15,26 @@ func (s *Server) registerRunRoutes(g *echo.Group) {
 	g.GET("/runs", s.handleListRuns, s.allow(auth.RoleAuditor, costRequest))
 	g.GET("/runs/:id", s.handleGetRun, s.allow(auth.RoleAuditor, costRequest))
 	g.POST("/runs/:id/cancel", s.handleCancelRun, s.allow(auth.RoleOperator, costRequest))
+	g.POST("/runs/:id/finish", s.handleFinishRun, s.allow(auth.RoleOperator, costRequest))
 	g.POST("/runs/:id/acknowledgements", s.handleAcknowledge, s.allow(auth.RoleOperator, costRequest))
 }
 
 // createRunRequest is the body of POST /v1/runs.
 type createRunRequest struct {
-	Name     string        `json:"name" validate:"required,max=200"`
-	Award    auditd.Award  `json:"award"`
-	Items    []auditd.Item `json:"items" validate:"required,min=1,max=100000,dive"`
+	Name  string       `json:"name" validate:"required,max=200"`
+	Award auditd.Award `json:"award"`
+	// Mode "proxy" makes a run without items, which the requests sent
+	// through the proxy route become; "batch" (the default) takes items.
+	Mode     string        `json:"mode,omitempty" validate:"omitempty,oneof=batch proxy"`
+	Items    []auditd.Item `json:"items" validate:"required_unless=Mode proxy,max=100000,dive"`
 	Deadline time.Time     `json:"deadline,omitzero"`
 	Replay   bool          `json:"replay,omitempty"`
+	// IdleTimeout ends a proxy-mode run after this long without a request.
+	IdleTimeout auditd.Duration `json:"idle_timeout,omitempty"`
 }
+
+// maxIdleTimeout bounds a proxy-mode run's idle timeout.
+const maxIdleTimeout = 7 * 24 * time.Hour
 
 // IdempotencyKeyHeader makes a retried POST /v1/runs return the first run.
 const IdempotencyKeyHeader = "Idempotency-Key"
@@ -51,12 +60,16 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 
 	tok := token(c)
 	nr := auditd.NewRun{
-		Name:      req.Name,
-		Award:     req.Award,
-		Items:     req.Items,
-		Deadline:  req.Deadline,
-		Replay:    req.Replay,
-		Principal: tok.Principal(),
+		Name:        req.Name,
+		Award:       req.Award,
+		Items:       req.Items,
+		Deadline:    req.Deadline,
+		Replay:      req.Replay,
+		Principal:   tok.Principal(),
+		IdleTimeout: req.IdleTimeout.D(),
+	}
+	if req.Mode == string(auditd.RunProxy) {
+		nr.Mode = auditd.RunProxy
 	}
 	if key != "" {
 		// Keys are the client's; scoping them to the token keeps one
@@ -84,6 +97,23 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 func (s *Server) checkRun(c echo.Context, req *createRunRequest) error {
 	if !req.Deadline.IsZero() && !req.Deadline.After(s.Clock.Now()) {
 		return invalid("deadline", "deadline must be in the future.")
+	}
+	if req.Mode == string(auditd.RunProxy) {
+		switch {
+		case len(req.Items) > 0:
+			return invalid("items", "A proxy-mode run takes no items: each request sent through /proxy/{source}/ becomes one.")
+		case req.Replay:
+			return invalid("replay", "A proxy-mode run cannot replay: its requests come from the client.")
+		case req.IdleTimeout.D() > maxIdleTimeout:
+			return invalid("idle_timeout", "idle_timeout is at most %v.", maxIdleTimeout)
+		}
+		return nil
+	}
+	if len(req.Items) == 0 {
+		return invalid("items", "items must be at least 1 entries.")
+	}
+	if req.IdleTimeout != 0 {
+		return invalid("idle_timeout", "idle_timeout is for proxy-mode runs.")
 	}
 	seen := make(map[string]int, len(req.Items))
 	known := map[string]bool{}
@@ -163,6 +193,16 @@ func (s *Server) runFilter(c echo.Context) (auditd.RunFilter, error) {
 
 func (s *Server) handleGetRun(c echo.Context) error {
 	st, err := s.Runs.Run(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+// handleFinishRun ends a proxy-mode run once its requests in flight are
+// answered.
+func (s *Server) handleFinishRun(c echo.Context) error {
+	st, err := s.Runs.FinishRun(c.Request().Context(), c.Param("id"), token(c).Principal())
 	if err != nil {
 		return err
 	}

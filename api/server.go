@@ -72,6 +72,9 @@ type Server struct {
 	Timelines Timelines
 	Log       Log
 	Retention Retention
+	// Proxy serves the proxy route, ANY /proxy/{source}/{path}; nil
+	// answers it 503.
+	Proxy Proxy
 
 	// PublicLog publishes the checkpoint, the public key, the checkpoint
 	// history and consistency proofs, and accepts witness cosignatures,
@@ -104,6 +107,7 @@ type Server struct {
 	IdleTimeout       time.Duration // Default: DefaultIdleTimeout
 	MaxBodyBytes      int64         // Default: DefaultMaxBodyBytes
 	MaxRunBodyBytes   int64         // Default: DefaultMaxRunBodyBytes
+	MaxProxyBodyBytes int64         // a proxied POST's body; Default: DefaultMaxProxyBodyBytes
 
 	echo     *echo.Echo
 	validate *validator.Validate
@@ -133,6 +137,7 @@ func NewServer() *Server {
 		IdleTimeout:       DefaultIdleTimeout,
 		MaxBodyBytes:      DefaultMaxBodyBytes,
 		MaxRunBodyBytes:   DefaultMaxRunBodyBytes,
+		MaxProxyBodyBytes: DefaultMaxProxyBodyBytes,
 		validate:          newValidator(),
 	}
 	s.metrics = newMetrics(s.Registry)
@@ -150,6 +155,7 @@ func NewServer() *Server {
 	}))
 
 	s.registerSystemRoutes(e)
+	s.registerProxyRoutes(e)
 	// No group middleware: echo would add a catch-all that turns a wrong
 	// method into a 404. allow authenticates each route instead.
 	v1 := e.Group("/v1")
@@ -235,7 +241,7 @@ func (s *Server) handleSpec(c echo.Context) error {
 }
 
 func (s *Server) handleUI(c echo.Context) error {
-	if s.UI == nil || strings.HasPrefix(c.Request().URL.Path, "/v1/") {
+	if p := c.Request().URL.Path; s.UI == nil || strings.HasPrefix(p, "/v1/") || strings.HasPrefix(p, "/proxy/") {
 		return echo.ErrNotFound
 	}
 	s.UI.ServeHTTP(c.Response(), c.Request())
@@ -299,7 +305,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return tooMany(c, wait, "Too many failed authentications from this address")
 		}
 		tok, err := auth.Token{}, unauthenticated()
-		if secret, ok := bearer(c.Request().Header.Get(echo.HeaderAuthorization)); ok {
+		if secret, ok := requestSecret(c); ok {
 			tok, err = s.Tokens.Authenticate(secret)
 		}
 		if err != nil {

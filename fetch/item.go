@@ -260,6 +260,7 @@ type attempt struct {
 	n      uint32          // its number: 1 for the page's first dispatch
 	permit *limiter.Permit // the gates' admission
 	sent   time.Time       // when its dispatch was recorded
+	seq    uint64          // its dispatch's sequence number
 }
 
 // exchange is what came back for one dispatch.
@@ -270,7 +271,11 @@ type exchange struct {
 	receivedAt time.Time
 	latency    time.Duration // from dispatch to the whole body
 	err        error         // a transport error, its text redacted (scrubError)
+	n          int64         // the body's size when body does not hold it (a proxied response streamed on)
 }
+
+// size is the size of the response's body.
+func (x *exchange) size() int64 { return max(int64(len(x.body)), x.n) }
 
 // settle records how a dispatched request came back (its outcome event,
 // breaker transitions) and lets the gates and the registry learn from it.
@@ -299,7 +304,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 		l.post(ar, buf, 1, nil, nil, "")
 	default:
 		out, bodyErr = classify(x.status, hint.RetryAfterRaw != "", src.BodyError, x.body)
-		e.Status, e.Bytes = x.status, int64(len(x.body))
+		e.Status, e.Bytes = x.status, x.size()
 		if v.Class == limiter.ClassThrottled {
 			e.Type = auditd.EventThrottle
 			e.RetryAfterRaw, e.RetryAfter, e.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
@@ -345,7 +350,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err) // buf stays out of the pool: the ledger may still hold it
 	}
 	ar.live.Count(e...)
-	a.sent = e[0].Time
+	a.sent, a.seq = e[0].Time, e[0].Seq
 	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
 		// The record waited for a disk that refused it: the request
 		// leaves now, not when the gates admitted it. Counted again at

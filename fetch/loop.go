@@ -229,6 +229,9 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 			return auditd.RunView{}, false, err
 		}
 	}
+	if nr.Mode == auditd.RunProxy {
+		return l.submitProxy(ctx, nr)
+	}
 	if err := l.validate(nr); err != nil {
 		return auditd.RunView{}, false, err
 	}

@@ -27,6 +27,9 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	if err != nil {
 		return nil, err
 	}
+	if live.Run().Mode == auditd.RunProxy {
+		return l.resumeProxy(ctx, live)
+	}
 	ar := newActiveRun(live)
 	byKey := make(map[string]*auditd.Item, len(items))
 	for i := range items {

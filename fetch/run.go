@@ -34,6 +34,8 @@ type activeRun struct {
 	// happened). launch sets it before any worker starts.
 	recordCtx context.Context
 	posts     sync.WaitGroup // records posted and not yet durable (Loop.post)
+	// proxy is a proxy-mode run's own state (proxy.go); nil for a batch run.
+	proxy *proxyRun
 }
 
 // job is an item being done, with what its worker alone keeps of it.
@@ -247,7 +249,7 @@ func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	if err := l.cfg.Registry.EndRun(ctx, ar.id, sources); err != nil {
 		return err
 	}
-	ev, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunFinished, Outcome: auditd.Outcome(status)})
+	ev, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunFinished, Outcome: auditd.Outcome(status), Reason: ar.proxy.endReason()})
 	if err != nil {
 		return err
 	}

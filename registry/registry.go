@@ -120,6 +120,7 @@ const (
 	bucketRoot    = "registry"
 	bucketSources = "sources" // source ID -> JSON auditd.Source without Headers
 	bucketSecrets = "secrets" // source ID -> request headers: sealed JSON map (JSON in the clear without Options.Seal)
+	bucketQuery   = "query"   // source ID -> secret query parameters of proxied requests: sealed JSON map, as the headers
 	bucketLearned = "learned" // source ID -> JSON state
 	bucketGroups  = "groups"  // group name -> JSON state
 )
@@ -247,6 +248,9 @@ type Registry struct {
 	// Options.Seal (the key changed): their requests fail until the source
 	// is put again, rather than leave without their credentials.
 	unopened map[string]bool
+	// queries holds each source's secret query parameters (Source.Query),
+	// kept out of its configuration as its headers are.
+	queries map[string]map[string]string
 }
 
 // Open returns a Registry over db, creating its buckets when needed and
@@ -263,13 +267,14 @@ func Open(db *bolt.DB, opts Options) (*Registry, error) {
 		sources:  make(map[string]*entry),
 		groups:   make(map[string]*entry),
 		unopened: make(map[string]bool),
+		queries:  make(map[string]map[string]string),
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
 		root, err := tx.CreateBucketIfNotExists([]byte(bucketRoot))
 		if err != nil {
 			return err
 		}
-		for _, name := range []string{bucketSources, bucketSecrets, bucketLearned, bucketGroups} {
+		for _, name := range []string{bucketSources, bucketSecrets, bucketQuery, bucketLearned, bucketGroups} {
 			if _, err := root.CreateBucketIfNotExists([]byte(name)); err != nil {
 				return err
 			}
@@ -317,6 +322,25 @@ func (r *Registry) load(tx *bolt.Tx) error {
 				if err := json.Unmarshal(v, &e.headers); err != nil {
 					return fmt.Errorf("request headers of %q: %w", k, err)
 				}
+			}
+		}
+		if v := bucket(tx, bucketQuery).Get(k); v != nil {
+			if seal.IsSealed(v) {
+				opened, err := []byte(nil), error(nil)
+				if r.opts.Seal != nil {
+					opened, err = r.opts.Seal.Open(v, queryContext(src.ID))
+				}
+				if r.opts.Seal == nil || err != nil {
+					r.unopened[src.ID] = true // as headers that do not open
+				}
+				v = opened
+			}
+			if v != nil {
+				var q map[string]string
+				if err := json.Unmarshal(v, &q); err != nil {
+					return fmt.Errorf("secret query of %q: %w", k, err)
+				}
+				r.queries[src.ID] = q
 			}
 		}
 		r.startLearning(e)
@@ -606,6 +630,21 @@ func (r *Registry) HeaderNames(id string) ([]string, error) {
 // secretsContext binds a source's sealed headers to its id.
 func secretsContext(id string) []byte { return []byte("registry.secrets/" + id) }
 
+// queryContext binds a source's sealed secret query parameters to its id.
+func queryContext(id string) []byte { return []byte("registry.query/" + id) }
+
+// RequestQuery returns a copy of the secret query parameters to add to
+// every request proxied to source id (Source.Query). Like RequestHeaders
+// it is for the fetch loop only: nothing it returns may be recorded.
+func (r *Registry) RequestQuery(id string) (map[string]string, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.sources[id] == nil {
+		return nil, ErrSourceNotFound
+	}
+	return maps.Clone(r.queries[id]), nil
+}
+
 // PutSource creates or replaces the configuration of src.ID, on behalf of
 // principal. It validates src, appends a source.changed event whose Detail
 // is the configuration without its headers, then stores the headers apart.
@@ -622,8 +661,8 @@ func (r *Registry) Put(ctx context.Context, principal string, src auditd.Source)
 	if err := r.validateSource(src); err != nil {
 		return false, err
 	}
-	secrets := src.Headers
-	src.Headers = nil
+	secrets, query := src.Headers, src.Query
+	src.Headers, src.Query = nil, nil
 	if src.Group == src.ID {
 		// A group and a source sharing a name would be indistinguishable in
 		// the ledger's Group field; nothing is lost by forbidding it.
@@ -633,13 +672,21 @@ func (r *Registry) Put(ctx context.Context, principal string, src auditd.Source)
 	if err != nil {
 		return false, fmt.Errorf("encode source %q: %w", src.ID, err)
 	}
-	var sec []byte
+	var sec, qry []byte
 	if len(secrets) > 0 {
 		if sec, err = json.Marshal(secrets); err != nil {
 			return false, fmt.Errorf("encode request headers of %q: %w", src.ID, err)
 		}
 		if r.opts.Seal != nil {
 			sec = r.opts.Seal.Seal(sec, secretsContext(src.ID))
+		}
+	}
+	if len(query) > 0 {
+		if qry, err = json.Marshal(query); err != nil {
+			return false, fmt.Errorf("encode secret query of %q: %w", src.ID, err)
+		}
+		if r.opts.Seal != nil {
+			qry = r.opts.Seal.Seal(qry, queryContext(src.ID))
 		}
 	}
 
@@ -660,6 +707,13 @@ func (r *Registry) Put(ctx context.Context, principal string, src auditd.Source)
 	}
 	if err := r.db.Update(func(tx *bolt.Tx) error {
 		if err := bucket(tx, bucketSources).Put([]byte(src.ID), cfg); err != nil {
+			return err
+		}
+		if qry == nil {
+			if err := bucket(tx, bucketQuery).Delete([]byte(src.ID)); err != nil {
+				return err
+			}
+		} else if err := bucket(tx, bucketQuery).Put([]byte(src.ID), qry); err != nil {
 			return err
 		}
 		if sec == nil {
@@ -683,6 +737,11 @@ func (r *Registry) Put(ctx context.Context, principal string, src auditd.Source)
 	oldGroup := e.src.Group
 	e.src, e.ceil, e.headers = src, r.sourceCeiling(src), maps.Clone(secrets)
 	delete(r.unopened, src.ID)
+	if len(query) > 0 {
+		r.queries[src.ID] = maps.Clone(query)
+	} else {
+		delete(r.queries, src.ID)
+	}
 
 	// Groups whose membership or ceilings may have moved.
 	if src.Group != "" {
@@ -945,6 +1004,11 @@ func (r *Registry) validateSource(src auditd.Source) error {
 		}
 		if strings.ContainsAny(value, "\r\n\x00") {
 			return &auditd.Error{Code: auditd.EINVALID, Field: "headers[" + name + "]", Message: fmt.Sprintf("The value of header %s must not contain CR, LF or NUL.", name)}
+		}
+	}
+	for name := range src.Query {
+		if !validHeaderName(name) { // a token: nothing a query string would need to escape
+			return &auditd.Error{Code: auditd.EINVALID, Field: "query", Message: "Invalid query parameter name."}
 		}
 	}
 	return nil

@@ -21,6 +21,7 @@ type Live struct {
 	results  map[string]*auditd.ItemResult // item key -> how it ended
 	lastGood map[string]goodCopy           // request key -> its newest good payload in this run
 	ended    chan struct{}                 // closed once the run's end is stored
+	proxied  *proxiedItems                 // a proxy-mode run's items, as they come (proxy.go); nil for a batch run
 }
 
 // goodCopy is a payload fetched by a run: what the last-good index learns
@@ -31,8 +32,13 @@ type goodCopy struct {
 }
 
 func newLive(rec *record) *Live {
-	return &Live{id: rec.ID, rec: *rec, ended: make(chan struct{}),
+	r := &Live{id: rec.ID, rec: *rec, ended: make(chan struct{}),
 		results: make(map[string]*auditd.ItemResult, rec.ItemCount), lastGood: make(map[string]goodCopy, rec.ItemCount)}
+	if rec.Mode == auditd.RunProxy {
+		r.proxied = &proxiedItems{index: map[string]int{}}
+		r.rec.ItemCount = 0 // counted again as the items are added
+	}
+	return r
 }
 
 // ID returns the run's id.

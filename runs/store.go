@@ -307,7 +307,11 @@ func (s *Store) End(r *Live, fin *auditd.Event) error {
 	slices.SortFunc(results, func(a, b result) int { return strings.Compare(a.key, b.key) })
 	slices.SortFunc(copies, func(a, b keyedCopy) int { return strings.Compare(a.key, b.key) })
 
+	items := r.proxiedItems()
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := putItems(tx, rec.ID, items); err != nil {
+			return err
+		}
 		if err := putResults(tx, rec.ID, results); err != nil {
 			return err
 		}

@@ -141,6 +141,9 @@ func (s *Store) Items(_ context.Context, runID, after string, limit int) (items 
 		limit = 100
 	}
 	live := s.tracked(runID)
+	if live != nil && live.proxied != nil {
+		return live.listItems(after, limit)
+	}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		if _, err := loadRun(tx, runID); err != nil {
 			return err
@@ -179,6 +182,9 @@ func (s *Store) Items(_ context.Context, runID, after string, limit int) (items 
 func (s *Store) Item(_ context.Context, runID, key string) (auditd.ItemView, error) {
 	var v auditd.ItemView
 	live := s.tracked(runID)
+	if live != nil && live.proxied != nil {
+		return live.item(key)
+	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		it, err := loadItem(tx, runID, key)
 		if err != nil {
@@ -261,7 +267,10 @@ func requestHash(nr auditd.NewRun) string {
 		Items    []auditd.Item `json:"items"`
 		Deadline time.Time     `json:"deadline"`
 		Replay   bool          `json:"replay"`
-	}{nr.Name, nr.Award, items, nr.Deadline.UTC(), nr.Replay})
+		// Batch runs leave these out: their keys keep the hashes they had.
+		Mode        auditd.RunMode `json:"mode,omitempty"`
+		IdleTimeout time.Duration  `json:"idle_timeout,omitempty"`
+	}{nr.Name, nr.Award, items, nr.Deadline.UTC(), nr.Replay, nr.Mode, nr.IdleTimeout})
 	if err != nil {
 		panic(fmt.Sprintf("fingerprint a run request: %v", err)) // plain data: cannot fail
 	}

@@ -90,6 +90,10 @@ func (a runsAPI) CancelRun(ctx context.Context, id, _ string) (auditd.RunView, e
 	return a.loop.Cancel(ctx, id)
 }
 
+func (a runsAPI) FinishRun(ctx context.Context, id, principal string) (auditd.RunView, error) {
+	return a.loop.Finish(ctx, id, principal)
+}
+
 // integrityAPI verifies the live ledger and proves its events.
 type integrityAPI struct {
 	db  *bolt.DB

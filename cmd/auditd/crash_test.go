@@ -69,7 +69,9 @@ type child struct {
 	logs *bytes.Buffer
 }
 
-func startServe(tb testing.TB, dataDir, config, token string) *child {
+// startServe starts auditd serve on dataDir, declaring config's sources,
+// with extra flags after the others.
+func startServe(tb testing.TB, dataDir, config, token string, extra ...string) *child {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,8 +79,8 @@ func startServe(tb testing.TB, dataDir, config, token string) *child {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	args, _ := json.Marshal([]string{"serve", "--data", dataDir, "--addr", addr, "--config", config,
-		"--start-limit", "40", "--start-window", "1s"})
+	args, _ := json.Marshal(append([]string{"serve", "--data", dataDir, "--addr", addr, "--config", config,
+		"--start-limit", "40", "--start-window", "1s"}, extra...))
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "AUDITD_MAIN_ARGS="+string(args), "AUDITD_BOOTSTRAP_TOKEN="+token)
 	logs := &bytes.Buffer{}

@@ -237,6 +237,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	srv.Sources = sourcesAPI{loop: loop, reg: reg, lim: lim}
 	srv.Runs = runsAPI{Store: store, loop: loop}
+	srv.Proxy = loop
 	srv.Integrity = integrityAPI{db: db, led: led}
 	srv.Reports = reps
 	srv.Timelines = reports.NewTimelines(led)
@@ -312,9 +313,10 @@ func applySources(ctx context.Context, loop *fetch.Loop, reg *registry.Registry,
 	for _, src := range srcs {
 		if old, err := reg.GetSource(src.ID); err == nil {
 			headers, _ := reg.RequestHeaders(src.ID)
+			query, _ := reg.RequestQuery(src.ID)
 			want := src
-			want.Headers = nil
-			if reflect.DeepEqual(old, want) && reflect.DeepEqual(headers, nonNil(src.Headers)) {
+			want.Headers, want.Query = nil, nil
+			if reflect.DeepEqual(old, want) && reflect.DeepEqual(headers, nonNil(src.Headers)) && reflect.DeepEqual(nonNil(query), nonNil(src.Query)) {
 				continue
 			}
 		}

@@ -1,0 +1,758 @@
+package fetch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/redact"
+	"github.com/auditd/auditd/staging"
+)
+
+// The proxy route's requests. A pipeline keeps its own HTTP code and points
+// it at auditd; each request it sends becomes an item of a proxy-mode run
+// and passes the same gates, in the same order, as a batch run's item
+// (fetchPage): the breaker, the group pause, the rate and a concurrency
+// slot (Limiter.Acquire), a dispatch durable before the request leaves
+// (dispatch), and an outcome recorded and learned from (settle). auditd
+// retries 429s, 5xx and transport errors itself, honouring Retry-After,
+// until the request's deadline; the client sees one final response.
+
+// Proxy limits.
+const (
+	// proxyDrainBytes is how much of a response that will be retried is
+	// read (and discarded) so that its connection can be kept.
+	proxyDrainBytes = 64 << 10
+	// proxyBodyErrorBytes is how much of a 2xx body is kept to find an
+	// error inside it, for a source with a body_error rule.
+	proxyBodyErrorBytes = 1 << 20
+	// proxyMaxDeadline bounds the deadline a request may ask for.
+	proxyMaxDeadline = time.Hour
+)
+
+// responseHeader is the upstream's response header as the client gets it.
+func responseHeader(h http.Header) http.Header {
+	out := h.Clone()
+	auditd.RemoveHopHeaders(out)
+	for k := range out {
+		if strings.HasPrefix(k, "Auditd-") {
+			delete(out, k) // only auditd says what Auditd-* headers say
+		}
+	}
+	return out
+}
+
+// Proxy carries out one proxied request and writes its one final response
+// to out: the upstream's, or the last good copy (meta.Stale). When it
+// returns an error nothing was written to out, and meta says what auditd
+// knows (the item, the attempts, RetryAfter); the API renders the error.
+//
+// A request for a run that is not an active proxy-mode run, or for an
+// unknown source, or while the ledger cannot write (Ledger.Stalled), is
+// refused before anything is recorded or sent (nothing is written). Once its item is added, the request's end is always on
+// record: item.finished, succeeded (with payload.staged), failed, shed or
+// served from cache.
+func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (auditd.ProxyMeta, error) {
+	meta := auditd.ProxyMeta{RunID: req.RunID}
+	ar := l.activeRun(req.RunID)
+	if ar == nil || ar.proxy == nil {
+		return meta, l.notProxyRun(ctx, req.RunID)
+	}
+	src, err := l.cfg.Registry.GetSource(req.SourceID)
+	if err != nil {
+		return meta, auditd.Errorf(auditd.ENOTFOUND, "Unknown source %q; PUT /v1/sources/{id} first.", req.SourceID)
+	}
+	headers, err := l.cfg.Registry.RequestHeaders(src.ID)
+	if err != nil {
+		return meta, err
+	}
+	query, err := l.cfg.Registry.RequestQuery(src.ID)
+	if err != nil {
+		return meta, err
+	}
+	if _, err := l.cfg.Ledger.Stalled(); err != nil {
+		meta.RetryAfter = stallRetryAfter
+		return meta, auditd.Errorf(auditd.EUNAVAILABLE, "auditd cannot write its ledger for now, so nothing was sent; retry.")
+	}
+	if err := l.enterProxy(ar); err != nil {
+		return meta, err
+	}
+	defer l.leaveProxy(ar)
+
+	// The request ends with the client's connection, the run's
+	// cancellation or the loop's shutdown, whichever comes first.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(ar.proxy.ctx, stop)()
+	if err := l.snapshotSource(ctx, ar, src.ID); err != nil {
+		return meta, err
+	}
+
+	// The source's secret query names are credentials' in the client's
+	// path too: one redaction rule, the loop's (package redact).
+	rule := redact.New(append(slices.Clone(src.SecretQuery), slices.Sorted(maps.Keys(query))...))
+	p := &proxied{l: l, ar: ar, src: src, req: req, out: out, meta: &meta, headers: headers, query: query,
+		rule: rule, path: rule.URL(req.Path)}
+	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path}
+	var detail string
+	if req.Method == http.MethodPost {
+		sum := sha256.Sum256(req.Body)
+		p.bodySum = hex.EncodeToString(sum[:])
+		d, _ := json.Marshal(proxiedDetail{BodySHA256: p.bodySum, BodyBytes: len(req.Body)})
+		detail = string(d)
+	}
+	if err := l.addProxyItem(ar, it, req.ItemKey); err != nil {
+		return meta, err
+	}
+	meta.ItemKey = it.Key
+	p.job = &job{Item: it, attempts: &itemAttempts{}}
+	p.lastGood = staging.RequestKey(src.ID, it.Method, it.Path, []byte(p.bodySum))
+	// The item's item.queued goes to the ledger with its first dispatch,
+	// in one commit: posted on its own it would be written alone (an idle
+	// ledger seals a group at once) and the dispatch would wait for two
+	// fsyncs instead of one. Whatever else the item records first posts
+	// it before (flushQueued).
+	p.queued = &auditd.Event{Type: auditd.EventItemQueued, RunID: ar.id, SourceID: src.ID, ItemKey: it.Key,
+		Method: it.Method, Path: it.Path, Detail: detail}
+	err = p.run(ctx)
+	return meta, err
+}
+
+// notProxyRun says why run id takes no proxied requests.
+func (l *Loop) notProxyRun(ctx context.Context, id string) error {
+	v, err := l.cfg.Runs.Run(ctx, id)
+	switch {
+	case auditd.ErrorCode(err) == auditd.ENOTFOUND:
+		return &auditd.Error{Code: auditd.ENOTFOUND, Field: "Auditd-Run", Message: fmt.Sprintf("No run %q; create one with POST /v1/runs {\"mode\":\"proxy\"}.", id)}
+	case err != nil:
+		return err
+	case v.Mode != auditd.RunProxy:
+		return &auditd.Error{Code: auditd.ECONFLICT, Field: "Auditd-Run", Message: fmt.Sprintf("Run %s is a batch run; proxied requests need a run created with \"mode\":\"proxy\".", id)}
+	case v.Status.Terminal():
+		return &auditd.Error{Code: auditd.ECONFLICT, Field: "Auditd-Run", Message: fmt.Sprintf("Run %s is %s; it takes no more requests.", id, v.Status)}
+	}
+	return auditd.Errorf(auditd.EUNAVAILABLE, "Run %s is not active (auditd is starting or shutting down); retry.", id)
+}
+
+// addProxyItem adds it to the run under key, or under a key derived from
+// its method and path when key is "": the same request sent again gets
+// " #2", " #3" and so on. A key the run has is ECONFLICT.
+func (l *Loop) addProxyItem(ar *activeRun, it *auditd.Item, key string) error {
+	if ar.live.Run().ItemCount >= DefaultMaxItemsInRun {
+		return auditd.Errorf(auditd.ECONFLICT, "Run %s holds %d items, the most a run may; finish it and create another.", ar.id, DefaultMaxItemsInRun)
+	}
+	if key != "" {
+		it.Key = key
+		return ar.live.AddItem(*it)
+	}
+	base := proxyKey(it.Method, it.Path)
+	pr := ar.proxy
+	pr.mu.Lock()
+	n := pr.repeats[base]
+	pr.mu.Unlock()
+	for ; ; n++ {
+		it.Key = base
+		if n > 0 {
+			it.Key = fmt.Sprintf("%s #%d", base, n+1)
+		}
+		err := ar.live.AddItem(*it)
+		if auditd.ErrorCode(err) != auditd.ECONFLICT {
+			pr.mu.Lock()
+			pr.repeats[base] = max(pr.repeats[base], n+1)
+			pr.mu.Unlock()
+			return err
+		}
+	}
+}
+
+// maxProxyKey leaves room, under the 200 characters of an item key, for
+// the " #n" of a repeated request.
+const maxProxyKey = 190
+
+// proxyKey derives a proxied request's item key from its method and its
+// recorded path: "GET /query?f=json". A long or unprintable one is cut and
+// ends with a hash of the whole.
+func proxyKey(method, path string) string {
+	k := method + " " + path
+	printable := true
+	for i := 0; i < len(k); i++ {
+		if k[i] < ' ' || k[i] > '~' {
+			printable = false
+			break
+		}
+	}
+	if printable && len(k) <= maxProxyKey {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	cut := make([]byte, 0, maxProxyKey)
+	for i := 0; i < len(k) && len(cut) < maxProxyKey-18; i++ {
+		if k[i] >= ' ' && k[i] <= '~' {
+			cut = append(cut, k[i])
+		}
+	}
+	return string(cut) + "~" + hex.EncodeToString(sum[:8])
+}
+
+// proxied is one proxied request being carried out.
+type proxied struct {
+	l        *Loop
+	ar       *activeRun
+	src      auditd.Source
+	req      *auditd.ProxyRequest
+	out      auditd.ProxyResponder
+	meta     *auditd.ProxyMeta
+	job      *job
+	rule     redact.Rule       // what is a credential in its URLs
+	path     string            // the recorded path: credentials redacted
+	bodySum  string            // a POST body's SHA-256, hex
+	lastGood string            // the request's key in the last-good index
+	headers  map[string]string // the source's secret headers
+	query    map[string]string // the source's secret query parameters
+
+	retryAt    time.Time // own backoff after a 5xx or transport error
+	lastReason string
+	// queued is the item's item.queued until it is added to the ledger:
+	// with the first dispatch, or before any other record of the item.
+	queued *auditd.Event
+}
+
+// flushQueued posts the item's item.queued, unless it is on its way.
+func (p *proxied) flushQueued() {
+	if p.queued == nil {
+		return
+	}
+	buf := p.l.eventBuf()
+	buf[0] = *p.queued
+	p.queued = nil
+	p.l.post(p.ar, buf, 1, nil, nil, "")
+}
+
+// end ends the request's item (Loop.endItem), its item.queued first.
+func (p *proxied) end(out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload) {
+	p.flushQueued()
+	p.l.endItem(p.ar, p.job, out, reason, res, lastGood, payload)
+}
+
+// run passes the request through the gates and sends it until it gets a
+// final response, its deadline passes, or the client goes away.
+func (p *proxied) run(ctx context.Context) error {
+	l, src, it := p.l, &p.src, p.job
+	rctx := p.ar.recordCtx
+	maxAttempts := l.cfg.MaxAttempts
+	if src.MaxAttempts > 0 {
+		maxAttempts = src.MaxAttempts
+	}
+	// A POST is retried only when that is safe: the client says so with an
+	// Idempotency-Key, or the source's POSTs change nothing.
+	retryable := p.req.Method != http.MethodPost || p.req.Idempotent || src.Proxy.RetryPost
+	wait := p.req.Deadline
+	if wait <= 0 {
+		wait = src.Proxy.Deadline.D()
+	}
+	if wait <= 0 {
+		wait = auditd.DefaultProxyDeadline
+	}
+	deadline := l.cfg.Clock.Now().Add(min(wait, proxyMaxDeadline))
+	if !p.ar.deadline.IsZero() && p.ar.deadline.Before(deadline) {
+		deadline = p.ar.deadline
+	}
+	deferred := 0 // failed probes of the breaker waited through
+	for {
+		if ctx.Err() != nil {
+			return p.gone(rctx)
+		}
+		if src.Proxy.ServeStale {
+			// A source that is down is answered from its last good copy
+			// at once rather than waited for.
+			if st, err := l.cfg.Limiter.State(src.ID); err == nil && st.Breaker == limiter.BreakerOpen && p.serveStale(rctx, "breaker open") {
+				return nil
+			}
+		}
+		if _, err := l.cfg.Ledger.Stalled(); err != nil {
+			// Nothing leaves unrecorded, and nothing is recorded while the
+			// ledger's writes fail: the client hears so now rather than at
+			// its deadline. The item's end lands once writes succeed.
+			p.end(auditd.ItemFailed, "ledger writes failing: nothing was sent", nil, "", nil)
+			p.meta.RetryAfter = stallRetryAfter
+			return auditd.Errorf(auditd.EUNAVAILABLE, "auditd cannot write its ledger for now, so nothing was sent; retry.")
+		}
+		perm, err := l.cfg.Limiter.Acquire(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt, StopAtReopen: true})
+		// The waits held back the request's next dispatch: they carry its attempt.
+		p.recordAdmission(uint32(it.attempts.spent(0)+1), perm)
+		for _, w := range perm.Waits {
+			p.meta.Waited += w.Actual
+		}
+		if err != nil {
+			var shed *limiter.ShedError
+			switch {
+			case errors.Is(err, limiter.ErrStillDown):
+				deferred++
+				p.lastReason = "breaker open: the source is still down"
+				if it.attempts.spent(0)+deferred >= maxAttempts {
+					return p.giveUp(rctx, fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
+				}
+				continue
+			case errors.As(err, &shed):
+				return p.shed(rctx, shed)
+			case ctx.Err() != nil:
+				return p.gone(rctx)
+			default:
+				return p.giveUp(rctx, "limiter: "+err.Error(), auditd.EINTERNAL)
+			}
+		}
+		a := &attempt{page: 0, n: it.attempts.next(0), permit: perm}
+		err = p.dispatch(ctx, a, deadline)
+		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
+			it.attempts.unspend(0) // nothing was sent: the number is not spent
+			continue
+		} else if errors.Is(err, errDispatchLate) {
+			// Not durable in time, so not sent; the item ends once the
+			// ledger has decided the dispatch record (dispatch).
+			p.meta.RetryAfter = stallRetryAfter
+			return auditd.Errorf(auditd.EUNAVAILABLE, "The ledger could not record the dispatch by the request's deadline, so nothing was sent; retry.")
+		} else if err != nil {
+			// Not durable, so not sent.
+			l.log.Error("record dispatch", "run", p.ar.id, "item", it.Key, "err", err)
+			p.end(auditd.ItemFailed, "the dispatch could not be recorded; nothing was sent", nil, "", nil)
+			p.meta.RetryAfter = stallRetryAfter
+			return auditd.Errorf(auditd.EUNAVAILABLE, "The dispatch could not be recorded, so nothing was sent; retry.")
+		}
+		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
+		final := !retryable || it.attempts.spent(0)+deferred >= maxAttempts
+		if done, err := p.exchange(ctx, rctx, a, final); done {
+			return err
+		}
+	}
+}
+
+// note records e, which describes what already happened, for the
+// request's run without waiting for it to be durable (Loop.post): what the
+// run records next is stored after it all the same. A proxied request
+// waits for no record but its dispatch's (dispatch), and that only until
+// its deadline, so that a client is not held while the ledger's writes
+// fail; a batch run's worker records these with Loop.mustRecord.
+func (p *proxied) note(e auditd.Event) {
+	p.flushQueued()
+	buf := p.l.eventBuf()
+	buf[0] = e
+	p.l.post(p.ar, buf, 1, nil, nil, "")
+}
+
+// recordAdmission records what the gates did before admitting the
+// request's attempt (perm; empty when Acquire failed), as
+// Loop.recordAdmission does, without waiting (note).
+func (p *proxied) recordAdmission(attempt uint32, perm *limiter.Permit) {
+	it := p.job.Item
+	for _, t := range perm.Breaker {
+		p.note(auditd.Event{Type: auditd.EventBreaker, SourceID: it.SourceID, ItemKey: it.Key,
+			From: string(t.From), To: string(t.To), Failures: t.Failures, Threshold: t.Threshold, Cooldown: t.Cooldown})
+	}
+	for _, w := range perm.Waits {
+		p.note(auditd.Event{Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Attempt: attempt,
+			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual})
+	}
+}
+
+// stallRetryAfter is the Retry-After of a request refused because the
+// ledger cannot write: as long as a worker waits between tries of a
+// record the disk refused (maxRecordBackoff).
+const stallRetryAfter = maxRecordBackoff
+
+// errDispatchLate means a dispatch record was not durable by the request's
+// deadline (the ledger's writes fail, and it retries them), or before the
+// client went away: the request was not sent.
+var errDispatchLate = errors.New("dispatch not durable in time")
+
+// dispatch records the dispatch of a, as Loop.dispatch does, but waits for
+// it only until the request's deadline or the client's going away: a
+// client is not held past its deadline while the ledger's writes fail.
+// The record may still land after that (errDispatchLate): once the ledger
+// decides it, the request's item ends, failed, closing the dispatch, if
+// it landed, with dispatch.interrupted (the request was never sent), so
+// that the run has no dispatch without an outcome.
+func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) error {
+	l, ar, it := p.l, p.ar, p.job.Item
+	e := make([]auditd.Event, 0, 2)
+	if p.queued != nil {
+		e = append(e, *p.queued) // the item's first record, in the dispatch's commit
+	}
+	e = append(e, auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
+		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: p.path, Probe: a.permit.Probe})
+	stalledSince, stalled := l.cfg.Ledger.Stalled()
+	f, err := l.queueDispatch(it.SourceID, a.permit, e)
+	if err != nil {
+		return err
+	}
+	queued := p.queued
+	p.queued = nil
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if err := f.Wait(wctx); err != nil {
+		a.permit.Release()
+		job := p.job
+		ar.posts.Add(1) // the run's end waits for the item's
+		f.Then(func(stored []auditd.Event, err error) {
+			defer ar.posts.Done()
+			res := &auditd.ItemResult{Advertised: -1, Outcome: auditd.ItemFailed, Attempts: job.attempts.total}
+			if err != nil {
+				job.attempts.unspend(0)
+				res.Attempts = job.attempts.total
+				res.Reason = "the dispatch could not be recorded; nothing was sent"
+				buf, n := l.eventBuf(), 0
+				if queued != nil { // refused with the dispatch
+					buf[n] = *queued
+					n++
+				}
+				buf[n] = finishedEvent(it, res)
+				l.post(ar, buf, n+1, nil, res, "")
+				return
+			}
+			ar.live.Count(stored...)
+			res.Reason = "the dispatch record was durable only after the request's deadline; nothing was sent"
+			buf := l.eventBuf()
+			buf[0] = auditd.Event{Type: auditd.EventInterrupted, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page),
+				Attempt: a.n, Method: it.Method, Path: p.path, Reason: "not sent: its record was durable only after the request's deadline"}
+			buf[1] = finishedEvent(it, res)
+			l.post(ar, buf, 2, nil, res, "")
+		})
+		return errDispatchLate
+	}
+	ar.live.Count(e...)
+	d := &e[len(e)-1]
+	a.sent, a.seq = d.Time, d.Seq
+	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
+		// As in Loop.dispatch: the request leaves now, not when admitted.
+		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
+			b.Record(a.sent, 1)
+		}
+	}
+	return nil
+}
+
+// exchange sends the dispatched request a. A response that will be
+// retried is read and recorded here; a final one is streamed to the
+// client (stream). done says the request has ended.
+func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (done bool, err error) {
+	l := p.l
+	start := l.cfg.Clock.Now()
+	resp, err := p.send(ctx)
+	if err != nil {
+		now := l.cfg.Clock.Now()
+		x := exchange{receivedAt: now, latency: now.Sub(start), err: err}
+		_, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
+		p.lastReason = "transport error: " + err.Error()
+		switch {
+		case ctx.Err() != nil:
+			return true, p.gone(rctx)
+		case final:
+			return true, p.giveUp(rctx, p.lastReason, auditd.EUPSTREAM)
+		}
+		p.retryAt = l.cfg.Clock.Now().Add(wait)
+		return false, nil
+	}
+	defer resp.Body.Close()
+	if retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500; retry && !final {
+		n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, proxyDrainBytes))
+		now := l.cfg.Clock.Now()
+		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
+		out, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
+		if out == auditd.OutcomeThrottled {
+			p.lastReason = fmt.Sprintf("throttled (%d)", x.status)
+		} else {
+			p.lastReason = fmt.Sprintf("server error (%d)", x.status)
+			p.retryAt = l.cfg.Clock.Now().Add(wait)
+		}
+		return false, nil
+	}
+	return true, p.stream(rctx, a, resp, start)
+}
+
+// bufPool holds the buffers responses are streamed through.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// stream sends the final response to the client while it stages a 2xx
+// body (up to the staging cap, MaxBodyBytes: a larger one is passed
+// through and recorded as not staged), then records the outcome and ends
+// the item.
+func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, start time.Time) error {
+	l := p.l
+	success := resp.StatusCode >= 200 && resp.StatusCode < 300
+	var w *staging.Writer
+	if success {
+		var err error
+		if w, err = l.cfg.Staging.NewWriter(); err != nil {
+			return p.giveUp(rctx, "staging: "+err.Error(), auditd.EINTERNAL)
+		}
+		defer w.Abort()
+	}
+	var keep *bytes.Buffer // for the body-error rule
+	if success && p.src.BodyError != auditd.BodyErrorNone {
+		keep = &bytes.Buffer{}
+	}
+	body := p.out.Start(resp.StatusCode, responseHeader(resp.Header), p.meta)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	var n int64
+	var readErr, writeErr, stageErr error
+	for {
+		k, err := resp.Body.Read(buf)
+		if k > 0 {
+			n += int64(k)
+			if w != nil && stageErr == nil {
+				if n > l.cfg.MaxBodyBytes {
+					stageErr = fmt.Errorf("body over the %d-byte staging cap", l.cfg.MaxBodyBytes)
+				} else if _, err := w.Write(buf[:k]); err != nil {
+					stageErr = err
+				}
+			}
+			if keep != nil && keep.Len() < proxyBodyErrorBytes {
+				keep.Write(buf[:min(k, proxyBodyErrorBytes-keep.Len())])
+			}
+			if _, err := body.Write(buf[:k]); err != nil {
+				writeErr = err
+				break
+			}
+		}
+		if err == io.EOF {
+			break
+		} else if err != nil {
+			readErr = p.scrub(fmt.Errorf("read body: %w", err))
+			break
+		}
+	}
+	now := l.cfg.Clock.Now()
+	x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
+	if keep != nil {
+		x.body = keep.Bytes()
+	}
+	if readErr != nil {
+		x = exchange{receivedAt: now, latency: now.Sub(start), err: readErr}
+	}
+	out, bodyErr, _ := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
+	switch {
+	case readErr != nil:
+		p.end(auditd.ItemFailed, fmt.Sprintf("transport error after %d bytes: %v", n, readErr), nil, "", nil)
+		p.out.Abort() // the client must not take the part for the whole
+		return nil
+	case writeErr != nil:
+		p.end(auditd.ItemFailed, fmt.Sprintf("the client went away after %d bytes of the response", n), nil, "", nil)
+		return nil
+	case out == auditd.OutcomeBodyError:
+		p.end(auditd.ItemFailed, fmt.Sprintf("error in a %d body: %s", x.status, bodyErr), nil, "", nil)
+		return nil
+	case !success:
+		p.end(auditd.ItemFailed, fmt.Sprintf("%s (%d), passed to the client", out, x.status), nil, "", nil)
+		return nil
+	case stageErr != nil:
+		p.end(auditd.ItemFailed, fmt.Sprintf("passed through, not staged: %d bytes (%v)", n, stageErr), nil, "", nil)
+		return nil
+	}
+	payload, err := w.Finish()
+	if err != nil {
+		p.end(auditd.ItemFailed, "passed through, not staged: "+err.Error(), nil, "", nil)
+		return nil
+	}
+	res := &auditd.ItemResult{Advertised: -1, Pages: 1, PayloadHash: payload.Sum, Bytes: payload.N}
+	p.end(auditd.ItemSucceeded, "", res, p.lastGood, &payload)
+	return nil
+}
+
+// send performs the request once: the client's headers and the source's
+// secret headers, the source's secret query parameters added to the
+// client's query, no redirect followed (the client gets the 3xx), and a
+// body the transport cannot resend on its own (see Loop.send).
+func (p *proxied) send(ctx context.Context) (*http.Response, error) {
+	u := strings.TrimRight(p.src.BaseURL, "/") + p.req.Path
+	if len(p.query) > 0 {
+		var q strings.Builder
+		for _, k := range slices.Sorted(maps.Keys(p.query)) {
+			if q.Len() > 0 {
+				q.WriteByte('&')
+			}
+			q.WriteString(url.QueryEscape(k) + "=" + url.QueryEscape(p.query[k]))
+		}
+		if strings.Contains(u, "?") {
+			u += "&" + q.String()
+		} else {
+			u += "?" + q.String()
+		}
+	}
+	var body io.Reader = emptyBody{}
+	if len(p.req.Body) > 0 {
+		body = bytes.NewReader(p.req.Body)
+	}
+	req, err := http.NewRequestWithContext(ctx, p.req.Method, u, body)
+	if err != nil {
+		return nil, p.scrub(err)
+	}
+	req.GetBody = nil
+	if len(p.req.Body) == 0 {
+		req.Body = emptyBody{}
+	}
+	req.Header = p.req.Header.Clone()
+	if req.Header == nil {
+		req.Header = http.Header{}
+	}
+	if len(p.req.Body) > 0 && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range p.headers {
+		req.Header.Set(k, v)
+	}
+	c := *p.l.cfg.Client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, p.scrub(err)
+	}
+	return resp, nil
+}
+
+// scrub rewrites a transport error for the record: its text is built from
+// redacted URLs (scrubError), and no value of the source's secret query
+// parameters or headers survives in it.
+func (p *proxied) scrub(err error) error {
+	err = scrubError(err, p.rule)
+	text := err.Error()
+	for _, v := range p.query {
+		if v != "" {
+			text = strings.ReplaceAll(text, v, redact.Replacement)
+			text = strings.ReplaceAll(text, url.QueryEscape(v), redact.Replacement)
+		}
+	}
+	for _, v := range p.headers {
+		if v != "" {
+			text = strings.ReplaceAll(text, v, redact.Replacement)
+		}
+	}
+	if isDenied(err) {
+		return &scrubbed{text: text, wrapped: ErrAddressDenied}
+	}
+	return errors.New(text)
+}
+
+// gone ends the item of a request whose context ended before it got an
+// answer: the client went away, the run was cancelled, or auditd is
+// shutting down.
+func (p *proxied) gone(rctx context.Context) error {
+	reason := "the client went away before an answer"
+	switch {
+	case p.ar.isCancelled():
+		reason = "cancelled"
+	case p.l.ctx.Err() != nil:
+		reason = "auditd shut down before an answer"
+	}
+	p.end(auditd.ItemFailed, reason, nil, "", nil)
+	return auditd.Errorf(auditd.EUNAVAILABLE, "No answer: %s.", reason)
+}
+
+// giveUp ends a request that cannot be answered fresh: from the last good
+// copy when the source allows it and there is one, as failed otherwise
+// (an error of code for the client).
+func (p *proxied) giveUp(rctx context.Context, reason, code string) error {
+	if p.src.Proxy.ServeStale && p.serveStale(rctx, reason) {
+		return nil
+	}
+	p.end(auditd.ItemFailed, reason, nil, "", nil)
+	if code == auditd.EUNAVAILABLE && p.meta.RetryAfter == 0 {
+		p.meta.RetryAfter = time.Second
+	}
+	return auditd.Errorf(code, "%s.", upperFirst(reason))
+}
+
+// shed ends a request the gates could not admit before its deadline: the
+// shed is recorded, then the last good copy is served when the source
+// allows it, or the client is told when the gates expect to admit it.
+func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
+	gate := string(shed.Gate)
+	p.note(auditd.Event{Type: auditd.EventShed, SourceID: p.src.ID, ItemKey: p.job.Key, Gate: gate})
+	if p.src.Proxy.ServeStale && p.serveStale(rctx, "shed at "+gate) {
+		return nil
+	}
+	p.end(auditd.ItemShed, "deadline", nil, "", nil)
+	p.meta.RetryAfter = max(shed.Wait, time.Second)
+	why := ""
+	if p.lastReason != "" {
+		why = " after " + p.lastReason
+	}
+	return auditd.Errorf(auditd.EUNAVAILABLE, "Not admitted by the request's deadline (the %s gate)%s; the gates expect to admit it in %v.",
+		gate, why, p.meta.RetryAfter.Round(time.Millisecond))
+}
+
+// serveStale answers the request from its last good copy, if there is one
+// and it still verifies: cache.served is recorded and the item ends
+// cached.
+func (p *proxied) serveStale(rctx context.Context, reason string) bool {
+	l := p.l
+	sum, at, ok, err := l.cfg.Staging.LastGoodAt(p.lastGood)
+	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
+		return false
+	}
+	rc, err := l.cfg.Staging.Open(sum)
+	if err != nil {
+		return false
+	}
+	defer rc.Close()
+	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: sum, Reason: reason})
+	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
+	p.meta.Stale = &auditd.StaleCopy{PayloadHash: sum, FetchedAt: at.UTC(), Age: max(l.cfg.Clock.Now().Sub(at), 0), RunID: l.originRun(sum, at)}
+	br := bufio.NewReader(rc)
+	head, _ := br.Peek(512)
+	h := http.Header{}
+	h.Set("Content-Type", http.DetectContentType(head))
+	if p.req.Method == http.MethodHead {
+		p.out.Start(http.StatusOK, h, p.meta)
+		return true
+	}
+	_, _ = io.Copy(p.out.Start(http.StatusOK, h, p.meta), br)
+	return true
+}
+
+// errFound ends a scan that found what it looked for.
+var errFound = errors.New("found")
+
+// originRun finds the run that fetched the payload sum whose item finished
+// at at, from the ledger: the last-good index keeps the time, and the
+// item.finished is among the first events recorded from then on.
+func (l *Loop) originRun(sum string, at time.Time) string {
+	from, err := l.cfg.Ledger.SeqAt(at.Add(-time.Second))
+	if err != nil || from == 0 {
+		return ""
+	}
+	run := ""
+	_ = l.cfg.Ledger.Scan(from, from+20_000, func(e *auditd.Event) error {
+		if e.Type == auditd.EventItemFinished && e.PayloadHash == sum && e.Time.Sub(at).Abs() < time.Millisecond {
+			run = e.RunID
+			return errFound
+		}
+		if e.Time.After(at.Add(time.Second)) {
+			return errFound
+		}
+		return nil
+	})
+	return run
+}
+
+func upperFirst(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
+}

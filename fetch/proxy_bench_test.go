@@ -1,0 +1,265 @@
+//go:build linux
+
+package fetch_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+)
+
+// The proxy route's benchmarks (issue 15), each side by side in one run
+// with what a pipeline would use without auditd, against a real nginx in a
+// process of its own (testdata/nginx/bench.conf.tmpl: every request
+// answered at once, a small JSON body). auditd is the whole service in
+// this process (proxyEnv): the API with its token check, the loop, a bbolt
+// file that fsyncs every commit, staging of every body. The source's
+// limits are generous enough that pacing never holds a request back (each
+// benchmark checks that the ledger holds no wait), so what is measured is
+// the cost of the route, the records made durable before each request
+// leaves, and the staging. Without nginx installed they are skipped.
+
+// proxyBenchSource is a source with limits that never bind: the most the
+// configuration allows, 1,000 in flight.
+func proxyBenchSource(id, baseURL string) auditd.Source {
+	return auditd.Source{ID: id, BaseURL: baseURL, Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 1000}
+}
+
+// proxyBenchClient is a pipeline's keep-alive client: one pool, as many
+// idle connections as it has workers.
+func proxyBenchClient(b *testing.B, conns int) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost, tr.MaxIdleConns = conns, 2*conns
+	b.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: time.Minute}
+}
+
+// get sends one GET, reads the whole body and checks it is a 200.
+func benchGet(c *http.Client, u, token, run string) error {
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Proxy-Authorization", "Bearer "+token)
+		req.Header.Set("Auditd-Run", run)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %d %s", u, resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return err
+}
+
+// checkProxyBenchRun finishes run id and fails the benchmark unless every
+// proxied request it counts succeeded, one dispatch each, none waited for
+// by the gates.
+func checkProxyBenchRun(b *testing.B, e *proxyEnv, id string, want int) {
+	b.Helper()
+	v := e.finish(id)
+	c := v.Counts
+	if v.Status != auditd.RunSucceeded || c.Items != want || c.Succeeded != want || c.Dispatches != want || c.Waits != 0 {
+		for _, ev := range e.events(id) {
+			if ev.Type == auditd.EventWait {
+				b.Logf("wait: %s %v planned, %v actual", ev.Gate, ev.Wait, ev.Actual)
+			}
+		}
+		b.Fatalf("run %s %s: %d items, %d succeeded, %d dispatches, %d waits; want %d each and no wait",
+			id, v.Status, c.Items, c.Succeeded, c.Dispatches, c.Waits, want)
+	}
+}
+
+// BenchmarkProxyLatency is the latency auditd's proxy route adds to a
+// request, at 200 requests/s: an open loop sends one request through
+// auditd every 5 ms, and between two of them (2.5 ms later) one straight
+// to nginx, each from its own keep-alive client, each without waiting for
+// the ones before it. One op is one such pair; use -benchtime=Nx (2000x is
+// 10 s). Metrics, in milliseconds of wall time from the request's
+// scheduled time to the whole body:
+//
+//   - ms-p50-direct, ms-p99-direct: nginx called directly;
+//   - ms-p50-proxy, ms-p99-proxy: the same request through auditd;
+//   - ms-p50-added, ms-p99-added: the differences of those percentiles
+//     (issue 15's targets: at most +1 ms and +5 ms).
+func BenchmarkProxyLatency(b *testing.B) {
+	if testing.Short() {
+		b.Skip("nginx and an fsync'ing ledger; not in -short")
+	}
+	ng := startNginx(b, nginxConfig{Template: "bench.conf.tmpl"})
+	e := newProxyEnv(b, proxyEnvOptions{startLimit: 1_000_000})
+	e.source(proxyBenchSource("ng", ng.url))
+	id := e.proxyRun(`,"idle_timeout":"1h"`)
+	direct, proxied := proxyBenchClient(b, 16), proxyBenchClient(b, 16)
+	// Warm both paths' connections and the route.
+	for i := range 20 {
+		if err := benchGet(direct, fmt.Sprintf("%s/warm/%d", ng.url, i), "", ""); err != nil {
+			b.Fatal(err)
+		}
+		if err := benchGet(proxied, fmt.Sprintf("%s/proxy/ng/warm/%d", e.srv.URL, i), e.token, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	n := b.N
+	dLat, pLat := make([]time.Duration, n), make([]time.Duration, n)
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	const period = 5 * time.Millisecond
+	b.ResetTimer()
+	start := time.Now()
+	for i := range n {
+		for k, lat := range []*time.Duration{&pLat[i], &dLat[i]} {
+			at := start.Add(time.Duration(i)*period + time.Duration(k)*period/2)
+			time.Sleep(time.Until(at))
+			u := fmt.Sprintf("%s/proxy/ng/r/%d", e.srv.URL, i)
+			c, token := proxied, e.token
+			if k == 1 {
+				u, c, token = fmt.Sprintf("%s/r/%d", ng.url, i), direct, ""
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := benchGet(c, u, token, id); err != nil {
+					failed.Store(err)
+				}
+				// From the scheduled time, so that a late send counts
+				// against the path it was late on (no coordinated omission).
+				*lat = time.Since(at)
+			}()
+		}
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	checkProxyBenchRun(b, e, id, n+20)
+	slices.Sort(dLat)
+	slices.Sort(pLat)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	d50, d99, p50, p99 := pct(dLat, 50), pct(dLat, 99), pct(pLat, 50), pct(pLat, 99)
+	b.ReportMetric(ms(d50), "ms-p50-direct")
+	b.ReportMetric(ms(d99), "ms-p99-direct")
+	b.ReportMetric(ms(p50), "ms-p50-proxy")
+	b.ReportMetric(ms(p99), "ms-p99-proxy")
+	b.ReportMetric(ms(p50-d50), "ms-p50-added")
+	b.ReportMetric(ms(p99-d99), "ms-p99-added")
+}
+
+// pct is the p-th percentile of sorted.
+func pct(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := (len(sorted)*p + 99) / 100
+	return sorted[min(max(i-1, 0), len(sorted)-1)]
+}
+
+// BenchmarkProxyThroughput is the proxy route's throughput against a bare
+// net/http/httputil.ReverseProxy in front of the same nginx, in this
+// process and with the same client: 64 concurrent clients, each sending
+// its next request as soon as it has read the last one's body, neither
+// path with pacing limits. One op is one request on each path; they take
+// turns, a tenth of the requests at a time, so that both see the same
+// spells of the machine. Metrics:
+//
+//   - req/s-auditd, req/s-reverseproxy: requests answered per second;
+//   - ratio: auditd's over the ReverseProxy's (issue 15's target: at least
+//     0.5).
+func BenchmarkProxyThroughput(b *testing.B) {
+	if testing.Short() {
+		b.Skip("nginx and an fsync'ing ledger; not in -short")
+	}
+	const clients = 64
+	ng := startNginx(b, nginxConfig{Template: "bench.conf.tmpl"})
+	target, _ := url.Parse(ng.url)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rpTr := http.DefaultTransport.(*http.Transport).Clone()
+	rpTr.MaxIdleConnsPerHost, rpTr.MaxIdleConns = clients, 2*clients
+	rp.Transport = rpTr
+	bare := httptest.NewServer(rp)
+	b.Cleanup(bare.Close)
+	b.Cleanup(rpTr.CloseIdleConnections)
+
+	e := newProxyEnv(b, proxyEnvOptions{startLimit: 1_000_000})
+	e.source(proxyBenchSource("ng", ng.url))
+	id := e.proxyRun(`,"idle_timeout":"1h"`)
+	client := proxyBenchClient(b, 2*clients)
+
+	var seq atomic.Int64
+	// round sends n requests from 64 clients through one path and returns
+	// how long they took.
+	round := func(n int, viaAuditd bool) time.Duration {
+		var next atomic.Int64
+		var failed atomic.Value
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(n) {
+					i := seq.Add(1)
+					var err error
+					if viaAuditd {
+						err = benchGet(client, fmt.Sprintf("%s/proxy/ng/t/%d", e.srv.URL, i), e.token, id)
+					} else {
+						err = benchGet(client, fmt.Sprintf("%s/t/%d", bare.URL, i), "", "")
+					}
+					if err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0)
+	}
+	// Warm both: connections, the route, the ledger's first pages.
+	round(2*clients, true)
+	round(2*clients, false)
+	proxiedN := 2 * clients
+
+	b.ResetTimer()
+	const turns = 10
+	var tA, tR time.Duration
+	for t := range turns {
+		k := b.N*(t+1)/turns - b.N*t/turns
+		if k == 0 {
+			continue
+		}
+		if t%2 == 0 {
+			tA += round(k, true)
+			tR += round(k, false)
+		} else {
+			tR += round(k, false)
+			tA += round(k, true)
+		}
+		proxiedN += k
+	}
+	b.StopTimer()
+	checkProxyBenchRun(b, e, id, proxiedN)
+	ra, rr := float64(b.N)/tA.Seconds(), float64(b.N)/tR.Seconds()
+	b.ReportMetric(ra, "req/s-auditd")
+	b.ReportMetric(rr, "req/s-reverseproxy")
+	b.ReportMetric(ra/rr, "ratio")
+}

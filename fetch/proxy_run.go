@@ -1,0 +1,373 @@
+package fetch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/runs"
+	"github.com/auditd/auditd/staging"
+)
+
+// A proxy-mode run has no items up front: each request a pipeline sends
+// through the proxy route becomes one (proxy.go). It ends when asked to
+// (Finish), when it has seen no request for its idle timeout, or when it
+// is cancelled; the reason is recorded on its run.finished. A shutdown
+// leaves it running, and the next start resumes it (resumeProxy).
+
+// proxyRun is what the loop keeps of a proxy-mode run besides its
+// activeRun.
+type proxyRun struct {
+	idle time.Duration
+
+	mu        sync.Mutex
+	inFlight  int                      // requests between enter and leave
+	last      time.Time                // when the last request ended, or the run started
+	finishing bool                     // no new requests; ends once inFlight is 0
+	reason    string                   // why it ends: run.finished's Reason
+	sources   map[string]bool          // sources with a run.start registry snapshot
+	snapshots map[string]chan struct{} // snapshots being taken
+	repeats   map[string]int           // derived item key -> how many requests took it (addProxyItem)
+	wake      chan struct{}            // the run's goroutine looks again
+	// ctx ends when the run is cancelled or the loop shuts down; every
+	// request of the run ends with it.
+	ctx context.Context
+}
+
+func newProxyRun(run auditd.Run, now time.Time) *proxyRun {
+	idle := run.IdleTimeout.D()
+	if idle <= 0 {
+		idle = auditd.DefaultIdleTimeout
+	}
+	return &proxyRun{idle: idle, last: now, sources: map[string]bool{}, snapshots: map[string]chan struct{}{}, repeats: map[string]int{}, wake: make(chan struct{}, 1)}
+}
+
+// endReason is the Reason of the run's run.finished: empty for a batch run.
+func (pr *proxyRun) endReason() string {
+	if pr == nil {
+		return ""
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.reason
+}
+
+func (pr *proxyRun) poke() {
+	select {
+	case pr.wake <- struct{}{}:
+	default:
+	}
+}
+
+// enter admits a request into the run, unless the run is ending or the
+// loop shutting down. Every request that entered must leave.
+func (l *Loop) enterProxy(ar *activeRun) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return auditd.Errorf(auditd.EUNAVAILABLE, "auditd is shutting down; retry against the restarted service")
+	}
+	pr := ar.proxy
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.finishing {
+		return auditd.Errorf(auditd.ECONFLICT, "Run %s is finishing; it takes no more requests.", ar.id)
+	}
+	pr.inFlight++
+	l.wg.Add(1)
+	return nil
+}
+
+func (l *Loop) leaveProxy(ar *activeRun) {
+	pr := ar.proxy
+	pr.mu.Lock()
+	pr.inFlight--
+	pr.last = l.cfg.Clock.Now()
+	pr.mu.Unlock()
+	pr.poke()
+	l.wg.Done()
+}
+
+// snapshotSource records the run.start registry snapshot of a source the
+// first time a request of the run uses it (a batch run takes them all at
+// its start); other requests of the source wait for it.
+func (l *Loop) snapshotSource(ctx context.Context, ar *activeRun, sourceID string) error {
+	pr := ar.proxy
+	pr.mu.Lock()
+	if pr.sources[sourceID] {
+		pr.mu.Unlock()
+		return nil
+	}
+	if ch, ok := pr.snapshots[sourceID]; ok {
+		pr.mu.Unlock()
+		select {
+		case <-ch:
+			return l.snapshotSource(ctx, ar, sourceID)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	ch := make(chan struct{})
+	pr.snapshots[sourceID] = ch
+	pr.mu.Unlock()
+	err := l.cfg.Registry.StartRun(ctx, ar.id, []string{sourceID})
+	pr.mu.Lock()
+	delete(pr.snapshots, sourceID)
+	pr.sources[sourceID] = err == nil
+	pr.mu.Unlock()
+	close(ch)
+	if err != nil {
+		return fmt.Errorf("snapshot registry: %w", err)
+	}
+	return nil
+}
+
+// submitProxy creates and starts a proxy-mode run.
+func (l *Loop) submitProxy(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
+	if len(nr.Items) > 0 {
+		return auditd.RunView{}, false, &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "A proxy-mode run takes no items: each proxied request becomes one."}
+	}
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return auditd.RunView{}, false, auditd.Errorf(auditd.EUNAVAILABLE, "shutting down")
+	}
+	now := l.cfg.Clock.Now()
+	live, err := l.cfg.Runs.Create(auditd.Run{
+		Name:        nr.Name,
+		Award:       nr.Award,
+		Status:      auditd.RunRunning,
+		InitiatedBy: nr.Principal,
+		ConfigHash:  l.runConfigHash(nil),
+		CodeVersion: l.cfg.CodeVersion,
+		CreatedAt:   now.UTC(),
+		Deadline:    nr.Deadline,
+		Mode:        auditd.RunProxy,
+		IdleTimeout: auditd.Duration(nr.IdleTimeout),
+	}, nr)
+	if errors.Is(err, runs.ErrKeyTaken) {
+		return l.Submit(ctx, nr)
+	} else if err != nil {
+		return auditd.RunView{}, false, err
+	}
+	ar := newActiveRun(live)
+	ar.proxy = newProxyRun(live.Run(), now)
+	if err := l.begin(ctx, ar, nil); err != nil {
+		return auditd.RunView{}, false, err
+	}
+	l.launchProxy(ar)
+	v, err := l.cfg.Runs.Run(ctx, live.ID())
+	return v, true, err
+}
+
+// launchProxy makes a proxy-mode run active and starts the goroutine that
+// ends it: when asked to, when idle for its timeout, or when cancelled.
+func (l *Loop) launchProxy(ar *activeRun) {
+	ctx, cancel := context.WithCancel(l.ctx)
+	ar.recordCtx = context.WithoutCancel(ctx)
+	ar.mu.Lock()
+	ar.cancel = cancel
+	ar.mu.Unlock()
+	pr := ar.proxy
+	pr.ctx = ctx
+	l.mu.Lock()
+	l.active[ar.id] = ar
+	l.mu.Unlock()
+
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer cancel()
+		for {
+			pr.mu.Lock()
+			inFlight, finishing := pr.inFlight, pr.finishing
+			idleFor := l.cfg.Clock.Now().Sub(pr.last)
+			switch {
+			case ctx.Err() != nil && ar.isCancelled():
+				pr.finishing = true
+				if pr.reason == "" {
+					pr.reason = "cancelled"
+				}
+				finishing = true
+			case ctx.Err() != nil:
+				pr.mu.Unlock()
+				return // shutdown: the run resumes at the next start
+			case !finishing && inFlight == 0 && idleFor >= pr.idle:
+				pr.finishing, pr.reason = true, fmt.Sprintf("idle for %v: no request within the run's idle timeout", pr.idle)
+				finishing = true
+			}
+			pr.mu.Unlock()
+			if finishing && inFlight == 0 {
+				break
+			}
+			var timer clock.Timer
+			var timerC <-chan time.Time
+			if !finishing && inFlight == 0 {
+				timer = l.cfg.Clock.NewTimer(pr.idle - idleFor)
+				timerC = timer.C()
+			}
+			select {
+			case <-pr.wake:
+			case <-timerC:
+			case <-ctx.Done():
+			}
+			if timer != nil {
+				timer.Stop()
+			}
+		}
+		if err := l.finish(ar.recordCtx, ar); err != nil {
+			l.log.Error("finish run", "run", ar.id, "err", err)
+		}
+	}()
+}
+
+// Finish ends proxy-mode run id on behalf of principal: it takes no more
+// requests, and once those in flight are answered its end is recorded
+// (run.finished, Reason naming who finished it). It returns the finished
+// run. A batch run, or a run that has ended, is a conflict.
+func (l *Loop) Finish(ctx context.Context, id, principal string) (auditd.RunView, error) {
+	ar := l.activeRun(id)
+	if ar == nil || ar.proxy == nil {
+		v, err := l.cfg.Runs.Run(ctx, id)
+		if err != nil {
+			return v, err
+		}
+		if v.Mode != auditd.RunProxy {
+			return v, auditd.Errorf(auditd.ECONFLICT, "Run %s is a batch run: it ends when its items do (cancel stops it).", id)
+		}
+		if v.Status.Terminal() {
+			return v, auditd.Errorf(auditd.ECONFLICT, "Run %s is %s already.", id, v.Status)
+		}
+		return v, auditd.Errorf(auditd.EUNAVAILABLE, "Run %s is not active (auditd is starting or shutting down); retry.", id)
+	}
+	pr := ar.proxy
+	pr.mu.Lock()
+	if !pr.finishing {
+		pr.finishing, pr.reason = true, "finished by "+principal
+	}
+	pr.mu.Unlock()
+	pr.poke()
+	return l.Wait(ctx, id)
+}
+
+// proxiedDetail is the Detail of a proxied request's item.queued: the
+// hash and size of the body it sent, when it sent one.
+type proxiedDetail struct {
+	BodySHA256 string `json:"body_sha256,omitempty"`
+	BodyBytes  int    `json:"body_bytes,omitempty"`
+}
+
+// resumeProxy picks up a proxy-mode run that a crash or restart left
+// unfinished. As resume does for a batch run, it recounts the run from the
+// ledger, rebuilds its items (from item.queued) and their results, and
+// records every dispatch without an outcome as interrupted; a proxied
+// request whose item had not ended is lost with the client's connection,
+// so its item ends failed. Then the run takes requests again.
+func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error) {
+	id := live.ID()
+	ar := newActiveRun(live)
+	ar.proxy = newProxyRun(live.Run(), l.cfg.Clock.Now())
+	started := false
+	var fin *auditd.Event
+	items := map[string]*auditd.Item{}
+	var order []string
+	lastGood := map[string]string{} // item key -> its request's last-good key
+	finished := map[string]bool{}
+	dispatched := map[string]int{}
+	open := map[request]auditd.Event{}
+	err := l.cfg.Ledger.ScanRun(id, 0, func(e *auditd.Event) error {
+		live.Count(*e)
+		r := request{key: e.ItemKey, page: int(e.Page)}
+		switch e.Type {
+		case auditd.EventRunStarted:
+			started = true
+		case auditd.EventRunFinished:
+			f := *e
+			fin = &f
+		case auditd.EventRegistrySnapshot:
+			if e.Snapshot == "run.start" {
+				ar.proxy.sources[e.SourceID] = true
+			}
+		case auditd.EventItemQueued:
+			it := &auditd.Item{Key: e.ItemKey, SourceID: e.SourceID, Method: e.Method, Path: e.Path}
+			var d proxiedDetail
+			if e.Detail != "" {
+				_ = json.Unmarshal([]byte(e.Detail), &d) // written by this package; a bad one only loses the last-good key's body
+			}
+			items[e.ItemKey] = it
+			order = append(order, e.ItemKey)
+			lastGood[e.ItemKey] = staging.RequestKey(it.SourceID, it.Method, it.Path, []byte(d.BodySHA256))
+			if err := live.AddItem(*it); err != nil {
+				return fmt.Errorf("item.queued %d: %w", e.Seq, err)
+			}
+		case auditd.EventItemFinished:
+			it := items[e.ItemKey]
+			if it == nil {
+				return fmt.Errorf("item.finished %d names %q, no item of the run", e.Seq, e.ItemKey)
+			}
+			finished[e.ItemKey] = true
+			res, err := resultOf(it, e)
+			if err != nil {
+				return err
+			}
+			good := ""
+			if res.Outcome == auditd.ItemSucceeded {
+				good = lastGood[e.ItemKey]
+			}
+			live.Finished(e.ItemKey, res, good, e.Time)
+		case auditd.EventDispatch:
+			dispatched[e.ItemKey]++
+			open[r] = *e
+		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
+			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
+				delete(open, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recount run from the ledger: %w", err)
+	}
+	if fin != nil {
+		l.log.Info("storing the end of a finished run", "run", id)
+		return nil, l.storeEnd(ar, fin)
+	}
+	if !started {
+		if err := l.begin(ctx, ar, nil); err != nil {
+			return nil, err
+		}
+	} else {
+		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}); err != nil {
+			return nil, err
+		}
+		for _, d := range sortedDispatches(open) {
+			if _, err := l.record(ctx, ar, auditd.Event{
+				Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
+				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Reason: "no outcome recorded before the restart",
+			}); err != nil {
+				return nil, err
+			}
+		}
+		lost := 0
+		for _, key := range order {
+			if finished[key] {
+				continue
+			}
+			lost++
+			it := &job{Item: items[key], attempts: &itemAttempts{total: dispatched[key]}}
+			l.endItem(ar, it, auditd.ItemFailed, "proxied request lost to a restart: the client's connection closed before an answer", nil, "", nil)
+		}
+		ar.posts.Wait()
+		l.log.Info("resuming proxy-mode run", "run", id, "items", len(order), "lost", lost, "interrupted", len(open))
+	}
+	if err := l.cfg.Runs.Start(live); err != nil {
+		return nil, err
+	}
+	return func() { l.launchProxy(ar) }, nil
+}
