@@ -158,6 +158,9 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
+		// Taken before the gates admit the request: a stall that comes
+		// while its waits or its dispatch are being recorded delays it.
+		stallSince, stallErr := l.cfg.Ledger.Stalled()
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
 		// The waits held back the page's next dispatch: they carry its attempt.
 		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p)
@@ -183,7 +186,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p}
+		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p, stallSince: stallSince, stalled: stallErr != nil}
 		err = l.dispatch(rctx, ar, it.Item, a, path)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
@@ -234,6 +237,10 @@ type attempt struct {
 	n      uint32          // its number: 1 for the page's first dispatch
 	permit *limiter.Permit // the gates' admission
 	sent   time.Time       // when its dispatch was recorded
+	// The ledger's stall as it stood before the gates admitted it
+	// (Ledger.Stalled): whether one was on, and when the last began.
+	stallSince time.Time
+	stalled    bool
 }
 
 // exchange is what came back for one dispatch.
@@ -308,7 +315,6 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	buf[0] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
 	e := buf[:1]
-	stalledSince, stalled := l.cfg.Ledger.Stalled()
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
 		l.freeEventBuf(buf)
@@ -320,9 +326,10 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	}
 	ar.live.Count(e...)
 	a.sent = e[0].Time
-	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
-		// The record waited for a disk that refused it: the request
-		// leaves now, not when the gates admitted it. Counted again at
+	if since, err := l.cfg.Ledger.Stalled(); a.stalled || !since.Equal(a.stallSince) || err != nil {
+		// A record of the request (a wait, or its dispatch) waited for a
+		// disk that refused it: the request leaves now, not when the
+		// gates admitted it. Counted again at
 		// its recorded time, it holds back the requests admitted after it
 		// as the window it is sent in requires.
 		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
