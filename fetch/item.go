@@ -277,7 +277,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 	switch {
 	case x.err != nil:
 		e.Type, e.ErrorText = auditd.EventTransportError, x.err.Error()
-		l.post(ar, buf, 1, nil, nil, "")
+		l.post(ar, buf, 1, nil, nil)
 	default:
 		out, bodyErr = classify(x.status, hint.RetryAfterRaw != "", src.BodyError, x.body)
 		e.Status, e.Bytes = x.status, int64(len(x.body))
@@ -290,7 +290,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 			out = auditd.OutcomeThrottled
 		} else {
 			e.Type, e.Outcome, e.BodyError = auditd.EventResponse, out, bodyErr
-			l.post(ar, buf, 1, nil, nil, "")
+			l.post(ar, buf, 1, nil, nil)
 		}
 	}
 	l.recordBreaker(ctx, ar, it, v.Breaker)
@@ -528,25 +528,30 @@ func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, ga
 }
 
 // serveCached serves an item from its last good staged payload, if one
-// exists and still verifies.
+// exists and still verifies: a copy staged by any run, this one or
+// another still running, once the ledger holds it. cache.served and the
+// item's result say which run fetched it, when, and how old it is.
 func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) bool {
-	sum, ok, err := l.cfg.Staging.LastGood(lastGoodKey)
-	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
+	c, ok, err := l.cfg.Staging.LastGood(lastGoodKey)
+	if err != nil || !ok || l.cfg.Staging.VerifyPayload(c.Sum) != nil {
 		return false
 	}
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Reason: reason})
-	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
+	cp := &auditd.CachedCopy{OriginRun: c.Run, FetchedAt: c.FetchedAt, Age: auditd.Duration(max(0, l.cfg.Clock.Now().Sub(c.FetchedAt)))}
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key,
+		PayloadHash: c.Sum, Reason: reason, Detail: cp.CacheDetail()})
+	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
 	return true
 }
 
 // endItem ends an item: item.finished (preceded, for a success, by
 // payload.staged) in one ledger commit group, whose transaction also
-// stores a small payload's bytes, so the payload is on disk exactly when
-// the ledger says it is staged. It posts them (the worker goes on to its
-// next item at once); once they are durable the item's result and its
-// request's new last-good copy are kept with the run, and stored when it
-// ends (storeEnd); item.finished carries all of the result, so a restart
-// rebuilds them.
+// stores a small payload's bytes and makes the payload its request's last
+// good copy (lastGood names the request), so the payload is on disk, and
+// usable by any run that falls back on it, exactly when the ledger says
+// it is staged. It posts them (the worker goes on to its next item at
+// once); once they are durable the item's result is kept with the run,
+// and stored when it ends (storeEnd); item.finished carries all of the
+// result, so a restart rebuilds it.
 func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
 		res = &auditd.ItemResult{Advertised: -1}
@@ -557,14 +562,17 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 	var puts []auditd.Put
 	if payload != nil {
 		if rec, ok := payload.Record(); ok {
-			puts = []auditd.Put{rec}
+			puts = append(puts, rec)
+		}
+		if lastGood != "" {
+			puts = append(puts, l.cfg.Staging.LastGoodRecord(lastGood, staging.Copy{Sum: payload.Sum, FetchedAt: l.cfg.Clock.Now().UTC(), Run: ar.id}))
 		}
 		buf[n] = auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
 			PayloadHash: payload.Sum, Bytes: payload.N}
 		n++
 	}
 	buf[n] = finishedEvent(it.Item, res)
-	l.post(ar, buf, n+1, puts, res, lastGood)
+	l.post(ar, buf, n+1, puts, res)
 }
 
 // finishedEvent is the item.finished event of an item that ended with res:

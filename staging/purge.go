@@ -61,7 +61,7 @@ func (s *Store) Purge(seq uint64, sums []string) error {
 		var stale [][]byte
 		c := lastGood.Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if sum, _, ok := decodeLastGood(v); ok && want[sum] {
+			if c, ok := decodeLastGood(v); ok && want[c.Sum] {
 				stale = append(stale, append([]byte(nil), k...))
 			}
 		}

@@ -32,7 +32,7 @@ const (
 )
 
 var (
-	bucketLastGood = []byte("staging.lastgood") // request key -> fetched at, payload hash
+	bucketLastGood = []byte("staging.lastgood") // request key -> fetched at, payload hash, run (decodeLastGood)
 	bucketInline   = []byte("staging.payloads") // payload hash -> bytes, for small payloads
 	bucketSpool    = []byte("staging.spool")    // spool key -> payload hash (32 bytes), bytes
 )
@@ -441,34 +441,60 @@ func (s *Store) VerifyPayload(sum string) error {
 	return nil
 }
 
-// SetLastGood records sum, fetched at at, as the last good payload of a
-// request, unless the index already holds a copy fetched later.
-func (s *Store) SetLastGood(requestKey, sum string, at time.Time) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return s.PutLastGood(tx, requestKey, sum, at) })
+// Copy is a request's last good payload, as the last-good index holds it.
+type Copy struct {
+	Sum       string    // hex SHA-256 of the payload
+	FetchedAt time.Time // when the item that fetched it ended
+	// Run is the run that fetched it; empty for a copy indexed before
+	// the index recorded runs.
+	Run string
 }
 
-// PutLastGood is SetLastGood inside the caller's transaction: a run stores
-// the last good copies of all its requests with its final record. A run
-// that ends after a later one does not put back its older copies.
-func (s *Store) PutLastGood(tx *bolt.Tx, requestKey, sum string, at time.Time) error {
-	b := tx.Bucket(bucketLastGood)
-	// Key and value share one array: bbolt copies the key, and keeps the
-	// value until the transaction ends.
-	key := append(make([]byte, 0, len(requestKey)+8+len(sum)), requestKey...)
-	if was, ok := lastGoodAt(b.Get(key)); ok && was.After(at) {
-		return nil
+// SetLastGood records c as the last good payload of a request, unless
+// the index already holds a copy fetched later.
+func (s *Store) SetLastGood(requestKey string, c Copy) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLastGood)
+		if was, ok := lastGoodAt(b.Get([]byte(requestKey))); ok && was.After(c.FetchedAt) {
+			return nil
+		}
+		put := s.LastGoodRecord(requestKey, c)
+		return b.Put(put.Key, put.Value)
+	})
+}
+
+// LastGoodRecord is the entry that makes c the last good payload of a
+// request, for the ledger to write in the transaction that records the
+// payload staged (auditd.Put): the copy is usable, by this run and any
+// other, from the moment the ledger says it is staged, and never before.
+// Commits are in the ledger's order, so the copy staged last wins.
+func (s *Store) LastGoodRecord(requestKey string, c Copy) auditd.Put {
+	v := make([]byte, 0, 8+len(c.Sum)+1+len(c.Run))
+	v = binary.BigEndian.AppendUint64(v, uint64(c.FetchedAt.UnixNano()))
+	v = append(v, c.Sum...)
+	if c.Run != "" {
+		v = append(append(v, 0), c.Run...)
 	}
-	v := binary.BigEndian.AppendUint64(key[len(key):], uint64(at.UnixNano()))
-	return b.Put(key, append(v, sum...))
+	return auditd.Put{Bucket: bucketLastGood, Key: []byte(requestKey), Value: v}
 }
 
 // decodeLastGood reads a last-good entry: the time its payload was fetched
-// (8 bytes, Unix nanoseconds, big-endian), then the payload's hash.
-func decodeLastGood(v []byte) (sum string, at time.Time, ok bool) {
-	if at, ok = lastGoodAt(v); !ok {
-		return "", time.Time{}, false
+// (8 bytes, Unix nanoseconds, big-endian), the payload's hash, and, in
+// entries written since runs were recorded, a zero byte and the run that
+// fetched it.
+func decodeLastGood(v []byte) (c Copy, ok bool) {
+	at, ok := lastGoodAt(v)
+	if !ok {
+		return Copy{}, false
 	}
-	return string(v[8:]), at, true
+	c.FetchedAt = at.UTC()
+	rest := v[8:]
+	if i := bytes.IndexByte(rest, 0); i >= 0 {
+		c.Sum, c.Run = string(rest[:i]), string(rest[i+1:])
+	} else {
+		c.Sum = string(rest)
+	}
+	return c, c.Sum != ""
 }
 
 // lastGoodAt reads only the time of a last-good entry.
@@ -480,12 +506,12 @@ func lastGoodAt(v []byte) (time.Time, bool) {
 }
 
 // LastGood returns the last good payload of a request, if there is one.
-func (s *Store) LastGood(requestKey string) (sum string, ok bool, err error) {
+func (s *Store) LastGood(requestKey string) (c Copy, ok bool, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
-		sum, _, ok = decodeLastGood(tx.Bucket(bucketLastGood).Get([]byte(requestKey)))
+		c, ok = decodeLastGood(tx.Bucket(bucketLastGood).Get([]byte(requestKey)))
 		return nil
 	})
-	return sum, ok, err
+	return c, ok, err
 }
 
 // RequestKey names a request for the last-good index: the same source,
