@@ -209,8 +209,8 @@ type Report struct {
 // CachedItem is an item served from a last good copy, as its cache.served
 // records it.
 type CachedItem struct {
-	Seq         uint64 `json:"seq"` // of its cache.served
-	SourceID    string `json:"source"`
+	Seq         uint64    `json:"seq"` // of its cache.served
+	SourceID    string    `json:"source"`
 	ItemKey     string    `json:"item"`
 	ServedAt    time.Time `json:"served_at"`
 	PayloadHash string    `json:"payload_hash"`

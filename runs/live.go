@@ -15,8 +15,8 @@ import (
 type Live struct {
 	id string // never changes
 
-	mu       sync.Mutex
-	rec      record
+	mu      sync.Mutex
+	rec     record
 	results map[string]*auditd.ItemResult // item key -> how it ended
 	ended   chan struct{}                 // closed once the run's end is stored
 }

@@ -312,6 +312,7 @@ func validateSource(src *auditd.Source) (field, msg string) {
 	}
 	return "", err.Error()
 }
+
 // runReports is what a finished run's log line reads: its counts from the
 // store, its verdict from the reports service (which keeps it for the API).
 type runReports struct {
