@@ -32,6 +32,7 @@ type harness struct {
 	db     *bolt.DB
 	ledger *ledger.Ledger
 	reg    *registry.Registry
+	lim    *limiter.Limiter
 	stage  *staging.Store
 	runs   *runs.Store
 	loop   *fetch.Loop
@@ -103,8 +104,9 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	lim := limiter.New(h.clk)
 	loop, err := fetch.New(fetch.Config{
-		Ledger: led, Runs: store, Registry: reg, Limiter: limiter.New(h.clk), Staging: stage,
+		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
 		Clock: h.clk, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -114,7 +116,7 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err := loop.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	h.db, h.ledger, h.reg, h.stage, h.runs, h.loop, h.dir = db, led, reg, stage, store, loop, dir
+	h.db, h.ledger, h.reg, h.lim, h.stage, h.runs, h.loop, h.dir = db, led, reg, lim, stage, store, loop, dir
 	tb.Cleanup(func() { h.close(tb) })
 }
 
