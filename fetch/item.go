@@ -545,10 +545,10 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 
 // endItem ends an item: item.finished (preceded, for a success, by
 // payload.staged) in one ledger commit group, whose transaction also
-// stores a small payload's bytes and makes the payload its request's last
-// good copy (lastGood names the request), so the payload is on disk, and
-// usable by any run that falls back on it, exactly when the ledger says
-// it is staged. It posts them (the worker goes on to its next item at
+// stores a small payload's bytes and the record that makes the payload its
+// request's last good copy (lastGood names the request), so the payload is
+// on disk, and usable by any run that falls back on it, exactly when the
+// ledger says it is staged (staging.Store.LastGoodRecord). It posts them (the worker goes on to its next item at
 // once); once they are durable the item's result is kept with the run,
 // and stored when it ends (storeEnd); item.finished carries all of the
 // result, so a restart rebuilds it.
@@ -561,6 +561,7 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 	buf, n := l.eventBuf(), 0
 	var puts []auditd.Put
 	if payload != nil {
+		puts = make([]auditd.Put, 0, 2) // the payload's spool entry, its last-good record
 		if rec, ok := payload.Record(); ok {
 			puts = append(puts, rec)
 		}

@@ -69,7 +69,7 @@ func (r *Live) Count(events ...auditd.Event) {
 
 // Finished keeps how the item with key ended, once its item.finished is
 // durable. (Its payload is the request's last good copy from then on: the
-// ledger stored the index entry with it, staging.Store.LastGoodRecord.)
+// ledger stored its last-good record with it, staging.Store.LastGoodRecord.)
 func (r *Live) Finished(key string, res *auditd.ItemResult) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
@@ -33,6 +32,7 @@ const (
 
 var (
 	bucketLastGood = []byte("staging.lastgood") // request key -> fetched at, payload hash, run (decodeLastGood)
+	bucketRecent   = []byte("staging.recent")   // recent key -> request key and its last-good entry, until compacted (lastgood.go)
 	bucketInline   = []byte("staging.payloads") // payload hash -> bytes, for small payloads
 	bucketSpool    = []byte("staging.spool")    // spool key -> payload hash (32 bytes), bytes
 )
@@ -63,6 +63,7 @@ type Store struct {
 	mu        sync.Mutex
 	spoolNext uint64            // the last spool key handed out
 	pending   map[string]uint64 // payload hash -> spool key, until compacted
+	recent    recentCopies      // last-good copies stored since the last compaction (lastgood.go)
 
 	// MaxBytes caps one payload. Default DefaultMaxBytes.
 	MaxBytes int64
@@ -77,7 +78,7 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 		return nil, fmt.Errorf("create staging directory: %w", err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool} {
+		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool, bucketRecent} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -86,7 +87,7 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("create staging buckets: %w", err)
 	}
-	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}}
+	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}, recent: newRecentCopies()}
 	if _, err := s.Compact(); err != nil {
 		return nil, err
 	}
@@ -104,7 +105,7 @@ var ErrNoStore = errors.New("no payload store in this file")
 // payload (which is then not found). Only Open, VerifyPayload and LastGood
 // are for use on it. ErrNoStore if db holds no payload store.
 func OpenReadOnly(db *bolt.DB, dir string) (*Store, error) {
-	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}}
+	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}, recent: newRecentCopies()}
 	err := db.View(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool} {
 			if tx.Bucket(b) == nil {
@@ -116,6 +117,10 @@ func OpenReadOnly(db *bolt.DB, dir string) (*Store, error) {
 			if len(k) == 8 && len(v) >= sha256.Size {
 				s.pending[hex.EncodeToString(v[:sha256.Size])] = binary.BigEndian.Uint64(k)
 			}
+		}
+		// A file of a build before the recent copies has none.
+		if b := tx.Bucket(bucketRecent); b != nil {
+			s.recent.load(b)
 		}
 		return nil
 	})
@@ -263,10 +268,17 @@ func (p Payload) Record() (rec auditd.Put, ok bool) {
 // Unspool forgets rec, the spool entry of a payload (Payload.Record), when
 // the transaction meant to store it failed: the store stops looking for the
 // payload in the spool under rec's key, and the index of spooled payloads
-// does not keep an entry that no Compact would ever clear. A record of
-// another bucket, or one whose payload has since been spooled again under
-// a later key, is left alone.
+// does not keep an entry that no Compact would ever clear. A last-good
+// record (LastGoodRecord) is forgotten too: its copy never becomes usable.
+// A record of another bucket, or one whose payload has since been spooled
+// again under a later key, is left alone.
 func (s *Store) Unspool(rec auditd.Put) {
+	if bytes.Equal(rec.Bucket, bucketRecent) && len(rec.Key) == 8 {
+		s.mu.Lock()
+		delete(s.recent.pending, binary.BigEndian.Uint64(rec.Key)) // a last-good record (LastGoodRecord)
+		s.mu.Unlock()
+		return
+	}
 	if !bytes.Equal(rec.Bucket, bucketSpool) || len(rec.Key) != 8 || len(rec.Value) < sha256.Size {
 		return
 	}
@@ -280,7 +292,8 @@ func (s *Store) Unspool(rec auditd.Put) {
 }
 
 // Compact moves every spooled payload to the payload bucket, in hash
-// order, in one transaction, and says how many it moved. Moving is always
+// order, and every recent last-good copy to the last-good index, in one
+// transaction, and says how many payloads it moved. Moving is always
 // safe: a payload is found in either place. The fetch loop compacts when a
 // run ends; Open compacts what a crash left.
 func (s *Store) Compact() (int, error) {
@@ -293,7 +306,12 @@ func (s *Store) Compact() (int, error) {
 	moved := make([]spooled, 0, len(s.pending)) // what the spool holds, unless a crash left more
 	s.mu.Unlock()
 	var keys []byte // the payloads' keys, hex, one after another
+	var copies []uint64
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		if copies, err = compactRecent(tx); err != nil {
+			return err
+		}
 		moved = moved[:0]
 		c := tx.Bucket(bucketSpool).Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
@@ -323,7 +341,7 @@ func (s *Store) Compact() (int, error) {
 		if err := tx.DeleteBucket(bucketSpool); err != nil {
 			return err
 		}
-		_, err := tx.CreateBucket(bucketSpool)
+		_, err = tx.CreateBucket(bucketSpool)
 		return err
 	})
 	if err != nil {
@@ -336,6 +354,7 @@ func (s *Store) Compact() (int, error) {
 			delete(s.pending, string(sum))
 		}
 	}
+	s.recent.compacted(copies)
 	s.mu.Unlock()
 	return len(moved), nil
 }
@@ -439,79 +458,6 @@ func (s *Store) VerifyPayload(sum string) error {
 		return fmt.Errorf("payload %s: %w", sum, ErrCorrupt)
 	}
 	return nil
-}
-
-// Copy is a request's last good payload, as the last-good index holds it.
-type Copy struct {
-	Sum       string    // hex SHA-256 of the payload
-	FetchedAt time.Time // when the item that fetched it ended
-	// Run is the run that fetched it; empty for a copy indexed before
-	// the index recorded runs.
-	Run string
-}
-
-// SetLastGood records c as the last good payload of a request, unless
-// the index already holds a copy fetched later.
-func (s *Store) SetLastGood(requestKey string, c Copy) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketLastGood)
-		if was, ok := lastGoodAt(b.Get([]byte(requestKey))); ok && was.After(c.FetchedAt) {
-			return nil
-		}
-		put := s.LastGoodRecord(requestKey, c)
-		return b.Put(put.Key, put.Value)
-	})
-}
-
-// LastGoodRecord is the entry that makes c the last good payload of a
-// request, for the ledger to write in the transaction that records the
-// payload staged (auditd.Put): the copy is usable, by this run and any
-// other, from the moment the ledger says it is staged, and never before.
-// Commits are in the ledger's order, so the copy staged last wins.
-func (s *Store) LastGoodRecord(requestKey string, c Copy) auditd.Put {
-	v := make([]byte, 0, 8+len(c.Sum)+1+len(c.Run))
-	v = binary.BigEndian.AppendUint64(v, uint64(c.FetchedAt.UnixNano()))
-	v = append(v, c.Sum...)
-	if c.Run != "" {
-		v = append(append(v, 0), c.Run...)
-	}
-	return auditd.Put{Bucket: bucketLastGood, Key: []byte(requestKey), Value: v}
-}
-
-// decodeLastGood reads a last-good entry: the time its payload was fetched
-// (8 bytes, Unix nanoseconds, big-endian), the payload's hash, and, in
-// entries written since runs were recorded, a zero byte and the run that
-// fetched it.
-func decodeLastGood(v []byte) (c Copy, ok bool) {
-	at, ok := lastGoodAt(v)
-	if !ok {
-		return Copy{}, false
-	}
-	c.FetchedAt = at.UTC()
-	rest := v[8:]
-	if i := bytes.IndexByte(rest, 0); i >= 0 {
-		c.Sum, c.Run = string(rest[:i]), string(rest[i+1:])
-	} else {
-		c.Sum = string(rest)
-	}
-	return c, c.Sum != ""
-}
-
-// lastGoodAt reads only the time of a last-good entry.
-func lastGoodAt(v []byte) (time.Time, bool) {
-	if len(v) <= 8 {
-		return time.Time{}, false
-	}
-	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), true
-}
-
-// LastGood returns the last good payload of a request, if there is one.
-func (s *Store) LastGood(requestKey string) (c Copy, ok bool, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		c, ok = decodeLastGood(tx.Bucket(bucketLastGood).Get([]byte(requestKey)))
-		return nil
-	})
-	return c, ok, err
 }
 
 // RequestKey names a request for the last-good index: the same source,
