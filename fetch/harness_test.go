@@ -40,6 +40,9 @@ type harness struct {
 	urls   map[string]string // upstream name -> base URL
 	dir    string            // the data directory
 	full   atomic.Bool       // the disk refuses the ledger's writes (ledger.Options.WriteFault)
+	// fault, when set, is asked before each commit whether the disk
+	// refuses it (after full).
+	fault atomic.Pointer[func() error]
 }
 
 var epoch = time.Date(2026, 11, 2, 8, 0, 0, 0, time.UTC)
@@ -80,6 +83,9 @@ func (h *harness) open(tb testing.TB, dir string) {
 		WriteFault: func() error {
 			if h.full.Load() {
 				return syscall.ENOSPC
+			}
+			if f := h.fault.Load(); f != nil {
+				return (*f)()
 			}
 			return nil
 		},

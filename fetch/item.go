@@ -129,8 +129,9 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
 	lastReason := ""
-	deferred := 0       // failed probes of the source's breaker this page waited through
-	recordFailures := 0 // dispatch records the ledger refused in a row
+	deferred := 0          // failed probes of the source's breaker this page waited through
+	recordFailures := 0    // dispatch records the ledger refused in a row
+	var throttled *attempt // the dispatch a throttle answered, until the page's next dispatch
 	for {
 		if ctx.Err() != nil {
 			if ar.isCancelled() {
@@ -163,7 +164,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		stallSince, stallErr := l.cfg.Ledger.Stalled()
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
 		// The waits held back the page's next dispatch: they carry its attempt.
-		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p)
+		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		if err != nil {
 			var shed *limiter.ShedError
 			switch {
@@ -206,6 +207,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			continue
 		}
 		recordFailures = 0
+		throttled = nil
 
 		x := l.send(rctx, src, it.Item, pg)
 		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, a, &x)
@@ -217,6 +219,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			return x.body, pageOK, ""
 		case out == auditd.OutcomeThrottled:
 			lastReason = fmt.Sprintf("throttled (%d)", x.status)
+			throttled = a
 		case out == auditd.OutcomeServerError:
 			lastReason = fmt.Sprintf("server error (%d)", x.status)
 			retryAt = l.cfg.Clock.Now().Add(wait)
@@ -241,6 +244,10 @@ type attempt struct {
 	// (Ledger.Stalled): whether one was on, and when the last began.
 	stallSince time.Time
 	stalled    bool
+	// throttledAt and pause are the time of the throttle that answered
+	// it, as recorded, and the pause it asked for; zero otherwise.
+	throttledAt time.Time
+	pause       time.Duration
 }
 
 // exchange is what came back for one dispatch.
@@ -285,7 +292,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 			e.Type = auditd.EventThrottle
 			e.RetryAfterRaw, e.RetryAfter, e.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
 			e.Backoff, e.Wait = v.Backoff, v.Wait
-			l.recordThrottle(ctx, ar, *e)
+			a.throttledAt, a.pause = l.recordThrottle(ctx, ar, *e), e.Wait
 			l.freeEventBuf(buf)
 			out = auditd.OutcomeThrottled
 		} else {
@@ -372,13 +379,15 @@ func (l *Loop) queueDispatch(sourceID string, p *limiter.Permit, e []auditd.Even
 
 // recordThrottle records a throttle and pauses the source from that record
 // on, under the source's send lock, so no dispatch recorded after it can
-// carry a time inside [throttle.Time, throttle.Time+Wait).
-func (l *Loop) recordThrottle(ctx context.Context, ar *activeRun, e auditd.Event) {
+// carry a time inside [throttle.Time, throttle.Time+Wait). It returns the
+// throttle's recorded time (zero when it could not be recorded).
+func (l *Loop) recordThrottle(ctx context.Context, ar *activeRun, e auditd.Event) time.Time {
 	mu := l.sendLock(e.SourceID)
 	mu.Lock()
 	defer mu.Unlock()
 	ev := l.mustRecord(ctx, ar, e)
 	l.cfg.Limiter.Pause(e.SourceID, ev.Time.Add(e.Wait))
+	return ev.Time
 }
 
 // recordBreaker records breaker transitions under the source's send lock.
@@ -479,7 +488,15 @@ func scrubError(err error, path string, secret []string) error {
 // recordAdmission records what the gates did before admitting a page's
 // request (p; empty when Acquire failed): breaker transitions, then the
 // waits, each with the attempt it held back.
-func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit) {
+//
+// A request a throttle answered (throttled) waits out the pause the
+// throttle asked for before it goes again, and its retry records that
+// wait (R4). When the gates had nothing left to hold it back for, the
+// pause having run out while the loop recorded what came back (a busy
+// machine, a slow disk), the wait was spent all the same between the
+// throttle's record and now: it is recorded as the pause's, planned as
+// the throttle asked and as long as it actually was.
+func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit, throttled *attempt) {
 	l.recordTransitions(ctx, ar, it, p.Breaker)
 	for _, w := range p.Waits {
 		l.mustRecord(ctx, ar, auditd.Event{
@@ -487,6 +504,13 @@ func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.It
 			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual,
 		})
 	}
+	if throttled == nil || throttled.throttledAt.IsZero() || len(p.Waits) > 0 || p.Admitted.IsZero() {
+		return
+	}
+	l.mustRecord(ctx, ar, auditd.Event{
+		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt,
+		Gate: string(limiter.GatePause), Wait: throttled.pause, Actual: p.Admitted.Sub(throttled.throttledAt),
+	})
 }
 
 func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
