@@ -26,7 +26,7 @@ const (
 	EventRegistryChanged  EventType = "registry.changed"     // OldLimit, NewLimit, OldWindow, NewWindow, Group, Cause (what taught it)
 	EventRegistrySnapshot EventType = "registry.snapshot"    // NewLimit, NewWindow, Group, Snapshot
 	EventShed             EventType = "shed"                 // Gate (that could not admit in time)
-	EventCacheServed      EventType = "cache.served"         // PayloadHash of the copy served, Reason
+	EventCacheServed      EventType = "cache.served"         // PayloadHash of the copy served, Reason, Detail (CachedCopy: origin run, fetched at, age)
 	EventPayloadStaged    EventType = "payload.staged"       // PayloadHash, Bytes
 	EventItemFinished     EventType = "item.finished"        // Outcome, Attempts, Reason (when not succeeded), PayloadHash, Bytes, Detail (paged)
 	EventAcknowledged     EventType = "item.acknowledged"    // the downstream pipeline loaded the item: Principal, PayloadHash

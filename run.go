@@ -1,6 +1,7 @@
 package auditd
 
 import (
+	"encoding/json"
 	"net/url"
 	"strings"
 	"time"
@@ -154,6 +155,38 @@ type ItemResult struct {
 	// gives none; CountMatched says whether the records fetched equal it.
 	Advertised   int  `json:"advertised,omitempty"`
 	CountMatched bool `json:"count_matched,omitempty"`
+	// Cached is the copy a cached item was served from; nil otherwise.
+	Cached *CachedCopy `json:"cached,omitempty"`
+}
+
+// CachedCopy is the last good copy an item was served from: which run
+// fetched it, when, and how old it was when it was served. cache.served
+// carries it as its Detail (CacheDetail).
+type CachedCopy struct {
+	// OriginRun is the run that fetched the copy; empty when the copy was
+	// indexed before the index recorded runs.
+	OriginRun string    `json:"origin_run,omitempty"`
+	FetchedAt time.Time `json:"fetched_at"`
+	Age       Duration  `json:"age"` // from FetchedAt to when it was served
+}
+
+// CacheDetail is c as cache.served's Detail holds it: JSON.
+func (c CachedCopy) CacheDetail() string {
+	b, _ := json.Marshal(c)
+	return string(b)
+}
+
+// ParseCacheDetail reads a cache.served's Detail; nil for an event
+// recorded before cache.served said where its copy came from.
+func ParseCacheDetail(detail string) (*CachedCopy, error) {
+	if detail == "" {
+		return nil, nil
+	}
+	var c CachedCopy
+	if err := json.Unmarshal([]byte(detail), &c); err != nil {
+		return nil, Errorf(EINVALID, "cache.served detail: %v", err)
+	}
+	return &c, nil
 }
 
 // NewRun is a run to create, as a pipeline submits it.

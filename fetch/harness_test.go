@@ -32,6 +32,7 @@ type harness struct {
 	db     *bolt.DB
 	ledger *ledger.Ledger
 	reg    *registry.Registry
+	lim    *limiter.Limiter
 	stage  *staging.Store
 	runs   *runs.Store
 	loop   *fetch.Loop
@@ -39,6 +40,9 @@ type harness struct {
 	urls   map[string]string // upstream name -> base URL
 	dir    string            // the data directory
 	full   atomic.Bool       // the disk refuses the ledger's writes (ledger.Options.WriteFault)
+	// fault, when set, is asked before each commit whether the disk
+	// refuses it (after full).
+	fault atomic.Pointer[func() error]
 }
 
 var epoch = time.Date(2026, 11, 2, 8, 0, 0, 0, time.UTC)
@@ -80,6 +84,9 @@ func (h *harness) open(tb testing.TB, dir string) {
 			if h.full.Load() {
 				return syscall.ENOSPC
 			}
+			if f := h.fault.Load(); f != nil {
+				return (*f)()
+			}
 			return nil
 		},
 		OnStall: func(err error) {
@@ -103,8 +110,9 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	lim := limiter.New(h.clk)
 	loop, err := fetch.New(fetch.Config{
-		Ledger: led, Runs: store, Registry: reg, Limiter: limiter.New(h.clk), Staging: stage,
+		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
 		Clock: h.clk, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -114,7 +122,7 @@ func (h *harness) open(tb testing.TB, dir string) {
 	if err := loop.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	h.db, h.ledger, h.reg, h.stage, h.runs, h.loop, h.dir = db, led, reg, stage, store, loop, dir
+	h.db, h.ledger, h.reg, h.lim, h.stage, h.runs, h.loop, h.dir = db, led, reg, lim, stage, store, loop, dir
 	tb.Cleanup(func() { h.close(tb) })
 }
 

@@ -144,8 +144,9 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
 	lastReason := ""
-	deferred := 0       // failed probes of the source's breaker this page waited through
-	recordFailures := 0 // dispatch records the ledger refused in a row
+	deferred := 0          // failed probes of the source's breaker this page waited through
+	recordFailures := 0    // dispatch records the ledger refused in a row
+	var throttled *attempt // the dispatch a throttle answered, until the page's next dispatch
 	for {
 		if ctx.Err() != nil {
 			if ar.isCancelled() {
@@ -173,9 +174,12 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
+		// Taken before the gates admit the request: a stall that comes
+		// while its waits or its dispatch are being recorded delays it.
+		stallSince, stallErr := l.cfg.Ledger.Stalled()
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
 		// The waits held back the page's next dispatch: they carry its attempt.
-		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p)
+		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		if err != nil {
 			var shed *limiter.ShedError
 			switch {
@@ -198,7 +202,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p}
+		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p, stallSince: stallSince, stalled: stallErr != nil}
 		err = l.dispatch(rctx, ar, it.Item, a, path)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
@@ -218,6 +222,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			continue
 		}
 		recordFailures = 0
+		throttled = nil
 
 		x := l.send(rctx, src, rule, it.Item, pg)
 		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, a, &x)
@@ -232,6 +237,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			return x.body, pageOK, ""
 		case out == auditd.OutcomeThrottled:
 			lastReason = fmt.Sprintf("throttled (%d)", x.status)
+			throttled = a
 		case out == auditd.OutcomeServerError:
 			lastReason = fmt.Sprintf("server error (%d)", x.status)
 			retryAt = l.cfg.Clock.Now().Add(wait)
@@ -261,6 +267,14 @@ type attempt struct {
 	permit *limiter.Permit // the gates' admission
 	sent   time.Time       // when its dispatch was recorded
 	seq    uint64          // its dispatch's sequence number
+	// The ledger's stall as it stood before the gates admitted it
+	// (Ledger.Stalled): whether one was on, and when the last began.
+	stallSince time.Time
+	stalled    bool
+	// throttledAt and pause are the time of the throttle that answered
+	// it, as recorded, and the pause it asked for; zero otherwise.
+	throttledAt time.Time
+	pause       time.Duration
 }
 
 // exchange is what came back for one dispatch.
@@ -301,7 +315,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 	switch {
 	case x.err != nil:
 		e.Type, e.ErrorText = auditd.EventTransportError, x.err.Error()
-		l.post(ar, buf, 1, nil, nil, "")
+		l.post(ar, buf, 1, nil, nil)
 	default:
 		out, bodyErr = classify(x.status, hint.RetryAfterRaw != "", src.BodyError, x.body)
 		e.Status, e.Bytes = x.status, x.size()
@@ -309,12 +323,12 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 			e.Type = auditd.EventThrottle
 			e.RetryAfterRaw, e.RetryAfter, e.Clamped = v.RetryAfterRaw, v.RetryAfter, v.Clamped
 			e.Backoff, e.Wait = v.Backoff, v.Wait
-			l.recordThrottle(ctx, ar, *e)
+			a.throttledAt, a.pause = l.recordThrottle(ctx, ar, *e), e.Wait
 			l.freeEventBuf(buf)
 			out = auditd.OutcomeThrottled
 		} else {
 			e.Type, e.Outcome, e.BodyError = auditd.EventResponse, out, bodyErr
-			l.post(ar, buf, 1, nil, nil, "")
+			l.post(ar, buf, 1, nil, nil)
 		}
 	}
 	l.recordBreaker(ctx, ar, it, v.Breaker)
@@ -339,7 +353,6 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	buf[0] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
 	e := buf[:1]
-	stalledSince, stalled := l.cfg.Ledger.Stalled()
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
 		l.freeEventBuf(buf)
@@ -351,9 +364,10 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	}
 	ar.live.Count(e...)
 	a.sent, a.seq = e[0].Time, e[0].Seq
-	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
-		// The record waited for a disk that refused it: the request
-		// leaves now, not when the gates admitted it. Counted again at
+	if since, err := l.cfg.Ledger.Stalled(); a.stalled || !since.Equal(a.stallSince) || err != nil {
+		// A record of the request (a wait, or its dispatch) waited for a
+		// disk that refused it: the request leaves now, not when the
+		// gates admitted it. Counted again at
 		// its recorded time, it holds back the requests admitted after it
 		// as the window it is sent in requires.
 		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
@@ -396,13 +410,15 @@ func (l *Loop) queueDispatch(sourceID string, p *limiter.Permit, e []auditd.Even
 
 // recordThrottle records a throttle and pauses the source from that record
 // on, under the source's send lock, so no dispatch recorded after it can
-// carry a time inside [throttle.Time, throttle.Time+Wait).
-func (l *Loop) recordThrottle(ctx context.Context, ar *activeRun, e auditd.Event) {
+// carry a time inside [throttle.Time, throttle.Time+Wait). It returns the
+// throttle's recorded time (zero when it could not be recorded).
+func (l *Loop) recordThrottle(ctx context.Context, ar *activeRun, e auditd.Event) time.Time {
 	mu := l.sendLock(e.SourceID)
 	mu.Lock()
 	defer mu.Unlock()
 	ev := l.mustRecord(ctx, ar, e)
 	l.cfg.Limiter.Pause(e.SourceID, ev.Time.Add(e.Wait))
+	return ev.Time
 }
 
 // recordBreaker records breaker transitions under the source's send lock.
@@ -525,7 +541,15 @@ func (e *scrubbed) Unwrap() error { return e.wrapped }
 // recordAdmission records what the gates did before admitting a page's
 // request (p; empty when Acquire failed): breaker transitions, then the
 // waits, each with the attempt it held back.
-func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit) {
+//
+// A request a throttle answered (throttled) waits out the pause the
+// throttle asked for before it goes again, and its retry records that
+// wait (R4). When the gates had nothing left to hold it back for, the
+// pause having run out while the loop recorded what came back (a busy
+// machine, a slow disk), the wait was spent all the same between the
+// throttle's record and now: it is recorded as the pause's, planned as
+// the throttle asked and as long as it actually was.
+func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit, throttled *attempt) {
 	l.recordTransitions(ctx, ar, it, p.Breaker)
 	for _, w := range p.Waits {
 		l.mustRecord(ctx, ar, auditd.Event{
@@ -533,6 +557,13 @@ func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.It
 			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual,
 		})
 	}
+	if throttled == nil || throttled.throttledAt.IsZero() || len(p.Waits) > 0 || p.Admitted.IsZero() {
+		return
+	}
+	l.mustRecord(ctx, ar, auditd.Event{
+		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt,
+		Gate: string(limiter.GatePause), Wait: throttled.pause, Actual: p.Admitted.Sub(throttled.throttledAt),
+	})
 }
 
 func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
@@ -574,25 +605,30 @@ func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, ga
 }
 
 // serveCached serves an item from its last good staged payload, if one
-// exists and still verifies.
+// exists and still verifies: a copy staged by any run, this one or
+// another still running, once the ledger holds it. cache.served and the
+// item's result say which run fetched it, when, and how old it is.
 func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) bool {
-	sum, ok, err := l.cfg.Staging.LastGood(lastGoodKey)
-	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
+	c, ok, err := l.cfg.Staging.LastGood(lastGoodKey)
+	if err != nil || !ok || l.cfg.Staging.VerifyPayload(c.Sum) != nil {
 		return false
 	}
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key, PayloadHash: sum, Reason: reason})
-	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
+	cp := &auditd.CachedCopy{OriginRun: c.Run, FetchedAt: c.FetchedAt, Age: auditd.Duration(max(0, l.cfg.Clock.Now().Sub(c.FetchedAt)))}
+	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key,
+		PayloadHash: c.Sum, Reason: reason, Detail: cp.CacheDetail()})
+	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
 	return true
 }
 
 // endItem ends an item: item.finished (preceded, for a success, by
 // payload.staged) in one ledger commit group, whose transaction also
-// stores a small payload's bytes, so the payload is on disk exactly when
-// the ledger says it is staged. It posts them (the worker goes on to its
-// next item at once); once they are durable the item's result and its
-// request's new last-good copy are kept with the run, and stored when it
-// ends (storeEnd); item.finished carries all of the result, so a restart
-// rebuilds them.
+// stores a small payload's bytes and the record that makes the payload its
+// request's last good copy (lastGood names the request), so the payload is
+// on disk, and usable by any run that falls back on it, exactly when the
+// ledger says it is staged (staging.Store.LastGoodRecord). It posts them (the worker goes on to its next item at
+// once); once they are durable the item's result is kept with the run,
+// and stored when it ends (storeEnd); item.finished carries all of the
+// result, so a restart rebuilds it.
 func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload) {
 	if res == nil {
 		res = &auditd.ItemResult{Advertised: -1}
@@ -602,15 +638,19 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 	buf, n := l.eventBuf(), 0
 	var puts []auditd.Put
 	if payload != nil {
+		puts = make([]auditd.Put, 0, 2) // the payload's spool entry, its last-good record
 		if rec, ok := payload.Record(); ok {
-			puts = []auditd.Put{rec}
+			puts = append(puts, rec)
+		}
+		if lastGood != "" {
+			puts = append(puts, l.cfg.Staging.LastGoodRecord(lastGood, staging.Copy{Sum: payload.Sum, FetchedAt: l.cfg.Clock.Now().UTC(), Run: ar.id}))
 		}
 		buf[n] = auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
 			PayloadHash: payload.Sum, Bytes: payload.N}
 		n++
 	}
 	buf[n] = finishedEvent(it.Item, res)
-	l.post(ar, buf, n+1, puts, res, lastGood)
+	l.post(ar, buf, n+1, puts, res)
 }
 
 // finishedEvent is the item.finished event of an item that ended with res:

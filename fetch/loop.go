@@ -392,11 +392,12 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // returns is stored after them; a run's run.finished therefore waits for
 // all of them. Once they are durable they are counted. When they end an
 // item (res is not nil, and the last event is its item.finished), the run
-// then keeps res as the item's result, and its payload as request
-// lastGood's newest good copy (runs.Live.Finished). A failure is logged,
+// then keeps res as the item's result (runs.Live.Finished), and staging
+// learns that the puts are stored (a last-good record among them makes its
+// copy usable by every run). A failure is logged,
 // as mustRecord logs it: the record describes something that happened,
 // and the reconciliation will show the gap.
-func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Put, res *auditd.ItemResult, lastGood string) {
+func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Put, res *auditd.ItemResult) {
 	events := buf[:n]
 	for i := range events {
 		events[i].RunID = ar.id
@@ -417,8 +418,11 @@ func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Pu
 			return
 		}
 		ar.live.Count(stored...)
+		if len(puts) > 0 {
+			l.cfg.Staging.Stored(puts) // a new last good copy is usable from now on
+		}
 		if res != nil {
-			ar.live.Finished(item, res, lastGood, stored[len(stored)-1].Time)
+			ar.live.Finished(item, res)
 		}
 	})
 }

@@ -267,6 +267,72 @@ func TestOutageServesLastGoodCopy(t *testing.T) {
 	}
 }
 
+// A copy is its request's last good copy as soon as it is staged: a run
+// whose fetch fails falls back on a copy that another run, still running,
+// staged minutes earlier, and says which run fetched it and how old it is.
+func TestConcurrentRunFallsBackOnStagedCopy(t *testing.T) {
+	h := newHarness(t, outageScenario)
+	second := auditd.Duration(time.Second)
+	h.source(t, auditd.Source{ID: "down", Limit: 10, Window: second, MaxAttempts: 2,
+		Breaker: auditd.BreakerPolicy{Threshold: 2, Cooldown: auditd.Duration(10 * time.Second)}}, "down")
+	// One request every ten minutes: the first run is still running long
+	// after its item of "down" is staged.
+	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(10 * time.Minute)}, "up")
+	path := "/geoserver/ows?service=WFS&request=GetFeature&typeNames=parcels&n=a"
+	items := []auditd.Item{{Key: "a", SourceID: "down", Path: path}}
+	for i := range 4 {
+		items = append(items, auditd.Item{Key: fmt.Sprint("slow", i), SourceID: "slow", Path: fmt.Sprint("/arcgis/rest/services/Parcels/FeatureServer/0/query?f=json&n=", i)})
+	}
+	ctx := context.Background()
+	first, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "long", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.drive(func() bool {
+		v, err := h.runs.Item(ctx, first.ID, "a")
+		return err == nil && v.Result != nil
+	}, 10_000) {
+		t.Fatal("the first run never finished item a")
+	}
+	staged := h.clk.Now()
+
+	h.clk.Advance(3 * time.Minute) // the outage has begun; the first run goes on
+	second2, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "during", Items: []auditd.Item{{Key: "again", SourceID: "down", Path: path}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := h.finish(t, second2.ID)
+	if long, _ := h.runs.Run(ctx, first.ID); long.Status.Terminal() {
+		t.Fatalf("the first run ended (%s) before the second: the test proves nothing", long.Status)
+	}
+	if v.Counts.Cached != 1 || v.Status != auditd.RunSucceeded {
+		t.Fatalf("second run %s with %+v; want its item served from the first run's staged copy", v.Status, v.Counts)
+	}
+	iv, err := h.runs.Item(ctx, v.ID, "again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := iv.Result.Cached
+	if c == nil || c.OriginRun != first.ID || c.Age.D() < 3*time.Minute || c.FetchedAt.After(staged) {
+		t.Fatalf("cached copy %+v; want one from run %s, fetched by %v, at least 3m old", c, first.ID, staged)
+	}
+	var served []auditd.Event
+	for _, e := range h.events(t, v.ID) {
+		if e.Type == auditd.EventCacheServed {
+			served = append(served, e)
+		}
+	}
+	if len(served) != 1 {
+		t.Fatalf("%d cache.served events", len(served))
+	}
+	if got, err := auditd.ParseCacheDetail(served[0].Detail); err != nil || *got != *c {
+		t.Errorf("cache.served says %+v (%v); the item's result %+v", got, err, c)
+	}
+	h.reconcile(t, v.ID)
+	h.finish(t, first.ID)
+	h.reconcile(t, first.ID)
+}
+
 const gatewayScenario = `
 name: gateway
 seed: 1

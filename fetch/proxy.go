@@ -240,7 +240,7 @@ func (p *proxied) flushQueued() {
 	buf := p.l.eventBuf()
 	buf[0] = *p.queued
 	p.queued = nil
-	p.l.post(p.ar, buf, 1, nil, nil, "")
+	p.l.post(p.ar, buf, 1, nil, nil)
 }
 
 // end ends the request's item (Loop.endItem), its item.queued first.
@@ -351,7 +351,7 @@ func (p *proxied) note(e auditd.Event) {
 	p.flushQueued()
 	buf := p.l.eventBuf()
 	buf[0] = e
-	p.l.post(p.ar, buf, 1, nil, nil, "")
+	p.l.post(p.ar, buf, 1, nil, nil)
 }
 
 // recordAdmission records what the gates did before admitting the
@@ -420,7 +420,7 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 					n++
 				}
 				buf[n] = finishedEvent(it, res)
-				l.post(ar, buf, n+1, nil, res, "")
+				l.post(ar, buf, n+1, nil, res)
 				return
 			}
 			ar.live.Count(stored...)
@@ -429,7 +429,7 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 			buf[0] = auditd.Event{Type: auditd.EventInterrupted, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page),
 				Attempt: a.n, Method: it.Method, Path: p.path, Reason: "not sent: its record was durable only after the request's deadline"}
 			buf[1] = finishedEvent(it, res)
-			l.post(ar, buf, 2, nil, res, "")
+			l.post(ar, buf, 2, nil, res)
 		})
 		return errDispatchLate
 	}
@@ -701,18 +701,25 @@ func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
 // cached.
 func (p *proxied) serveStale(rctx context.Context, reason string) bool {
 	l := p.l
-	sum, at, ok, err := l.cfg.Staging.LastGoodAt(p.lastGood)
-	if err != nil || !ok || l.cfg.Staging.VerifyPayload(sum) != nil {
+	c, ok, err := l.cfg.Staging.LastGood(p.lastGood)
+	if err != nil || !ok || l.cfg.Staging.VerifyPayload(c.Sum) != nil {
 		return false
 	}
-	rc, err := l.cfg.Staging.Open(sum)
+	rc, err := l.cfg.Staging.Open(c.Sum)
 	if err != nil {
 		return false
 	}
 	defer rc.Close()
-	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: sum, Reason: reason})
-	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: sum, Advertised: -1}, "", nil)
-	p.meta.Stale = &auditd.StaleCopy{PayloadHash: sum, FetchedAt: at.UTC(), Age: max(l.cfg.Clock.Now().Sub(at), 0), RunID: l.originRun(sum, at)}
+	origin := c.Run
+	if origin == "" { // indexed before the index recorded runs
+		origin = l.originRun(c.Sum, c.FetchedAt)
+	}
+	age := max(l.cfg.Clock.Now().Sub(c.FetchedAt), 0)
+	cp := &auditd.CachedCopy{OriginRun: origin, FetchedAt: c.FetchedAt, Age: auditd.Duration(age)}
+	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: c.Sum, Reason: reason,
+		Detail: cp.CacheDetail()})
+	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
+	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: age, RunID: origin}
 	br := bufio.NewReader(rc)
 	head, _ := br.Peek(512)
 	h := http.Header{}

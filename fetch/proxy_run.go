@@ -2,7 +2,6 @@ package fetch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/runs"
-	"github.com/auditd/auditd/staging"
 )
 
 // A proxy-mode run has no items up front: each request a pipeline sends
@@ -277,7 +275,6 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 	var fin *auditd.Event
 	items := map[string]*auditd.Item{}
 	var order []string
-	lastGood := map[string]string{} // item key -> its request's last-good key
 	finished := map[string]bool{}
 	dispatched := map[string]int{}
 	open := map[request]auditd.Event{}
@@ -296,13 +293,8 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 			}
 		case auditd.EventItemQueued:
 			it := &auditd.Item{Key: e.ItemKey, SourceID: e.SourceID, Method: e.Method, Path: e.Path}
-			var d proxiedDetail
-			if e.Detail != "" {
-				_ = json.Unmarshal([]byte(e.Detail), &d) // written by this package; a bad one only loses the last-good key's body
-			}
 			items[e.ItemKey] = it
 			order = append(order, e.ItemKey)
-			lastGood[e.ItemKey] = staging.RequestKey(it.SourceID, it.Method, it.Path, []byte(d.BodySHA256))
 			if err := live.AddItem(*it); err != nil {
 				return fmt.Errorf("item.queued %d: %w", e.Seq, err)
 			}
@@ -316,11 +308,9 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 			if err != nil {
 				return err
 			}
-			good := ""
-			if res.Outcome == auditd.ItemSucceeded {
-				good = lastGood[e.ItemKey]
-			}
-			live.Finished(e.ItemKey, res, good, e.Time)
+			// Its last good copy, if it staged one, was indexed with its
+			// payload.staged (staging.Store.LastGoodRecord).
+			live.Finished(e.ItemKey, res)
 		case auditd.EventDispatch:
 			dispatched[e.ItemKey]++
 			open[r] = *e

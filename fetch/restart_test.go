@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -210,4 +211,68 @@ func TestRestartKeepsAFinishedRunsWindow(t *testing.T) {
 				sent[i-limit].Sub(epoch), sent[i].Sub(epoch), d, limit+1, window, limit)
 		}
 	}
+}
+
+// A restart keeps what the last-good copies say: a copy staged by a run
+// still running is its request's last good one after the restart (the
+// record stored with it is compacted into the index at start), and an item
+// of a run still running that was served from cache reads, rebuilt from
+// its cache.served, as it did.
+func TestRestartKeepsCachedCopies(t *testing.T) {
+	h := newHarness(t, outageScenario)
+	second := auditd.Duration(time.Second)
+	h.source(t, auditd.Source{ID: "down", Limit: 10, Window: second, MaxAttempts: 2,
+		Breaker: auditd.BreakerPolicy{Threshold: 2, Cooldown: auditd.Duration(10 * time.Second)}}, "down")
+	h.source(t, auditd.Source{ID: "slow", Limit: 1, Window: auditd.Duration(10 * time.Minute)}, "up")
+	path := "/geoserver/ows?service=WFS&request=GetFeature&typeNames=parcels&n=a"
+	slow := func(key string, n int) auditd.Item {
+		return auditd.Item{Key: key, SourceID: "slow", Path: fmt.Sprint("/arcgis/rest/services/Parcels/FeatureServer/0/query?f=json&n=", n)}
+	}
+	ctx := context.Background()
+	first, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "long", Items: []auditd.Item{{Key: "a", SourceID: "down", Path: path}, slow("s0", 0), slow("s1", 1), slow("s2", 2), slow("s3", 3)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished := func(run, key string) func() bool {
+		return func() bool {
+			v, err := h.runs.Item(ctx, run, key)
+			return err == nil && v.Result != nil
+		}
+	}
+	if !h.drive(finished(first.ID, "a"), 10_000) {
+		t.Fatal("the first run never finished item a")
+	}
+	h.clk.Advance(3 * time.Minute)
+	v, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "during", Items: []auditd.Item{{Key: "again", SourceID: "down", Path: path}, slow("s4", 4), slow("s5", 5)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.drive(finished(v.ID, "again"), 10_000) {
+		t.Fatal("the second run never finished item again")
+	}
+	before := results(t, h, v.ID)["again"]
+	if before.Outcome != auditd.ItemCached || before.Cached == nil || before.Cached.OriginRun != first.ID {
+		t.Fatalf("before the restart: %+v, want a copy from run %s", before, first.ID)
+	}
+	for _, id := range []string{first.ID, v.ID} {
+		if rv, _ := h.runs.Run(ctx, id); rv.Status.Terminal() {
+			t.Fatalf("run %s (%s) ended before the restart (first is %s): the test proves nothing, %+v", id, rv.Name, first.ID, rv.Counts)
+		}
+	}
+
+	h.close(t)
+	h.open(t, h.dir)
+	if c, ok, err := h.stage.LastGood(staging.RequestKey("down", "GET", path, nil)); err != nil || !ok || c.Run != first.ID {
+		t.Fatalf("after the restart the last good copy is %+v (%v, %v), want run %s's", c, ok, err, first.ID)
+	}
+	if got := results(t, h, v.ID)["again"]; !reflect.DeepEqual(got, before) {
+		t.Fatalf("rebuilt after the restart: %+v (cached %+v), want %+v (cached %+v)", got, got.Cached, before, before.Cached)
+	}
+	h.finish(t, v.ID)
+	h.finish(t, first.ID)
+	if got := results(t, h, v.ID)["again"]; !reflect.DeepEqual(got, before) {
+		t.Errorf("stored at the end: %+v, want %+v", got, before)
+	}
+	h.reconcile(t, v.ID)
+	h.reconcile(t, first.ID)
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/limiter"
-	"github.com/auditd/auditd/staging"
 )
 
 // resume picks up a run that a crash or restart left unfinished. The ledger
@@ -39,7 +38,8 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	var fin *auditd.Event // run.finished, when the crash came after it
 	queued := map[string]bool{}
 	finished := map[string]bool{}
-	open := map[request]auditd.Event{} // dispatches still waiting for an outcome
+	open := map[request]auditd.Event{}        // dispatches still waiting for an outcome
+	cached := map[string]*auditd.CachedCopy{} // the copies items were served from
 	err = l.cfg.Ledger.ScanRun(id, 0, func(e *auditd.Event) error {
 		live.Count(*e)
 		r := request{key: e.ItemKey, page: int(e.Page)}
@@ -51,6 +51,12 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			fin = &f
 		case auditd.EventItemQueued:
 			queued[e.ItemKey] = true
+		case auditd.EventCacheServed:
+			c, err := auditd.ParseCacheDetail(e.Detail)
+			if err != nil {
+				return fmt.Errorf("cache.served %d of %s: %w", e.Seq, e.ItemKey, err)
+			}
+			cached[e.ItemKey] = c
 		case auditd.EventItemFinished:
 			finished[e.ItemKey] = true
 			delete(ar.resumed, e.ItemKey)
@@ -62,11 +68,10 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			if err != nil {
 				return err
 			}
-			lastGood := ""
-			if res.Outcome == auditd.ItemSucceeded {
-				lastGood = staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
+			if res.Outcome == auditd.ItemCached {
+				res.Cached = cached[e.ItemKey]
 			}
-			live.Finished(e.ItemKey, res, lastGood, e.Time)
+			live.Finished(e.ItemKey, res)
 		case auditd.EventDispatch:
 			ar.seen(r, e.Attempt)
 			open[r] = *e

@@ -22,6 +22,13 @@
 // R8. The recount holds state per item and per open request, not per event,
 // so memory grows with the items of a run, not its events.
 //
+// Report.Cached lists the items served from a last good copy, from their
+// cache.served events: which run fetched each copy, when, and its age when
+// served (unknown for a cache.served that predates them). They are not a
+// check: the run is as balanced as its counts are; CI holds the ages to a
+// bound of its own (auditd reconcile --max-stale), and the workbooks show
+// them on a Served from cache sheet.
+//
 // # Evidence workbook
 //
 // Exporter writes the sheets of EVIDENCE.md with excelize's StreamWriter, so

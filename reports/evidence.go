@@ -44,6 +44,7 @@ const (
 	SheetRegistry       = "Registry snapshots"
 	SheetControl        = "Control evidence"
 	SheetReconciliation = "Reconciliation"
+	SheetCached         = "Served from cache"
 	SheetAccess         = "Access log"
 )
 
@@ -159,6 +160,9 @@ var (
 		{"Within limit", 10}}}
 	specReconciliation = sheetSpec{SheetReconciliation, []column{{"Run", 30}, {"Scope", 12}, {"Check", 7}, {"Status", 7},
 		{"Expected", 10}, {"Actual", 10}, {"Difference", 10}, {"First offending seqs", 24}, {"Note", 40}, {"Identity", 80}}}
+	specCached = sheetSpec{SheetCached, []column{{"Seq", 10}, {"Run", 30}, {"Source", 16}, {"Item", 24},
+		{"Served at", 26}, {"Reason", 40}, {"Copy fetched by run", 30}, {"Copy fetched at", 26}, {"Age when served (s)", 14},
+		{"Payload SHA-256", 66}}}
 	specAccess = sheetSpec{SheetAccess, []column{{"Seq", 10}, {"Run", 30}, {"Time", 26}, {"Who", 28}, {"What", 40},
 		{"Ledger head seq then", 12}, {"Event hash", 66}}}
 	specManifest = sheetSpec{SheetManifest, []column{{"Field", 28}, {"Value", 90}, {"SHA-256 of rows", 66}}}
@@ -296,7 +300,7 @@ func docProps(f *excelize.File, title, id string, at time.Time) error {
 
 // sheetOrder is the workbook's order of populations (EVIDENCE.md).
 var sheetOrder = []string{SheetManifest, SheetAward, SheetRuns, SheetDispatches, SheetWaits, SheetBreaker,
-	SheetRegistry, SheetControl, SheetReconciliation, SheetAccess}
+	SheetRegistry, SheetControl, SheetReconciliation, SheetCached, SheetAccess}
 
 // bookWriter is one export in progress.
 type bookWriter struct {
@@ -341,7 +345,7 @@ func (b *bookWriter) setUp() error {
 // sheets after their first, and writes the Manifest last, when every other
 // sheet's rows and hash are known.
 func (b *bookWriter) finish() error {
-	for _, fn := range []func() error{b.award, b.runs, b.control, b.reconciliation} {
+	for _, fn := range []func() error{b.award, b.runs, b.control, b.reconciliation, b.cached} {
 		if err := fn(); err != nil {
 			return err
 		}
@@ -437,6 +441,37 @@ func (b *bookWriter) reconciliation() error {
 		}
 	}
 	return b.closeSheet(w)
+}
+
+// cached writes the items served from a last good copy: which run
+// fetched each copy, when, and how old it was.
+func (b *bookWriter) cached() error {
+	w, err := b.sheet(specCached)
+	if err != nil {
+		return err
+	}
+	for _, r := range b.m.Reports {
+		for _, row := range cachedRows(r) {
+			if err := w.row(row...); err != nil {
+				return err
+			}
+		}
+	}
+	return b.closeSheet(w)
+}
+
+// cachedRows are the rows of rep's items served from cache, as the
+// Served from cache sheets show them; an age not recorded is left empty.
+func cachedRows(rep *Report) [][]any {
+	rows := make([][]any, 0, len(rep.Cached))
+	for _, c := range rep.Cached {
+		var fetched, age any
+		if c.AgeKnown() {
+			fetched, age = c.FetchedAt, seconds(c.Age.D())
+		}
+		rows = append(rows, []any{c.Seq, rep.Run.ID, c.SourceID, c.ItemKey, c.ServedAt, c.Reason, c.OriginRun, fetched, age, c.PayloadHash})
+	}
+	return rows
 }
 
 // manifest writes the first sheet last, when every other sheet's rows and

@@ -176,7 +176,7 @@ func TestExport_Sheets(t *testing.T) {
 	b, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
 	wb := readWorkbook(t, b)
 	want := []string{"Manifest", "Award context", "Runs", "Dispatches", "Waits and throttles", "Breaker transitions",
-		"Registry snapshots", "Control evidence", "Reconciliation", "Access log"}
+		"Registry snapshots", "Control evidence", "Reconciliation", "Served from cache", "Access log"}
 	if !slices.Equal(wb.names, want) {
 		t.Fatalf("sheets %q, want %q", wb.names, want)
 	}
@@ -223,6 +223,7 @@ func TestExport_TiesToReconciliation(t *testing.T) {
 		{"Access log", int64(len(m.Access))}, // the fixture's one export, after the run's range
 		{"Control evidence", int64(len(rep.Control))},
 		{"Reconciliation", int64(len(rep.Checks) * (1 + len(rep.Sources)))},
+		{"Served from cache", rep.Counts.CacheServed},
 	} {
 		if got := int64(len(wb.sheets[tc.sheet]) - 1); got != tc.want {
 			t.Errorf("%s: %d rows, reconciliation says %d", tc.sheet, got, tc.want)

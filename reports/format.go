@@ -113,6 +113,24 @@ func WriteTable(w io.Writer, rep *Report) error {
 		}
 		fmt.Fprintf(w, "source %s: failed %s\n", s.SourceID, strings.Join(failed, ", "))
 	}
+	if len(rep.Cached) > 0 {
+		fmt.Fprintf(w, "\nserved from cache: %d\n", len(rep.Cached))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "SEQ\tSOURCE\tITEM\tAGE\tFETCHED AT\tBY RUN\tREASON")
+		for _, c := range rep.Cached {
+			age, at, by := "unknown", "-", c.OriginRun
+			if c.AgeKnown() {
+				age, at = c.Age.D().String(), c.FetchedAt.UTC().Format(timeLayout)
+			}
+			if by == "" {
+				by = "-"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Seq, c.SourceID, c.ItemKey, age, at, by, c.Reason)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	_, err := fmt.Fprintln(w)
 	return err
 }

@@ -79,7 +79,7 @@ func TestWriteXLSX(t *testing.T) {
 	wb := readWorkbook(t, a.Bytes())
 	goldenCompare(t, "throttle-without-wait.reconciliation.txt", []byte(wb.dump()))
 
-	if want := []string{"Summary", "Detail per source", "Checks", "Sign-off"}; !slices.Equal(wb.names, want) {
+	if want := []string{"Summary", "Detail per source", "Checks", "Served from cache", "Sign-off"}; !slices.Equal(wb.names, want) {
 		t.Fatalf("sheets %q, want %q", wb.names, want)
 	}
 	// Checks rows are the CSV rows; Detail ties to the JSON per source.

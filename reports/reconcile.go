@@ -199,7 +199,32 @@ type Report struct {
 	// source and count only in the totals.
 	Sources []SourceReport    `json:"sources"`
 	Control []ControlEvidence `json:"control"`
+	// Cached are the items served from a last good copy, in the order
+	// they were served: which run fetched each copy, when, and how old it
+	// was. A CI job holds them to a bound of its own (auditd reconcile
+	// --max-stale).
+	Cached []CachedItem `json:"cached,omitempty"`
 }
+
+// CachedItem is an item served from a last good copy, as its cache.served
+// records it.
+type CachedItem struct {
+	Seq         uint64    `json:"seq"` // of its cache.served
+	SourceID    string    `json:"source"`
+	ItemKey     string    `json:"item"`
+	ServedAt    time.Time `json:"served_at"`
+	PayloadHash string    `json:"payload_hash"`
+	Reason      string    `json:"reason,omitempty"` // why the item fell back on it
+	// OriginRun, FetchedAt and Age say which run fetched the copy, when,
+	// and how old it was when served. A cache.served recorded before it
+	// carried them has none: FetchedAt is zero and the age is unknown.
+	OriginRun string          `json:"origin_run,omitempty"`
+	FetchedAt time.Time       `json:"fetched_at,omitzero"`
+	Age       auditd.Duration `json:"age,omitempty"`
+}
+
+// AgeKnown reports whether the copy's age was recorded.
+func (c *CachedItem) AgeKnown() bool { return !c.FetchedAt.IsZero() }
 
 // Failed returns the ids of the checks that failed in total.
 func (r *Report) Failed() []string {

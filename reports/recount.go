@@ -150,6 +150,7 @@ type recount struct {
 	groupOf map[string]string
 	pauses  map[string]*pause
 	hasAck  bool
+	cached  []CachedItem
 
 	chain *chainCheck
 }
@@ -298,6 +299,13 @@ func (rc *recount) observe(e *auditd.Event) {
 
 	case auditd.EventCacheServed:
 		s.counts.CacheServed++
+		ci := CachedItem{Seq: e.Seq, SourceID: s.id, ItemKey: strings.Clone(e.ItemKey), ServedAt: e.Time.UTC(),
+			PayloadHash: strings.Clone(e.PayloadHash), Reason: strings.Clone(e.Reason)}
+		// A Detail that does not decode leaves the copy's age unknown.
+		if c, err := auditd.ParseCacheDetail(e.Detail); err == nil && c != nil {
+			ci.OriginRun, ci.FetchedAt, ci.Age = c.OriginRun, c.FetchedAt.UTC(), c.Age
+		}
+		rc.cached = append(rc.cached, ci)
 
 	case auditd.EventItemFinished:
 		rc.itemFinished(s, e)
@@ -678,7 +686,7 @@ func (rc *recount) report(live *LiveCounters) *Report {
 
 	rc.checkStatus()
 
-	rep := &Report{RunID: rc.run.ID, Run: rc.run}
+	rep := &Report{RunID: rc.run.ID, Run: rc.run, Cached: rc.cached}
 	rep.Run.FirstSeq, rep.Run.LastSeq = rc.first, rc.last
 	ids := make([]string, 0, len(rc.sources))
 	for id := range rc.sources {

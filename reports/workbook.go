@@ -44,7 +44,7 @@ func specDetail() sheetSpec {
 }
 
 // WriteXLSX writes rep as a reconciliation workbook: Summary, Detail per
-// source, Checks and a Sign-off sheet for the people who review it. at is
+// source, Checks, the items Served from cache and a Sign-off sheet for the people who review it. at is
 // recorded as the time it was prepared; zero records none, and the same
 // report then always gives the same bytes.
 func WriteXLSX(w io.Writer, rep *Report, at time.Time) error {
@@ -56,7 +56,7 @@ func WriteXLSX(w io.Writer, rep *Report, at time.Time) error {
 	if err := f.SetSheetName("Sheet1", SheetSummary); err != nil {
 		return err
 	}
-	for _, name := range []string{SheetDetail, SheetChecks, SheetSignOff} {
+	for _, name := range []string{SheetDetail, SheetChecks, SheetCached, SheetSignOff} {
 		if _, err := f.NewSheet(name); err != nil {
 			return err
 		}
@@ -130,7 +130,7 @@ func WriteXLSX(w io.Writer, rep *Report, at time.Time) error {
 	for _, s := range []struct {
 		spec sheetSpec
 		rows [][]any
-	}{{specSummary, summary}, {specDetail(), detail}, {specChecks, checks}, {specSignOff, signOff}} {
+	}{{specSummary, summary}, {specDetail(), detail}, {specChecks, checks}, {specCached, cachedRows(rep)}, {specSignOff, signOff}} {
 		if err := write(s.spec, s.rows); err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package runs
 import (
 	"encoding/hex"
 	"sync"
-	"time"
 
 	"github.com/auditd/auditd"
 )
@@ -16,24 +15,16 @@ import (
 type Live struct {
 	id string // never changes
 
-	mu       sync.Mutex
-	rec      record
-	results  map[string]*auditd.ItemResult // item key -> how it ended
-	lastGood map[string]goodCopy           // request key -> its newest good payload in this run
-	ended    chan struct{}                 // closed once the run's end is stored
-	proxied  *proxiedItems                 // a proxy-mode run's items, as they come (proxy.go); nil for a batch run
-}
-
-// goodCopy is a payload fetched by a run: what the last-good index learns
-// when the run ends.
-type goodCopy struct {
-	sum string
-	at  time.Time // when its item finished
+	mu      sync.Mutex
+	rec     record
+	results map[string]*auditd.ItemResult // item key -> how it ended
+	ended   chan struct{}                 // closed once the run's end is stored
+	proxied *proxiedItems                 // a proxy-mode run's items, as they come (proxy.go); nil for a batch run
 }
 
 func newLive(rec *record) *Live {
 	r := &Live{id: rec.ID, rec: *rec, ended: make(chan struct{}),
-		results: make(map[string]*auditd.ItemResult, rec.ItemCount), lastGood: make(map[string]goodCopy, rec.ItemCount)}
+		results: make(map[string]*auditd.ItemResult, rec.ItemCount)}
 	if rec.Mode == auditd.RunProxy {
 		r.proxied = &proxiedItems{index: map[string]int{}}
 		r.rec.ItemCount = 0 // counted again as the items are added
@@ -83,15 +74,12 @@ func (r *Live) Count(events ...auditd.Event) {
 }
 
 // Finished keeps how the item with key ended, once its item.finished is
-// durable (at is its time), and, when lastGood names its request, its
-// payload as the request's newest good copy.
-func (r *Live) Finished(key string, res *auditd.ItemResult, lastGood string, at time.Time) {
+// durable. (Its payload is the request's last good copy from then on: the
+// ledger stored its last-good record with it, staging.Store.LastGoodRecord.)
+func (r *Live) Finished(key string, res *auditd.ItemResult) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.results[key] = res
-	if lastGood != "" && res.PayloadHash != "" {
-		r.lastGood[lastGood] = goodCopy{sum: res.PayloadHash, at: at}
-	}
 }
 
 // result returns a copy of how an item of the run ended, if it has.

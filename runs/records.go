@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
@@ -288,11 +289,26 @@ func appendResult(b []byte, key string, res *auditd.ItemResult) []byte {
 	b = binary.AppendVarint(b, int64(res.Pages))
 	b = binary.AppendVarint(b, int64(res.Records))
 	b = binary.AppendVarint(b, int64(res.Advertised))
+	// A flags byte: bit 0 the count matched, bit 1 a cached copy's origin
+	// follows (results stored before it have only bit 0).
+	var flags byte
 	if res.CountMatched {
-		return append(b, 1)
+		flags |= flagCountMatched
 	}
-	return append(b, 0)
+	if res.Cached == nil {
+		return append(b, flags)
+	}
+	b = append(b, flags|flagCached)
+	b = appendString(b, res.Cached.OriginRun)
+	b = binary.AppendVarint(b, res.Cached.FetchedAt.UnixNano())
+	return binary.AppendVarint(b, int64(res.Cached.Age))
 }
+
+// The flags of a stored result.
+const (
+	flagCountMatched = 1 << iota
+	flagCached
+)
 
 // chunkReader decodes a chunk's records; the first error sticks.
 type chunkReader struct {
@@ -371,10 +387,17 @@ func (r *chunkReader) result(res *auditd.ItemResult) (key string, err error) {
 	key, res.Outcome, res.Reason, res.PayloadHash = r.string(), auditd.Outcome(r.string()), r.string(), r.string()
 	res.Bytes = r.varint()
 	res.Attempts, res.Pages, res.Records, res.Advertised = r.int(), r.int(), r.int(), r.int()
-	if len(r.b) == 0 || r.b[0] > 1 {
+	if len(r.b) == 0 || r.b[0] > flagCountMatched|flagCached {
 		r.fail()
-	} else {
-		res.CountMatched, r.b = r.b[0] == 1, r.b[1:]
+		return key, r.err
+	}
+	flags := r.b[0]
+	res.CountMatched, r.b = flags&flagCountMatched != 0, r.b[1:]
+	if flags&flagCached != 0 {
+		c := &auditd.CachedCopy{OriginRun: r.string()}
+		c.FetchedAt = time.Unix(0, r.varint()).UTC()
+		c.Age = auditd.Duration(r.varint())
+		res.Cached = c
 	}
 	return key, r.err
 }

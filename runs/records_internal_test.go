@@ -37,6 +37,12 @@ func filled[T any](t *testing.T, seed int) T {
 			f.SetBool(true)
 		case reflect.Slice:
 			f.SetBytes([]byte(fmt.Sprintf(`{"body":%d}`, seed)))
+		case reflect.Pointer:
+			if f.Type() != reflect.TypeFor[*auditd.CachedCopy]() {
+				t.Fatalf("%s.%s: a pointer field; teach filled and the codec about it", rv.Type(), rv.Type().Field(i).Name)
+			}
+			f.Set(reflect.ValueOf(&auditd.CachedCopy{OriginRun: fmt.Sprintf("run-%d", seed),
+				FetchedAt: time.Unix(1_800_000_000+int64(seed), 7).UTC(), Age: auditd.Duration(time.Duration(seed+1) * time.Minute)}))
 		default:
 			t.Fatalf("%s.%s: a field of kind %s; teach filled and the codec about it", rv.Type(), rv.Type().Field(i).Name, f.Kind())
 		}

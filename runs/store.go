@@ -49,10 +49,9 @@ type Ledger interface {
 }
 
 // Payloads is what the store needs of the payload store (*staging.Store):
-// to open an item's payload, and to index a run's good copies when it ends.
+// to open an item's payload.
 type Payloads interface {
 	Open(sum string) (io.ReadCloser, error)
-	PutLastGood(tx *bolt.Tx, requestKey, sum string, at time.Time) error
 }
 
 // Options configure Open. Ledger and Payloads are required.
@@ -277,8 +276,7 @@ func (s *Store) tracked(id string) *Live {
 }
 
 // End stores what a run leaves, in one transaction: every item's result,
-// in key order (a run's keys are new, so this appends), the newest good
-// copy of each request it fetched into the last-good index, and its
+// in key order (a run's keys are new, so this appends), and its
 // terminal record, which run.finished (fin) completes. Then the run is no
 // longer live. A crash before this commits leaves the run unfinished in
 // the store; the fetch loop then finds run.finished in the ledger and
@@ -295,17 +293,8 @@ func (s *Store) End(r *Live, fin *auditd.Event) error {
 	for k, res := range r.results {
 		results = append(results, result{k, res})
 	}
-	type keyedCopy struct {
-		key string
-		goodCopy
-	}
-	copies := make([]keyedCopy, 0, len(r.lastGood))
-	for k, c := range r.lastGood {
-		copies = append(copies, keyedCopy{k, c})
-	}
 	r.mu.Unlock()
 	slices.SortFunc(results, func(a, b result) int { return strings.Compare(a.key, b.key) })
-	slices.SortFunc(copies, func(a, b keyedCopy) int { return strings.Compare(a.key, b.key) })
 
 	items := r.proxiedItems()
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -314,11 +303,6 @@ func (s *Store) End(r *Live, fin *auditd.Event) error {
 		}
 		if err := putResults(tx, rec.ID, results); err != nil {
 			return err
-		}
-		for _, c := range copies {
-			if err := s.payloads.PutLastGood(tx, c.key, c.sum, c.at); err != nil {
-				return err
-			}
 		}
 		if err := deleteSendPaths(tx, rec.ID); err != nil {
 			return err

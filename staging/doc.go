@@ -6,9 +6,14 @@
 // the staging directory.
 //
 // Besides the payloads it keeps one index in the bbolt file: for every
-// request (source, method, path, body) the hash of its last good payload, so a
-// source whose breaker is open can be served from the last good copy instead
-// of failing the run, and a replayed run can read instead of re-fetching.
+// request (source, method, path, body) its last good payload (Copy: hash,
+// when it was fetched, the run that fetched it), so a source whose breaker
+// is open can be served from the last good copy instead of failing the run,
+// and a replayed run can read instead of re-fetching. The fetch loop has
+// the ledger store a copy's record in the commit that records its payload
+// staged (LastGoodRecord, an append): the copy serves every run, this one
+// and any other still running, from that moment, and Compact moves the
+// records into the index in key order (lastgood.go).
 //
 // Invariants: a payload file exists only complete and fsynced (written to a
 // temporary file, synced, then renamed); a small payload is durable once its

@@ -1,18 +1,287 @@
 package staging
 
 import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"slices"
 	"time"
 
+	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
 )
 
-// LastGoodAt is LastGood with the time the payload was fetched (when the
-// item that staged it finished): what the proxy route tells a client about
-// a stale copy it serves.
-func (s *Store) LastGoodAt(requestKey string) (sum string, at time.Time, ok bool, err error) {
+// The last-good index, and how a copy enters it as soon as it is staged.
+//
+// A request's last good copy is usable, by its run and by any other, from
+// the ledger commit that records it staged. Putting its index entry in
+// that commit would rewrite a page of the index chosen at random for
+// every item (the keys are hashes); instead the commit appends a record to
+// the recent bucket (LastGoodRecord), whose last page is all an append
+// touches, and once the ledger says it is stored (Stored) the store keeps
+// the copy in memory, in recent. LastGood reads both. Compact moves the
+// recent records into the index in key order, many to a transaction, at
+// the end of a run, and Open moves what a crash left.
+
+// Copy is a request's last good payload, as the last-good index holds it.
+type Copy struct {
+	Sum       string    // hex SHA-256 of the payload
+	FetchedAt time.Time // when the item that fetched it ended
+	// Run is the run that fetched it; empty for a copy indexed before
+	// the index recorded runs.
+	Run string
+}
+
+// recentCopies are the copies recorded in the recent bucket since the
+// last compaction: handed out and not yet stored (pending), and stored,
+// newest per request (byKey). Store.mu guards it.
+type recentCopies struct {
+	next    uint64 // the last recent key handed out
+	done    uint64 // the largest key a compaction moved
+	pending map[uint64]recentCopy
+	byKey   map[string]recentCopy
+}
+
+type recentCopy struct {
+	key        uint64 // its record's key in the recent bucket
+	requestKey string
+	Copy
+}
+
+func newRecentCopies() recentCopies {
+	return recentCopies{pending: map[uint64]recentCopy{}, byKey: map[string]recentCopy{}}
+}
+
+// newer reports whether a was fetched after b, or at the same time and
+// recorded later.
+func (a recentCopy) newer(b recentCopy) bool {
+	return a.FetchedAt.After(b.FetchedAt) || a.FetchedAt.Equal(b.FetchedAt) && a.key > b.key
+}
+
+// keep keeps rc for its request unless a newer copy is kept.
+func (r *recentCopies) keep(rc recentCopy) {
+	if was, ok := r.byKey[rc.requestKey]; ok && !rc.newer(was) {
+		return
+	}
+	r.byKey[rc.requestKey] = rc
+}
+
+// load keeps the copies of the recent bucket b (a read-only store's).
+func (r *recentCopies) load(b *bolt.Bucket) {
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if key, rk, cp, ok := decodeRecent(k, v); ok {
+			r.keep(recentCopy{key, rk, cp})
+			r.next = max(r.next, key)
+		}
+	}
+}
+
+// compacted forgets the copies a compaction moved (moved holds their
+// keys, in order): the index holds them.
+func (r *recentCopies) compacted(moved []uint64) {
+	if len(moved) == 0 {
+		return
+	}
+	for rk, rc := range r.byKey {
+		if _, found := slices.BinarySearch(moved, rc.key); found {
+			delete(r.byKey, rk)
+		}
+	}
+	r.done = max(r.done, moved[len(moved)-1])
+}
+
+// LastGoodRecord is the record that makes c the last good payload of a
+// request, for the ledger to store in the transaction that records the
+// payload staged (auditd.Put); once it is stored, Stored makes the copy
+// usable, by every run, and if it never is, Unspool forgets it.
+func (s *Store) LastGoodRecord(requestKey string, c Copy) auditd.Put {
+	s.mu.Lock()
+	s.recent.next++
+	key := s.recent.next
+	s.recent.pending[key] = recentCopy{key, requestKey, c}
+	s.mu.Unlock()
+	// Key and value in one array: bbolt copies the key, and keeps the
+	// value until the transaction ends.
+	b := make([]byte, 8, 8+binary.MaxVarintLen64+len(requestKey)+8+len(c.Sum)+1+len(c.Run))
+	binary.BigEndian.PutUint64(b, key)
+	b = binary.AppendUvarint(b, uint64(len(requestKey)))
+	b = append(b, requestKey...)
+	b = appendLastGood(b, c)
+	return auditd.Put{Bucket: bucketRecent, Key: b[:8:8], Value: b[8:]}
+}
+
+// Stored tells the store that the ledger stored puts, records it made: a
+// last-good record among them makes its copy the request's last good one
+// from now on, unless a newer one is.
+func (s *Store) Stored(puts []auditd.Put) {
+	for _, p := range puts {
+		if !bytes.Equal(p.Bucket, bucketRecent) || len(p.Key) != 8 {
+			continue
+		}
+		key := binary.BigEndian.Uint64(p.Key)
+		s.mu.Lock()
+		rc, ok := s.recent.pending[key]
+		delete(s.recent.pending, key)
+		moved := key <= s.recent.done
+		s.mu.Unlock()
+		// A compaction since the commit may have moved the record into
+		// the index already; then it is not kept twice.
+		if !ok || moved && s.db.View(func(tx *bolt.Tx) error {
+			if tx.Bucket(bucketRecent).Get(p.Key) == nil {
+				ok = false
+			}
+			return nil
+		}) != nil || !ok {
+			continue
+		}
+		s.mu.Lock()
+		s.recent.keep(rc)
+		s.mu.Unlock()
+	}
+}
+
+// SetLastGood records c as the last good payload of a request in the
+// index, unless the index already holds a copy fetched later.
+func (s *Store) SetLastGood(requestKey string, c Copy) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return putLastGood(tx.Bucket(bucketLastGood), requestKey, c) })
+}
+
+// putLastGood puts c as requestKey's entry in the index b, unless the
+// entry there was fetched later.
+func putLastGood(b *bolt.Bucket, requestKey string, c Copy) error {
+	if was, ok := lastGoodAt(b.Get([]byte(requestKey))); ok && was.After(c.FetchedAt) {
+		return nil
+	}
+	return b.Put([]byte(requestKey), appendLastGood(nil, c))
+}
+
+// compactRecent moves the recent bucket's copies into the index, the
+// newest per request, in key order, and empties the bucket. It returns the
+// keys of the records it moved, in order. It works on the bytes as bbolt
+// holds them, which stay valid until the transaction ends: the index
+// entry is the record's own last-good entry.
+func compactRecent(tx *bolt.Tx) ([]uint64, error) {
+	type raw struct {
+		requestKey, entry []byte
+		at                int64
+		key               uint64
+	}
+	var recs []raw
+	var moved []uint64
+	c := tx.Bucket(bucketRecent).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != 8 {
+			continue // malformed: dropped with the bucket
+		}
+		key := binary.BigEndian.Uint64(k)
+		moved = append(moved, key)
+		n, w := binary.Uvarint(v)
+		if w <= 0 || n > uint64(len(v)-w) || len(v)-w-int(n) <= 8 {
+			continue
+		}
+		rk, entry := v[w:w+int(n)], v[w+int(n):]
+		recs = append(recs, raw{rk, entry, int64(binary.BigEndian.Uint64(entry)), key})
+	}
+	if len(moved) == 0 {
+		return nil, nil
+	}
+	// By request, the newest of each last.
+	slices.SortFunc(recs, func(a, b raw) int {
+		if c := bytes.Compare(a.requestKey, b.requestKey); c != 0 {
+			return c
+		}
+		if a.at != b.at {
+			return cmp.Compare(a.at, b.at)
+		}
+		return cmp.Compare(a.key, b.key)
+	})
+	index := tx.Bucket(bucketLastGood)
+	for i, r := range recs {
+		if i+1 < len(recs) && bytes.Equal(recs[i+1].requestKey, r.requestKey) {
+			continue
+		}
+		if was, ok := lastGoodAt(index.Get(r.requestKey)); ok && was.UnixNano() > r.at {
+			continue
+		}
+		if err := index.Put(r.requestKey, r.entry); err != nil {
+			return nil, err
+		}
+	}
+	// Emptied at once: deleting the bucket frees its pages whole; the
+	// entries put above stay readable until the transaction ends.
+	if err := tx.DeleteBucket(bucketRecent); err != nil {
+		return nil, err
+	}
+	_, err := tx.CreateBucket(bucketRecent)
+	return moved, err
+}
+
+// decodeRecent reads a record of the recent bucket: its key, the request
+// key, and the copy (a last-good entry).
+func decodeRecent(k, v []byte) (key uint64, requestKey string, c Copy, ok bool) {
+	if len(k) != 8 {
+		return 0, "", Copy{}, false
+	}
+	n, w := binary.Uvarint(v)
+	if w <= 0 || n > uint64(len(v)-w) {
+		return 0, "", Copy{}, false
+	}
+	requestKey = string(v[w : w+int(n)])
+	c, ok = decodeLastGood(v[w+int(n):])
+	return binary.BigEndian.Uint64(k), requestKey, c, ok
+}
+
+// appendLastGood appends c as a last-good entry: the time its payload was
+// fetched (8 bytes, Unix nanoseconds, big-endian), the payload's hash, and
+// a zero byte and the run that fetched it when there is one.
+func appendLastGood(b []byte, c Copy) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(c.FetchedAt.UnixNano()))
+	b = append(b, c.Sum...)
+	if c.Run != "" {
+		b = append(append(b, 0), c.Run...)
+	}
+	return b
+}
+
+// decodeLastGood reads a last-good entry (appendLastGood). Entries written
+// before the index recorded runs end with the hash.
+func decodeLastGood(v []byte) (c Copy, ok bool) {
+	at, ok := lastGoodAt(v)
+	if !ok {
+		return Copy{}, false
+	}
+	c.FetchedAt = at.UTC()
+	rest := v[8:]
+	if i := bytes.IndexByte(rest, 0); i >= 0 {
+		c.Sum, c.Run = string(rest[:i]), string(rest[i+1:])
+	} else {
+		c.Sum = string(rest)
+	}
+	return c, c.Sum != ""
+}
+
+// lastGoodAt reads only the time of a last-good entry.
+func lastGoodAt(v []byte) (time.Time, bool) {
+	if len(v) <= 8 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), true
+}
+
+// LastGood returns the last good payload of a request, if there is one:
+// the newer of the index's entry and a copy stored since the last
+// compaction.
+func (s *Store) LastGood(requestKey string) (c Copy, ok bool, err error) {
+	s.mu.Lock()
+	rc, recent := s.recent.byKey[requestKey]
+	s.mu.Unlock()
 	err = s.db.View(func(tx *bolt.Tx) error {
-		sum, at, ok = decodeLastGood(tx.Bucket(bucketLastGood).Get([]byte(requestKey)))
+		c, ok = decodeLastGood(tx.Bucket(bucketLastGood).Get([]byte(requestKey)))
 		return nil
 	})
-	return sum, at, ok, err
+	if recent && (!ok || !c.FetchedAt.After(rc.FetchedAt)) {
+		return rc.Copy, true, err
+	}
+	return c, ok, err
 }

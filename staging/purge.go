@@ -17,7 +17,8 @@ import (
 var bucketPurged = []byte("staging.purged")
 
 // Purge deletes the payloads sums wherever they are kept (the spool, the
-// payload bucket, a file) and every last-good entry naming one, and keeps
+// payload bucket, a file) and every last-good entry naming one (in the
+// index, recent or compacted), and keeps
 // a tombstone of each, so that VerifyPayload and Open say a payload was
 // purged rather than lost. seq is the ledger event that recorded the
 // purge: the caller appends it first, so a crash leaves the record
@@ -58,15 +59,27 @@ func (s *Store) Purge(seq uint64, sums []string) error {
 				return err
 			}
 		}
-		var stale [][]byte
+		var stale, staleRecent [][]byte
 		c := lastGood.Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if sum, _, ok := decodeLastGood(v); ok && want[sum] {
+			if c, ok := decodeLastGood(v); ok && want[c.Sum] {
 				stale = append(stale, append([]byte(nil), k...))
+			}
+		}
+		recent := tx.Bucket(bucketRecent)
+		c = recent.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if _, _, c, ok := decodeRecent(k, v); ok && want[c.Sum] {
+				staleRecent = append(staleRecent, append([]byte(nil), k...))
 			}
 		}
 		for _, k := range stale {
 			if err := lastGood.Delete(k); err != nil {
+				return err
+			}
+		}
+		for _, k := range staleRecent {
+			if err := recent.Delete(k); err != nil {
 				return err
 			}
 		}
@@ -76,6 +89,11 @@ func (s *Store) Purge(seq uint64, sums []string) error {
 		return fmt.Errorf("purge payloads: %w", err)
 	}
 	s.mu.Lock()
+	for rk, c := range s.recent.byKey {
+		if want[c.Sum] {
+			delete(s.recent.byKey, rk)
+		}
+	}
 	for sum, k := range spooled {
 		if s.pending[sum] == k {
 			delete(s.pending, sum)

@@ -50,7 +50,7 @@ func TestPurge(t *testing.T) {
 		t.Fatal(err)
 	}
 	keep := put("kept")
-	if err := s.SetLastGood("req-1", inline, time.Now()); err != nil {
+	if err := s.SetLastGood("req-1", staging.Copy{Sum: inline, FetchedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Purge(42, []string{inline, file, p.Sum}); err != nil {

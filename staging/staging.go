@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/auditd/auditd"
 	bolt "go.etcd.io/bbolt"
@@ -32,7 +31,8 @@ const (
 )
 
 var (
-	bucketLastGood = []byte("staging.lastgood") // request key -> fetched at, payload hash
+	bucketLastGood = []byte("staging.lastgood") // request key -> fetched at, payload hash, run (decodeLastGood)
+	bucketRecent   = []byte("staging.recent")   // recent key -> request key and its last-good entry, until compacted (lastgood.go)
 	bucketInline   = []byte("staging.payloads") // payload hash -> bytes, for small payloads
 	bucketSpool    = []byte("staging.spool")    // spool key -> payload hash (32 bytes), bytes
 )
@@ -63,6 +63,7 @@ type Store struct {
 	mu        sync.Mutex
 	spoolNext uint64            // the last spool key handed out
 	pending   map[string]uint64 // payload hash -> spool key, until compacted
+	recent    recentCopies      // last-good copies stored since the last compaction (lastgood.go)
 
 	// MaxBytes caps one payload. Default DefaultMaxBytes.
 	MaxBytes int64
@@ -77,7 +78,7 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 		return nil, fmt.Errorf("create staging directory: %w", err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool} {
+		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool, bucketRecent} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -86,7 +87,7 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("create staging buckets: %w", err)
 	}
-	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}}
+	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}, recent: newRecentCopies()}
 	if _, err := s.Compact(); err != nil {
 		return nil, err
 	}
@@ -104,7 +105,7 @@ var ErrNoStore = errors.New("no payload store in this file")
 // payload (which is then not found). Only Open, VerifyPayload and LastGood
 // are for use on it. ErrNoStore if db holds no payload store.
 func OpenReadOnly(db *bolt.DB, dir string) (*Store, error) {
-	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}}
+	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}, recent: newRecentCopies()}
 	err := db.View(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketLastGood, bucketInline, bucketSpool} {
 			if tx.Bucket(b) == nil {
@@ -116,6 +117,10 @@ func OpenReadOnly(db *bolt.DB, dir string) (*Store, error) {
 			if len(k) == 8 && len(v) >= sha256.Size {
 				s.pending[hex.EncodeToString(v[:sha256.Size])] = binary.BigEndian.Uint64(k)
 			}
+		}
+		// A file of a build before the recent copies has none.
+		if b := tx.Bucket(bucketRecent); b != nil {
+			s.recent.load(b)
 		}
 		return nil
 	})
@@ -263,10 +268,17 @@ func (p Payload) Record() (rec auditd.Put, ok bool) {
 // Unspool forgets rec, the spool entry of a payload (Payload.Record), when
 // the transaction meant to store it failed: the store stops looking for the
 // payload in the spool under rec's key, and the index of spooled payloads
-// does not keep an entry that no Compact would ever clear. A record of
-// another bucket, or one whose payload has since been spooled again under
-// a later key, is left alone.
+// does not keep an entry that no Compact would ever clear. A last-good
+// record (LastGoodRecord) is forgotten too: its copy never becomes usable.
+// A record of another bucket, or one whose payload has since been spooled
+// again under a later key, is left alone.
 func (s *Store) Unspool(rec auditd.Put) {
+	if bytes.Equal(rec.Bucket, bucketRecent) && len(rec.Key) == 8 {
+		s.mu.Lock()
+		delete(s.recent.pending, binary.BigEndian.Uint64(rec.Key)) // a last-good record (LastGoodRecord)
+		s.mu.Unlock()
+		return
+	}
 	if !bytes.Equal(rec.Bucket, bucketSpool) || len(rec.Key) != 8 || len(rec.Value) < sha256.Size {
 		return
 	}
@@ -280,7 +292,8 @@ func (s *Store) Unspool(rec auditd.Put) {
 }
 
 // Compact moves every spooled payload to the payload bucket, in hash
-// order, in one transaction, and says how many it moved. Moving is always
+// order, and every recent last-good copy to the last-good index, in one
+// transaction, and says how many payloads it moved. Moving is always
 // safe: a payload is found in either place. The fetch loop compacts when a
 // run ends; Open compacts what a crash left.
 func (s *Store) Compact() (int, error) {
@@ -293,7 +306,12 @@ func (s *Store) Compact() (int, error) {
 	moved := make([]spooled, 0, len(s.pending)) // what the spool holds, unless a crash left more
 	s.mu.Unlock()
 	var keys []byte // the payloads' keys, hex, one after another
+	var copies []uint64
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		if copies, err = compactRecent(tx); err != nil {
+			return err
+		}
 		moved = moved[:0]
 		c := tx.Bucket(bucketSpool).Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
@@ -323,7 +341,7 @@ func (s *Store) Compact() (int, error) {
 		if err := tx.DeleteBucket(bucketSpool); err != nil {
 			return err
 		}
-		_, err := tx.CreateBucket(bucketSpool)
+		_, err = tx.CreateBucket(bucketSpool)
 		return err
 	})
 	if err != nil {
@@ -336,6 +354,7 @@ func (s *Store) Compact() (int, error) {
 			delete(s.pending, string(sum))
 		}
 	}
+	s.recent.compacted(copies)
 	s.mu.Unlock()
 	return len(moved), nil
 }
@@ -439,53 +458,6 @@ func (s *Store) VerifyPayload(sum string) error {
 		return fmt.Errorf("payload %s: %w", sum, ErrCorrupt)
 	}
 	return nil
-}
-
-// SetLastGood records sum, fetched at at, as the last good payload of a
-// request, unless the index already holds a copy fetched later.
-func (s *Store) SetLastGood(requestKey, sum string, at time.Time) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return s.PutLastGood(tx, requestKey, sum, at) })
-}
-
-// PutLastGood is SetLastGood inside the caller's transaction: a run stores
-// the last good copies of all its requests with its final record. A run
-// that ends after a later one does not put back its older copies.
-func (s *Store) PutLastGood(tx *bolt.Tx, requestKey, sum string, at time.Time) error {
-	b := tx.Bucket(bucketLastGood)
-	// Key and value share one array: bbolt copies the key, and keeps the
-	// value until the transaction ends.
-	key := append(make([]byte, 0, len(requestKey)+8+len(sum)), requestKey...)
-	if was, ok := lastGoodAt(b.Get(key)); ok && was.After(at) {
-		return nil
-	}
-	v := binary.BigEndian.AppendUint64(key[len(key):], uint64(at.UnixNano()))
-	return b.Put(key, append(v, sum...))
-}
-
-// decodeLastGood reads a last-good entry: the time its payload was fetched
-// (8 bytes, Unix nanoseconds, big-endian), then the payload's hash.
-func decodeLastGood(v []byte) (sum string, at time.Time, ok bool) {
-	if at, ok = lastGoodAt(v); !ok {
-		return "", time.Time{}, false
-	}
-	return string(v[8:]), at, true
-}
-
-// lastGoodAt reads only the time of a last-good entry.
-func lastGoodAt(v []byte) (time.Time, bool) {
-	if len(v) <= 8 {
-		return time.Time{}, false
-	}
-	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), true
-}
-
-// LastGood returns the last good payload of a request, if there is one.
-func (s *Store) LastGood(requestKey string) (sum string, ok bool, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		sum, _, ok = decodeLastGood(tx.Bucket(bucketLastGood).Get([]byte(requestKey)))
-		return nil
-	})
-	return sum, ok, err
 }
 
 // RequestKey names a request for the last-good index: the same source,

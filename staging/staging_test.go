@@ -97,24 +97,24 @@ func TestLastGoodIndex(t *testing.T) {
 		t.Fatal("empty index has a last good copy")
 	}
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	if err := s.SetLastGood(k1, "abc", t0); err != nil {
+	if err := s.SetLastGood(k1, staging.Copy{Sum: "abc", FetchedAt: t0, Run: "run-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if sum, ok, _ := s.LastGood(k1); !ok || sum != "abc" {
-		t.Fatalf("got %q %v", sum, ok)
+	if c, ok, _ := s.LastGood(k1); !ok || c != (staging.Copy{Sum: "abc", FetchedAt: t0, Run: "run-1"}) {
+		t.Fatalf("got %+v %v", c, ok)
 	}
 	// A run that ends late does not put back a copy older than the index's.
-	if err := s.SetLastGood(k1, "older", t0.Add(-time.Second)); err != nil {
+	if err := s.SetLastGood(k1, staging.Copy{Sum: "older", FetchedAt: t0.Add(-time.Second), Run: "run-0"}); err != nil {
 		t.Fatal(err)
 	}
-	if sum, _, _ := s.LastGood(k1); sum != "abc" {
-		t.Fatalf("an older copy replaced the newer: got %q", sum)
+	if c, _, _ := s.LastGood(k1); c.Sum != "abc" {
+		t.Fatalf("an older copy replaced the newer: got %+v", c)
 	}
-	if err := s.SetLastGood(k1, "newer", t0.Add(time.Second)); err != nil {
+	if err := s.SetLastGood(k1, staging.Copy{Sum: "newer", FetchedAt: t0.Add(time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	if sum, _, _ := s.LastGood(k1); sum != "newer" {
-		t.Fatalf("a newer copy did not replace the older: got %q", sum)
+	if c, _, _ := s.LastGood(k1); c.Sum != "newer" || c.Run != "" {
+		t.Fatalf("a newer copy did not replace the older: got %+v", c)
 	}
 	if _, ok, _ := s.LastGood(k2); ok {
 		t.Fatal("key leaked to another request")

@@ -380,6 +380,7 @@ func TestBrowser(t *testing.T) {
 	contains("#verdict", "Not balanced", "R4")
 	contains(`#checks tr.row-fail[data-check="R4"]`, "FAIL", "-1", "10877")
 	contains(`#checks tr[data-check="R10"]`, "n/a")
+	contains("#cached", "hays/parcels/19", "1d 2h", "01JQ8Z6X0RUN00000000000009", "breaker open")
 	fails, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#checks tr.row-fail').length`))
 	must("count failing rows", err)
 	if fails != 1 {
@@ -447,7 +448,8 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#items-link")),
 		chromedp.WaitVisible(chromedp.CSS("#items-table tbody tr")),
 	))
-	contains("#items-table", "travis/parcels/1", "5,120", "failed", "503 Service Unavailable", "pending")
+	contains("#items-table", "travis/parcels/1", "5,120", "failed", "503 Service Unavailable", "pending",
+		"copy 1d 2h old, fetched by run 01JQ8Z6X0RUN00000000000009")
 	shot("items", "")
 	must("back to run", chromedp.Do(bctx,
 		chromedp.Navigate(srv.URL+"/#/runs/"+runID),

@@ -25,7 +25,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	runID := fs.String("run", "", "run `id`")
 	out := fs.String("out", "", "workbook `file` to write (.xlsx)")
 	exportID := fs.String("export-id", "", "export `id` recorded in the Manifest (default: run id)")
-	generated := fs.String("generated-at", "", "RFC 3339 `time` recorded as generated-at, or \"now\"; empty keeps the file reproducible")
+	generated := fs.String("generated-at", "now", "RFC 3339 `time` recorded as the Manifest's generated-at, \"now\", or \"none\" (none, or a fixed time, makes the same range give the same file)")
 	if err := fs.Parse(args); err != nil {
 		return parseStatus(err)
 	}
@@ -46,7 +46,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		req.ExportID = *runID
 	}
 	switch *generated {
-	case "":
+	case "none":
 	case "now":
 		req.GeneratedAt = time.Now().UTC().Truncate(time.Millisecond)
 	default:

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/xuri/excelize/v2"
 
@@ -29,7 +32,7 @@ func TestExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if got := f.GetSheetList(); len(got) != 10 || got[0] != reports.SheetManifest {
+	if got := f.GetSheetList(); len(got) != 11 || got[0] != reports.SheetManifest {
 		t.Errorf("sheets %q", got)
 	}
 	key, err := ledger.ReadPublicKey(dir)
@@ -41,22 +44,35 @@ func TestExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var found bool
+	generated := ""
 	for _, r := range rows {
 		found = found || len(r) > 1 && r[1] == key
+		if len(r) > 1 && r[0] == "Generated at (UTC)" {
+			generated = r[1]
+		}
 	}
 	if !found {
 		t.Error("Manifest lacks the ledger's public key")
 	}
-
-	// The same range exported again is the same file.
-	again := filepath.Join(outDir, "again.xlsx")
-	if code, _, stderr := runCmd(t, "export", "--data", dir, "--run", reportstest.FixtureRun, "--out", again); code != 0 {
-		t.Fatal(stderr)
+	// An offline export says when it was made, as the server's do.
+	if at, err := time.Parse("2006-01-02T15:04:05.000Z", generated); err != nil || time.Since(at) > time.Hour || time.Until(at) > time.Minute {
+		t.Errorf("Manifest's generated at is %q, want now (%v)", generated, err)
 	}
-	a, _ := os.ReadFile(out)
-	b, _ := os.ReadFile(again)
-	if string(a) != string(b) {
-		t.Error("two offline exports of the same run differ")
+
+	// With a fixed generated-at (or none), the same range exported again is
+	// the same file.
+	for _, at := range []string{"none", "2026-03-03T09:30:00.123Z"} {
+		var files [2][]byte
+		for i := range files {
+			path := filepath.Join(outDir, fmt.Sprintf("fixed-%d.xlsx", i))
+			if code, _, stderr := runCmd(t, "export", "--data", dir, "--run", reportstest.FixtureRun, "--out", path, "--generated-at", at); code != 0 {
+				t.Fatal(stderr)
+			}
+			files[i], _ = os.ReadFile(path)
+		}
+		if !bytes.Equal(files[0], files[1]) || len(files[0]) == 0 {
+			t.Errorf("--generated-at %s: two offline exports of the same run differ", at)
+		}
 	}
 }
 

@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
+	"strings"
+	"text/tabwriter"
+	"time"
 
+	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/ledger"
 )
 
@@ -59,8 +63,8 @@ func runProve(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return 0
 }
 
-// checkProof verifies a proof file: exit 0 and the proven event as JSON, or
-// exit 1 saying why it does not hold.
+// checkProof verifies a proof file: exit 0 and a summary of the proven
+// event, or exit 1 saying why it does not hold.
 func checkProof(path, vkey string, stdout, stderr io.Writer) int {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -77,13 +81,42 @@ func checkProof(path, vkey string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "proof does NOT hold: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "proof holds: event %d is in the ledger %s of %d events signed at %s\n",
-		e.Seq, tree.Origin, tree.Size, tree.Time.Format("2006-01-02T15:04:05.000Z07:00"))
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(e); err != nil {
+	fmt.Fprintf(stdout, "proof holds: event %d is in the ledger %s of %d events signed at %s\n\n",
+		e.Seq, tree.Origin, tree.Size, tree.Time.Format(proofTime))
+	if err := writeEventSummary(stdout, &e); err != nil {
 		fmt.Fprintf(stderr, "auditd prove: %v\n", err)
 		return 2
 	}
 	return 0
+}
+
+// proofTime is how prove prints times: UTC, RFC 3339 with milliseconds.
+const proofTime = "2006-01-02T15:04:05.000Z07:00"
+
+// writeEventSummary writes the proven event as the API shows it
+// (auditd.EventJSON), one field a line, "name  value", leaving out the
+// fields its type does not use, and its chain hashes, which the tree does
+// not cover and a proof does not carry.
+func writeEventSummary(w io.Writer, e *auditd.Event) error {
+	j := auditd.NewEventJSON(e)
+	v := reflect.ValueOf(j)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for i := range v.NumField() {
+		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		f := v.Field(i)
+		if f.IsZero() && name != "seq" || name == "prev_hash" || name == "hash" {
+			continue
+		}
+		var val string
+		switch x := f.Interface().(type) {
+		case time.Time:
+			val = x.UTC().Format(proofTime)
+		case auditd.Duration:
+			val = x.D().String()
+		default:
+			val = fmt.Sprint(x)
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", name, val)
+	}
+	return tw.Flush()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -46,6 +47,25 @@ func TestProveThenCheckOffline(t *testing.T) {
 			}
 		})
 	}
+	t.Run("Summary", func(t *testing.T) {
+		_, out := check(t, proof.Bytes())
+		// A field a line, as the API names them, times in RFC 3339; never
+		// Go's own rendering of the struct, nor the chain hashes a proof
+		// does not carry (they would read as zeros).
+		for _, want := range []string{"\nseq ", "\ntype ", "\ntime ", "\nmethod ", "\npath "} {
+			if !strings.Contains(out, want) {
+				t.Errorf("summary lacks %q:\n%s", strings.TrimSpace(want), out)
+			}
+		}
+		for _, bad := range []string{"PrevHash", "{", "[", "hash", "0000000000"} {
+			if strings.Contains(out, bad) {
+				t.Errorf("summary holds %q:\n%s", bad, out)
+			}
+		}
+		if !regexp.MustCompile(`\nseq +6\n`).MatchString(out) || !regexp.MustCompile(`\ntime +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\n`).MatchString(out) {
+			t.Errorf("summary's seq or time is not as the API shows it:\n%s", out)
+		}
+	})
 	t.Run("UnknownSeq", func(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		if code := run(context.Background(), []string{"prove", "--data", dir, "--seq", "10"}, &stdout, &stderr); code != 2 {

@@ -25,8 +25,11 @@ import (
 const reconcileTimeout = 2 * time.Minute
 
 // runReconcile prints a run's reconciliation, from a running server or
-// offline from a stopped server's data directory: exit 0 when it balances,
-// 1 when it does not, 2 on any error, so a CI step is one line.
+// offline from a stopped server's data directory, so a CI step is one
+// line: exit 0 when it balances and the run succeeded; 1 when it does not
+// balance, when the run did not succeed (partial, cancelled, unfinished)
+// unless --allow-partial, or when --max-stale is given and an item was
+// served from a copy older than it (or of unknown age); 2 on any error.
 func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -35,6 +38,8 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	runID := fs.String("run", "", "run `id`")
 	token := fs.String("token", "", "API `token` (default $AUDITD_TOKEN)")
 	format := fs.String("format", "table", "output: table, json or csv")
+	allowPartial := fs.Bool("allow-partial", false, "exit 0 for a balanced run that did not succeed (partial, cancelled, unfinished)")
+	maxStale := fs.Duration("max-stale", 0, "fail (exit 1) when an item was served from a last good copy older than this `duration` when served, or of unknown age; 0: any age")
 	if err := fs.Parse(args); err != nil {
 		return parseStatus(err)
 	}
@@ -51,6 +56,8 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fail(errors.New("give exactly one of --server (a running auditd) or --data (offline)"))
 	case *format != "table" && *format != "json" && *format != "csv":
 		return fail(fmt.Errorf("unknown --format %q", *format))
+	case *maxStale < 0:
+		return fail(errors.New("--max-stale must not be negative"))
 	}
 
 	var rep *reports.Report
@@ -74,10 +81,42 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fail(err)
 	}
-	if !rep.Balanced {
+	verdicts := ciVerdicts(rep, *allowPartial, *maxStale)
+	for _, v := range verdicts {
+		fmt.Fprintf(stderr, "auditd reconcile: %s\n", v)
+	}
+	if !rep.Balanced || len(verdicts) > 0 {
 		return 1
 	}
 	return 0
+}
+
+// ciVerdicts says why a balanced or unbalanced reconciliation still fails a
+// CI step: the run did not succeed (unless allowPartial), or items were
+// served from copies older than maxStale (0: no bound), or of an age not
+// on record.
+func ciVerdicts(rep *reports.Report, allowPartial bool, maxStale time.Duration) []string {
+	var out []string
+	if rep.Run.Status != string(auditd.RunSucceeded) && !allowPartial {
+		out = append(out, fmt.Sprintf("run %s is %s, not succeeded (--allow-partial accepts it)", rep.Run.ID, rep.Run.Status))
+	}
+	if maxStale <= 0 {
+		return out
+	}
+	for _, c := range rep.Cached {
+		switch {
+		case !c.AgeKnown():
+			out = append(out, fmt.Sprintf("item %s was served from a cached copy of unknown age (cache.served %d); --max-stale %v needs it known", c.ItemKey, c.Seq, maxStale))
+		case c.Age.D() > maxStale:
+			by := c.OriginRun
+			if by == "" {
+				by = "an unrecorded run"
+			}
+			out = append(out, fmt.Sprintf("item %s was served from a copy %v old, fetched by %s at %s: older than --max-stale %v",
+				c.ItemKey, c.Age.D(), by, c.FetchedAt.UTC().Format(time.RFC3339), maxStale))
+		}
+	}
+	return out
 }
 
 // fetchReconciliation gets GET {server}/v1/runs/{id}/reconciliation, the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -101,5 +102,29 @@ func TestHelpAndVersion(t *testing.T) {
 	defer func() { version = old }()
 	if code, out, _ := runCmd(t, "version"); code != 0 || out != "auditd v1.2.3-test\n" {
 		t.Errorf("auditd version: exit %d, %q", code, out)
+	}
+}
+
+// serve that fails after the fetch loop has started (here: its address is
+// taken) stops what it started, in order, before it returns: the bbolt
+// file is closed (verify opens it at once) and the ledger intact.
+func TestServeClosesWhatItStartedOnError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	t.Setenv("AUDITD_BOOTSTRAP_TOKEN", "serve-error-admin-token-01234567")
+	code, _, errOut := runCmd(t, "serve", "--data", dir, "--addr", ln.Addr().String())
+	if code != 1 || !strings.Contains(errOut, "listen") {
+		t.Fatalf("exit %d, want 1 saying it cannot listen:\n%s", code, errOut)
+	}
+	if !strings.Contains(errOut, "stopped") {
+		t.Errorf("serve did not stop what it started:\n%s", errOut)
+	}
+	code, out, errOut := runCmd(t, "verify", "--data", dir)
+	if code != 0 || !strings.Contains(out, "intact") {
+		t.Fatalf("verify after the failed start: exit %d\n%s%s", code, out, errOut)
 	}
 }

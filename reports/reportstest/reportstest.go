@@ -1,7 +1,16 @@
 // Package reportstest holds the fixture ledgers the reports package and
-// the auditd command test with: a readable NDJSON form of auditd.Event, an
-// in-memory auditd.EventReader with a hash chain, a loader into a real
-// ledger, and the mutations that each break exactly one identity R1 to R10.
+// the auditd command test with: a readable NDJSON form of auditd.Event
+// (LoadFixture reads it, WriteFixture writes it), an in-memory
+// auditd.EventReader with a hash chain, a loader into a real ledger, and
+// the mutations that each break exactly one identity R1 to R10.
+//
+// The fixtures in testdata/reports: loop.ndjson is a run of the real fetch
+// loop, written by the fetch package's TestLoopFixture (go test ./fetch
+// -run TestLoopFixture -update), which fails when the loop no longer
+// writes it; clean.ndjson is written by hand to reach every identity and
+// event type (a restart, a shed, an interrupted dispatch), and the reports
+// tests hold it to the fields the loop's fixture shows
+// (TestCleanFixtureHoldsWhatTheLoopWrites, TestFixtureWaitsCarryTheirAttempt).
 package reportstest
 
 import (

@@ -393,6 +393,15 @@ export function reconciliationView(r, reload) {
     h('td', null, c.peak_at ? timeEl(c.peak_at) : '\u2014', c.peak_seq ? h('span', { class: 'muted' }, ` (seq ${c.peak_seq})`) : null),
     h('td', null, badge(c.within === false ? 'fail' : 'pass', c.within === false ? 'over limit' : 'within'))));
 
+  const cached = (r.cached || []).map((c) => h('tr', null,
+    h('td', { class: 'num' }, fmtNum(c.seq)),
+    h('td', null, c.source),
+    h('td', { class: 'mono small' }, c.item),
+    h('td', null, c.fetched_at ? fmtDuration(c.age) : 'unknown'),
+    h('td', null, c.fetched_at ? timeEl(c.fetched_at) : '\u2014'),
+    h('td', null, c.origin_run ? h('a', { href: `#/runs/${enc(c.origin_run)}`, class: 'mono small' }, c.origin_run) : '\u2014'),
+    h('td', { class: 'small' }, c.reason || '')));
+
   return h('div', null,
     h('div', { class: 'pagehead' }, h('h2', { id: 'recon-h' }, 'Reconciliation'), again),
     verdict,
@@ -400,7 +409,10 @@ export function reconciliationView(r, reload) {
     perSource.length ? h('h3', null, 'Per source') : null, perSource,
     control.length ? table('Control evidence (R9): busiest window against the limit in force',
       ['Source', { label: 'Peak requests in a window', num: true }, 'Limit in force', { label: 'Burst', num: true }, 'At', 'Result'],
-      control, { id: 'control' }) : null);
+      control, { id: 'control' }) : null,
+    cached.length ? table(`Served from cache (${cached.length}): the last good copies items fell back on`,
+      [{ label: 'Seq', num: true }, 'Source', 'Item', 'Age when served', 'Copy fetched at', 'By run', 'Reason'],
+      cached, { id: 'cached' }) : null);
 }
 
 // ---- #/runs/{id}/events -------------------------------------------------
@@ -523,6 +535,13 @@ export function detailFields(detail) {
   return out;
 }
 
+// cachedWords says where a cached item's copy came from: "copy 2h 5m old,
+// fetched by run X at T".
+function cachedWords(c) {
+  const by = c.origin_run ? ['fetched by run ', h('a', { href: `#/runs/${enc(c.origin_run)}`, class: 'mono' }, c.origin_run)] : ['fetched'];
+  return [`copy ${fmtDuration(c.age)} old, `, ...by, ` at ${fmtTime(c.fetched_at)}`];
+}
+
 // ---- #/runs/{id}/items --------------------------------------------------
 
 export async function itemsPage(main, { hash, params: [id], signal }) {
@@ -545,7 +564,8 @@ export async function itemsPage(main, { hash, params: [id], signal }) {
         h('td', null, it.source),
         h('td', { class: 'mono small break' }, [it.method || 'GET', it.path].join(' ')),
         h('td', null, badge(outcome),
-          r && r.reason ? h('div', { class: 'small' }, r.reason) : null),
+          r && r.reason ? h('div', { class: 'small' }, r.reason) : null,
+          r && r.cached ? h('div', { class: 'small cached-copy' }, cachedWords(r.cached)) : null),
         h('td', { class: 'num' }, r ? fmtNum(r.attempts) : '\u2014'),
         h('td', { class: 'num' }, r && r.pages ? fmtNum(r.pages) : '\u2014'),
         h('td', { class: 'num' }, r && r.records ? fmtNum(r.records) : '\u2014',
