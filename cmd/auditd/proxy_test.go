@@ -430,8 +430,10 @@ func TestProxySIGKILLMidRequest(t *testing.T) {
 	if fin.Counts.Interrupted == 0 {
 		t.Errorf("no dispatch was in flight at the kill; the test proves less than it says")
 	}
+	// The requests the kill cut off end failed, so the run is partial:
+	// what must hold is that it balances.
 	var table strings.Builder
-	if code := run(context.Background(), []string{"reconcile", "--server", second.url, "--run", id, "--token", token}, &table, &table); code != 0 {
+	if code := run(context.Background(), []string{"reconcile", "--server", second.url, "--run", id, "--token", token, "--allow-partial"}, &table, &table); code != 0 {
 		t.Errorf("auditd reconcile --server exited %d:\n%s", code, table.String())
 	}
 	second.cmd.Process.Signal(syscall.SIGTERM)
