@@ -95,7 +95,7 @@ func (l *Loop) SetLimit(ctx context.Context, principal, id string, limit int, wi
 // runs store estimates a run's finish from (runs.Options.Pace).
 func Pace(reg *registry.Registry) func(sourceID string) (limit int, window time.Duration, err error) {
 	return func(sourceID string) (int, time.Duration, error) {
-		lim, err := reg.Limits(sourceID)
+		lim, err := reg.Peek(sourceID) // for views: never waits on a change in progress
 		if err != nil {
 			return 0, 0, err
 		}

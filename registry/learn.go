@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -197,6 +198,8 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 		g.setMember(e.id, e.rate())
 	}
 	d.Limits = e.limitsWith(g)
+	seen := d.Limits
+	e.seen.Store(&seen)
 	d.Retune = d.Changed || d.GroupChanged
 	return d, err
 }
@@ -629,10 +632,14 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 
 // entry is the registry's state for one source or one group.
 type entry struct {
-	mu    sync.Mutex
-	id    string
-	group bool          // a group entry; src and grp are zero
-	src   auditd.Source // configuration, without Headers
+	mu sync.Mutex
+	// seen is the limits last read under mu, for Peek while a change holds
+	// mu (one waiting on the ledger, say).
+	seen      atomic.Pointer[Limits]
+	seenState atomic.Pointer[State] // likewise, for PeekState
+	id        string
+	group     bool          // a group entry; src and grp are zero
+	src       auditd.Source // configuration, without Headers
 	// headers are the source's secret request headers, kept out of src so
 	// that nothing reading src can leak them.
 	headers map[string]string

@@ -462,7 +462,40 @@ func (r *Registry) Limits(id string) (Limits, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.limits(), nil
+	l := e.limits()
+	e.seen.Store(&l)
+	return l, nil
+}
+
+// Peek is Limits for those who only show or estimate with them (a run's
+// view, its finish estimate): it never waits for a change in progress,
+// which holds the source while its registry.changed is made durable (and
+// so for as long as a stalled ledger refuses writes). It returns the
+// limits now when no change is in progress, else those last read.
+func (r *Registry) Peek(id string) (Limits, error) {
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return Limits{}, ErrSourceNotFound
+	}
+	if e.mu.TryLock() {
+		g := e.grp
+		if g == nil || g.mu.TryLock() {
+			l := e.limitsWith(g)
+			if g != nil {
+				g.mu.Unlock()
+			}
+			e.seen.Store(&l)
+			e.mu.Unlock()
+			return l, nil
+		}
+		e.mu.Unlock()
+	}
+	if l := e.seen.Load(); l != nil {
+		return *l, nil
+	}
+	return r.Limits(id) // never read yet: wait, as Limits does
 }
 
 // limits reads e's limits and its group's. Callers hold e.mu, not the
@@ -529,6 +562,16 @@ func (r *Registry) State(id string) (State, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if g := e.grp; g != nil {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+	}
+	return e.state(), nil
+}
+
+// state reads e's state and its group's, and keeps it for PeekState.
+// Callers hold e.mu and the group's.
+func (e *entry) state() State {
 	s := State{
 		Source:           e.src,
 		Limit:            e.st.Limit,
@@ -547,14 +590,41 @@ func (r *Registry) State(id string) (State, error) {
 		Group:            e.src.Group,
 	}
 	if g := e.grp; g != nil {
-		g.mu.Lock()
 		s.GroupLimit, s.GroupWindow = g.st.Limit, g.st.Window.D()
 		s.GroupCause, s.GroupTaughtAt = g.st.Cause, g.st.TaughtAt
 		s.GroupCeilingLimit, s.GroupCeilingWindow = g.ceil.limit, g.ceil.window
 		s.GroupThrottledAt, s.MembersLimit = g.st.refusedLimit(), g.membersLimit
-		g.mu.Unlock()
 	}
-	return s, nil
+	e.seenState.Store(&s)
+	return s
+}
+
+// PeekState is State for what only shows it (the metrics' gauges): it
+// never waits for a change in progress (one held by a stalled ledger),
+// answering with the state last read instead.
+func (r *Registry) PeekState(id string) (State, error) {
+	r.mu.RLock()
+	e := r.sources[id]
+	r.mu.RUnlock()
+	if e == nil {
+		return State{}, ErrSourceNotFound
+	}
+	if e.mu.TryLock() {
+		g := e.grp
+		if g == nil || g.mu.TryLock() {
+			s := e.state()
+			if g != nil {
+				g.mu.Unlock()
+			}
+			e.mu.Unlock()
+			return s, nil
+		}
+		e.mu.Unlock()
+	}
+	if st := e.seenState.Load(); st != nil {
+		return *st, nil
+	}
+	return r.State(id) // never read yet: wait, as State does
 }
 
 // GetSource returns the configuration of source id without its secret

@@ -24,9 +24,22 @@ type memLedger struct {
 	events []auditd.Event
 	fail   error
 	clock  clock.Clock // stamps each event's Time when set
+	// stall, when set, holds every Append until it is closed: a disk that
+	// refuses writes, as the ledger waits it out. An Append held says so
+	// on waiting, when set.
+	stall, waiting chan struct{}
 }
 
 func (m *memLedger) Append(_ context.Context, e auditd.Event) (auditd.Event, error) {
+	m.mu.Lock()
+	stall, waiting := m.stall, m.waiting
+	m.mu.Unlock()
+	if stall != nil {
+		if waiting != nil {
+			waiting <- struct{}{}
+		}
+		<-stall
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail != nil {
@@ -439,5 +452,68 @@ func TestSecretsNeverInEvents(t *testing.T) {
 		if !types[typ] {
 			t.Fatalf("no %s event was produced; the check proves nothing for it", typ)
 		}
+	}
+}
+
+// A change waiting on a stalled ledger holds its source; Peek and
+// PeekState, what run views and the metrics read, answer meanwhile with
+// what was last read, and the change
+// lands once the ledger writes again.
+func TestPeekDoesNotWaitOnAStalledLedger(t *testing.T) {
+	h := newHarness(t, registry.Options{DefaultLimit: 60})
+	h.put(t, auditd.Source{ID: "a"})
+	before, err := h.reg.Limits("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.reg.State("a"); err != nil { // read once: PeekState answers with it
+		t.Fatal(err)
+	}
+	stall, waiting := make(chan struct{}), make(chan struct{}, 1)
+	h.led.mu.Lock()
+	h.led.stall, h.led.waiting = stall, waiting
+	h.led.mu.Unlock()
+
+	cut := make(chan registry.Decision, 1)
+	go func() {
+		d, err := h.reg.Observe(context.Background(), registry.Observation{SourceID: "a", RunID: "run-1", Status: 429, Sent: h.clk.Now()})
+		if err != nil {
+			t.Error(err)
+		}
+		cut <- d
+	}()
+	<-waiting // the cut's registry.changed is held by the stalled ledger
+
+	peeked := make(chan registry.Limits, 1)
+	go func() {
+		l, err := h.reg.Peek("a")
+		if err != nil {
+			t.Error(err)
+		}
+		st, err := h.reg.PeekState("a") // what /metrics reads
+		if err != nil {
+			t.Error(err)
+		}
+		if st.Limit != l.Limit {
+			t.Errorf("PeekState during the stall = %d, Peek %d", st.Limit, l.Limit)
+		}
+		peeked <- l
+	}()
+	select {
+	case l := <-peeked:
+		if l.Limit != before.Limit || l.Window != before.Window {
+			t.Errorf("Peek during the stall = %d per %v, want the limits last read, %d per %v", l.Limit, l.Window, before.Limit, before.Window)
+		}
+	case <-time.After(10 * time.Second):
+		close(stall)
+		t.Fatal("Peek waited on the stalled ledger")
+	}
+	close(stall)
+	d := <-cut
+	if !d.Retune || d.Limit >= before.Limit {
+		t.Fatalf("decision after the stall = %+v, want a cut below %d", d, before.Limit)
+	}
+	if l, _ := h.reg.Peek("a"); l.Limit != d.Limit {
+		t.Fatalf("Peek after the stall = %d, want the cut's %d", l.Limit, d.Limit)
 	}
 }

@@ -17,7 +17,9 @@ import (
 // Registry is what the metrics read of the sources at a scrape.
 type Registry interface {
 	ListSources() []auditd.Source
-	State(id string) (registry.State, error)
+	// PeekState never waits on a change in progress: a scrape must
+	// answer while the ledger is stalled.
+	PeekState(id string) (registry.State, error)
 }
 
 // Limiter is what the metrics read of the gates at a scrape.
@@ -275,7 +277,7 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	groups := map[string]float64{}
 	for _, src := range reg.ListSources() {
-		s, err := reg.State(src.ID)
+		s, err := reg.PeekState(src.ID)
 		if err != nil {
 			continue
 		}

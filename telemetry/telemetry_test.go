@@ -24,7 +24,7 @@ type fakeRegistry struct{}
 func (fakeRegistry) ListSources() []auditd.Source {
 	return []auditd.Source{{ID: "county", Group: "gw"}}
 }
-func (fakeRegistry) State(string) (registry.State, error) {
+func (fakeRegistry) PeekState(string) (registry.State, error) {
 	return registry.State{Limit: 30, Window: time.Minute, CeilingLimit: 10, CeilingWindow: time.Second,
 		Group: "gw", GroupLimit: 4, GroupWindow: time.Second}, nil
 }
