@@ -30,9 +30,10 @@
 //     admit: the lower of the pace the refused request was sent at and, when
 //     the server admitted less than the pace in force since the last cut
 //     (refusing or making the source wait), the rate of its successes since
-//     then, less the waits it asked for (auditd's own drain pause stays in:
-//     from one refusal to the next a bucket goes from full to full, so what
-//     it admitted in between, two seconds or more of it, is its rate). A refusal of a request sent before
+//     then, less the waits it asked for (auditd's own drain pause, and the
+//     first second or two intervals of a Retry-After, stay in: from one
+//     refusal to the next a bucket goes from full to full, so what it
+//     admitted in between, two seconds or more of it, is its rate). A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
 //     does not cut again; one after that, before a round proved the new
 //     pace, halves it. A refusal that says nothing of when to come back
