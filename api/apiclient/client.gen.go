@@ -533,6 +533,14 @@ type Award struct {
 	RecipientUei       *string `json:"recipient_uei,omitempty"`
 }
 
+// CachedCopy The last good copy a cached item was served from: the run that fetched it (absent for a copy indexed before the index recorded runs), when, and how old it was when served. cache.served carries the same as its detail.
+type CachedCopy struct {
+	// Age A Go duration ("1m30s", "250ms", "0s").
+	Age       Duration  `json:"age"`
+	FetchedAt time.Time `json:"fetched_at"`
+	OriginRun *string   `json:"origin_run,omitempty"`
+}
+
 // Check One identity's verdict in one scope.
 type Check struct {
 	Actual      int    `json:"actual"`
@@ -711,8 +719,10 @@ type Item struct {
 	Method   *ItemMethod `json:"method,omitempty"`
 	PageSize *int        `json:"page_size,omitempty"`
 	Paging   *ItemPaging `json:"paging,omitempty"`
-	Path     string      `json:"path"`
-	Source   string      `json:"source"`
+
+	// Path Appended to the source's base_url. No space, control character or fragment. Values of credential parameters (the built-in names and the source's secret_query) are sent as given but stored, recorded and shown as "REDACTED".
+	Path   string `json:"path"`
+	Source string `json:"source"`
 }
 
 // ItemMethod defines model for Item.Method.
@@ -729,11 +739,16 @@ type ItemState struct {
 	Method   *ItemStateMethod `json:"method,omitempty"`
 	PageSize *int             `json:"page_size,omitempty"`
 	Paging   *ItemStatePaging `json:"paging,omitempty"`
-	Path     string           `json:"path"`
-	Result   *struct {
-		Advertised   *int                   `json:"advertised,omitempty"`
-		Attempts     int                    `json:"attempts"`
-		Bytes        *int                   `json:"bytes,omitempty"`
+
+	// Path Appended to the source's base_url. No space, control character or fragment. Values of credential parameters (the built-in names and the source's secret_query) are sent as given but stored, recorded and shown as "REDACTED".
+	Path   string `json:"path"`
+	Result *struct {
+		Advertised *int `json:"advertised,omitempty"`
+		Attempts   int  `json:"attempts"`
+		Bytes      *int `json:"bytes,omitempty"`
+
+		// Cached The last good copy a cached item was served from: the run that fetched it (absent for a copy indexed before the index recorded runs), when, and how old it was when served. cache.served carries the same as its detail.
+		Cached       *CachedCopy            `json:"cached,omitempty"`
 		CountMatched *bool                  `json:"count_matched,omitempty"`
 		Outcome      ItemStateResultOutcome `json:"outcome"`
 		Pages        *int                   `json:"pages,omitempty"`
@@ -806,8 +821,22 @@ type Proof struct {
 // Reconciliation A run recounted from its raw ledger events (reports package): the identities R1 to R10 of EVIDENCE.md in total and per source, and the control evidence behind R9. CI relies on balanced; the UI reads the rest.
 type Reconciliation struct {
 	// Balanced The AND of every applicable check.
-	Balanced bool    `json:"balanced"`
-	Checks   []Check `json:"checks"`
+	Balanced bool `json:"balanced"`
+
+	// Cached The items served from a last good copy, in the order served: which run fetched each copy, when, and its age when served. fetched_at and age are absent when the cache.served predates them (age unknown). auditd reconcile --max-stale holds them to a bound.
+	Cached *[]struct {
+		// Age A Go duration ("1m30s", "250ms", "0s").
+		Age         *Duration  `json:"age,omitempty"`
+		FetchedAt   *time.Time `json:"fetched_at,omitempty"`
+		Item        string     `json:"item"`
+		OriginRun   *string    `json:"origin_run,omitempty"`
+		PayloadHash string     `json:"payload_hash"`
+		Reason      *string    `json:"reason,omitempty"`
+		Seq         int        `json:"seq"`
+		ServedAt    time.Time  `json:"served_at"`
+		Source      string     `json:"source"`
+	} `json:"cached,omitempty"`
+	Checks []Check `json:"checks"`
 
 	// Control Per source, the busiest window of requests against the limit in force (R9).
 	Control []struct {
@@ -920,10 +949,16 @@ type RunState struct {
 	LastSeq     *int      `json:"last_seq,omitempty"`
 
 	// Mode Present for a proxy-mode run.
-	Mode   *RunStateMode `json:"mode,omitempty"`
-	Name   string        `json:"name"`
-	Replay *bool         `json:"replay,omitempty"`
-	Status RunStatus     `json:"status"`
+	Mode *RunStateMode `json:"mode,omitempty"`
+	Name string        `json:"name"`
+
+	// Paused Why, and since when, a running run dispatches nothing for now (its records cannot be written); absent otherwise.
+	Paused *struct {
+		Reason string    `json:"reason"`
+		Since  time.Time `json:"since"`
+	} `json:"paused,omitempty"`
+	Replay *bool     `json:"replay,omitempty"`
+	Status RunStatus `json:"status"`
 }
 
 // RunStateMode Present for a proxy-mode run.
@@ -934,6 +969,7 @@ type RunStatus string
 
 // Source Unknown fields are refused by the server (400); the schema stays open so SourceState can extend it.
 type Source struct {
+	// BaseUrl http or https with a host; no query, no fragment and no credentials (userinfo, or a parameter with a credential's name): those are refused (400, field base_url) and belong in `headers`, or in item paths under a name in `secret_query`. A host written as a number in another form than dotted decimal (0x7f000001) is refused too.
 	BaseUrl   *string          `json:"base_url,omitempty"`
 	BodyError *SourceBodyError `json:"body_error,omitempty"`
 	Breaker   *struct {
@@ -946,7 +982,7 @@ type Source struct {
 	Concurrency *int    `json:"concurrency,omitempty"`
 	Group       *string `json:"group,omitempty"`
 
-	// Headers Sent with every request upstream; values are shown as "[redacted]".
+	// Headers Sent with every request upstream; stored sealed, never recorded. Responses show each configured name with the value "[redacted]". A value holding CR, LF or NUL is refused.
 	Headers     *map[string]string `json:"headers,omitempty"`
 	Id          *string            `json:"id,omitempty"`
 	Limit       *int               `json:"limit,omitempty"`
@@ -970,7 +1006,7 @@ type Source struct {
 	// RetryAfterCap A Go duration ("1m30s", "250ms", "0s").
 	RetryAfterCap *Duration `json:"retry_after_cap,omitempty"`
 
-	// SecretQuery Query parameters whose values are credentials; redacted from every recorded path.
+	// SecretQuery Query parameter names whose values are credentials, beyond the built-in ones (token, key, api_key, signature, X-Amz-Credential, session_id, ... compared case-insensitively, punctuation ignored). Their values are redacted when the run is submitted: the run store, the ledger, the API and exports only ever hold "REDACTED".
 	SecretQuery *[]string   `json:"secret_query,omitempty"`
 	Tier        *SourceTier `json:"tier,omitempty"`
 
@@ -986,6 +1022,7 @@ type SourceTier string
 
 // SourceState defines model for SourceState.
 type SourceState struct {
+	// BaseUrl http or https with a host; no query, no fragment and no credentials (userinfo, or a parameter with a credential's name): those are refused (400, field base_url) and belong in `headers`, or in item paths under a name in `secret_query`. A host written as a number in another form than dotted decimal (0x7f000001) is refused too.
 	BaseUrl   string                `json:"base_url"`
 	BodyError *SourceStateBodyError `json:"body_error,omitempty"`
 	Breaker   *struct {
@@ -1003,7 +1040,7 @@ type SourceState struct {
 	Concurrency *int    `json:"concurrency,omitempty"`
 	Group       *string `json:"group,omitempty"`
 
-	// Headers Sent with every request upstream; values are shown as "[redacted]".
+	// Headers Sent with every request upstream; stored sealed, never recorded. Responses show each configured name with the value "[redacted]". A value holding CR, LF or NUL is refused.
 	Headers *map[string]string `json:"headers,omitempty"`
 	Id      string             `json:"id"`
 	Learned struct {
@@ -1037,7 +1074,7 @@ type SourceState struct {
 	// RetryAfterCap A Go duration ("1m30s", "250ms", "0s").
 	RetryAfterCap *Duration `json:"retry_after_cap,omitempty"`
 
-	// SecretQuery Query parameters whose values are credentials; redacted from every recorded path.
+	// SecretQuery Query parameter names whose values are credentials, beyond the built-in ones (token, key, api_key, signature, X-Amz-Credential, session_id, ... compared case-insensitively, punctuation ignored). Their values are redacted when the run is submitted: the run store, the ledger, the API and exports only ever hold "REDACTED".
 	SecretQuery *[]string        `json:"secret_query,omitempty"`
 	Tier        *SourceStateTier `json:"tier,omitempty"`
 
@@ -1296,7 +1333,7 @@ type GetAwardEvidenceParams struct {
 
 // ListCheckpointsParams defines parameters for ListCheckpoints.
 type ListCheckpointsParams struct {
-	// Cursor next_cursor of the previous page, unchanged.
+	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
 	Cursor *PageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 	Limit  *Limit      `form:"limit,omitempty" json:"limit,omitempty"`
 }
@@ -1320,7 +1357,7 @@ type ListLedgerEventsParams struct {
 	// To Last sequence number; default the head.
 	To *int64 `form:"to,omitempty" json:"to,omitempty"`
 
-	// Cursor next_cursor of the previous page, unchanged.
+	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
 	Cursor *PageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 	Limit  *Limit      `form:"limit,omitempty" json:"limit,omitempty"`
 }
@@ -1349,7 +1386,7 @@ type ListRunsParams struct {
 	// To Created before; RFC 3339, or a YYYY-MM-DD date (midnight UTC).
 	To *To `form:"to,omitempty" json:"to,omitempty"`
 
-	// Cursor next_cursor of the previous page, unchanged.
+	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
 	Cursor *PageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 	Limit  *Limit      `form:"limit,omitempty" json:"limit,omitempty"`
 }
@@ -1372,14 +1409,14 @@ type ListEventsParams struct {
 	// Source Only events of this source.
 	Source *string `form:"source,omitempty" json:"source,omitempty"`
 
-	// Cursor next_cursor of the previous page, unchanged.
+	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
 	Cursor *PageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 	Limit  *Limit      `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
 // ListItemsParams defines parameters for ListItems.
 type ListItemsParams struct {
-	// Cursor next_cursor of the previous page, unchanged.
+	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
 	Cursor *PageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 	Limit  *Limit      `form:"limit,omitempty" json:"limit,omitempty"`
 }
@@ -1637,7 +1674,7 @@ type ClientInterface interface {
 
 	// GetAwardEvidence The evidence workbook of an award's runs created in [from, to).
 	//
-	// Recorded in the ledger as an export.downloaded event naming the token.
+	// Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
 	//
 	// Corresponds with GET /v1/evidence.xlsx (the `GetAwardEvidence` operationId).
 	GetAwardEvidence(ctx context.Context, params *GetAwardEvidenceParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2175,7 +2212,7 @@ func (c *Client) SetRetention(ctx context.Context, fain FAIN, body SetRetentionJ
 
 // GetAwardEvidence The evidence workbook of an award's runs created in [from, to).
 //
-// Recorded in the ledger as an export.downloaded event naming the token.
+// Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
 //
 // Corresponds with GET /v1/evidence.xlsx (the `GetAwardEvidence` operationId).
 func (c *Client) GetAwardEvidence(ctx context.Context, params *GetAwardEvidenceParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5089,7 +5126,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetAwardEvidenceWithResponse The evidence workbook of an award's runs created in [from, to).
 	//
-	// Recorded in the ledger as an export.downloaded event naming the token.
+	// Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6718,6 +6755,11 @@ type GetAwardEvidenceResponse403Headers struct {
 	XRequestId *string
 }
 
+// GetAwardEvidenceResponse404Headers the declared response headers of an HTTP 404 response for GetAwardEvidence
+type GetAwardEvidenceResponse404Headers struct {
+	XRequestId *string
+}
+
 // GetAwardEvidenceResponse429Headers the declared response headers of an HTTP 429 response for GetAwardEvidence
 type GetAwardEvidenceResponse429Headers struct {
 	RetryAfter int
@@ -6738,6 +6780,8 @@ type GetAwardEvidenceResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
 	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
@@ -6748,6 +6792,8 @@ type GetAwardEvidenceResponse struct {
 	Headers401 *GetAwardEvidenceResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *GetAwardEvidenceResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetAwardEvidenceResponse404Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetAwardEvidenceResponse429Headers
 	// HeadersDefault the parsed response headers for an HTTP default response
@@ -6767,6 +6813,11 @@ func (r GetAwardEvidenceResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
 func (r GetAwardEvidenceResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetAwardEvidenceResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -10693,7 +10744,7 @@ func (c *ClientWithResponses) SetRetentionWithResponse(ctx context.Context, fain
 
 // GetAwardEvidenceWithResponse The evidence workbook of an award's runs created in [from, to).
 //
-// Recorded in the ledger as an export.downloaded event naming the token.
+// Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -13022,6 +13073,13 @@ func ParseGetAwardEvidenceResponse(rsp *http.Response) (*GetAwardEvidenceRespons
 		}
 		response.ApplicationproblemJSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13076,6 +13134,16 @@ func ParseGetAwardEvidenceResponse(rsp *http.Response) (*GetAwardEvidenceRespons
 			headers.XRequestId = &value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetAwardEvidenceResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetAwardEvidenceResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
