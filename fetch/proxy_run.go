@@ -333,16 +333,8 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 			return nil, err
 		}
 	} else {
-		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}); err != nil {
+		if err := l.recordRestart(ctx, ar, open); err != nil {
 			return nil, err
-		}
-		for _, d := range sortedDispatches(open) {
-			if _, err := l.record(ctx, ar, auditd.Event{
-				Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
-				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Reason: "no outcome recorded before the restart",
-			}); err != nil {
-				return nil, err
-			}
 		}
 		lost := 0
 		for _, key := range order {

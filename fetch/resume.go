@@ -75,11 +75,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 		case auditd.EventDispatch:
 			ar.seen(r, e.Attempt)
 			open[r] = *e
-		case auditd.EventThrottle:
-			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
-				delete(open, r)
-			}
-		case auditd.EventResponse, auditd.EventTransportError, auditd.EventInterrupted:
+		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
 			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
 				delete(open, r)
 			}
@@ -102,16 +98,8 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			return nil, err
 		}
 	} else {
-		if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}); err != nil {
+		if err := l.recordRestart(ctx, ar, open); err != nil {
 			return nil, err
-		}
-		for _, d := range sortedDispatches(open) {
-			if _, err := l.record(ctx, ar, auditd.Event{
-				Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
-				Attempt: d.Attempt, Method: d.Method, Path: d.Path, Reason: "no outcome recorded before the restart",
-			}); err != nil {
-				return nil, err
-			}
 		}
 		var unqueued []auditd.Item
 		for _, it := range items {
@@ -191,4 +179,22 @@ func sortedDispatches(m map[request]auditd.Event) []auditd.Event {
 	}
 	slices.SortFunc(out, func(a, b auditd.Event) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out
+}
+
+// recordRestart records that a started run resumes after a restart: its
+// run.resumed, then a dispatch.interrupted for each dispatch in open, which
+// had no outcome recorded before the restart.
+func (l *Loop) recordRestart(ctx context.Context, ar *activeRun, open map[request]auditd.Event) error {
+	if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}); err != nil {
+		return err
+	}
+	for _, d := range sortedDispatches(open) {
+		if _, err := l.record(ctx, ar, auditd.Event{
+			Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
+			Attempt: d.Attempt, Method: d.Method, Path: d.Path, Reason: "no outcome recorded before the restart",
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -479,18 +479,11 @@ func (r *Registry) Peek(id string) (Limits, error) {
 	if e == nil {
 		return Limits{}, ErrSourceNotFound
 	}
-	if e.mu.TryLock() {
-		g := e.grp
-		if g == nil || g.mu.TryLock() {
-			l := e.limitsWith(g)
-			if g != nil {
-				g.mu.Unlock()
-			}
-			e.seen.Store(&l)
-			e.mu.Unlock()
-			return l, nil
-		}
-		e.mu.Unlock()
+	if release, ok := e.tryHold(); ok {
+		defer release()
+		l := e.limitsWith(e.grp)
+		e.seen.Store(&l)
+		return l, nil
 	}
 	if l := e.seen.Load(); l != nil {
 		return *l, nil
@@ -599,6 +592,25 @@ func (e *entry) state() State {
 	return s
 }
 
+// tryHold takes e and its group, as Limits and State do, unless a change
+// holds either; release lets them go.
+func (e *entry) tryHold() (release func(), ok bool) {
+	if !e.mu.TryLock() {
+		return nil, false
+	}
+	g := e.grp
+	if g != nil && !g.mu.TryLock() {
+		e.mu.Unlock()
+		return nil, false
+	}
+	return func() {
+		if g != nil {
+			g.mu.Unlock()
+		}
+		e.mu.Unlock()
+	}, true
+}
+
 // PeekState is State for what only shows it (the metrics' gauges): it
 // never waits for a change in progress (one held by a stalled ledger),
 // answering with the state last read instead.
@@ -609,17 +621,9 @@ func (r *Registry) PeekState(id string) (State, error) {
 	if e == nil {
 		return State{}, ErrSourceNotFound
 	}
-	if e.mu.TryLock() {
-		g := e.grp
-		if g == nil || g.mu.TryLock() {
-			s := e.state()
-			if g != nil {
-				g.mu.Unlock()
-			}
-			e.mu.Unlock()
-			return s, nil
-		}
-		e.mu.Unlock()
+	if release, ok := e.tryHold(); ok {
+		defer release()
+		return e.state(), nil
 	}
 	if st := e.seenState.Load(); st != nil {
 		return *st, nil
