@@ -167,28 +167,27 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 	// admitted rate leaves out. The drain pause below is auditd's own: the
 	// server's bucket refills during it at the server's rate, so it stays
 	// in the span, and what was admitted from one refusal to the next is
-	// that rate.
+	// that rate. A Retry-After as short as the drain pause is a bucket's
+	// refill like it: only what goes past that says how long to wait
+	// rather than how fast to go.
 	wait := d.Pause
-	// A refusal that says nothing of when to come back (a 429 or a plain
-	// 503 without Retry-After) means the server's bucket or window is full:
-	// pause the source while it drains a little, so the next request tests
-	// the new pace rather than the old one's backlog.
-	if obs.refused() && !obs.Hint.HasRetryAfter && (d.Changed || d.GroupChanged) {
+	if obs.refused() {
 		x := e
 		if g != nil {
 			x = g
 		}
-		d.Pause = max(d.Pause, settle, min(2*x.interval(), maxDrain))
-	}
-	if obs.refused() && obs.Hint.HasRetryAfter {
-		// A Retry-After as short as the drain pause is a bucket's refill
-		// like it: only what goes past that says how long to wait rather
-		// than how fast to go.
-		x := e
-		if g != nil {
-			x = g
+		drain := max(settle, min(2*x.interval(), maxDrain))
+		switch {
+		case obs.Hint.HasRetryAfter:
+			wait = max(wait, min(obs.Hint.RetryAfter, maxPause)-drain)
+		case d.Changed || d.GroupChanged:
+			// A refusal that says nothing of when to come back (a 429 or
+			// a plain 503 without Retry-After) means the server's bucket
+			// or window is full: pause the source while it drains a
+			// little, so the next request tests the new pace rather than
+			// the old one's backlog.
+			d.Pause = max(d.Pause, drain)
 		}
-		wait = max(wait, min(obs.Hint.RetryAfter, maxPause)-max(settle, min(2*x.interval(), maxDrain)))
 	}
 	e.paused += wait
 	if g != nil {
