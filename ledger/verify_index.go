@@ -108,9 +108,15 @@ func (x *indexCheck) finish(events *bolt.Bucket) {
 			if x.iters[run] == nil {
 				x.add("run index: lists run %q, which has no events (first entry ends at event %d)", run, binary.BigEndian.Uint64(k[len(k)-8:]))
 			}
-			// Past this run's entries.
-			prefix := k[:len(k)-8]
-			k, _ = c.Seek(append(bytes.Clone(prefix), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))
+			// Past this run's entries. On a damaged page whose keys are
+			// out of order the seek can land at or before k: report it and
+			// stop rather than go round for ever.
+			prev := bytes.Clone(k)
+			k, _ = c.Seek(append(prev[:len(prev)-8:len(prev)-8], 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))
+			if k != nil && bytes.Compare(k, prev) <= 0 {
+				x.add("run index: keys out of order after %x", prev)
+				break
+			}
 		}
 	}
 	if x.idem != nil {
