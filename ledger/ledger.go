@@ -87,11 +87,12 @@ type Options struct {
 	// MaxGroup caps the events one commit group takes. Default: DefaultMaxGroup.
 	MaxGroup int
 
-	// GroupDelay is the least time between two commit groups while the
+	// GroupDelay bounds the time between two commit groups while the
 	// ledger is busy (many appenders at once): the writer lets a group
-	// grow that long rather than pay an fsync for a few events. An
-	// appender on its own is never delayed. Default: DefaultGroupDelay;
-	// negative turns it off.
+	// grow, rather than pay an fsync for a few events, until twice the
+	// last commit's time has passed since that one was sealed, but never
+	// longer than GroupDelay. An appender on its own is never delayed.
+	// Default: DefaultGroupDelay; negative turns it off.
 	GroupDelay time.Duration
 
 	// Observer, when set, is told of what every commit group made durable

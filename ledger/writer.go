@@ -128,6 +128,7 @@ func (l *Ledger) run() {
 		closed   bool
 
 		sealed  time.Time        // when the last batch was sealed
+		took    time.Duration    // from then until it was written
 		busy    bool             // it held at least busyRequests requests
 		linger  *time.Timer      // armed while a batch waits to grow
 		lingerC <-chan time.Time // linger's channel while armed
@@ -147,7 +148,7 @@ func (l *Ledger) run() {
 			retryC = nil // closing: one last try, then the appends fail
 		}
 		if inflight == nil && retryC == nil && len(pending.reqs) > 0 {
-			wait := l.lingerFor(pending, busy, sealed, closed)
+			wait := l.lingerFor(pending, busy, sealed, took, closed)
 			if wait <= 0 {
 				if lingerC != nil {
 					linger.Stop()
@@ -178,6 +179,7 @@ func (l *Ledger) run() {
 		case <-retryC:
 			retryC = nil
 		case err := <-written:
+			took = time.Since(sealed)
 			var failed *writeError
 			switch {
 			case err == nil:
@@ -271,9 +273,10 @@ func (l *Ledger) stalled(err error) {
 const busyRequests = 16
 
 // lingerFor says how long the pending batch b should wait for more appends
-// before it is sealed: under load (the last group, sealed at sealed, was
-// busy) a group is sealed at most once per GroupDelay, so that each fsync
-// carries more events; otherwise at once: an appender alone never waits,
+// before it is sealed: under load (the last group, sealed at sealed and
+// written took later, was busy) a group is sealed at most once per
+// lingerCommits times took, and per GroupDelay, so that each fsync carries
+// more events; otherwise at once: an appender alone never waits,
 // nor does a batch of a quarter of MaxGroup (an fsync's share per event is
 // small by then, and appenders that all wait for the group being written
 // come back together: the next batch should start while it is written),
@@ -281,12 +284,21 @@ const busyRequests = 16
 //
 // This is wall time, not the ledger's clock: it paces fsyncs and records
 // nothing, and a fake clock must not be able to hold a commit back.
-func (l *Ledger) lingerFor(b *batch, busy bool, sealed time.Time, closed bool) time.Duration {
+func (l *Ledger) lingerFor(b *batch, busy bool, sealed time.Time, took time.Duration, closed bool) time.Duration {
 	if !busy || closed || l.groupDelay <= 0 || b.events >= l.maxGroup/4 {
 		return 0
 	}
-	return l.groupDelay - time.Since(sealed)
+	return min(l.groupDelay, lingerCommits*took) - time.Since(sealed)
 }
+
+// lingerCommits bounds a busy group's linger by the disk's pace: a group
+// is sealed no sooner than this many times the last commit's time (from
+// its seal until it was written) after that seal. The group grows while
+// the commit before it is written anyway; lingering as long again about
+// halves the fsyncs per event, where a fixed GroupDelay on a disk that
+// commits in under a millisecond would hold every waiting appender (a
+// proxied request's dispatch, say) for many fsyncs' time.
+const lingerCommits = 2
 
 // take moves into group the requests at the head of the queue that fit in
 // room events (the first one in any case when first is set, so that no
