@@ -87,4 +87,6 @@ type ProxyResponder interface {
 	// Abort breaks the response off (the connection is closed), so that a
 	// client never takes a truncated body for a whole one.
 	Abort()
+	// Flush sends what the body holds so far to the client now.
+	Flush()
 }

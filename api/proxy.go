@@ -279,6 +279,8 @@ func (p *proxyResponder) Start(status int, header http.Header, meta *auditd.Prox
 
 func (p *proxyResponder) Abort() { panic(http.ErrAbortHandler) }
 
+func (p *proxyResponder) Flush() { p.c.Response().Flush() }
+
 // setProxyMeta sets the Auditd-* headers that say what auditd did.
 func setProxyMeta(h http.Header, m *auditd.ProxyMeta) {
 	if m.RunID != "" {

@@ -538,6 +538,11 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		}
 	}
 	now := l.cfg.Clock.Now()
+	if readErr == nil && writeErr == nil {
+		// The whole body is the client's now, before the outcome is
+		// recorded and the item ended (those do not wait for the ledger).
+		p.out.Flush()
+	}
 	x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
 	if keep != nil {
 		x.body = keep.Bytes()
