@@ -16,7 +16,7 @@
 //     fsyncs. The writer encodes and hashes the appends that arrive while a
 //     group commits, outside any transaction, and commits them as the next
 //     group as soon as that one is durable; under load it lets a group grow
-//     for up to twice the last commit's time first, and never longer than
+//     for up to 1.5 times the last commit's time first, and never longer than
 //     Options.GroupDelay (writer.go).
 //   - What is added or appended after Add returns is stored after what it
 //     added, so a caller can order its records under a lock of its own and

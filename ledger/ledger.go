@@ -89,8 +89,8 @@ type Options struct {
 
 	// GroupDelay bounds the time between two commit groups while the
 	// ledger is busy (many appenders at once): the writer lets a group
-	// grow, rather than pay an fsync for a few events, until twice the
-	// last commit's time has passed since that one was sealed, but never
+	// grow, rather than pay an fsync for a few events, until 1.5 times
+	// the last commit's time has passed since that one was sealed, but never
 	// longer than GroupDelay. An appender on its own is never delayed.
 	// Default: DefaultGroupDelay; negative turns it off.
 	GroupDelay time.Duration

@@ -6,7 +6,7 @@ import (
 )
 
 // lingerFor lets a commit group wait for more appends only while the ledger
-// is busy, and never past twice the last commit's time, nor GroupDelay,
+// is busy, and never past 1.5 times the last commit's time, nor GroupDelay,
 // since the last group was sealed.
 func TestLingerFor(t *testing.T) {
 	l := &Ledger{maxGroup: 64, groupDelay: time.Hour}
@@ -23,8 +23,8 @@ func TestLingerFor(t *testing.T) {
 	}{
 		{"Idle", small, false, sealed, time.Hour, false, func(d time.Duration) bool { return d <= 0 }},
 		{"Busy", small, true, sealed, time.Hour, false, func(d time.Duration) bool { return d > 59*time.Minute && d <= time.Hour }},
-		{"BusyFastDisk", small, true, sealed, 10 * time.Minute, false, func(d time.Duration) bool { return d > 19*time.Minute && d <= 20*time.Minute }},
-		{"BusyCommitsPassed", small, true, sealed.Add(-20 * time.Minute), 10 * time.Minute, false, func(d time.Duration) bool { return d <= 0 }},
+		{"BusyFastDisk", small, true, sealed, 10 * time.Minute, false, func(d time.Duration) bool { return d > 14*time.Minute && d <= 15*time.Minute }},
+		{"BusyCommitsPassed", small, true, sealed.Add(-15 * time.Minute), 10 * time.Minute, false, func(d time.Duration) bool { return d <= 0 }},
 		{"BusyLongAgo", small, true, sealed.Add(-2 * time.Hour), time.Hour, false, func(d time.Duration) bool { return d <= 0 }},
 		{"QuarterFull", &batch{events: 16}, true, sealed, time.Hour, false, func(d time.Duration) bool { return d <= 0 }},
 		{"Closing", small, true, sealed, time.Hour, true, func(d time.Duration) bool { return d <= 0 }},

@@ -274,13 +274,21 @@ const busyRequests = 16
 
 // lingerFor says how long the pending batch b should wait for more appends
 // before it is sealed: under load (the last group, sealed at sealed and
-// written took later, was busy) a group is sealed at most once per
-// lingerCommits times took, and per GroupDelay, so that each fsync carries
-// more events; otherwise at once: an appender alone never waits,
-// nor does a batch of a quarter of MaxGroup (an fsync's share per event is
-// small by then, and appenders that all wait for the group being written
-// come back together: the next batch should start while it is written),
-// nor the last batch before Close.
+// written took later, was busy) a group is sealed no sooner than one and
+// a half times took after that seal, and no later than GroupDelay after
+// it, so that each fsync carries more events; otherwise at once: an
+// appender alone never waits, nor does a batch of a quarter of MaxGroup
+// (an fsync's share per event is small by then, and appenders that all
+// wait for the group being written come back together: the next batch
+// should start while it is written), nor the last batch before Close.
+//
+// The bound follows the disk's pace. The group grows while the one
+// before it is written anyway; lingering half as long again cuts the
+// fsyncs per event by a third. A fixed GroupDelay on a disk that commits
+// in under a millisecond held every waiting appender (a proxied request's
+// dispatch, say) for many fsyncs' time, and twice the commit's time left
+// the writer idle, with every appender waiting, a third of the time
+// (BenchmarkProxyThroughput, docs/bench/proxy.md).
 //
 // This is wall time, not the ledger's clock: it paces fsyncs and records
 // nothing, and a fake clock must not be able to hold a commit back.
@@ -288,17 +296,8 @@ func (l *Ledger) lingerFor(b *batch, busy bool, sealed time.Time, took time.Dura
 	if !busy || closed || l.groupDelay <= 0 || b.events >= l.maxGroup/4 {
 		return 0
 	}
-	return min(l.groupDelay, lingerCommits*took) - time.Since(sealed)
+	return min(l.groupDelay, took+took/2) - time.Since(sealed)
 }
-
-// lingerCommits bounds a busy group's linger by the disk's pace: a group
-// is sealed no sooner than this many times the last commit's time (from
-// its seal until it was written) after that seal. The group grows while
-// the commit before it is written anyway; lingering as long again about
-// halves the fsyncs per event, where a fixed GroupDelay on a disk that
-// commits in under a millisecond would hold every waiting appender (a
-// proxied request's dispatch, say) for many fsyncs' time.
-const lingerCommits = 2
 
 // take moves into group the requests at the head of the queue that fit in
 // room events (the first one in any case when first is set, so that no
