@@ -85,7 +85,10 @@ func rangeParams(q url.Values) (from, to time.Time, err error) {
 func decodeRequest(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
-		if name, bad := badQueryParam(r.URL.RawQuery); bad {
+		// A proxied query goes upstream as the client wrote it: ';' is
+		// the upstream's to read (redaction looks inside it as well).
+		proxied := strings.HasPrefix(c.Path(), "/proxy/")
+		if name, bad := badQueryParam(r.URL.RawQuery, proxied); bad {
 			return invalid(name, "Query parameter %q is not percent-encoded correctly.", name)
 		}
 		if r.URL.RawPath != "" {
@@ -109,9 +112,9 @@ func decodeRequest(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // badQueryParam returns the first parameter of a raw query whose name or
-// value does not decode, or that is separated by ';' (which url.ParseQuery
-// refuses and URL.Query would silently drop).
-func badQueryParam(raw string) (string, bool) {
+// value does not decode, or, unless semicolons is set, that is separated
+// by ';' (which url.ParseQuery refuses and URL.Query would silently drop).
+func badQueryParam(raw string, semicolons bool) (string, bool) {
 	if raw == "" {
 		return "", false
 	}
@@ -124,12 +127,12 @@ func badQueryParam(raw string) (string, bool) {
 		if kerr != nil {
 			name = k
 		}
-		if _, verr := url.QueryUnescape(v); kerr != nil || verr != nil || strings.Contains(pair, ";") {
+		if _, verr := url.QueryUnescape(v); kerr != nil || verr != nil || !semicolons && strings.Contains(pair, ";") {
 			if len(name) > 100 {
 				name = name[:100]
 			}
 			return name, true
 		}
 	}
-	return "", true
+	return "", !semicolons // ParseQuery refused only the semicolons
 }

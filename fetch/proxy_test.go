@@ -59,6 +59,36 @@ func countType(events []auditd.Event, typ auditd.EventType) int {
 // query parameter and without the client's credentials or hop-by-hop
 // headers; the client gets the upstream's response with auditd's headers;
 // the run records it as an item and reconciles; no secret is recorded.
+// A query with ';' goes upstream as the client wrote it (an upstream may
+// read ';' as a separator, or as part of a value), and a credential after
+// a ';' is redacted in the record all the same.
+func TestProxySemicolonQuery(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{}`)
+	})
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true})
+	e.source(auditd.Source{ID: "county", BaseURL: up.URL, Limit: 1000, Window: auditd.Duration(time.Second)})
+	id := e.proxyRun("")
+	r := e.send("GET", id, "/proxy/county/query?outFields=a;b&x=1;token=client-secret-3", nil, nil)
+	if r.status != 200 {
+		t.Fatalf("proxied GET with ';': %d %s", r.status, r.body)
+	}
+	got := up.requests()
+	if len(got) != 1 || got[0].URL.RawQuery != "outFields=a;b&x=1;token=client-secret-3" {
+		t.Fatalf("upstream saw %d requests, query %q", len(got), got[0].URL.RawQuery)
+	}
+	e.finish(id)
+	for _, ev := range e.events(id) {
+		if strings.Contains(ev.Path, "client-secret-3") || strings.Contains(ev.ItemKey, "client-secret-3") {
+			t.Errorf("%s %d keeps the credential: path %q, item %q", ev.Type, ev.Seq, ev.Path, ev.ItemKey)
+		}
+		if ev.Type == auditd.EventDispatch && !strings.Contains(ev.Path, "outFields=a;b&x=1;token=") {
+			t.Errorf("dispatch path %q", ev.Path)
+		}
+	}
+}
+
 func TestProxyForwards(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ int) {
 		w.Header().Set("Content-Type", "application/json")
