@@ -401,7 +401,8 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 	}
 	queued := p.queued
 	p.queued = nil
-	wctx, cancel := context.WithDeadline(ctx, deadline)
+	// deadline is on the loop's clock; a context's is on the wall's.
+	wctx, cancel := context.WithTimeout(ctx, deadline.Sub(l.cfg.Clock.Now()))
 	defer cancel()
 	if err := f.Wait(wctx); err != nil {
 		a.permit.Release()
@@ -467,7 +468,9 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		return false, nil
 	}
 	defer resp.Body.Close()
-	if retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500; retry && !final {
+	// A 429 or 5xx is retried; the last one allowed is passed to the
+	// client, unless the source serves its last good copy instead.
+	if retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500; retry && (!final || p.hasStale()) {
 		n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, proxyDrainBytes))
 		now := l.cfg.Clock.Now()
 		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
@@ -477,6 +480,9 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		} else {
 			p.lastReason = fmt.Sprintf("server error (%d)", x.status)
 			p.retryAt = l.cfg.Clock.Now().Add(wait)
+		}
+		if final {
+			return true, p.giveUp(rctx, p.lastReason, auditd.EUPSTREAM)
 		}
 		return false, nil
 	}
@@ -699,6 +705,17 @@ func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
 	}
 	return auditd.Errorf(auditd.EUNAVAILABLE, "Not admitted by the request's deadline (the %s gate)%s; the gates expect to admit it in %v.",
 		gate, why, p.meta.RetryAfter.Round(time.Millisecond))
+}
+
+// hasStale says whether the request may be answered from a last good
+// copy: the source allows it and the index holds one (serveStale checks
+// it still verifies).
+func (p *proxied) hasStale() bool {
+	if !p.src.Proxy.ServeStale {
+		return false
+	}
+	_, ok, err := p.l.cfg.Staging.LastGood(p.lastGood)
+	return ok && err == nil
 }
 
 // serveStale answers the request from its last good copy, if there is one

@@ -278,6 +278,7 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 	finished := map[string]bool{}
 	dispatched := map[string]int{}
 	open := map[request]auditd.Event{}
+	cached := map[string]*auditd.CachedCopy{} // the copies items were served from
 	err := l.cfg.Ledger.ScanRun(id, 0, func(e *auditd.Event) error {
 		live.Count(*e)
 		r := request{key: e.ItemKey, page: int(e.Page)}
@@ -308,9 +309,18 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 			if err != nil {
 				return err
 			}
+			if res.Outcome == auditd.ItemCached {
+				res.Cached = cached[e.ItemKey]
+			}
 			// Its last good copy, if it staged one, was indexed with its
 			// payload.staged (staging.Store.LastGoodRecord).
 			live.Finished(e.ItemKey, res)
+		case auditd.EventCacheServed:
+			c, err := auditd.ParseCacheDetail(e.Detail)
+			if err != nil {
+				return fmt.Errorf("cache.served %d of %s: %w", e.Seq, e.ItemKey, err)
+			}
+			cached[e.ItemKey] = c
 		case auditd.EventDispatch:
 			dispatched[e.ItemKey]++
 			open[r] = *e

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -275,4 +277,88 @@ func TestRestartKeepsCachedCopies(t *testing.T) {
 	}
 	h.reconcile(t, v.ID)
 	h.reconcile(t, first.ID)
+}
+
+// memResponder takes a proxied request's response in memory.
+type memResponder struct {
+	status int
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (m *memResponder) Start(status int, header http.Header, _ *auditd.ProxyMeta) io.Writer {
+	m.status, m.header = status, header
+	return &m.body
+}
+func (m *memResponder) Abort() {}
+func (m *memResponder) Flush() {}
+
+// A proxied request answered from the last good copy reads, after a
+// restart of its still active proxy-mode run, as it did: rebuilt from its
+// cache.served, the copy's origin run and age included.
+func TestRestartKeepsProxiedCachedCopies(t *testing.T) {
+	h := newHarness(t, outageScenario)
+	h.source(t, auditd.Source{ID: "down", Limit: 10, Window: auditd.Duration(time.Second), MaxAttempts: 2,
+		Breaker: auditd.BreakerPolicy{Threshold: 2, Cooldown: auditd.Duration(10 * time.Second)},
+		Proxy:   auditd.ProxyPolicy{ServeStale: true}}, "down")
+	path := "/geoserver/ows?service=WFS&request=GetFeature&typeNames=parcels&n=a"
+	ctx := context.Background()
+	first, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "before", Items: []auditd.Item{{Key: "a", SourceID: "down", Path: path}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := h.finish(t, first.ID); v.Status != auditd.RunSucceeded {
+		t.Fatalf("first run %s: %+v", v.Status, v.Counts)
+	}
+	h.clk.Advance(2 * time.Minute) // the outage has begun
+
+	pr, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "proxied", Mode: auditd.RunProxy, IdleTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &memResponder{}
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.loop.Proxy(ctx, &auditd.ProxyRequest{RunID: pr.ID, SourceID: "down", Method: "GET", Path: path, ItemKey: "stale"}, out)
+		done <- err
+	}()
+	var perr error
+	if !h.drive(func() bool {
+		select {
+		case perr = <-done:
+			return true
+		default:
+			return false
+		}
+	}, 10_000) {
+		t.Fatal("the proxied request never ended")
+	}
+	if perr != nil || out.status != 200 {
+		t.Fatalf("proxied request during the outage: %d, %v", out.status, perr)
+	}
+	var before *auditd.ItemResult
+	if !h.drive(func() bool { before = results(t, h, pr.ID)["stale"]; return before != nil }, 1000) {
+		t.Fatal("the proxied item has no result")
+	}
+	if before.Outcome != auditd.ItemCached || before.Cached == nil || before.Cached.OriginRun != first.ID {
+		t.Fatalf("before the restart: %+v, want a copy from run %s", before, first.ID)
+	}
+
+	h.close(t)
+	h.open(t, h.dir)
+	if got := results(t, h, pr.ID)["stale"]; !reflect.DeepEqual(got, before) {
+		t.Fatalf("rebuilt after the restart: %+v (cached %+v), want %+v (cached %+v)", got, got.Cached, before, before.Cached)
+	}
+	// The restart's draining may have fired the run's idle timeout on the
+	// fake clock already.
+	if v, err := h.loop.Finish(ctx, pr.ID, "test"); err != nil && !v.Status.Terminal() {
+		if rv, _ := h.runs.Run(ctx, pr.ID); !rv.Status.Terminal() {
+			t.Fatal(err)
+		}
+	}
+	h.finish(t, pr.ID)
+	if got := results(t, h, pr.ID)["stale"]; !reflect.DeepEqual(got, before) {
+		t.Errorf("stored at the end: %+v, want %+v", got, before)
+	}
+	h.reconcile(t, pr.ID)
 }
