@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,6 +134,9 @@ func TestChangeUndoneWhenLedgerFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := s.Authenticate(secret); err != nil { // known to Authenticate before the failed revoke
+		t.Fatal(err)
+	}
 	rec.fail = errors.New("ledger down")
 	if _, _, err := s.Create(ctx, "ghost", auth.RoleAuditor, "x"); err == nil {
 		t.Fatal("create succeeded without its event")
@@ -145,6 +150,63 @@ func TestChangeUndoneWhenLedgerFails(t *testing.T) {
 	}
 	if _, err := s.Authenticate(secret); err != nil {
 		t.Fatalf("failed revoke left the token revoked: %v", err)
+	}
+}
+
+// Authenticate keeps what it read of the tokens it was shown; a revoke
+// retires it all: no check that starts after Revoke returns passes, while
+// others check the same token all along.
+func TestRevokeRefusesAKnownToken(t *testing.T) {
+	s, _, _ := mustOpenStore(t)
+	ctx := context.Background()
+	admin, _, err := s.Create(ctx, "root", auth.RoleAdmin, "setup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, secret, err := s.Create(ctx, "fleet", auth.RoleOperator, admin.Principal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var revoked atomic.Bool
+	var passedAfter, checks atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				after := revoked.Load()
+				_, err := s.Authenticate(secret)
+				checks.Add(1)
+				if after && err == nil {
+					passedAfter.Add(1)
+				}
+			}
+		}()
+	}
+	for checks.Load() < 1000 {
+		runtime.Gosched()
+	}
+	if _, changed, err := s.Revoke(ctx, tok.ID, admin.Principal()); err != nil || !changed {
+		t.Fatalf("revoke: %v %v", changed, err)
+	}
+	revoked.Store(true)
+	for at := checks.Load(); checks.Load() < at+1000; {
+		runtime.Gosched()
+	}
+	close(stop)
+	wg.Wait()
+	if n := passedAfter.Load(); n > 0 {
+		t.Fatalf("%d checks that started after Revoke returned passed", n)
+	}
+	if _, err := s.Authenticate(secret); auditd.ErrorCode(err) != auditd.EUNAUTHORIZED {
+		t.Fatalf("revoked token authenticates: %v", err)
 	}
 }
 
@@ -229,4 +291,30 @@ func TestListKeepsCreationOrderWithinAMillisecond(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("List order %v, want creation order %v", got, want)
 	}
+}
+
+// BenchmarkAuthenticate is the token check every API request and every
+// proxied request makes, for a known token among a few hundred.
+func BenchmarkAuthenticate(b *testing.B) {
+	s, _, _ := mustOpenStore(b)
+	ctx := context.Background()
+	var secret string
+	for i := range 300 {
+		_, sec, err := s.Create(ctx, fmt.Sprint("pipeline-", i), auth.RoleOperator, "setup")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i == 150 {
+			secret = sec
+		}
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := s.Authenticate(secret); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }

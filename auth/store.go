@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -103,6 +104,31 @@ type Store struct {
 	// (which sorts by id) lists tokens in the order they were created.
 	idsOnce sync.Once
 	ids     *ulid.LockedMonotonicReader
+
+	// known holds what Authenticate read of the tokens it was shown since
+	// the last change to any token: a request's token check is then a map
+	// lookup, not a bbolt read and a JSON decode. Every write moves gen on
+	// once it has committed (update), which retires every entry: a token
+	// is refused to every request that reaches Authenticate after Revoke
+	// has returned (as without it, one racing the revoke may pass). Only tokens
+	// that exist are kept, so unknown secrets cannot grow it. The Store
+	// must be the only writer of its buckets (bbolt's file lock keeps
+	// other processes out; serve makes one Store).
+	gen   atomic.Uint64
+	known sync.Map // [sha256.Size]byte -> knownToken
+}
+
+// knownToken is a token as Authenticate read it while gen was gen.
+type knownToken struct {
+	gen uint64
+	tok Token
+}
+
+// update runs fn in a read-write transaction and retires what
+// Authenticate knows.
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	defer s.gen.Add(1)
+	return s.db.Update(fn)
 }
 
 // NewStore returns a Store on db, creating its buckets. Every change is
@@ -163,7 +189,7 @@ func (s *Store) create(ctx context.Context, name string, role Role, by, secret s
 		Token: Token{ID: "tok_" + id.String(), Name: name, Role: role, CreatedAt: now, CreatedBy: by},
 		Hash:  sum[:],
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *bolt.Tx) error {
 		hashes := tx.Bucket([]byte(bucketHashes))
 		if hashes.Get(rec.Hash) != nil {
 			return auditd.Errorf(auditd.ECONFLICT, "a token with this secret already exists")
@@ -187,7 +213,7 @@ func (s *Store) create(ctx context.Context, name string, role Role, by, secret s
 
 // delete removes a token entirely; only create uses it, to undo itself.
 func (s *Store) delete(rec record) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket([]byte(bucketHashes)).Delete(rec.Hash); err != nil {
 			return err
 		}
@@ -200,6 +226,12 @@ func (s *Store) delete(rec record) error {
 // about which tokens exist.
 func (s *Store) Authenticate(secret string) (Token, error) {
 	sum := sha256.Sum256([]byte(secret))
+	gen := s.gen.Load() // before the read: a write after it retires what is kept
+	if v, ok := s.known.Load(sum); ok {
+		if k := v.(knownToken); k.gen == gen {
+			return active(k.tok)
+		}
+	}
 	var rec record
 	var found bool
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -219,10 +251,21 @@ func (s *Store) Authenticate(secret string) (Token, error) {
 	}
 	// The lookup is keyed by the hash, which an attacker cannot steer; the
 	// constant-time compare keeps the final check free of timing signal.
-	if !found || subtle.ConstantTimeCompare(rec.Hash, sum[:]) != 1 || rec.Revoked() {
+	if !found || subtle.ConstantTimeCompare(rec.Hash, sum[:]) != 1 {
+		return active(Token{})
+	}
+	s.known.Store(sum, knownToken{gen: gen, tok: rec.Token})
+	return active(rec.Token)
+}
+
+// active returns tok if it is an active token (not revoked, not the zero
+// Token of an unknown secret), the EUNAUTHORIZED that every failure is
+// otherwise.
+func active(tok Token) (Token, error) {
+	if tok.ID == "" || tok.Revoked() {
 		return Token{}, auditd.Errorf(auditd.EUNAUTHORIZED, "Missing, unknown or revoked token.")
 	}
-	return rec.Token, nil
+	return tok, nil
 }
 
 // List returns every token, revoked ones included, oldest first.
@@ -250,7 +293,7 @@ func (s *Store) List() ([]Token, error) {
 // admin token is an ECONFLICT.
 func (s *Store) Revoke(ctx context.Context, id, by string) (tok Token, changed bool, err error) {
 	var prev record
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(bucketTokens))
 		v := b.Get([]byte(id))
 		if v == nil {
@@ -280,7 +323,7 @@ func (s *Store) Revoke(ctx context.Context, id, by string) (tok Token, changed b
 		return tok, false, err
 	}
 	if err := s.record(ctx, "revoked", tok, by); err != nil {
-		if rerr := s.db.Update(func(tx *bolt.Tx) error { return putRecord(tx, prev) }); rerr != nil {
+		if rerr := s.update(func(tx *bolt.Tx) error { return putRecord(tx, prev) }); rerr != nil {
 			return Token{}, false, errors.Join(err, fmt.Errorf("undo token revoke: %w", rerr))
 		}
 		return Token{}, false, err
