@@ -279,7 +279,9 @@ func (p *proxyResponder) Start(status int, header http.Header, meta *auditd.Prox
 
 func (p *proxyResponder) Abort() { panic(http.ErrAbortHandler) }
 
-func (p *proxyResponder) Flush() { p.c.Response().Flush() }
+// Flush sends what is written so far, where the server can (echo's own
+// Flush panics where it cannot).
+func (p *proxyResponder) Flush() { _ = http.NewResponseController(p.c.Response().Writer).Flush() }
 
 // setProxyMeta sets the Auditd-* headers that say what auditd did.
 func setProxyMeta(h http.Header, m *auditd.ProxyMeta) {

@@ -225,6 +225,7 @@ type proxied struct {
 	headers  map[string]string // the source's secret headers
 	query    map[string]string // the source's secret query parameters
 
+	retryable  bool      // a 429, 5xx or transport error may be retried (run)
 	retryAt    time.Time // own backoff after a 5xx or transport error
 	lastReason string
 	// queued is the item's item.queued until it is added to the ledger:
@@ -260,7 +261,7 @@ func (p *proxied) run(ctx context.Context) error {
 	}
 	// A POST is retried only when that is safe: the client says so with an
 	// Idempotency-Key, or the source's POSTs change nothing.
-	retryable := p.req.Method != http.MethodPost || p.req.Idempotent || src.Proxy.RetryPost
+	p.retryable = p.req.Method != http.MethodPost || p.req.Idempotent || src.Proxy.RetryPost
 	wait := p.req.Deadline
 	if wait <= 0 {
 		wait = src.Proxy.Deadline.D()
@@ -334,7 +335,7 @@ func (p *proxied) run(ctx context.Context) error {
 			return auditd.Errorf(auditd.EUNAVAILABLE, "The dispatch could not be recorded, so nothing was sent; retry.")
 		}
 		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
-		final := !retryable || it.attempts.spent(0)+deferred >= maxAttempts
+		final := !p.retryable || it.attempts.spent(0)+deferred >= maxAttempts
 		if done, err := p.exchange(ctx, rctx, a, final); done {
 			return err
 		}
@@ -469,8 +470,11 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 	}
 	defer resp.Body.Close()
 	// A 429 or 5xx is retried; the last one allowed is passed to the
-	// client, unless the source serves its last good copy instead.
-	if retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500; retry && (!final || p.hasStale()) {
+	// client, unless the source serves its last good copy instead. A
+	// request that may not be retried (a POST without an Idempotency-Key)
+	// gets its one answer, whatever it is: it was sent, and may have done
+	// what it asked.
+	if retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500; retry && (!final || p.retryable && p.hasStale()) {
 		n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, proxyDrainBytes))
 		now := l.cfg.Clock.Now()
 		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
@@ -544,9 +548,10 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		}
 	}
 	now := l.cfg.Clock.Now()
-	if readErr == nil && writeErr == nil {
+	if readErr == nil && writeErr == nil && resp.ContentLength >= 0 {
 		// The whole body is the client's now, before the outcome is
 		// recorded and the item ended (those do not wait for the ledger).
+		// A body without a length ends with the handler, flushed or not.
 		p.out.Flush()
 	}
 	x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
@@ -708,14 +713,14 @@ func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
 }
 
 // hasStale says whether the request may be answered from a last good
-// copy: the source allows it and the index holds one (serveStale checks
-// it still verifies).
+// copy: the source allows it and the index holds one that still verifies
+// (as serveStale checks again).
 func (p *proxied) hasStale() bool {
 	if !p.src.Proxy.ServeStale {
 		return false
 	}
-	_, ok, err := p.l.cfg.Staging.LastGood(p.lastGood)
-	return ok && err == nil
+	c, ok, err := p.l.cfg.Staging.LastGood(p.lastGood)
+	return ok && err == nil && p.l.cfg.Staging.VerifyPayload(c.Sum) == nil
 }
 
 // serveStale answers the request from its last good copy, if there is one

@@ -55,10 +55,6 @@ func countType(events []auditd.Event, typ auditd.EventType) int {
 	return n
 }
 
-// A proxied GET reaches the upstream with the source's secret header and
-// query parameter and without the client's credentials or hop-by-hop
-// headers; the client gets the upstream's response with auditd's headers;
-// the run records it as an item and reconciles; no secret is recorded.
 // A query with ';' goes upstream as the client wrote it (an upstream may
 // read ';' as a separator, or as part of a value), and a credential after
 // a ';' is redacted in the record all the same.
@@ -89,6 +85,10 @@ func TestProxySemicolonQuery(t *testing.T) {
 	}
 }
 
+// A proxied GET reaches the upstream with the source's secret header and
+// query parameter and without the client's credentials or hop-by-hop
+// headers; the client gets the upstream's response with auditd's headers;
+// the run records it as an item and reconciles; no secret is recorded.
 func TestProxyForwards(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ int) {
 		w.Header().Set("Content-Type", "application/json")
@@ -566,4 +566,48 @@ func rawRequest(t *testing.T, base, raw string) (int, string) {
 	}
 	defer resp.Body.Close()
 	return resp.StatusCode, resp.Header.Get("Content-Type")
+}
+
+// A source that serves stale copies answers a GET whose attempts ran out
+// on 5xx from its last good copy, but never a POST that may not be
+// retried: that one was sent and may have done what it asked, so its one
+// answer, the 503, is the client's.
+func TestProxyStaleOnlyWhenAttemptsRanOut(t *testing.T) {
+	var down atomic.Bool
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		if down.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, "down")
+			return
+		}
+		fmt.Fprint(w, "fresh")
+	})
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true})
+	e.source(auditd.Source{ID: "grants", BaseURL: up.URL, Limit: 1000, Window: auditd.Duration(time.Second), MaxAttempts: 2,
+		Proxy: auditd.ProxyPolicy{ServeStale: true}})
+	body := []byte(`{"keyword":"water"}`)
+	first := e.proxyRun("")
+	if r := e.send("POST", first, "/proxy/grants/search2", body, nil); r.status != 200 {
+		t.Fatalf("first POST: %d %q", r.status, r.body)
+	}
+	if r := e.send("GET", first, "/proxy/grants/doc", nil, nil); r.status != 200 {
+		t.Fatalf("first GET: %d %q", r.status, r.body)
+	}
+	e.finish(first)
+
+	down.Store(true)
+	id := e.proxyRun("")
+	r := e.send("POST", id, "/proxy/grants/search2", body, nil)
+	if r.status != 503 || string(r.body) != "down" || r.header.Get("Auditd-Stale") != "" {
+		t.Errorf("POST without Idempotency-Key to a failing upstream: %d %q stale %q, want its own 503", r.status, r.body, r.header.Get("Auditd-Stale"))
+	}
+	r = e.send("GET", id, "/proxy/grants/doc", nil, nil)
+	if r.status != 200 || string(r.body) != "fresh" || r.header.Get("Auditd-Stale") != "true" || r.header.Get("Auditd-Attempts") != "2" {
+		t.Errorf("GET whose attempts ran out: %d %q stale %q attempts %s, want the copy after 2", r.status, r.body, r.header.Get("Auditd-Stale"), r.header.Get("Auditd-Attempts"))
+	}
+	v := e.finish(id)
+	if v.Counts.Cached != 1 || v.Counts.Failed != 1 {
+		t.Errorf("cached %d failed %d, want 1 and 1", v.Counts.Cached, v.Counts.Failed)
+	}
+	e.reconcile(id)
 }
