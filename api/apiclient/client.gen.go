@@ -1577,10 +1577,12 @@ type ClientInterface interface {
 	// source's secret headers and query parameters; the client's
 	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
 	// the upstream. auditd retries 429s, 5xx and transport errors itself
-	// (Retry-After honoured) up to the deadline, then answers once: the
-	// upstream's final response, streamed, or the last good copy
-	// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-	// request refused with a 4xx was neither forwarded nor recorded.
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded.
 	//
 	// Corresponds with GET /proxy/{source}/{path} (the `ProxyGet` operationId).
 	ProxyGet(ctx context.Context, source string, path string, params *ProxyGetParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1593,10 +1595,12 @@ type ClientInterface interface {
 	// source's secret headers and query parameters; the client's
 	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
 	// the upstream. auditd retries 429s, 5xx and transport errors itself
-	// (Retry-After honoured) up to the deadline, then answers once: the
-	// upstream's final response, streamed, or the last good copy
-	// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-	// request refused with a 4xx was neither forwarded nor recorded.
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded.
 	//
 	// Corresponds with HEAD /proxy/{source}/{path} (the `ProxyHead` operationId).
 	ProxyHead(ctx context.Context, source string, path string, params *ProxyHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2015,10 +2019,12 @@ func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // source's secret headers and query parameters; the client's
 // Authorization, Proxy-Authorization and hop-by-hop headers never reach
 // the upstream. auditd retries 429s, 5xx and transport errors itself
-// (Retry-After honoured) up to the deadline, then answers once: the
-// upstream's final response, streamed, or the last good copy
-// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-// request refused with a 4xx was neither forwarded nor recorded.
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded.
 //
 // Corresponds with GET /proxy/{source}/{path} (the `ProxyGet` operationId).
 func (c *Client) ProxyGet(ctx context.Context, source string, path string, params *ProxyGetParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2041,10 +2047,12 @@ func (c *Client) ProxyGet(ctx context.Context, source string, path string, param
 // source's secret headers and query parameters; the client's
 // Authorization, Proxy-Authorization and hop-by-hop headers never reach
 // the upstream. auditd retries 429s, 5xx and transport errors itself
-// (Retry-After honoured) up to the deadline, then answers once: the
-// upstream's final response, streamed, or the last good copy
-// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-// request refused with a 4xx was neither forwarded nor recorded.
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded.
 //
 // Corresponds with HEAD /proxy/{source}/{path} (the `ProxyHead` operationId).
 func (c *Client) ProxyHead(ctx context.Context, source string, path string, params *ProxyHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5023,10 +5031,12 @@ type ClientWithResponsesInterface interface {
 	// source's secret headers and query parameters; the client's
 	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
 	// the upstream. auditd retries 429s, 5xx and transport errors itself
-	// (Retry-After honoured) up to the deadline, then answers once: the
-	// upstream's final response, streamed, or the last good copy
-	// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-	// request refused with a 4xx was neither forwarded nor recorded.
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5041,10 +5051,12 @@ type ClientWithResponsesInterface interface {
 	// source's secret headers and query parameters; the client's
 	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
 	// the upstream. auditd retries 429s, 5xx and transport errors itself
-	// (Retry-After honoured) up to the deadline, then answers once: the
-	// upstream's final response, streamed, or the last good copy
-	// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-	// request refused with a 4xx was neither forwarded nor recorded.
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -10581,10 +10593,12 @@ func (c *ClientWithResponses) OpenapiWithResponse(ctx context.Context, reqEditor
 // source's secret headers and query parameters; the client's
 // Authorization, Proxy-Authorization and hop-by-hop headers never reach
 // the upstream. auditd retries 429s, 5xx and transport errors itself
-// (Retry-After honoured) up to the deadline, then answers once: the
-// upstream's final response, streamed, or the last good copy
-// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-// request refused with a 4xx was neither forwarded nor recorded.
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -10605,10 +10619,12 @@ func (c *ClientWithResponses) ProxyGetWithResponse(ctx context.Context, source s
 // source's secret headers and query parameters; the client's
 // Authorization, Proxy-Authorization and hop-by-hop headers never reach
 // the upstream. auditd retries 429s, 5xx and transport errors itself
-// (Retry-After honoured) up to the deadline, then answers once: the
-// upstream's final response, streamed, or the last good copy
-// (Auditd-Stale), or a 503 problem with an honest Retry-After. A
-// request refused with a 4xx was neither forwarded nor recorded.
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded.
 //
 // Returns a wrapper object for the known response body format(s).
 //
