@@ -474,7 +474,13 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 	// request that may not be retried (a POST without an Idempotency-Key)
 	// gets its one answer, whatever it is: it was sent, and may have done
 	// what it asked.
-	if retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500; retry && (!final || p.retryable && p.hasStale()) {
+	retry := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
+	var stale staging.Copy
+	useCopy := false // the last answer gives way to the copy
+	if retry && final && p.retryable {
+		stale, useCopy = p.staleCopy()
+	}
+	if retry && (!final || useCopy) {
 		n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, proxyDrainBytes))
 		now := l.cfg.Clock.Now()
 		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
@@ -485,7 +491,10 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 			p.lastReason = fmt.Sprintf("server error (%d)", x.status)
 			p.retryAt = l.cfg.Clock.Now().Add(wait)
 		}
-		if final {
+		if useCopy {
+			if p.serveCopy(rctx, stale, p.lastReason) {
+				return true, nil
+			}
 			return true, p.giveUp(rctx, p.lastReason, auditd.EUPSTREAM)
 		}
 		return false, nil
@@ -712,26 +721,31 @@ func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
 		gate, why, p.meta.RetryAfter.Round(time.Millisecond))
 }
 
-// hasStale says whether the request may be answered from a last good
-// copy: the source allows it and the index holds one that still verifies
-// (as serveStale checks again).
-func (p *proxied) hasStale() bool {
+// staleCopy returns the request's last good copy, when the source serves
+// stale copies and the index holds one that still verifies.
+func (p *proxied) staleCopy() (staging.Copy, bool) {
 	if !p.src.Proxy.ServeStale {
-		return false
+		return staging.Copy{}, false
 	}
 	c, ok, err := p.l.cfg.Staging.LastGood(p.lastGood)
-	return ok && err == nil && p.l.cfg.Staging.VerifyPayload(c.Sum) == nil
+	if err != nil || !ok || p.l.cfg.Staging.VerifyPayload(c.Sum) != nil {
+		return staging.Copy{}, false
+	}
+	return c, true
 }
 
 // serveStale answers the request from its last good copy, if there is one
-// and it still verifies: cache.served is recorded and the item ends
-// cached.
+// and it still verifies (staleCopy): cache.served is recorded and the item
+// ends cached.
 func (p *proxied) serveStale(rctx context.Context, reason string) bool {
+	c, ok := p.staleCopy()
+	return ok && p.serveCopy(rctx, c, reason)
+}
+
+// serveCopy answers the request from c, its last good copy, unless c can
+// no longer be opened.
+func (p *proxied) serveCopy(rctx context.Context, c staging.Copy, reason string) bool {
 	l := p.l
-	c, ok, err := l.cfg.Staging.LastGood(p.lastGood)
-	if err != nil || !ok || l.cfg.Staging.VerifyPayload(c.Sum) != nil {
-		return false
-	}
 	rc, err := l.cfg.Staging.Open(c.Sum)
 	if err != nil {
 		return false
