@@ -669,12 +669,12 @@ func (r *Registry) ListSources() []auditd.Source {
 // returns may be recorded.
 func (r *Registry) RequestHeaders(id string) (map[string]string, error) {
 	r.mu.RLock()
-	e := r.sources[id]
+	e, unopened := r.sources[id], r.unopened[id] // Put changes both under r.mu
 	r.mu.RUnlock()
 	if e == nil {
 		return nil, ErrSourceNotFound
 	}
-	if r.unopened[id] {
+	if unopened {
 		return nil, fmt.Errorf("the stored request headers of source %q do not open under the sealing key (%s changed?); put the source again", id, seal.KeyFile)
 	}
 	e.mu.Lock()
