@@ -64,13 +64,14 @@ func NewClient(o ClientOptions) *http.Client {
 		IdleConnTimeout:       90 * time.Second,
 	}
 	return &http.Client{
-		Transport: tr,
-		Timeout:   o.RequestTimeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
+		Transport:     tr,
+		Timeout:       o.RequestTimeout,
+		CheckRedirect: noRedirects,
 	}
 }
+
+// noRedirects is every loop client's CheckRedirect: the 3xx is the answer.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // isDenied reports whether err is a connection the address policy refused.
 func isDenied(err error) bool { return errors.Is(err, ErrAddressDenied) }

@@ -76,7 +76,7 @@ type Config struct {
 	Registry *registry.Registry // source configuration and learned limits
 	Limiter  *limiter.Limiter   // the gates; the loop configures it from the registry
 	Staging  *staging.Store
-	Client   *http.Client // default NewClient(DefaultClientOptions)
+	Client   *http.Client // default NewClient(DefaultClientOptions); never follows a redirect
 	Clock    clock.Clock  // default clock.Real{}
 	Logger   *slog.Logger // default slog.Default()
 
@@ -132,6 +132,13 @@ func New(cfg Config) (*Loop, error) {
 	}
 	if cfg.Client == nil {
 		cfg.Client = NewClient(DefaultClientOptions())
+	} else {
+		// A redirect is never followed, whatever client is given: a 3xx
+		// is its dispatch's outcome (doc.go), and a hop would be a request
+		// with no dispatch of its own.
+		c := *cfg.Client
+		c.CheckRedirect = noRedirects
+		cfg.Client = &c
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -276,12 +276,12 @@ func (p *proxied) run(ctx context.Context) error {
 	deferred := 0 // failed probes of the breaker waited through
 	for {
 		if ctx.Err() != nil {
-			return p.gone(rctx)
+			return p.gone()
 		}
 		if src.Proxy.ServeStale {
 			// A source that is down is answered from its last good copy
 			// at once rather than waited for.
-			if st, err := l.cfg.Limiter.State(src.ID); err == nil && st.Breaker == limiter.BreakerOpen && p.serveStale(rctx, "breaker open") {
+			if st, err := l.cfg.Limiter.State(src.ID); err == nil && st.Breaker == limiter.BreakerOpen && p.serveStale("breaker open") {
 				return nil
 			}
 		}
@@ -306,15 +306,15 @@ func (p *proxied) run(ctx context.Context) error {
 				deferred++
 				p.lastReason = "breaker open: the source is still down"
 				if it.attempts.spent(0)+deferred >= maxAttempts {
-					return p.giveUp(rctx, fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
+					return p.giveUp(fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
 				}
 				continue
 			case errors.As(err, &shed):
-				return p.shed(rctx, shed)
+				return p.shed(shed)
 			case ctx.Err() != nil:
-				return p.gone(rctx)
+				return p.gone()
 			default:
-				return p.giveUp(rctx, "limiter: "+err.Error(), auditd.EINTERNAL)
+				return p.giveUp("limiter: "+err.Error(), auditd.EINTERNAL)
 			}
 		}
 		a := &attempt{page: 0, n: it.attempts.next(0), permit: perm}
@@ -461,9 +461,9 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		p.lastReason = "transport error: " + err.Error()
 		switch {
 		case ctx.Err() != nil:
-			return true, p.gone(rctx)
+			return true, p.gone()
 		case final:
-			return true, p.giveUp(rctx, p.lastReason, auditd.EUPSTREAM)
+			return true, p.giveUp(p.lastReason, auditd.EUPSTREAM)
 		}
 		p.retryAt = l.cfg.Clock.Now().Add(wait)
 		return false, nil
@@ -492,10 +492,10 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 			p.retryAt = l.cfg.Clock.Now().Add(wait)
 		}
 		if useCopy {
-			if p.serveCopy(rctx, stale, p.lastReason) {
+			if p.serveCopy(stale, p.lastReason) {
 				return true, nil
 			}
-			return true, p.giveUp(rctx, p.lastReason, auditd.EUPSTREAM)
+			return true, p.giveUp(p.lastReason, auditd.EUPSTREAM)
 		}
 		return false, nil
 	}
@@ -516,7 +516,7 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 	if success {
 		var err error
 		if w, err = l.cfg.Staging.NewWriter(); err != nil {
-			return p.giveUp(rctx, "staging: "+err.Error(), auditd.EINTERNAL)
+			return p.giveUp("staging: "+err.Error(), auditd.EINTERNAL)
 		}
 		defer w.Abort()
 	}
@@ -641,9 +641,7 @@ func (p *proxied) send(ctx context.Context) (*http.Response, error) {
 	for k, v := range p.headers {
 		req.Header.Set(k, v)
 	}
-	c := *p.l.cfg.Client
-	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	resp, err := c.Do(req)
+	resp, err := p.l.cfg.Client.Do(req) // it never follows a redirect (New)
 	if err != nil {
 		return nil, p.scrub(err)
 	}
@@ -676,7 +674,7 @@ func (p *proxied) scrub(err error) error {
 // gone ends the item of a request whose context ended before it got an
 // answer: the client went away, the run was cancelled, or auditd is
 // shutting down.
-func (p *proxied) gone(rctx context.Context) error {
+func (p *proxied) gone() error {
 	reason := "the client went away before an answer"
 	switch {
 	case p.ar.isCancelled():
@@ -691,8 +689,8 @@ func (p *proxied) gone(rctx context.Context) error {
 // giveUp ends a request that cannot be answered fresh: from the last good
 // copy when the source allows it and there is one, as failed otherwise
 // (an error of code for the client).
-func (p *proxied) giveUp(rctx context.Context, reason, code string) error {
-	if p.src.Proxy.ServeStale && p.serveStale(rctx, reason) {
+func (p *proxied) giveUp(reason, code string) error {
+	if p.serveStale(reason) {
 		return nil
 	}
 	p.end(auditd.ItemFailed, reason, nil, "", nil)
@@ -705,10 +703,10 @@ func (p *proxied) giveUp(rctx context.Context, reason, code string) error {
 // shed ends a request the gates could not admit before its deadline: the
 // shed is recorded, then the last good copy is served when the source
 // allows it, or the client is told when the gates expect to admit it.
-func (p *proxied) shed(rctx context.Context, shed *limiter.ShedError) error {
+func (p *proxied) shed(shed *limiter.ShedError) error {
 	gate := string(shed.Gate)
 	p.note(auditd.Event{Type: auditd.EventShed, SourceID: p.src.ID, ItemKey: p.job.Key, Gate: gate})
-	if p.src.Proxy.ServeStale && p.serveStale(rctx, "shed at "+gate) {
+	if p.serveStale("shed at " + gate) {
 		return nil
 	}
 	p.end(auditd.ItemShed, "deadline", nil, "", nil)
@@ -737,14 +735,14 @@ func (p *proxied) staleCopy() (staging.Copy, bool) {
 // serveStale answers the request from its last good copy, if there is one
 // and it still verifies (staleCopy): cache.served is recorded and the item
 // ends cached.
-func (p *proxied) serveStale(rctx context.Context, reason string) bool {
+func (p *proxied) serveStale(reason string) bool {
 	c, ok := p.staleCopy()
-	return ok && p.serveCopy(rctx, c, reason)
+	return ok && p.serveCopy(c, reason)
 }
 
 // serveCopy answers the request from c, its last good copy, unless c can
 // no longer be opened.
-func (p *proxied) serveCopy(rctx context.Context, c staging.Copy, reason string) bool {
+func (p *proxied) serveCopy(c staging.Copy, reason string) bool {
 	l := p.l
 	rc, err := l.cfg.Staging.Open(c.Sum)
 	if err != nil {
