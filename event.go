@@ -141,6 +141,16 @@ func causeOf(t EventType) causeField {
 // their own: reading a run never changes what its reconciliation counts.
 func (t EventType) Access() bool { return t == EventExport || t == EventViewed }
 
+// Retention reports whether t records a retention change: a period set, a
+// hold placed or released, a payload purged.
+func (t EventType) Retention() bool {
+	switch t {
+	case EventRetentionSet, EventHoldPlaced, EventHoldReleased, EventPayloadPurged:
+		return true
+	}
+	return false
+}
+
 // Shared returns e's attempt and cause as the canonical encoding and the
 // API's event JSON hold them.
 func (e *Event) Shared() (attempt uint32, cause string) {

@@ -248,7 +248,7 @@ func (p *Pack) readSingles(r *Report) error {
 			switch {
 			case what == "access" && e.Type.Access():
 				p.access = append(p.access, e)
-			case what == "retention" && isRetention(e.Type):
+			case what == "retention" && e.Type.Retention():
 				p.retention = append(p.retention, e)
 			default:
 				r.fail("%s: event %d is listed as a %s event but is a %s", FileManifest, seq, what, e.Type)
@@ -263,14 +263,6 @@ func (p *Pack) readSingles(r *Report) error {
 	}
 	slices.SortStableFunc(p.access, func(a, b auditd.Event) int { return cmp.Compare(at[a.Seq], at[b.Seq]) })
 	return nil
-}
-
-func isRetention(t auditd.EventType) bool {
-	switch t {
-	case auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
-		return true
-	}
-	return false
 }
 
 // verifyLeaves reads every leaf once: each decodes as the event its place

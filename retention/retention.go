@@ -134,9 +134,7 @@ func (k *Keeper) catchUp() error {
 	}
 	return k.Ledger.Scan(k.through+1, 0, func(e *auditd.Event) error {
 		k.through = e.Seq
-		switch e.Type {
-		case auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
-		default:
+		if !e.Type.Retention() {
 			return nil
 		}
 		var d detail
