@@ -127,18 +127,24 @@ func (s *Store) Stored(puts []auditd.Put) {
 		s.mu.Unlock()
 		// A compaction since the commit may have moved the record into
 		// the index already; then it is not kept twice.
-		if !ok || moved && s.db.View(func(tx *bolt.Tx) error {
-			if tx.Bucket(bucketRecent).Get(p.Key) == nil {
-				ok = false
-			}
-			return nil
-		}) != nil || !ok {
+		if !ok || moved && !s.inRecent(p.Key) {
 			continue
 		}
 		s.mu.Lock()
 		s.recent.keep(rc)
 		s.mu.Unlock()
 	}
+}
+
+// inRecent reports whether the recent bucket still holds key (a read that
+// fails counts as not).
+func (s *Store) inRecent(key []byte) bool {
+	found := false
+	err := s.db.View(func(tx *bolt.Tx) error {
+		found = tx.Bucket(bucketRecent).Get(key) != nil
+		return nil
+	})
+	return err == nil && found
 }
 
 // SetLastGood records c as the last good payload of a request in the
