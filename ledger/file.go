@@ -182,28 +182,40 @@ func (c *fileChecker) readPage(id uint64, what string) ([]byte, error) {
 	if id < 2 || id >= c.hwm {
 		return nil, damaged("%s points at page %d, outside pages 2 to %d", what, id, c.hwm-1)
 	}
-	var h [pageHeaderSize]byte
-	if _, err := c.f.ReadAt(h[:], int64(id)*c.pageSize); err != nil {
+	// One read of the page, then of its overflow pages if it has any.
+	off := int64(id) * c.pageSize
+	if int64(cap(c.buf)) < c.pageSize {
+		c.buf = make([]byte, c.pageSize)
+	}
+	c.buf = c.buf[:c.pageSize]
+	if got, err := c.f.ReadAt(c.buf, off); got < pageHeaderSize {
+		if err == nil || err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("read page %d: %w", id, err)
+	} else if err != nil && err != io.EOF {
 		return nil, fmt.Errorf("read page %d: %w", id, err)
 	}
 	le := binary.LittleEndian
-	if got := le.Uint64(h[0:]); got != id {
+	if got := le.Uint64(c.buf[0:]); got != id {
 		return nil, damaged("page %d (%s) says it is page %d", id, what, got)
 	}
-	overflow := le.Uint32(h[12:])
+	overflow := le.Uint32(c.buf[12:])
 	if uint64(overflow) >= c.hwm-id {
 		return nil, damaged("page %d (%s) runs %d pages past the high-water mark", id, what, uint64(overflow)-(c.hwm-id)+1)
 	}
 	if c.mark(id, overflow) {
 		return nil, damaged("page %d (%s) is reached twice: the tree loops or two parents share it", id, what)
 	}
-	n := (int64(overflow) + 1) * c.pageSize
-	if int64(cap(c.buf)) < n {
-		c.buf = make([]byte, n)
-	}
-	c.buf = c.buf[:n]
-	if _, err := c.f.ReadAt(c.buf, int64(id)*c.pageSize); err != nil && err != io.EOF {
-		return nil, fmt.Errorf("read page %d: %w", id, err)
+	if overflow > 0 {
+		n := (int64(overflow) + 1) * c.pageSize
+		if int64(cap(c.buf)) < n {
+			c.buf = append(make([]byte, 0, n), c.buf...)
+		}
+		c.buf = c.buf[:n]
+		if _, err := c.f.ReadAt(c.buf[c.pageSize:], off+c.pageSize); err != nil && err != io.EOF {
+			return nil, fmt.Errorf("read page %d: %w", id, err)
+		}
 	}
 	return c.buf, nil
 }
