@@ -122,9 +122,9 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		}
 	}
 	path := filepath.Join(o.dataDir, dbFile)
-	if err := ledger.CheckFile(path); errors.Is(err, ledger.ErrDamaged) {
+	if err := checkFile(path); errors.Is(err, ledger.ErrDamaged) {
 		return fmt.Errorf("refusing to serve %s: %v; run auditd verify --data %s for the full report, and restore the data directory from a backup", path, err, o.dataDir)
-	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+	} else if err != nil {
 		return err
 	}
 	db, err := openDB(o.dataDir, false)

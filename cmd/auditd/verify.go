@@ -50,10 +50,10 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	// bbolt maps the file and trusts it: a damaged one is named before it
 	// is opened, not met as a crash.
 	path := filepath.Join(*data, dbFile)
-	if err := ledger.CheckFile(path); errors.Is(err, ledger.ErrDamaged) {
+	if err := checkFile(path); errors.Is(err, ledger.ErrDamaged) {
 		fmt.Fprintf(stdout, "ledger NOT intact: %s: %v\n", path, err)
 		return 1
-	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+	} else if err != nil {
 		fmt.Fprintf(stderr, "auditd verify: %v\n", err)
 		return 2
 	}
