@@ -630,6 +630,12 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 }
 
 // entry is the registry's state for one source or one group.
+// configView is what a source entry shows of its configuration.
+type configView struct {
+	src         auditd.Source // without Headers
+	headerNames []string      // sorted
+}
+
 type entry struct {
 	mu sync.Mutex
 	// seen is the limits last read under mu, for Peek while a change holds
@@ -642,7 +648,11 @@ type entry struct {
 	// headers are the source's secret request headers, kept out of src so
 	// that nothing reading src can leak them.
 	headers map[string]string
-	grp     *entry // the source's group entry, nil without one
+	// config is src and the sorted names of headers as last set (setConfig),
+	// for the views that must not wait on mu (ListSources, GetSource,
+	// HeaderNames): a change recorded on a stalled ledger holds mu.
+	config atomic.Pointer[configView]
+	grp    *entry // the source's group entry, nil without one
 	ceil    rate   // the most this entry may ever be set to
 	st      state  // persisted
 

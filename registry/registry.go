@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -343,6 +344,7 @@ func (r *Registry) load(tx *bolt.Tx) error {
 				r.queries[src.ID] = q
 			}
 		}
+		e.setConfig(src, e.headers)
 		r.startLearning(e)
 		r.sources[src.ID] = e
 		return nil
@@ -631,6 +633,14 @@ func (r *Registry) PeekState(id string) (State, error) {
 	return r.State(id) // never read yet: wait, as State does
 }
 
+// setConfig sets the entry's configuration and headers, and the view of
+// them the lock-free readers see. Callers hold mu, or own e alone.
+func (e *entry) setConfig(src auditd.Source, headers map[string]string) {
+	e.src, e.headers = src, headers
+	names := slices.Sorted(maps.Keys(headers))
+	e.config.Store(&configView{src: src, headerNames: names})
+}
+
 // GetSource returns the configuration of source id without its secret
 // headers (Headers is nil).
 func (r *Registry) GetSource(id string) (auditd.Source, error) {
@@ -640,9 +650,7 @@ func (r *Registry) GetSource(id string) (auditd.Source, error) {
 	if e == nil {
 		return auditd.Source{}, ErrSourceNotFound
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.src, nil
+	return e.config.Load().src, nil
 }
 
 // ListSources returns every source's configuration, without secret headers,
@@ -656,9 +664,7 @@ func (r *Registry) ListSources() []auditd.Source {
 	r.mu.RUnlock()
 	out := make([]auditd.Source, 0, len(entries))
 	for _, e := range entries {
-		e.mu.Lock()
-		out = append(out, e.src)
-		e.mu.Unlock()
+		out = append(out, e.config.Load().src)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -691,14 +697,7 @@ func (r *Registry) HeaderNames(id string) ([]string, error) {
 	if e == nil {
 		return nil, ErrSourceNotFound
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	names := make([]string, 0, len(e.headers))
-	for k := range e.headers {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	return names, nil
+	return slices.Clone(e.config.Load().headerNames), nil
 }
 
 // secretsContext binds a source's sealed headers to its id.
@@ -809,7 +808,8 @@ func (r *Registry) Put(ctx context.Context, principal string, src auditd.Source)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	oldGroup := e.src.Group
-	e.src, e.ceil, e.headers = src, r.sourceCeiling(src), maps.Clone(secrets)
+	e.ceil = r.sourceCeiling(src)
+	e.setConfig(src, maps.Clone(secrets))
 	delete(r.unopened, src.ID)
 	if len(query) > 0 {
 		r.queries[src.ID] = maps.Clone(query)

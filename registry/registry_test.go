@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -457,11 +458,12 @@ func TestSecretsNeverInEvents(t *testing.T) {
 
 // A change waiting on a stalled ledger holds its source; Peek and
 // PeekState, what run views and the metrics read, answer meanwhile with
-// what was last read, and the change
-// lands once the ledger writes again.
+// what was last read, as do the source views (its configuration, header
+// names and the list of sources), and the change lands once the ledger
+// writes again.
 func TestPeekDoesNotWaitOnAStalledLedger(t *testing.T) {
 	h := newHarness(t, registry.Options{DefaultLimit: 60})
-	h.put(t, auditd.Source{ID: "a"})
+	h.put(t, auditd.Source{ID: "a", Headers: map[string]string{"X-Key": "secret", "Accept": "json"}})
 	before, err := h.reg.Limits("a")
 	if err != nil {
 		t.Fatal(err)
@@ -496,6 +498,15 @@ func TestPeekDoesNotWaitOnAStalledLedger(t *testing.T) {
 		}
 		if st.Limit != l.Limit {
 			t.Errorf("PeekState during the stall = %d, Peek %d", st.Limit, l.Limit)
+		}
+		if names, err := h.reg.HeaderNames("a"); err != nil || !slices.Equal(names, []string{"Accept", "X-Key"}) {
+			t.Errorf("HeaderNames during the stall = %v, %v", names, err)
+		}
+		if srcs := h.reg.ListSources(); len(srcs) != 1 || srcs[0].ID != "a" || srcs[0].Headers != nil {
+			t.Errorf("ListSources during the stall = %+v", srcs)
+		}
+		if src, err := h.reg.GetSource("a"); err != nil || src.ID != "a" || src.Headers != nil {
+			t.Errorf("GetSource during the stall = %+v, %v", src, err)
 		}
 		peeked <- l
 	}()
