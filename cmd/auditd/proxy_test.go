@@ -89,6 +89,23 @@ func startGateway(tb testing.TB, rate, burst int) *gateway {
 	}
 }
 
+// stop stops the gateway gracefully (SIGQUIT) and waits for it: nginx
+// writes a request's access log line after its response has gone, so the
+// log is complete only once it has exited (fetch's nginx.stop does the
+// same).
+func (g *gateway) stop(tb testing.TB) {
+	tb.Helper()
+	if err := g.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		tb.Errorf("stop nginx: %v", err)
+	}
+	select {
+	case <-g.done:
+	case <-time.After(10 * time.Second):
+		_ = g.cmd.Process.Kill()
+		<-g.done
+	}
+}
+
 func (g *gateway) ready() bool {
 	c := &http.Client{Timeout: time.Second}
 	defer c.CloseIdleConnections()
@@ -288,6 +305,7 @@ func TestProxyPythonFleetSharesQuota(t *testing.T) {
 	if code := srv.call(t, "POST", "/v1/runs/"+id+"/finish", token, nil, &fin); code != http.StatusOK {
 		t.Fatalf("finish: %d", code)
 	}
+	gw.stop(t) // every line logged
 	lines := gw.log(t)
 	refused := 0
 	for _, l := range lines {
@@ -421,6 +439,7 @@ func TestProxySIGKILLMidRequest(t *testing.T) {
 	if code := second.call(t, "POST", "/v1/runs/"+id+"/finish", token, nil, &fin); code != http.StatusOK {
 		t.Fatalf("finish after the restart: %d\n%s", code, second.logs)
 	}
+	gw.stop(t) // every line logged
 	received := len(gw.log(t))
 	t.Logf("nginx received %d (%d at the kill); the ledger holds %d dispatches, %d interrupted; items %d: %d succeeded, %d failed; %d client requests cut off",
 		received, atKill, fin.Counts.Dispatches, fin.Counts.Interrupted, fin.Counts.Items, fin.Counts.Succeeded, fin.Counts.Failed, broken)
