@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -102,7 +101,7 @@ func TestLoopFixture(t *testing.T) {
 	}
 	got := write(t)
 	if again := write(t); !bytes.Equal(got, again) {
-		t.Fatalf("two runs of the scenario wrote different fixtures:\n%s", firstDiff(string(got), string(again)))
+		t.Fatalf("two runs of the scenario wrote different fixtures:\n%s", reportstest.LineDiff(string(got), string(again), 1))
 	}
 	for _, want := range []string{`"type":"throttle"`, `"type":"wait"`, `"attempt":2`, `"attempt":3`, `"to":"open"`, `"to":"half_open"`,
 		`"cause":"probe"`, `"page":2`, `"type":"cache.served"`, `"outcome":"failed"`, `"type":"registry.changed"`} {
@@ -122,24 +121,6 @@ func TestLoopFixture(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("the loop no longer writes %s (go test ./fetch -run TestLoopFixture -update to accept):\n%s", loopFixture, firstDiff(string(want), string(got)))
+		t.Errorf("the loop no longer writes %s (go test ./fetch -run TestLoopFixture -update to accept):\n%s", loopFixture, reportstest.LineDiff(string(want), string(got), 1))
 	}
-}
-
-// firstDiff names the first line where got differs from want.
-func firstDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	for i := range max(len(w), len(g)) {
-		var a, b string
-		if i < len(w) {
-			a = w[i]
-		}
-		if i < len(g) {
-			b = g[i]
-		}
-		if a != b {
-			return fmt.Sprintf("line %d:\n  want: %s\n  got:  %s", i+1, a, b)
-		}
-	}
-	return ""
 }

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/auditd/auditd/reports"
@@ -56,29 +55,6 @@ func goldenCompare(tb testing.TB, name string, got []byte) {
 		tb.Fatalf("%v (run with -update to create it)", err)
 	}
 	if !bytes.Equal(got, want) {
-		tb.Errorf("%s differs from golden (run with -update to accept):\n%s", name, lineDiff(string(want), string(got)))
+		tb.Errorf("%s differs from golden (run with -update to accept):\n%s", name, reportstest.LineDiff(string(want), string(got), 8))
 	}
-}
-
-// lineDiff shows the first lines that differ.
-func lineDiff(want, got string) string {
-	w, g := bytes.Split([]byte(want), []byte("\n")), bytes.Split([]byte(got), []byte("\n"))
-	var out bytes.Buffer
-	shown := 0
-	for i := 0; i < len(w) || i < len(g); i++ {
-		var a, b []byte
-		if i < len(w) {
-			a = w[i]
-		}
-		if i < len(g) {
-			b = g[i]
-		}
-		if !bytes.Equal(a, b) {
-			out.WriteString("line " + strconv.Itoa(i+1) + ":\n  want: " + string(a) + "\n  got:  " + string(b) + "\n")
-			if shown++; shown == 8 {
-				break
-			}
-		}
-	}
-	return out.String()
 }

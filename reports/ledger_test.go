@@ -51,7 +51,7 @@ func TestReconcile_RealLedger(t *testing.T) {
 	// Same recount; only the chain's hashes differ from the in-memory one.
 	got.Run.HeadAtEnd, want.Run.HeadAtEnd = "", ""
 	if a, b := mustJSON(t, got), mustJSON(t, want); !bytes.Equal(a, b) {
-		t.Errorf("real ledger reconciles differently:\n%s", lineDiff(string(b), string(a)))
+		t.Errorf("real ledger reconciles differently:\n%s", reportstest.LineDiff(string(b), string(a), 8))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/auditd/auditd/reports/reportstest"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -315,10 +316,10 @@ func TestReconciliationUnchangedByViewing(t *testing.T) {
 		t.Fatalf("the ledger grew from %d to %d: the views and the export were not recorded, so nothing is tested", headBefore, headAfter)
 	}
 	if got := read(""); !bytes.Equal(got, first) {
-		t.Errorf("the reconciliation changed after ten views and an export:\n%s", lineDiff(string(first), string(got)))
+		t.Errorf("the reconciliation changed after ten views and an export:\n%s", reportstest.LineDiff(string(first), string(got), 1))
 	}
 	if got := read("?format=csv"); !bytes.Equal(got, firstCSV) {
-		t.Errorf("the CSV reconciliation changed:\n%s", lineDiff(string(firstCSV), string(got)))
+		t.Errorf("the CSV reconciliation changed:\n%s", reportstest.LineDiff(string(firstCSV), string(got), 1))
 	}
 
 	srv.cmd.Process.Signal(syscall.SIGTERM)
@@ -355,22 +356,4 @@ func (c *child) head(t *testing.T, token string) uint64 {
 		t.Fatalf("checkpoint %q: %v", note, err)
 	}
 	return n
-}
-
-// lineDiff names the first line where got differs from want.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	for i := range max(len(w), len(g)) {
-		var a, b string
-		if i < len(w) {
-			a = w[i]
-		}
-		if i < len(g) {
-			b = g[i]
-		}
-		if a != b {
-			return fmt.Sprintf("line %d:\n  was: %s\n  now: %s", i+1, a, b)
-		}
-	}
-	return "(same lines)"
 }

@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -455,4 +456,28 @@ func WriteLedger(tb testing.TB, dir string, evs []auditd.Event) {
 	if err := db.Close(); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// LineDiff shows the first n lines where got differs from want, for a
+// golden file's failure message; "" when they are the same.
+func LineDiff(want, got string, n int) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var out strings.Builder
+	shown := 0
+	for i := range max(len(w), len(g)) {
+		var a, b string
+		if i < len(w) {
+			a = w[i]
+		}
+		if i < len(g) {
+			b = g[i]
+		}
+		if a != b {
+			fmt.Fprintf(&out, "line %d:\n  want: %s\n  got:  %s\n", i+1, a, b)
+			if shown++; shown == n {
+				break
+			}
+		}
+	}
+	return out.String()
 }
