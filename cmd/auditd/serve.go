@@ -175,7 +175,15 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		return err
 	}
 	lim := limiter.New(clock.Real{})
-	tel.Wire(reg, lim, nil)
+	reps := reports.NewService(led, store)
+	reps.Payloads, reps.NewHash = stage, newLedgerHash
+	reps.SecretQuery = func(id string) []string {
+		src, _ := reg.GetSource(id)
+		return src.SecretQuery
+	}
+	// Wired before the loop starts: a resumed run that ends at once is
+	// logged with its checks like any other.
+	tel.Wire(reg, lim, runReports{store: store, reps: reps})
 	allow, deny := o.allowUpstream, o.denyUpstream
 	if cfg != nil {
 		allow = append(slices.Clone(allow), cfg.Upstream.Allow...)
@@ -221,13 +229,6 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	reps := reports.NewService(led, store)
-	reps.Payloads, reps.NewHash = stage, newLedgerHash
-	reps.SecretQuery = func(id string) []string {
-		src, _ := reg.GetSource(id)
-		return src.SecretQuery
-	}
-	tel.Wire(reg, lim, runReports{store: store, reps: reps})
 
 	srv := api.NewServer()
 	srv.Registry.MustRegister(tel.Collectors()...) // GET /metrics serves the API's and these
