@@ -1167,8 +1167,12 @@ func (r *Registry) ValidateSource(src auditd.Source) error { return r.validateSo
 // CheckSource is ValidateSource without a registry: a configuration file
 // is checked before anything is opened or created for it.
 func CheckSource(src auditd.Source) error {
-	return (&Registry{validate: newValidator()}).validateSource(src)
+	return checker().validateSource(src)
 }
+
+// checker is the Registry CheckSource validates with, its validator built
+// once (a config file checks every source it lists).
+var checker = sync.OnceValue(func() *Registry { return &Registry{validate: newValidator()} })
 
 // effectiveBurst is the burst the limiter gives a source: its configured
 // Burst, the limiter's default when it sets none, and the default for a
