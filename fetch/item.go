@@ -522,7 +522,12 @@ func scrubError(err error, rule redact.Rule) error {
 			ue.URL = rule.URL(ue.URL)
 		}
 	}
-	text := rule.Text(err.Error())
+	return withText(err, rule.Text(err.Error()))
+}
+
+// withText is err's redacted text as an error, still ErrAddressDenied
+// when err was.
+func withText(err error, text string) error {
 	if isDenied(err) {
 		return &scrubbed{text: text, wrapped: ErrAddressDenied}
 	}

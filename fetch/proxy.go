@@ -665,10 +665,7 @@ func (p *proxied) scrub(err error) error {
 			text = strings.ReplaceAll(text, v, redact.Replacement)
 		}
 	}
-	if isDenied(err) {
-		return &scrubbed{text: text, wrapped: ErrAddressDenied}
-	}
-	return errors.New(text)
+	return withText(err, text)
 }
 
 // gone ends the item of a request whose context ended before it got an
