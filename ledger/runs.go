@@ -60,26 +60,43 @@ func scanRunIndex(runs *bolt.Bucket, runID string, after uint64, fn func(seq uin
 	c := runs.Cursor()
 	start := runKey(runID, after+1)
 	prefix := start[:len(start)-8]
+	later := func(seq uint64) error { // the entry's key, its last seq, is later by Seek
+		if seq > after {
+			return fn(seq)
+		}
+		return nil
+	}
 	for k, v := c.Seek(start); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 		if len(k) != len(start) {
 			return fmt.Errorf("%w: run index key %x malformed", ErrCorrupt, k)
 		}
-		last := binary.BigEndian.Uint64(k[len(prefix):])
-		for len(v) > 0 {
-			d, n := binary.Uvarint(v)
-			if n <= 0 || d == 0 || d >= last {
-				return fmt.Errorf("%w: run index entry %x malformed", ErrCorrupt, k)
-			}
-			v = v[n:]
-			if seq := last - d; seq > after {
-				if err := fn(seq); err != nil {
-					return err
-				}
-			}
-		}
-		if err := fn(last); err != nil {
+		if ok, err := runEntrySeqs(k, v, len(prefix), later); err != nil {
 			return err
+		} else if !ok {
+			return fmt.Errorf("%w: run index entry %x malformed", ErrCorrupt, k)
 		}
 	}
 	return nil
+}
+
+// runEntrySeqs calls fn with the seqs of the run index entry k, v (whose
+// run prefix is prefix bytes long), in the order stored, the key's own
+// last. ok is false, with fn called for the seqs before it, when the
+// entry is malformed; err is fn's.
+func runEntrySeqs(k, v []byte, prefix int, fn func(seq uint64) error) (ok bool, err error) {
+	if len(k) != prefix+8 {
+		return false, nil
+	}
+	last := binary.BigEndian.Uint64(k[prefix:])
+	for len(v) > 0 {
+		d, n := binary.Uvarint(v)
+		if n <= 0 || d == 0 || d >= last {
+			return false, nil
+		}
+		v = v[n:]
+		if err := fn(last - d); err != nil {
+			return true, err
+		}
+	}
+	return true, fn(last)
 }

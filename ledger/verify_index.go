@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/auditd/auditd"
@@ -188,26 +189,23 @@ func (it *runIter) load(k, v []byte) {
 	}
 }
 
+// decodeRunEntry returns the seqs of the run index entry k, v, or false
+// when it is malformed (runEntrySeqs) or its seqs are not in order.
 func decodeRunEntry(k, v []byte, prefix int) ([]uint64, bool) {
-	if len(k) != prefix+8 {
-		return nil, false
-	}
-	last := binary.BigEndian.Uint64(k[prefix:])
 	var seqs []uint64
-	for len(v) > 0 {
-		d, n := binary.Uvarint(v)
-		if n <= 0 || d == 0 || d >= last {
-			return nil, false
-		}
-		v = v[n:]
-		s := last - d
+	ok, err := runEntrySeqs(k, v, prefix, func(s uint64) error {
 		if len(seqs) > 0 && s <= seqs[len(seqs)-1] {
-			return nil, false
+			return errOutOfOrder
 		}
 		seqs = append(seqs, s)
-	}
-	return append(seqs, last), true
+		return nil
+	})
+	return seqs, ok && err == nil
 }
+
+// errOutOfOrder ends the decoding of a run index entry whose seqs are not
+// in order.
+var errOutOfOrder = errors.New("out of order")
 
 func (it *runIter) peek() (uint64, bool) {
 	for !it.done && len(it.pend) == 0 {
