@@ -614,15 +614,31 @@ func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, ga
 // another still running, once the ledger holds it. cache.served and the
 // item's result say which run fetched it, when, and how old it is.
 func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) bool {
-	c, ok, err := l.cfg.Staging.LastGood(lastGoodKey)
-	if err != nil || !ok || l.cfg.Staging.VerifyPayload(c.Sum) != nil {
+	c, ok := l.lastGoodCopy(lastGoodKey)
+	if !ok {
 		return false
 	}
-	cp := &auditd.CachedCopy{OriginRun: c.Run, FetchedAt: c.FetchedAt, Age: auditd.Duration(max(0, l.cfg.Clock.Now().Sub(c.FetchedAt)))}
+	cp := l.cachedCopy(c, c.Run)
 	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key,
 		PayloadHash: c.Sum, Reason: reason, Detail: cp.CacheDetail()})
 	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
 	return true
+}
+
+// lastGoodCopy returns the last good copy the index holds under key, if
+// it still verifies against its hash.
+func (l *Loop) lastGoodCopy(key string) (staging.Copy, bool) {
+	c, ok, err := l.cfg.Staging.LastGood(key)
+	if err != nil || !ok || l.cfg.Staging.VerifyPayload(c.Sum) != nil {
+		return staging.Copy{}, false
+	}
+	return c, true
+}
+
+// cachedCopy describes c, the copy an item is answered from, fetched by
+// run origin: that run, when it fetched the copy, and the copy's age now.
+func (l *Loop) cachedCopy(c staging.Copy, origin string) *auditd.CachedCopy {
+	return &auditd.CachedCopy{OriginRun: origin, FetchedAt: c.FetchedAt, Age: auditd.Duration(max(0, l.cfg.Clock.Now().Sub(c.FetchedAt)))}
 }
 
 // endItem ends an item: item.finished (preceded, for a success, by

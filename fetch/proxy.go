@@ -722,11 +722,7 @@ func (p *proxied) staleCopy() (staging.Copy, bool) {
 	if !p.src.Proxy.ServeStale {
 		return staging.Copy{}, false
 	}
-	c, ok, err := p.l.cfg.Staging.LastGood(p.lastGood)
-	if err != nil || !ok || p.l.cfg.Staging.VerifyPayload(c.Sum) != nil {
-		return staging.Copy{}, false
-	}
-	return c, true
+	return p.l.lastGoodCopy(p.lastGood)
 }
 
 // serveStale answers the request from its last good copy, if there is one
@@ -750,12 +746,11 @@ func (p *proxied) serveCopy(c staging.Copy, reason string) bool {
 	if origin == "" { // indexed before the index recorded runs
 		origin = l.originRun(c.Sum, c.FetchedAt)
 	}
-	age := max(l.cfg.Clock.Now().Sub(c.FetchedAt), 0)
-	cp := &auditd.CachedCopy{OriginRun: origin, FetchedAt: c.FetchedAt, Age: auditd.Duration(age)}
+	cp := l.cachedCopy(c, origin)
 	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: c.Sum, Reason: reason,
 		Detail: cp.CacheDetail()})
 	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
-	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: age, RunID: origin}
+	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: time.Duration(cp.Age), RunID: origin}
 	br := bufio.NewReader(rc)
 	head, _ := br.Peek(512)
 	h := http.Header{}
