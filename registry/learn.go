@@ -653,8 +653,8 @@ type entry struct {
 	// HeaderNames): a change recorded on a stalled ledger holds mu.
 	config atomic.Pointer[configView]
 	grp    *entry // the source's group entry, nil without one
-	ceil    rate   // the most this entry may ever be set to
-	st      state  // persisted
+	ceil   rate   // the most this entry may ever be set to
+	st     state  // persisted
 
 	// Learning, in memory only: after a restart a source must show a fresh
 	// round before its pace moves again.
