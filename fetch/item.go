@@ -174,9 +174,6 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		// Taken before the gates admit the request: a stall that comes
-		// while its waits or its dispatch are being recorded delays it.
-		stallSince, stallErr := l.cfg.Ledger.Stalled()
 		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
 		// The waits held back the page's next dispatch: they carry its attempt.
 		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
@@ -202,7 +199,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 		}
 
-		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p, stallSince: stallSince, stalled: stallErr != nil}
+		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p}
 		err = l.dispatch(rctx, ar, it.Item, a, path)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
@@ -267,10 +264,6 @@ type attempt struct {
 	permit *limiter.Permit // the gates' admission
 	sent   time.Time       // when its dispatch was recorded
 	seq    uint64          // its dispatch's sequence number
-	// The ledger's stall as it stood before the gates admitted it
-	// (Ledger.Stalled): whether one was on, and when the last began.
-	stallSince time.Time
-	stalled    bool
 	// throttledAt and pause are the time of the throttle that answered
 	// it, as recorded, and the pause it asked for; zero otherwise.
 	throttledAt time.Time
@@ -364,16 +357,10 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	}
 	ar.live.Count(e...)
 	a.sent, a.seq = e[0].Time, e[0].Seq
-	if since, err := l.cfg.Ledger.Stalled(); a.stalled || !since.Equal(a.stallSince) || err != nil {
-		// A record of the request (a wait, or its dispatch) waited for a
-		// disk that refused it: the request leaves now, not when the
-		// gates admitted it. Counted again at
-		// its recorded time, it holds back the requests admitted after it
-		// as the window it is sent in requires.
-		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
-			b.Record(a.sent, 1)
-		}
-	}
+	// The request leaves now, after its record: every window counts it
+	// at the time on record (its commit group, or a disk that refused it,
+	// may have held it long after the gates admitted it).
+	a.permit.Sent(a.sent)
 	l.freeEventBuf(buf)
 	return nil
 }

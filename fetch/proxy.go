@@ -395,7 +395,6 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 	}
 	e = append(e, auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: p.path, Probe: a.permit.Probe})
-	stalledSince, stalled := l.cfg.Ledger.Stalled()
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
 		return err
@@ -438,12 +437,7 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 	ar.live.Count(e...)
 	d := &e[len(e)-1]
 	a.sent, a.seq = d.Time, d.Seq
-	if since, err := l.cfg.Ledger.Stalled(); stalled != nil || !since.Equal(stalledSince) || err != nil {
-		// As in Loop.dispatch: the request leaves now, not when admitted.
-		if b, err := l.cfg.Limiter.Budget(it.SourceID); err == nil {
-			b.Record(a.sent, 1)
-		}
-	}
+	a.permit.Sent(a.sent) // as in Loop.dispatch
 	return nil
 }
 

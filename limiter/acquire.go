@@ -56,9 +56,11 @@ type Permit struct {
 
 	l       *Limiter
 	src     *source
-	slot    bool   // holds a concurrency slot
-	probe   bool   // holds a probe of breaker generation gen
-	gen     uint64 // breaker generation at admission
+	budget  *Budget // the budget that admitted it
+	at      int64   // where budget counts it (its admission, until Sent)
+	slot    bool    // holds a concurrency slot
+	probe   bool    // holds a probe of breaker generation gen
+	gen     uint64  // breaker generation at admission
 	once    sync.Once
 	started time.Time // when the current wait spell began
 }
@@ -194,6 +196,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 				b.dequeue(ticket)
 				b.mu.Unlock()
 				s.mu.Unlock()
+				p.budget, p.at = b, bnow
 				p.Admitted = now
 				p.Probe = p.probe
 				p.endWait(now)
@@ -253,6 +256,21 @@ func (p *Permit) beginWait(gate Gate, planned time.Duration, now time.Time) {
 func (p *Permit) endWait(now time.Time) {
 	if n := len(p.Waits); n > 0 {
 		p.Waits[n-1].Actual = now.Sub(p.started)
+	}
+}
+
+// Sent counts the admitted request, in every window of the budget that
+// admitted it, at at: when its dispatch is on record (the ledger's stamp),
+// instead of when it passed the gates. The request leaves after its record,
+// which may have waited for a busy writer or for a disk that refused it, and
+// reconciliation (R9) counts each dispatch at its recorded time: counted at
+// its admission, a request admitted as an older one's slot freed could sit
+// in one window with it by the record, and by the upstream's count. A time
+// before the admission, or after the budget's now, counts as the admission
+// or now. Call it once the dispatch is durable.
+func (p *Permit) Sent(at time.Time) {
+	if p.budget != nil {
+		p.at = p.budget.move(p.at, at, int64(p.Cost))
 	}
 }
 

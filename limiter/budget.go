@@ -1,8 +1,10 @@
 package limiter
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -147,6 +149,59 @@ func (b *Budget) Record(at time.Time, cost int) {
 		return
 	}
 	b.commit(t, int64(cost))
+}
+
+// move counts cost, admitted at from, at to instead (Permit.Sent), and
+// returns where it is counted now. It only ever moves an admission later,
+// and never past now: the log stays in time order, and a window never
+// holds less than it did.
+func (b *Budget) move(from int64, to time.Time, cost int64) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := min(to.Sub(b.epoch).Nanoseconds(), b.now())
+	if t <= from {
+		return from
+	}
+	windows := []*window{&b.ceiling}
+	if b.learned.limit != 0 {
+		windows = append(windows, &b.learned)
+	}
+	// Take cost off its entry, unless compact dropped it (no window saw it
+	// any more). An entry before a window's start is not in its sum.
+	if i, ok := slices.BinarySearchFunc(b.log, from, func(e entry, at int64) int { return cmp.Compare(e.at, at) }); ok && b.log[i].cost >= cost {
+		b.log[i].cost -= cost
+		for _, w := range windows {
+			if i >= w.start {
+				w.sum -= cost
+			}
+		}
+	}
+	// Add it at t, after the entries at or before t. An entry before a
+	// window's start is older than that window (or, in a learned window
+	// that counts from its retune, older than the retune), as the log
+	// before start is.
+	j := len(b.log)
+	for j > 0 && b.log[j-1].at > t {
+		j--
+	}
+	if j > 0 && b.log[j-1].at == t {
+		b.log[j-1].cost += cost
+		for _, w := range windows {
+			if j-1 >= w.start {
+				w.sum += cost
+			}
+		}
+		return t
+	}
+	b.log = slices.Insert(b.log, j, entry{at: t, cost: cost})
+	for _, w := range windows {
+		if j < w.start {
+			w.start++
+		} else {
+			w.sum += cost
+		}
+	}
+	return t
 }
 
 // Delay reports how long until cost would be admitted, without admitting it.

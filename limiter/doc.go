@@ -4,8 +4,9 @@
 // members of a gateway group share. It is pure logic on an injectable
 // clock.Clock (timers included): no HTTP, no bbolt.
 //
-// Per request the fetch loop calls Acquire (blocking, with a deadline), sends
-// the request, and calls Permit.Observe with the result. Both return
+// Per request the fetch loop calls Acquire (blocking, with a deadline),
+// records the dispatch, calls Permit.Sent with the record's time, sends the
+// request, and calls Permit.Observe with the result. Both return
 // everything they decided (gate, planned and actual waits, shed, probe,
 // Retry-After as sent and as parsed, clamp, backoff, breaker transitions) so
 // that the ledger records decisions verbatim instead of re-deriving them.
@@ -13,7 +14,9 @@
 // Invariants:
 //   - Strict ceiling: a Budget never admits more than Limit cost units in any
 //     window of length Window (a sliding log, not fixed buckets), whatever
-//     the burst, the pacing or a retune.
+//     the burst, the pacing or a retune. A request counts from its
+//     admission until Permit.Sent moves it to its dispatch record's time,
+//     so no window of recorded dispatches holds more either.
 //   - Pacing: admissions also pass a token bucket (capacity Burst, refill
 //     Limit/Window), kept in GCRA form so reads refill it.
 //   - No request is admitted before its slot, and Budget.Allow's RetryAfter
@@ -34,7 +37,9 @@
 //   - Blocking waiters of one budget are admitted first in, first out.
 //
 // Caveats: time arithmetic uses differences of Clock.Now, which carry the
-// monotonic reading on the real clock. A Budget's sliding log holds one entry
+// monotonic reading on the real clock; Permit.Sent's time is a ledger stamp
+// (wall time), taken as no earlier than the admission and no later than now,
+// so a step of the wall clock cannot move an admission far. A Budget's sliding log holds one entry
 // per distinct admission instant inside the window, so its memory grows with
 // Limit (16 bytes an entry).
 package limiter
