@@ -271,23 +271,11 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 	id := live.ID()
 	ar := newActiveRun(live)
 	ar.proxy = newProxyRun(live.Run(), l.cfg.Clock.Now())
-	started := false
-	var fin *auditd.Event
 	items := map[string]*auditd.Item{}
 	var order []string
-	finished := map[string]bool{}
 	dispatched := map[string]int{}
-	open := map[request]auditd.Event{}
-	cached := map[string]*auditd.CachedCopy{} // the copies items were served from
-	err := l.cfg.Ledger.ScanRun(id, 0, func(e *auditd.Event) error {
-		live.Count(*e)
-		r := request{key: e.ItemKey, page: int(e.Page)}
+	rp, err := l.replay(live, func(key string) *auditd.Item { return items[key] }, func(e *auditd.Event) error {
 		switch e.Type {
-		case auditd.EventRunStarted:
-			started = true
-		case auditd.EventRunFinished:
-			f := *e
-			fin = &f
 		case auditd.EventRegistrySnapshot:
 			if e.Snapshot == "run.start" {
 				ar.proxy.sources[e.SourceID] = true
@@ -299,56 +287,29 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 			if err := live.AddItem(*it); err != nil {
 				return fmt.Errorf("item.queued %d: %w", e.Seq, err)
 			}
-		case auditd.EventItemFinished:
-			it := items[e.ItemKey]
-			if it == nil {
-				return fmt.Errorf("item.finished %d names %q, no item of the run", e.Seq, e.ItemKey)
-			}
-			finished[e.ItemKey] = true
-			res, err := resultOf(it, e)
-			if err != nil {
-				return err
-			}
-			if res.Outcome == auditd.ItemCached {
-				res.Cached = cached[e.ItemKey]
-			}
-			// Its last good copy, if it staged one, was indexed with its
-			// payload.staged (staging.Store.LastGoodRecord).
-			live.Finished(e.ItemKey, res)
-		case auditd.EventCacheServed:
-			c, err := auditd.ParseCacheDetail(e.Detail)
-			if err != nil {
-				return fmt.Errorf("cache.served %d of %s: %w", e.Seq, e.ItemKey, err)
-			}
-			cached[e.ItemKey] = c
 		case auditd.EventDispatch:
 			dispatched[e.ItemKey]++
-			open[r] = *e
-		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
-			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
-				delete(open, r)
-			}
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("recount run from the ledger: %w", err)
+		return nil, err
 	}
-	if fin != nil {
+	if rp.fin != nil {
 		l.log.Info("storing the end of a finished run", "run", id)
-		return nil, l.storeEnd(ar, fin)
+		return nil, l.storeEnd(ar, rp.fin)
 	}
-	if !started {
+	if !rp.started {
 		if err := l.begin(ctx, ar, nil); err != nil {
 			return nil, err
 		}
 	} else {
-		if err := l.recordRestart(ctx, ar, open); err != nil {
+		if err := l.recordRestart(ctx, ar, rp.open); err != nil {
 			return nil, err
 		}
 		lost := 0
 		for _, key := range order {
-			if finished[key] {
+			if rp.finished[key] {
 				continue
 			}
 			lost++
@@ -356,7 +317,7 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 			l.endItem(ar, it, auditd.ItemFailed, "proxied request lost to a restart: the client's connection closed before an answer", nil, "", nil)
 		}
 		ar.posts.Wait()
-		l.log.Info("resuming proxy-mode run", "run", id, "items", len(order), "lost", lost, "interrupted", len(open))
+		l.log.Info("resuming proxy-mode run", "run", id, "items", len(order), "lost", lost, "interrupted", len(rp.open))
 	}
 	if err := l.cfg.Runs.Start(live); err != nil {
 		return nil, err

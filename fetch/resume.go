@@ -9,6 +9,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/runs"
 )
 
 // resume picks up a run that a crash or restart left unfinished. The ledger
@@ -34,71 +35,35 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	for i := range items {
 		byKey[items[i].Key] = &items[i]
 	}
-	started := false
-	var fin *auditd.Event // run.finished, when the crash came after it
 	queued := map[string]bool{}
-	finished := map[string]bool{}
-	open := map[request]auditd.Event{}        // dispatches still waiting for an outcome
-	cached := map[string]*auditd.CachedCopy{} // the copies items were served from
-	err = l.cfg.Ledger.ScanRun(id, 0, func(e *auditd.Event) error {
-		live.Count(*e)
-		r := request{key: e.ItemKey, page: int(e.Page)}
+	rp, err := l.replay(live, func(key string) *auditd.Item { return byKey[key] }, func(e *auditd.Event) error {
 		switch e.Type {
-		case auditd.EventRunStarted:
-			started = true
-		case auditd.EventRunFinished:
-			f := *e
-			fin = &f
 		case auditd.EventItemQueued:
 			queued[e.ItemKey] = true
-		case auditd.EventCacheServed:
-			c, err := auditd.ParseCacheDetail(e.Detail)
-			if err != nil {
-				return fmt.Errorf("cache.served %d of %s: %w", e.Seq, e.ItemKey, err)
-			}
-			cached[e.ItemKey] = c
 		case auditd.EventItemFinished:
-			finished[e.ItemKey] = true
 			delete(ar.resumed, e.ItemKey)
-			it := byKey[e.ItemKey]
-			if it == nil {
-				return fmt.Errorf("item.finished %d names %q, no item of the run", e.Seq, e.ItemKey)
-			}
-			res, err := resultOf(it, e)
-			if err != nil {
-				return err
-			}
-			if res.Outcome == auditd.ItemCached {
-				res.Cached = cached[e.ItemKey]
-			}
-			live.Finished(e.ItemKey, res)
 		case auditd.EventDispatch:
-			ar.seen(r, e.Attempt)
-			open[r] = *e
-		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
-			if d, ok := open[r]; ok && d.Attempt == e.Attempt {
-				delete(open, r)
-			}
+			ar.seen(request{key: e.ItemKey, page: int(e.Page)}, e.Attempt)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("recount run from the ledger: %w", err)
+		return nil, err
 	}
-	if fin != nil {
+	if rp.fin != nil {
 		// The crash came after run.finished, before the store had the
 		// run's end: store it, and record nothing new.
 		l.log.Info("storing the end of a finished run", "run", id)
-		return nil, l.storeEnd(ar, fin)
+		return nil, l.storeEnd(ar, rp.fin)
 	}
 
-	if !started {
+	if !rp.started {
 		// The crash came between storing the run and recording its start.
 		if err := l.begin(ctx, ar, items); err != nil {
 			return nil, err
 		}
 	} else {
-		if err := l.recordRestart(ctx, ar, open); err != nil {
+		if err := l.recordRestart(ctx, ar, rp.open); err != nil {
 			return nil, err
 		}
 		var unqueued []auditd.Item
@@ -113,15 +78,78 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	}
 	var todo []auditd.Item
 	for _, it := range items {
-		if !finished[it.Key] {
+		if !rp.finished[it.Key] {
 			todo = append(todo, it)
 		}
 	}
 	if err := l.cfg.Runs.Start(live); err != nil {
 		return nil, err
 	}
-	l.log.Info("resuming run", "run", id, "items_left", len(todo), "interrupted", len(open))
+	l.log.Info("resuming run", "run", id, "items_left", len(todo), "interrupted", len(rp.open))
 	return func() { l.launch(ar, todo) }, nil
+}
+
+// replayed is what a run's events say of it at a restart.
+type replayed struct {
+	started  bool
+	fin      *auditd.Event            // run.finished, when the crash came after it
+	finished map[string]bool          // the items with an item.finished
+	open     map[request]auditd.Event // dispatches still waiting for an outcome
+}
+
+// replay reads run live's events back from the ledger, counting them into
+// live and rebuilding the result of every item they show finished (item
+// resolves its key; a copy it was served from comes from its
+// cache.served). Each event goes to each first, for what the run's mode
+// keeps of it.
+func (l *Loop) replay(live *runs.Live, item func(key string) *auditd.Item, each func(e *auditd.Event) error) (*replayed, error) {
+	rp := &replayed{finished: map[string]bool{}, open: map[request]auditd.Event{}}
+	cached := map[string]*auditd.CachedCopy{}
+	err := l.cfg.Ledger.ScanRun(live.ID(), 0, func(e *auditd.Event) error {
+		live.Count(*e)
+		if err := each(e); err != nil {
+			return err
+		}
+		r := request{key: e.ItemKey, page: int(e.Page)}
+		switch e.Type {
+		case auditd.EventRunStarted:
+			rp.started = true
+		case auditd.EventRunFinished:
+			f := *e
+			rp.fin = &f
+		case auditd.EventCacheServed:
+			c, err := auditd.ParseCacheDetail(e.Detail)
+			if err != nil {
+				return fmt.Errorf("cache.served %d of %s: %w", e.Seq, e.ItemKey, err)
+			}
+			cached[e.ItemKey] = c
+		case auditd.EventItemFinished:
+			it := item(e.ItemKey)
+			if it == nil {
+				return fmt.Errorf("item.finished %d names %q, no item of the run", e.Seq, e.ItemKey)
+			}
+			rp.finished[e.ItemKey] = true
+			res, err := resultOf(it, e)
+			if err != nil {
+				return err
+			}
+			if res.Outcome == auditd.ItemCached {
+				res.Cached = cached[e.ItemKey]
+			}
+			live.Finished(e.ItemKey, res)
+		case auditd.EventDispatch:
+			rp.open[r] = *e
+		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
+			if d, ok := rp.open[r]; ok && d.Attempt == e.Attempt {
+				delete(rp.open, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recount run from the ledger: %w", err)
+	}
+	return rp, nil
 }
 
 // seedGates gives the gates what was sent before this start, oldest first,
