@@ -544,27 +544,33 @@ func (e *scrubbed) Unwrap() error { return e.wrapped }
 func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit, throttled *attempt) {
 	l.recordTransitions(ctx, ar, it, p.Breaker)
 	for _, w := range p.Waits {
-		l.mustRecord(ctx, ar, auditd.Event{
-			Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt,
-			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual,
-		})
+		l.mustRecord(ctx, ar, waitEvent(it, page, attempt, w))
 	}
 	if throttled == nil || throttled.throttledAt.IsZero() || len(p.Waits) > 0 || p.Admitted.IsZero() {
 		return
 	}
-	l.mustRecord(ctx, ar, auditd.Event{
-		Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt,
-		Gate: string(limiter.GatePause), Wait: throttled.pause, Actual: p.Admitted.Sub(throttled.throttledAt),
-	})
+	l.mustRecord(ctx, ar, waitEvent(it, page, attempt, limiter.Wait{
+		Gate: limiter.GatePause, Planned: throttled.pause, Actual: p.Admitted.Sub(throttled.throttledAt),
+	}))
 }
 
 func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
 	for _, t := range ts {
-		l.mustRecord(ctx, ar, auditd.Event{
-			Type: auditd.EventBreaker, SourceID: it.SourceID, ItemKey: it.Key,
-			From: string(t.From), To: string(t.To), Failures: t.Failures, Threshold: t.Threshold, Cooldown: t.Cooldown,
-		})
+		l.mustRecord(ctx, ar, breakerEvent(it, t))
 	}
+}
+
+// waitEvent is the record of w, a spell the gates held an attempt of
+// page of item it at.
+func waitEvent(it *auditd.Item, page int, attempt uint32, w limiter.Wait) auditd.Event {
+	return auditd.Event{Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(page), Attempt: attempt,
+		Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual}
+}
+
+// breakerEvent is the record of t, a move of the breaker of the item's source.
+func breakerEvent(it *auditd.Item, t limiter.Transition) auditd.Event {
+	return auditd.Event{Type: auditd.EventBreaker, SourceID: it.SourceID, ItemKey: it.Key,
+		From: string(t.From), To: string(t.To), Failures: t.Failures, Threshold: t.Threshold, Cooldown: t.Cooldown}
 }
 
 // mustRecord appends an event that describes something that already

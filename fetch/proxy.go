@@ -361,12 +361,10 @@ func (p *proxied) note(e auditd.Event) {
 func (p *proxied) recordAdmission(attempt uint32, perm *limiter.Permit) {
 	it := p.job.Item
 	for _, t := range perm.Breaker {
-		p.note(auditd.Event{Type: auditd.EventBreaker, SourceID: it.SourceID, ItemKey: it.Key,
-			From: string(t.From), To: string(t.To), Failures: t.Failures, Threshold: t.Threshold, Cooldown: t.Cooldown})
+		p.note(breakerEvent(it, t))
 	}
 	for _, w := range perm.Waits {
-		p.note(auditd.Event{Type: auditd.EventWait, SourceID: it.SourceID, ItemKey: it.Key, Attempt: attempt,
-			Gate: string(w.Gate), Wait: w.Planned, Actual: w.Actual})
+		p.note(waitEvent(it, 0, attempt, w))
 	}
 }
 
