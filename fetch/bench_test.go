@@ -5,7 +5,6 @@ package fetch_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,6 +25,7 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd/internal/nginxtest"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
@@ -98,8 +98,8 @@ func BenchmarkLoop1000x20Nginx(b *testing.B) {
 	if testing.Short() {
 		b.Skip("a 20,000-request run on an fsync'ing file; not in -short")
 	}
-	ng := startNginx(b, nginxConfig{Template: "bench.conf.tmpl"})
-	runBenchLoops(b, ng.url, benchClient(b), &nginxCounts{ng: ng}).report(b)
+	ng := nginxtest.Start(b, nginxtest.Config{Template: "bench.conf.tmpl"})
+	runBenchLoops(b, ng.URL, benchClient(b), &nginxCounts{ng: ng}).report(b)
 }
 
 // benchClient is the production client with its per-host caps raised to
@@ -199,20 +199,16 @@ func (c *benchCounts) served(testing.TB) (requests, conns int64) {
 
 // nginxCounts counts what the nginx of BenchmarkLoop1000x20Nginx served
 // from its access log, one line per request naming its connection.
-type nginxCounts struct{ ng *nginx }
+type nginxCounts struct{ ng *nginxtest.Server }
 
 // served counts the lines of the access log, and the connections they name.
 // nginx writes a request's line once it has sent the response, so a client
 // may read the response first: it reads the log until it stops growing.
 func (c *nginxCounts) served(tb testing.TB) (requests, conns int64) {
 	tb.Helper()
-	path := filepath.Join(c.ng.dir, "access.log")
 	var last []byte
 	for try := 0; ; try++ {
-		b, err := os.ReadFile(path)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			tb.Fatal(err)
-		}
+		b := c.ng.AccessLog(tb)
 		if try > 0 && len(b) == len(last) {
 			break
 		}

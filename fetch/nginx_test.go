@@ -1,27 +1,19 @@
 package fetch_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"text/template"
 	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd/internal/nginxtest"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
@@ -68,7 +60,7 @@ const (
 // learning, refusals stay under 5% of requests and successes reach 85% of
 // the hidden rate; nginx received exactly the requests the ledger dispatched.
 func TestNginxLimitReq(t *testing.T) {
-	ng := startNginx(t, nginxConfig{Rate: nginxRate, Burst: nginxBurst, Status: nginxStatus})
+	ng := nginxtest.Start(t, nginxtest.Config{Rate: nginxRate, Burst: nginxBurst, Status: nginxStatus})
 
 	dir := t.TempDir()
 	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, &bolt.Options{Timeout: time.Second})
@@ -125,7 +117,7 @@ func TestNginxLimitReq(t *testing.T) {
 	t.Cleanup(closeLoop) // runs before the ledger's and the db's
 
 	// The ceiling is twice the hidden rate: only learning keeps auditd at it.
-	src := auditd.Source{ID: "nginx", BaseURL: ng.url, Limit: 2 * nginxRate, Window: auditd.Duration(time.Second)}
+	src := auditd.Source{ID: "nginx", BaseURL: ng.URL, Limit: 2 * nginxRate, Window: auditd.Duration(time.Second)}
 	if _, err := loop.PutSource(context.Background(), "test", src); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +140,7 @@ func TestNginxLimitReq(t *testing.T) {
 		}
 	}
 	closeLoop()
-	ng.stop(t)
+	ng.Stop(t)
 
 	var events []auditd.Event
 	if err := led.ScanRun(v.ID, 0, func(e *auditd.Event) error {
@@ -173,7 +165,7 @@ func TestNginxLimitReq(t *testing.T) {
 		t.Errorf("%d responses were neither a success nor a throttle", m.others)
 	}
 
-	if got := ng.requests(t); got != m.dispatches {
+	if got := ng.Requests(t); got != m.dispatches {
 		t.Errorf("nginx logged %d requests, the ledger dispatched %d", got, m.dispatches)
 	}
 	if m.phaseDispatches == 0 || m.phase <= 0 {
@@ -276,168 +268,4 @@ func measure(events []auditd.Event, learning time.Duration) nginxMeasure {
 		m.meanLimit = weighted / m.phase.Seconds()
 	}
 	return m
-}
-
-// nginxConfig fills a template in testdata/nginx.
-type nginxConfig struct {
-	Template string // the template's file name; "" is nginx.conf.tmpl
-
-	Dir    string // the prefix: config, logs, temp files
-	Root   string // testdata/nginx, whose ok.json is the body served
-	Port   int
-	Rate   int
-	Burst  int
-	Status int
-}
-
-// nginx is a running nginx, stopped by stop or at cleanup.
-type nginx struct {
-	dir    string
-	url    string
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd.Wait returned
-	once   sync.Once
-}
-
-// startNginx starts nginx with cfg on a free port of 127.0.0.1 and waits
-// until it answers. Without nginx installed the test is skipped, except in
-// CI, where .ci/run installs it and its absence is a failure.
-func startNginx(tb testing.TB, cfg nginxConfig) *nginx {
-	tb.Helper()
-	bin, err := exec.LookPath("nginx")
-	if err != nil {
-		bin, err = exec.LookPath("/usr/sbin/nginx")
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("nginx is not installed (.ci/run installs nginx-light): %v", err)
-		}
-		tb.Skipf("nginx is not installed: %v", err)
-	}
-	root, err := filepath.Abs(filepath.Join("..", "testdata", "nginx"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if cfg.Template == "" {
-		cfg.Template = "nginx.conf.tmpl"
-	}
-	tmpl, err := template.ParseFiles(filepath.Join(root, cfg.Template))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.Root = root
-	cfg.Dir = tb.TempDir()
-	// The port is free when picked, but another process may take it before
-	// nginx binds: then pick again.
-	for try := 0; ; try++ {
-		cfg.Port = freePort(tb)
-		ng, err := runNginx(tb, bin, tmpl, cfg)
-		if err == nil {
-			return ng
-		}
-		if try == 2 || !strings.Contains(err.Error(), "Address already in use") {
-			tb.Fatal(err)
-		}
-	}
-}
-
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func runNginx(tb testing.TB, bin string, tmpl *template.Template, cfg nginxConfig) (*nginx, error) {
-	tb.Helper()
-	var conf bytes.Buffer
-	if err := tmpl.Execute(&conf, cfg); err != nil {
-		return nil, err
-	}
-	confPath := filepath.Join(cfg.Dir, "nginx.conf")
-	if err := os.WriteFile(confPath, conf.Bytes(), 0o600); err != nil {
-		return nil, err
-	}
-	logPath := filepath.Join(cfg.Dir, "error.log")
-	os.Remove(logPath) // a failed try's errors are not this one's
-	out, err := os.Create(filepath.Join(cfg.Dir, "stderr.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer out.Close()
-	cmd := exec.Command(bin, "-p", cfg.Dir, "-e", logPath, "-c", confPath,
-		"-g", "daemon off; master_process off; pid "+filepath.Join(cfg.Dir, "nginx.pid")+";")
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start nginx: %w", err)
-	}
-	ng := &nginx{dir: cfg.Dir, url: "http://127.0.0.1:" + strconv.Itoa(cfg.Port), cmd: cmd, exited: make(chan struct{})}
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(ng.exited) }()
-	tb.Cleanup(func() { ng.stop(tb) })
-
-	client := &http.Client{Timeout: time.Second}
-	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-ng.exited:
-			return nil, fmt.Errorf("nginx exited at start (%v): %s", waitErr, ng.logs())
-		default:
-		}
-		resp, err := client.Get(ng.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return ng, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			ng.stop(tb)
-			return nil, fmt.Errorf("nginx did not answer in 10s (last: %v): %s", err, ng.logs())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// stop kills nginx and waits for it; it may be called more than once.
-func (ng *nginx) stop(tb testing.TB) {
-	tb.Helper()
-	ng.once.Do(func() {
-		// A graceful stop (SIGQUIT): nginx writes a request's access log
-		// line after its response has gone, so a kill just after the last
-		// response can lose the line the counts compare against.
-		if err := ng.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			tb.Errorf("stop nginx: %v", err)
-		}
-		select {
-		case <-ng.exited:
-		case <-time.After(10 * time.Second):
-			_ = ng.cmd.Process.Kill()
-			<-ng.exited
-		}
-	})
-}
-
-// requests counts the requests nginx logged.
-func (ng *nginx) requests(tb testing.TB) int {
-	tb.Helper()
-	b, err := os.ReadFile(filepath.Join(ng.dir, "access.log"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return bytes.Count(b, []byte("\n"))
-}
-
-func (ng *nginx) logs() string {
-	var s strings.Builder
-	for _, name := range []string{"error.log", "stderr.log"} {
-		b, _ := os.ReadFile(filepath.Join(ng.dir, name))
-		s.Write(bytes.TrimSpace(b))
-		s.WriteString("\n")
-	}
-	return strings.TrimSpace(s.String())
 }

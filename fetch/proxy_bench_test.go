@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/internal/nginxtest"
 )
 
 // The proxy route's benchmarks (issue 15), each side by side in one run
@@ -110,14 +111,14 @@ func BenchmarkProxyLatency(b *testing.B) {
 	if testing.Short() {
 		b.Skip("nginx and an fsync'ing ledger; not in -short")
 	}
-	ng := startNginx(b, nginxConfig{Template: "bench.conf.tmpl"})
+	ng := nginxtest.Start(b, nginxtest.Config{Template: "bench.conf.tmpl"})
 	e := newProxyEnv(b, proxyEnvOptions{startLimit: 1_000_000})
-	e.source(proxyBenchSource("ng", ng.url))
+	e.source(proxyBenchSource("ng", ng.URL))
 	id := e.proxyRun(`,"idle_timeout":"1h"`)
 	direct, proxied := proxyBenchClient(b, 16), proxyBenchClient(b, 16)
 	// Warm both paths' connections and the route.
 	for i := range 20 {
-		if err := benchGet(direct, fmt.Sprintf("%s/warm/%d", ng.url, i), "", ""); err != nil {
+		if err := benchGet(direct, fmt.Sprintf("%s/warm/%d", ng.URL, i), "", ""); err != nil {
 			b.Fatal(err)
 		}
 		if err := benchGet(proxied, fmt.Sprintf("%s/proxy/ng/warm/%d", e.srv.URL, i), e.token, id); err != nil {
@@ -138,7 +139,7 @@ func BenchmarkProxyLatency(b *testing.B) {
 			time.Sleep(time.Until(at))
 			lat, u, c, token := &pLat[i], fmt.Sprintf("%s/proxy/ng/r/%d", e.srv.URL, i), proxied, e.token
 			if slot == i%2 {
-				lat, u, c, token = &dLat[i], fmt.Sprintf("%s/r/%d", ng.url, i), direct, ""
+				lat, u, c, token = &dLat[i], fmt.Sprintf("%s/r/%d", ng.URL, i), direct, ""
 			}
 			wg.Add(1)
 			go func() {
@@ -198,8 +199,8 @@ func BenchmarkProxyThroughput(b *testing.B) {
 		b.Skip("nginx and an fsync'ing ledger; not in -short")
 	}
 	const clients = 64
-	ng := startNginx(b, nginxConfig{Template: "bench.conf.tmpl"})
-	target, _ := url.Parse(ng.url)
+	ng := nginxtest.Start(b, nginxtest.Config{Template: "bench.conf.tmpl"})
+	target, _ := url.Parse(ng.URL)
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rpTr := http.DefaultTransport.(*http.Transport).Clone()
 	rpTr.MaxIdleConnsPerHost, rpTr.MaxIdleConns = clients, 2*clients
@@ -209,7 +210,7 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	b.Cleanup(rpTr.CloseIdleConnections)
 
 	e := newProxyEnv(b, proxyEnvOptions{startLimit: 1_000_000})
-	e.source(proxyBenchSource("ng", ng.url))
+	e.source(proxyBenchSource("ng", ng.URL))
 	id := e.proxyRun(`,"idle_timeout":"1h"`)
 	client := proxyBenchClient(b, 2*clients)
 
@@ -287,13 +288,13 @@ func BenchmarkProxyThroughput(b *testing.B) {
 // benchCPU is the CPU time, user and system, this process (the clients,
 // auditd or the ReverseProxy) and nginx have spent: what one path costs
 // the machine, without the machine's other work.
-func benchCPU(b *testing.B, ng *nginx) time.Duration {
+func benchCPU(b *testing.B, ng *nginxtest.Server) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		b.Fatal(err)
 	}
 	own := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", ng.cmd.Process.Pid))
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", ng.Pid()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -305,7 +306,7 @@ func benchCPU(b *testing.B, ng *nginx) time.Duration {
 	for _, f := range fields[11:13] {
 		n, err := strconv.ParseInt(f, 10, 64)
 		if err != nil {
-			b.Fatalf("/proc/%d/stat: %v", ng.cmd.Process.Pid, err)
+			b.Fatalf("/proc/%d/stat: %v", ng.Pid(), err)
 		}
 		ticks += n
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fetch"
+	"github.com/auditd/auditd/internal/nginxtest"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
@@ -100,9 +101,9 @@ func (r *realLoop) run(t *testing.T, items []auditd.Item) (auditd.RunView, []aud
 // method recorded is the one sent, and no Location's credentials reach a
 // record.
 func TestRedirectsAreNotFollowed(t *testing.T) {
-	ng := startNginx(t, nginxConfig{Template: "redirect.conf.tmpl"})
+	ng := nginxtest.Start(t, nginxtest.Config{Template: "redirect.conf.tmpl"})
 	r := newRealLoop(t, fetch.Config{MaxAttempts: 3})
-	if _, err := r.loop.PutSource(context.Background(), "test", auditd.Source{ID: "nginx", BaseURL: ng.url}); err != nil {
+	if _, err := r.loop.PutSource(context.Background(), "test", auditd.Source{ID: "nginx", BaseURL: ng.URL}); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]struct {
@@ -130,7 +131,7 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 		items = append(items, it)
 	}
 	v, events := r.run(t, items)
-	ng.stop(t)
+	ng.Stop(t)
 
 	dispatches, responses := map[string]auditd.Event{}, map[string]auditd.Event{}
 	n := 0
@@ -152,7 +153,7 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 			}
 		}
 	}
-	if got := ng.requests(t); got != n || n != len(want) {
+	if got := ng.Requests(t); got != n || n != len(want) {
 		t.Errorf("nginx logged %d requests, the ledger dispatched %d, for %d items", got, n, len(want))
 	}
 	for key, w := range want {
@@ -185,18 +186,18 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 // its first dispatch, without a retry, naming the rule; loopback is
 // allowed by default.
 func TestAddressPolicyRefusesAtConnect(t *testing.T) {
-	ng := startNginx(t, nginxConfig{Template: "redirect.conf.tmpl"})
+	ng := nginxtest.Start(t, nginxtest.Config{Template: "redirect.conf.tmpl"})
 	for _, tc := range []struct {
 		name       string
 		deny       []string
 		base       string
 		wantFailed bool
 	}{
-		{"LoopbackAllowedByDefault", nil, ng.url, false},
+		{"LoopbackAllowedByDefault", nil, ng.URL, false},
 		{"Metadata", nil, "http://169.254.169.254", true},
 		{"MetadataIPv6", nil, "http://[fd00:ec2::254]", true},
 		{"LinkLocal", nil, "http://169.254.10.20:8080", true},
-		{"LoopbackDenied", []string{"127.0.0.0/8"}, ng.url, true},
+		{"LoopbackDenied", []string{"127.0.0.0/8"}, ng.URL, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			policy, err := fetch.NewPolicy(nil, tc.deny)

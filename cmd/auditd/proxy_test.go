@@ -5,10 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,10 +15,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"text/template"
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/internal/nginxtest"
 	"github.com/auditd/auditd/ledger"
 )
 
@@ -29,100 +27,6 @@ import (
 // in a process of its own, and pipelines that are real Python processes
 // using requests (testdata/proxy/client.py).
 
-// gateway is a running nginx from gateway.conf.tmpl.
-type gateway struct {
-	url  string
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// startGateway starts nginx with a shared quota of rate requests a second
-// (burst burst). Without nginx the test is skipped, except in CI.
-func startGateway(tb testing.TB, rate, burst int) *gateway {
-	tb.Helper()
-	bin, err := exec.LookPath("nginx")
-	if err != nil {
-		bin, err = exec.LookPath("/usr/sbin/nginx")
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("nginx is not installed (.ci/run installs nginx-light): %v", err)
-		}
-		tb.Skipf("nginx is not installed: %v", err)
-	}
-	root, err := filepath.Abs(filepath.Join("..", "..", "testdata", "nginx"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tmpl := template.Must(template.ParseFiles(filepath.Join(root, "gateway.conf.tmpl")))
-	for try := 0; ; try++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		g := &gateway{url: fmt.Sprintf("http://127.0.0.1:%d", port), dir: tb.TempDir(), done: make(chan struct{})}
-		var conf bytes.Buffer
-		if err := tmpl.Execute(&conf, map[string]any{"Dir": g.dir, "Root": root, "Port": port, "Rate": rate, "Burst": burst}); err != nil {
-			tb.Fatal(err)
-		}
-		confPath := filepath.Join(g.dir, "nginx.conf")
-		if err := os.WriteFile(confPath, conf.Bytes(), 0o600); err != nil {
-			tb.Fatal(err)
-		}
-		g.cmd = exec.Command(bin, "-p", g.dir, "-e", filepath.Join(g.dir, "error.log"), "-c", confPath,
-			"-g", "daemon off; master_process off; pid "+filepath.Join(g.dir, "nginx.pid")+";")
-		if err := g.cmd.Start(); err != nil {
-			tb.Fatal(err)
-		}
-		go func() { g.cmd.Wait(); close(g.done) }()
-		tb.Cleanup(func() { g.cmd.Process.Kill(); <-g.done })
-		if g.ready() {
-			return g
-		}
-		errLog, _ := os.ReadFile(filepath.Join(g.dir, "error.log"))
-		if try == 2 || !bytes.Contains(errLog, []byte("Address already in use")) {
-			tb.Fatalf("nginx did not start: %s", errLog)
-		}
-	}
-}
-
-// stop stops the gateway gracefully (SIGQUIT) and waits for it: nginx
-// writes a request's access log line after its response has gone, so the
-// log is complete only once it has exited (fetch's nginx.stop does the
-// same).
-func (g *gateway) stop(tb testing.TB) {
-	tb.Helper()
-	if err := g.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		tb.Errorf("stop nginx: %v", err)
-	}
-	select {
-	case <-g.done:
-	case <-time.After(10 * time.Second):
-		_ = g.cmd.Process.Kill()
-		<-g.done
-	}
-}
-
-func (g *gateway) ready() bool {
-	c := &http.Client{Timeout: time.Second}
-	defer c.CloseIdleConnections()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		select {
-		case <-g.done:
-			return false
-		default:
-		}
-		if resp, err := c.Get(g.url + "/healthz"); err == nil {
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}
-	}
-	return false
-}
-
 // logged is one line of the gateway's access log.
 type logged struct {
 	at     float64 // Unix seconds
@@ -130,14 +34,11 @@ type logged struct {
 	line   string
 }
 
-func (g *gateway) log(tb testing.TB) []logged {
+// gatewayLog parses gw's access log, complete once gw.Stop has returned.
+func gatewayLog(tb testing.TB, gw *nginxtest.Server) []logged {
 	tb.Helper()
-	b, err := os.ReadFile(filepath.Join(g.dir, "access.log"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		tb.Fatal(err)
-	}
 	var out []logged
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(string(gw.AccessLog(tb))), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
@@ -264,7 +165,7 @@ func TestProxyPythonFleetSharesQuota(t *testing.T) {
 	// durable, and on a loaded machine one slow commit releases several
 	// admitted requests at once (with a burst of 5, 1 of 161 requests was
 	// refused in one run of CI's suite at a load of 4).
-	gw := startGateway(t, quota, 10)
+	gw := nginxtest.Start(t, nginxtest.Config{Template: "gateway.conf.tmpl", Rate: quota, Burst: 10})
 	dir := t.TempDir()
 	config := writeConfig(t, dir, fmt.Sprintf(`sources:
   - id: gw-a
@@ -283,7 +184,7 @@ func TestProxyPythonFleetSharesQuota(t *testing.T) {
     concurrency: 16
     headers: {X-Api-Key: "gw-header-secret-7f3a"}
     query: {token: "gw-query-secret-91bc"}
-`, gw.url, quota))
+`, gw.URL, quota))
 	data := filepath.Join(dir, "data")
 	const token = "proxy-fleet-admin-token-0123456789"
 	srv := startServe(t, data, config, token)
@@ -305,8 +206,8 @@ func TestProxyPythonFleetSharesQuota(t *testing.T) {
 	if code := srv.call(t, "POST", "/v1/runs/"+id+"/finish", token, nil, &fin); code != http.StatusOK {
 		t.Fatalf("finish: %d", code)
 	}
-	gw.stop(t) // every line logged
-	lines := gw.log(t)
+	gw.Stop(t) // every line logged
+	lines := gatewayLog(t, gw)
 	refused := 0
 	for _, l := range lines {
 		if l.status != http.StatusOK {
@@ -391,9 +292,9 @@ func TestProxySIGKILLMidRequest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nginx, auditd twice and 16 Python processes")
 	}
-	gw := startGateway(t, 1000, 1000)
+	gw := nginxtest.Start(t, nginxtest.Config{Template: "gateway.conf.tmpl", Rate: 1000, Burst: 1000})
 	big := `{"features":[` + strings.Repeat(`{"a":1},`, 20_000) + `{"a":1}]}` // about 160 KB: 2.5 s at 64 KB/s
-	if err := os.WriteFile(filepath.Join(gw.dir, "big.json"), []byte(big), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(gw.Dir, "big.json"), []byte(big), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
@@ -403,7 +304,7 @@ func TestProxySIGKILLMidRequest(t *testing.T) {
     limit: 10
     window: 1s
     concurrency: 4
-`, gw.url))
+`, gw.URL))
 	data := filepath.Join(dir, "data")
 	const token = "proxy-crash-admin-token-0123456789"
 	first := startServe(t, data, config, token)
@@ -424,7 +325,7 @@ func TestProxySIGKILLMidRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.cmd.Wait()
-	atKill := len(gw.log(t))
+	atKill := len(gatewayLog(t, gw))
 	results := fleet.wait(t)
 	broken := 0
 	for _, r := range results {
@@ -439,8 +340,8 @@ func TestProxySIGKILLMidRequest(t *testing.T) {
 	if code := second.call(t, "POST", "/v1/runs/"+id+"/finish", token, nil, &fin); code != http.StatusOK {
 		t.Fatalf("finish after the restart: %d\n%s", code, second.logs)
 	}
-	gw.stop(t) // every line logged
-	received := len(gw.log(t))
+	gw.Stop(t) // every line logged
+	received := len(gatewayLog(t, gw))
 	t.Logf("nginx received %d (%d at the kill); the ledger holds %d dispatches, %d interrupted; items %d: %d succeeded, %d failed; %d client requests cut off",
 		received, atKill, fin.Counts.Dispatches, fin.Counts.Interrupted, fin.Counts.Items, fin.Counts.Succeeded, fin.Counts.Failed, broken)
 	if received > fin.Counts.Dispatches {
