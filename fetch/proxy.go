@@ -423,6 +423,8 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 				return
 			}
 			ar.live.Count(stored...)
+			// Not sent, but on record: windows count it where R9 does.
+			a.permit.Sent(stored[len(stored)-1].Time)
 			res.Reason = "the dispatch record was durable only after the request's deadline; nothing was sent"
 			buf := l.eventBuf()
 			buf[0] = auditd.Event{Type: auditd.EventInterrupted, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page),
