@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -167,8 +166,13 @@ func (b *Budget) move(from int64, to time.Time, cost int64) int64 {
 		windows = append(windows, &b.learned)
 	}
 	// Take cost off its entry, unless compact dropped it (no window saw it
-	// any more). An entry before a window's start is not in its sum.
-	if i, ok := slices.BinarySearchFunc(b.log, from, func(e entry, at int64) int { return cmp.Compare(e.at, at) }); ok && b.log[i].cost >= cost {
+	// any more). An entry before a window's start is not in its sum. The
+	// entry is recent: only the admissions since it follow it.
+	i := len(b.log) - 1
+	for i >= 0 && b.log[i].at > from {
+		i--
+	}
+	if i >= 0 && b.log[i].at == from && b.log[i].cost >= cost {
 		b.log[i].cost -= cost
 		for _, w := range windows {
 			if i >= w.start {
