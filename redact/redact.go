@@ -34,7 +34,7 @@ var exact = [...]string{"auth", "sig", "pwd", "pass", "code", "sid", "otp"}
 // Secret reports whether a query parameter or header named name (as
 // written: it may be percent-encoded) carries a credential under r.
 func (r Rule) Secret(name string) bool {
-	n := normalize(unescape(name))
+	n := normalize(Unescape(name))
 	if n == "" {
 		return false
 	}
@@ -84,10 +84,11 @@ func normalize(s string) string {
 	return string(b)
 }
 
-// unescape decodes percent escapes and '+' in s, leniently: an invalid
-// escape stays as written. Names are compared decoded, so "%74oken" is
-// "token".
-func unescape(s string) string {
+// Unescape decodes percent escapes and '+' in s, a query parameter's
+// name, leniently: an invalid escape stays as written. Names are compared
+// decoded, so "%74oken" is "token", and decoded again while that changes
+// them, so "%2574oken" is too.
+func Unescape(s string) string {
 	if !strings.ContainsAny(s, "%+") {
 		return s
 	}
@@ -104,7 +105,7 @@ func unescape(s string) string {
 		}
 	}
 	if strings.ContainsAny(string(b), "%") && string(b) != s {
-		return unescape(string(b)) // "%2574oken" decoded twice is still a token
+		return Unescape(string(b))
 	}
 	return string(b)
 }

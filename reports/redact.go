@@ -57,7 +57,7 @@ func RedactPath(p string) string { return redactPath(p, credentialParam) }
 
 // credentialParam reports whether a raw (possibly escaped) parameter name
 // looks like a credential.
-func credentialParam(name string) bool { return credentialName(unescapeName(name)) }
+func credentialParam(name string) bool { return credentialName(redact.Unescape(name)) }
 
 func redactPath(p string, isCredential func(name string) bool) string {
 	return redactPairs(p, func(kv string) bool {
@@ -150,41 +150,6 @@ func redactTextPairs(s string, drop func(kv string) bool) string {
 		}
 	}
 	return strings.Join(words, " ")
-}
-
-// unescapeName decodes percent escapes in a parameter name so that
-// "api%5Fkey" cannot slip through; an invalid escape leaves it as written.
-func unescapeName(s string) string {
-	if !strings.ContainsAny(s, "%+") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '+':
-			b.WriteByte(' ')
-		case c == '%' && i+2 < len(s) && ishex(s[i+1]) && ishex(s[i+2]):
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
-			i += 2
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
-
-func ishex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
 }
 
 // maxJudgedNames bounds a redactor's memory of parameter names.

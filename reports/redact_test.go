@@ -18,6 +18,7 @@ func TestRedactPath(t *testing.T) {
 		{"OnlyParam", "/q?apikey=s3cret", "/q"},
 		{"CaseAndSeparators", "/q?API-Key=1&X.Api.Key=2&AccessToken=3&client_secret=4&Password=5&sig=6&Signature=7&f=1", "/q?f=1"},
 		{"EscapedName", "/q?api%5Fkey=1&f=1", "/q?f=1"},
+		{"EscapedTwice", "/q?%2574oken=1&f=1", "/q?f=1"},
 		{"KeywordSurvives", "/q?keyword=climate&keys=1", "/q?keyword=climate&keys=1"},
 		{"Fragment", "/q?token=1&a=b#frag", "/q?a=b#frag"},
 		{"FullURL", "https://gis.example/q?f=json&token=abc", "https://gis.example/q?f=json"},
