@@ -180,14 +180,16 @@ func compactRecent(tx *bolt.Tx) ([]uint64, error) {
 		if len(k) != 8 {
 			continue // malformed: dropped with the bucket
 		}
-		key := binary.BigEndian.Uint64(k)
-		moved = append(moved, key)
-		n, w := binary.Uvarint(v)
-		if w <= 0 || n > uint64(len(v)-w) || len(v)-w-int(n) <= 8 {
+		moved = append(moved, binary.BigEndian.Uint64(k))
+		key, rk, entry, ok := splitRecent(k, v)
+		if !ok {
 			continue
 		}
-		rk, entry := v[w:w+int(n)], v[w+int(n):]
-		recs = append(recs, raw{rk, entry, int64(binary.BigEndian.Uint64(entry)), key})
+		at, ok := lastGoodAt(entry)
+		if !ok {
+			continue
+		}
+		recs = append(recs, raw{rk, entry, at.UnixNano(), key})
 	}
 	if len(moved) == 0 {
 		return nil, nil
@@ -226,16 +228,25 @@ func compactRecent(tx *bolt.Tx) ([]uint64, error) {
 // decodeRecent reads a record of the recent bucket: its key, the request
 // key, and the copy (a last-good entry).
 func decodeRecent(k, v []byte) (key uint64, requestKey string, c Copy, ok bool) {
-	if len(k) != 8 {
+	key, rk, entry, ok := splitRecent(k, v)
+	if !ok {
 		return 0, "", Copy{}, false
+	}
+	c, ok = decodeLastGood(entry)
+	return key, string(rk), c, ok
+}
+
+// splitRecent splits a record of the recent bucket into its key, the
+// request key and its last-good entry, in the bytes as bbolt holds them.
+func splitRecent(k, v []byte) (key uint64, requestKey, entry []byte, ok bool) {
+	if len(k) != 8 {
+		return 0, nil, nil, false
 	}
 	n, w := binary.Uvarint(v)
 	if w <= 0 || n > uint64(len(v)-w) {
-		return 0, "", Copy{}, false
+		return 0, nil, nil, false
 	}
-	requestKey = string(v[w : w+int(n)])
-	c, ok = decodeLastGood(v[w+int(n):])
-	return binary.BigEndian.Uint64(k), requestKey, c, ok
+	return binary.BigEndian.Uint64(k), v[w : w+int(n)], v[w+int(n):], true
 }
 
 // appendLastGood appends c as a last-good entry: the time its payload was
