@@ -78,6 +78,9 @@ func TestBadInput(t *testing.T) {
 		{"SourceTooManyHeaders", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{` + manyHeaders(21) + `}}`}, auth.RoleAdmin, 400, "headers"},
 		{"SourceUnknownField", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","rate":3}`}, auth.RoleAdmin, 400, "rate"},
 		{"SourceBreakerThreshold", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","breaker":{"threshold":5000}}`}, auth.RoleAdmin, 400, "breaker.threshold"},
+		{"SourceBreakerCooldownWords", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","breaker":{"cooldown":"soon"}}`}, auth.RoleAdmin, 400, "breaker.cooldown"},
+		{"SourceBreakerProbesZero", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","breaker":{"probes":0}}`}, auth.RoleAdmin, 400, "breaker.probes"},
+		{"RunItemPageSizeZero", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/","page_size":0`, "")}, auth.RoleOperator, 400, "items[0].page_size"},
 		{"SourcePathIDTooLong", request{method: "PUT", path: "/v1/sources/" + strings.Repeat("s", 101), body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
 		// Lists and queries.
 		{"RunsLimitZero", request{path: "/v1/runs?limit=0"}, auth.RoleAuditor, 400, "limit"},

@@ -78,7 +78,7 @@ func (s *Server) decode(c echo.Context, v any, limit int64) error {
 			// say which field it was: find it.
 			var raw any
 			if json.Unmarshal(body, &raw) == nil {
-				if field := badText(raw, reflect.TypeOf(v), ""); field != "" {
+				if field := badText(raw, reflect.TypeOf(v)); field != "" {
 					return invalid(field, "%s: %s", field, domainErr.Message)
 				}
 			}
@@ -103,7 +103,7 @@ func (s *Server) decode(c echo.Context, v any, limit int64) error {
 	if err := d.Decode(&raw); err != nil {
 		return decodeError(err)
 	}
-	return explicitMinimums(raw, reflect.TypeOf(v), "")
+	return explicitMinimums(raw, reflect.TypeOf(v))
 }
 
 // explicitZero matches a JSON value that is a zero number (0, -0, 0.0,
@@ -111,12 +111,35 @@ func (s *Server) decode(c echo.Context, v any, limit int64) error {
 // no zero in it.
 var explicitZero = regexp.MustCompile(`:\s*-?0(?:[\s,}\].eE]|$)`)
 
-// explicitMinimums walks raw, a decoded JSON body, alongside t, the type it
-// was decoded into, and refuses an integer field tagged omitempty and
-// min=N whose value is present and below N.
-func explicitMinimums(raw any, t reflect.Type, path string) error {
+// explicitMinimums refuses, in raw, a decoded JSON body of type t, an
+// integer field tagged omitempty and min=N whose value is present and below
+// N.
+func explicitMinimums(raw any, t reflect.Type) error {
+	return walkBody(raw, t, nil, "", func(raw any, _ reflect.Type, f *reflect.StructField, path string) error {
+		n, ok := raw.(json.Number)
+		if !ok || f == nil || !isInt(f.Type.Kind()) {
+			return nil
+		}
+		if min, ok := tagMin(f.Tag.Get("validate")); ok {
+			if v, err := n.Int64(); err == nil && v < min {
+				return invalid(path, "%s must be at least %d.", path, min)
+			}
+		}
+		return nil
+	})
+}
+
+// walkBody walks raw, a decoded JSON body, alongside t, the type it was
+// decoded into, and calls visit with every value in it, the type it
+// decodes into (pointers taken away), the struct field that names it (nil
+// for the body and a list's elements) and its path ("items[2].limit"),
+// until visit returns an error.
+func walkBody(raw any, t reflect.Type, f *reflect.StructField, path string, visit func(raw any, t reflect.Type, f *reflect.StructField, path string) error) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if err := visit(raw, t, f, path); err != nil {
+		return err
 	}
 	switch t.Kind() {
 	case reflect.Slice:
@@ -125,7 +148,7 @@ func explicitMinimums(raw any, t reflect.Type, path string) error {
 			return nil
 		}
 		for i, el := range list {
-			if err := explicitMinimums(el, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			if err := walkBody(el, t.Elem(), nil, fmt.Sprintf("%s[%d]", path, i), visit); err != nil {
 				return err
 			}
 		}
@@ -137,32 +160,21 @@ func explicitMinimums(raw any, t reflect.Type, path string) error {
 		for i := range t.NumField() {
 			f := t.Field(i)
 			if f.Anonymous {
-				if err := explicitMinimums(raw, f.Type, path); err != nil {
+				if err := walkBody(raw, f.Type, nil, path, visit); err != nil {
 					return err
 				}
 				continue
 			}
 			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if name == "" || name == "-" {
-				continue
-			}
 			val, present := obj[name]
-			if !present {
+			if name == "" || name == "-" || !present {
 				continue
 			}
 			field := name
 			if path != "" {
 				field = path + "." + name
 			}
-			if n, ok := val.(json.Number); ok && isInt(f.Type.Kind()) {
-				if min, ok := tagMin(f.Tag.Get("validate")); ok {
-					if v, err := n.Int64(); err == nil && v < min {
-						return invalid(field, "%s must be at least %d.", field, min)
-					}
-				}
-				continue
-			}
-			if err := explicitMinimums(val, f.Type, field); err != nil {
+			if err := walkBody(val, f.Type, &f, field, visit); err != nil {
 				return err
 			}
 		}
@@ -189,49 +201,25 @@ func tagMin(tag string) (int64, bool) {
 	return 0, false
 }
 
-// badText returns the path of the first string in raw that the field of t
-// it decodes into, an encoding.TextUnmarshaler, refuses; "" when none.
-func badText(raw any, t reflect.Type, path string) string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if str, ok := raw.(string); ok {
+// badText returns the path of the first string in raw, a decoded JSON
+// body of type t, that the field it decodes into, an
+// encoding.TextUnmarshaler, refuses; "" when none.
+func badText(raw any, t reflect.Type) string {
+	var bad badTextAt
+	errors.As(walkBody(raw, t, nil, "", func(raw any, t reflect.Type, _ *reflect.StructField, path string) error {
+		str, ok := raw.(string)
+		if !ok {
+			return nil
+		}
 		if u, ok := reflect.New(t).Interface().(encoding.TextUnmarshaler); ok && u.UnmarshalText([]byte(str)) != nil {
-			return path
+			return badTextAt(path)
 		}
-		return ""
-	}
-	switch t.Kind() {
-	case reflect.Slice:
-		list, _ := raw.([]any)
-		for i, el := range list {
-			if f := badText(el, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); f != "" {
-				return f
-			}
-		}
-	case reflect.Struct:
-		obj, _ := raw.(map[string]any)
-		for i := range t.NumField() {
-			f := t.Field(i)
-			if f.Anonymous {
-				if p := badText(raw, f.Type, path); p != "" {
-					return p
-				}
-				continue
-			}
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			val, ok := obj[name]
-			if name == "" || name == "-" || !ok {
-				continue
-			}
-			field := name
-			if path != "" {
-				field = path + "." + name
-			}
-			if p := badText(val, f.Type, field); p != "" {
-				return p
-			}
-		}
-	}
-	return ""
+		return nil
+	}), &bad)
+	return string(bad)
 }
+
+// badTextAt stops badText's walk at the path of a refused string.
+type badTextAt string
+
+func (p badTextAt) Error() string { return "bad text at " + string(p) }
