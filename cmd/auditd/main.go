@@ -20,22 +20,21 @@ import (
 // command is one subcommand: it parses its own flags from args and returns
 // the process exit status.
 type command struct {
-	summary string
-	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
-func commands() map[string]command {
-	return map[string]command{
-		"serve":     {"run the service (REST API, web UI, fetch loop)", runServe},
-		"verify":    {"verify the ledger's hash chain, Merkle tree and signed checkpoints", runVerify},
-		"prove":     {"print an inclusion proof for one event", runProve},
-		"pack":      {"write a run's evidence pack offline, for a third party to verify", runPack},
-		"retention": {"record retention dates, place and release legal holds, purge payloads", runRetention},
-		"reconcile": {"reconcile a run; exit 0 balanced, 1 not, 2 error", runReconcile},
-		"export":    {"write a run's evidence workbook offline", runExport},
-		"sim":       {"serve hostile upstream simulators from a scenario file", runSim},
-		"version":   {"print the build's version", runVersion},
-	}
+// commands are the subcommands, in the order usage lists them.
+var commands = []command{
+	{"serve", "run the service (REST API, web UI, fetch loop)", runServe},
+	{"verify", "verify the ledger's hash chain, Merkle tree and signed checkpoints", runVerify},
+	{"prove", "print an inclusion proof for one event", runProve},
+	{"pack", "write a run's evidence pack offline, for a third party to verify", runPack},
+	{"retention", "record retention dates, place and release legal holds, purge payloads", runRetention},
+	{"reconcile", "reconcile a run; exit 0 balanced, 1 not, 2 error", runReconcile},
+	{"export", "write a run's evidence workbook offline", runExport},
+	{"sim", "serve hostile upstream simulators from a scenario file", runSim},
+	{"version", "print the build's version", runVersion},
 }
 
 func main() {
@@ -46,28 +45,28 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cmds := commands()
 	switch {
 	case len(args) == 0:
-		usage(stderr, cmds)
+		usage(stderr)
 		return 2
 	case args[0] == "-h" || args[0] == "--help" || args[0] == "help":
-		usage(stdout, cmds) // asked for: not an error
+		usage(stdout) // asked for: not an error
 		return 0
 	}
-	c, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "auditd: unknown command %q\n", args[0])
-		usage(stderr, cmds)
-		return 2
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdout, stderr)
+		}
 	}
-	return c.run(ctx, args[1:], stdout, stderr)
+	fmt.Fprintf(stderr, "auditd: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
 }
 
-func usage(w io.Writer, cmds map[string]command) {
+func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: auditd <command> [flags]\n\ncommands:")
-	for _, name := range []string{"serve", "verify", "prove", "pack", "retention", "reconcile", "export", "sim", "version"} {
-		fmt.Fprintf(w, "  %-10s %s\n", name, cmds[name].summary)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nauditd <command> -h lists a command's flags.")
 }
