@@ -47,7 +47,16 @@ func (t *Telemetry) logEvent(e *auditd.Event) {
 		args := []any{"source", e.SourceID, "cause", e.Cause,
 			"from_per_second", round(perSecond(e.OldLimit, e.OldWindow)), "to_per_second", round(perSecond(e.NewLimit, e.NewWindow))}
 		if e.Group != "" {
+			// A member's change and its group's are two events: the line
+			// says which this is.
+			var d struct {
+				Scope string `json:"scope"`
+			}
+			json.Unmarshal([]byte(e.Detail), &d) // best effort: without it the line names the group only
 			args = append(args, "group", e.Group)
+			if d.Scope != "" {
+				args = append(args, "scope", d.Scope)
+			}
 		}
 		if e.Principal != "" {
 			args = append(args, "by", e.Principal)

@@ -137,6 +137,26 @@ auditd_runs_finished_total{status="partial"} 1
 	}
 }
 
+// A gateway member's change and its group's are two registry.changed
+// events with the same numbers: their lines say which is which.
+func TestLearnedLineNamesItsScope(t *testing.T) {
+	var logs syncBuffer
+	tel := telemetry.New()
+	tel.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	var events []*auditd.Event
+	for _, scope := range []string{"source", "group"} {
+		events = append(events, &auditd.Event{Type: auditd.EventRegistryChanged, SourceID: "north", Group: "regional",
+			OldLimit: 15, OldWindow: time.Minute, NewLimit: 20, NewWindow: 10 * time.Second, Cause: "header",
+			Detail: `{"scope":"` + scope + `","phase":"steady"}`})
+	}
+	tel.Committed(events, time.Millisecond)
+	for _, scope := range []string{"source", "group"} {
+		if want := `source=north cause=header from_per_second=0.25 to_per_second=2 group=regional scope=` + scope; !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for the logger's goroutines.
 type syncBuffer struct {
 	mu  sync.Mutex
