@@ -395,7 +395,10 @@ func (w *window) fits(log []entry, now, cost int64) int64 {
 // earliest(now, cost) == now.
 func (b *Budget) commit(now, cost int64) {
 	b.tat = max(b.tat, now) + cost*b.interval
-	if n := len(b.log); n > b.head && b.log[n-1].at == now {
+	// An admission at the instant of the last joins its entry, unless a
+	// slower retune since began its window after that entry: that window
+	// would count the cost and never see it leave.
+	if n := len(b.log); n > b.head && b.log[n-1].at == now && (b.learned.limit == 0 || n-1 >= b.learned.start) {
 		b.log[n-1].cost += cost
 	} else {
 		b.log = append(b.log, entry{at: now, cost: cost})

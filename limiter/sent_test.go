@@ -120,3 +120,32 @@ func TestSentKeepsEveryWindowOfRecordsWithinTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// An admission at the very instant of a slower retune is counted by the
+// learned window from the cut, and leaves it a window later: the cut does
+// not keep a unit of it for good.
+func TestSlowerRetuneAtTheAdmissionsInstantLeavesNoCount(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 10, Window: time.Second, Burst: 10, Concurrency: 100}})
+	b, err := l.Budget("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetLimit("s", 8, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, l, "s").Release()
+	if err := l.SetLimit("s", 5, time.Second); err != nil { // slower: counts from the cut
+		t.Fatal(err)
+	}
+	mustAcquire(t, l, "s").Release() // the same instant as the first
+	c.Advance(2 * time.Second)
+	admitted := 0
+	for range 5 {
+		if d, _ := b.Allow(1); d.Admitted {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("admitted %d of 5 two windows after the cut, want all: the learned window kept a count", admitted)
+	}
+}
