@@ -57,7 +57,8 @@ type Permit struct {
 	l       *Limiter
 	src     *source
 	budget  *Budget // the budget that admitted it
-	at      int64   // where budget counts it (its admission, until Sent)
+	admit   int64   // the admission in budget's time
+	at      int64   // where budget counts it (admit, until Sent)
 	slot    bool    // holds a concurrency slot
 	probe   bool    // holds a probe of breaker generation gen
 	gen     uint64  // breaker generation at admission
@@ -196,7 +197,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 				b.dequeue(ticket)
 				b.mu.Unlock()
 				s.mu.Unlock()
-				p.budget, p.at = b, bnow
+				p.budget, p.admit, p.at = b, bnow, bnow
 				p.Admitted = now
 				p.Probe = p.probe
 				p.endWait(now)
@@ -268,9 +269,14 @@ func (p *Permit) endWait(now time.Time) {
 // in one window with it by the record, and by the upstream's count. A time
 // before the admission, or after the budget's now, counts as the admission
 // or now. Call it once the dispatch is durable.
+//
+// A ledger stamp is wall time, and the budget keeps monotonic time: at is
+// read as its lag after the admission, so that only a step of the wall
+// clock inside that lag can misplace it.
 func (p *Permit) Sent(at time.Time) {
 	if p.budget != nil {
-		p.at = p.budget.move(p.at, at, int64(p.Cost))
+		lag := at.Sub(p.Admitted.Round(0)) // Round(0): wall time, as at is
+		p.at = p.budget.move(p.at, p.admit+lag.Nanoseconds(), int64(p.Cost))
 	}
 }
 

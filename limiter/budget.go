@@ -150,14 +150,14 @@ func (b *Budget) Record(at time.Time, cost int) {
 	b.commit(t, int64(cost))
 }
 
-// move counts cost, admitted at from, at to instead (Permit.Sent), and
-// returns where it is counted now. It only ever moves an admission later,
-// and never past now: the log stays in time order, and a window never
-// holds less than it did.
-func (b *Budget) move(from int64, to time.Time, cost int64) int64 {
+// move counts cost, counted at from, at to instead (Permit.Sent; times
+// in nanoseconds since epoch), and returns where it is counted now. It
+// only ever moves a count later, and never past now, so the log stays in
+// time order and no window that ends after now holds less than it did.
+func (b *Budget) move(from, to, cost int64) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	t := min(to.Sub(b.epoch).Nanoseconds(), b.now())
+	t := min(to, b.now())
 	if t <= from {
 		return from
 	}

@@ -16,7 +16,12 @@
 //     window of length Window (a sliding log, not fixed buckets), whatever
 //     the burst, the pacing or a retune. A request counts from its
 //     admission until Permit.Sent moves it to its dispatch record's time,
-//     so no window of recorded dispatches holds more either.
+//     so no window of recorded dispatches holds more either, as long as
+//     each record lags its admission by less than Window. A longer lag (a
+//     disk that refuses writes for a window, with more requests in flight
+//     than the limit) can put more records into one window: the request
+//     counted at its admission has left the window by then, and its slot
+//     was given again.
 //   - Pacing: admissions also pass a token bucket (capacity Burst, refill
 //     Limit/Window), kept in GCRA form so reads refill it.
 //   - No request is admitted before its slot, and Budget.Allow's RetryAfter
@@ -37,9 +42,10 @@
 //   - Blocking waiters of one budget are admitted first in, first out.
 //
 // Caveats: time arithmetic uses differences of Clock.Now, which carry the
-// monotonic reading on the real clock; Permit.Sent's time is a ledger stamp
-// (wall time), taken as no earlier than the admission and no later than now,
-// so a step of the wall clock cannot move an admission far. A Budget's sliding log holds one entry
-// per distinct admission instant inside the window, so its memory grows with
-// Limit (16 bytes an entry).
+// monotonic reading on the real clock; Permit.Sent's time, a ledger stamp
+// in wall time, is read as its lag after the admission, taken as no less
+// than zero and no later than now. A Budget's sliding log holds one entry
+// per distinct instant an admission is counted at inside the window (some
+// of cost zero, left by Permit.Sent), so its memory grows with Limit (16
+// bytes an entry).
 package limiter
