@@ -208,6 +208,35 @@ func (b *Budget) move(from, to, cost int64) int64 {
 	return t
 }
 
+// config is the shape b was made with.
+func (b *Budget) config() BudgetConfig {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return BudgetConfig{Limit: int(b.ceiling.limit), Window: time.Duration(b.ceiling.dur), Burst: int(b.burst)}
+}
+
+// carry takes over what from, the budget b replaces, holds: its admissions
+// (every window of b counts them), the tokens it owes (in tokens, paid back
+// at b's pace) and its pause. b is new: nothing else holds it yet.
+func (b *Budget) carry(from *Budget) {
+	from.mu.Lock()
+	defer from.mu.Unlock()
+	now := b.now()
+	shift := from.epoch.Sub(b.epoch).Nanoseconds() // from's times in b's
+	for _, e := range from.log { // b's windows, longer or shorter, slide past what is too old
+		if e.cost > 0 {
+			b.log = append(b.log, entry{at: e.at + shift, cost: e.cost})
+			b.ceiling.sum += e.cost
+		}
+	}
+	if debt := from.tat + shift - now; debt > 0 {
+		b.tat = now + min(int64(math.Ceil(float64(debt)/float64(from.interval)*float64(b.interval))), b.capacity*b.interval)
+	}
+	if from.pauseUntil != 0 {
+		b.pauseUntil = max(from.pauseUntil+shift, 0)
+	}
+}
+
 // Delay reports how long until cost would be admitted, without admitting it.
 func (b *Budget) Delay(cost int) (time.Duration, error) {
 	b.mu.Lock()

@@ -31,6 +31,9 @@
 //   - Learned limits (SetLimit) and server Remaining/Reset only slow a
 //     budget; the configured ceiling stays in force beside them.
 //   - Pauses only lengthen (Pause takes the later deadline).
+//   - Configure again keeps a source's admissions, owed tokens and pause:
+//     the same budget when its limits are unchanged, carried into the new
+//     one when they change.
 //   - Only 5xx and transport failures move a breaker; a 429, or a plain 503
 //     the caller knows to be a refusal (Outcome.Refused), pauses instead.
 //     Failures reset only on a success; transitions are closed→open,

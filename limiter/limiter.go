@@ -68,6 +68,15 @@ func (l *Limiter) Configure(id string, cfg Config) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
+	old := *l.sources.Load()
+	var was *Budget // the source's own budget until now, if it had one
+	if s, ok := old[id]; ok {
+		s.mu.Lock()
+		if s.cfg.Group == "" {
+			was = s.budget
+		}
+		s.mu.Unlock()
+	}
 	var b *Budget
 	if cfg.Group != "" {
 		if g, ok := l.groups[cfg.Group]; ok {
@@ -76,11 +85,20 @@ func (l *Limiter) Configure(id string, cfg Config) error {
 			}
 			b = g.budget
 		}
+	} else if was != nil && was.config() == cfg.budget() {
+		b = was // unchanged: its windows and pause stand
 	}
 	if b == nil {
 		nb, err := NewBudget(l.clock, cfg.budget())
 		if err != nil {
 			return fmt.Errorf("configure %s: %w", id, err)
+		}
+		if was != nil {
+			// A source put again with new limits goes on from what its
+			// gates hold: the admissions in its window, the tokens it owes
+			// and a pause; starting over would let a window's quota go
+			// twice, and send into a pause the server asked for.
+			nb.carry(was)
 		}
 		b = nb
 		if cfg.Group != "" {
@@ -88,7 +106,6 @@ func (l *Limiter) Configure(id string, cfg Config) error {
 		}
 	}
 
-	old := *l.sources.Load()
 	next := make(map[string]*source, len(old)+1)
 	for k, v := range old {
 		next[k] = v

@@ -248,16 +248,15 @@ func TestJitterOnlyAddsToServerDelay(t *testing.T) {
 		func(time.Duration) time.Duration { return 0 },
 		func(n time.Duration) time.Duration { return n - 1 },
 	} {
-		l, _ := newLimiter(t, map[string]limiter.Config{"s": {BackoffBase: 10 * time.Second, BackoffMax: time.Minute}})
-		l.Jitter = jitter
 		for attempt := 1; attempt < 8; attempt++ {
+			// A limiter per attempt: the pause the last one left is not the subject.
+			l, _ := newLimiter(t, map[string]limiter.Config{"s": {BackoffBase: 10 * time.Second, BackoffMax: time.Minute}})
+			l.Jitter = jitter
 			p := mustAcquire(t, l, "s")
 			v := p.Observe(limiter.Outcome{Status: 429, Hint: hints.Hint{HasRetryAfter: true, RetryAfter: 7 * time.Second}, Attempt: attempt})
 			if v.Wait < 7*time.Second || v.Wait != max(7*time.Second, v.Backoff) {
 				t.Fatalf("attempt %d: wait %v, backoff %v", attempt, v.Wait, v.Backoff)
 			}
-			l.Pause("s", time.Time{}) // keep going: the next Acquire is not the subject
-			_ = l.Configure("s", limiter.Config{BackoffBase: 10 * time.Second, BackoffMax: time.Minute})
 		}
 	}
 }
