@@ -223,7 +223,9 @@ func (b *Budget) carry(from *Budget) {
 	defer from.mu.Unlock()
 	now := b.now()
 	shift := from.epoch.Sub(b.epoch).Nanoseconds() // from's times in b's
-	for _, e := range from.log { // b's windows, longer or shorter, slide past what is too old
+	// All of from's log: b's windows, longer or shorter, slide past what is
+	// too old for them.
+	for _, e := range from.log {
 		if e.cost > 0 {
 			b.log = append(b.log, entry{at: e.at + shift, cost: e.cost})
 			b.ceiling.sum += e.cost
