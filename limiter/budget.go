@@ -208,13 +208,6 @@ func (b *Budget) move(from, to, cost int64) int64 {
 	return t
 }
 
-// config is the shape b was made with.
-func (b *Budget) config() BudgetConfig {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return BudgetConfig{Limit: int(b.ceiling.limit), Window: time.Duration(b.ceiling.dur), Burst: int(b.burst)}
-}
-
 // carry takes over what from, the budget b replaces, holds: its admissions
 // (every window of b counts them), the tokens it owes (in tokens, paid back
 // at b's pace) and its pause. b is new: nothing else holds it yet.
@@ -231,9 +224,7 @@ func (b *Budget) carry(from *Budget) {
 			b.ceiling.sum += e.cost
 		}
 	}
-	if debt := from.tat + shift - now; debt > 0 {
-		b.tat = now + min(int64(math.Ceil(float64(debt)/float64(from.interval)*float64(b.interval))), b.capacity*b.interval)
-	}
+	b.owe(now, max(from.tat+shift, b.tat), from.interval)
 	if from.pauseUntil != 0 {
 		b.pauseUntil = max(from.pauseUntil+shift, 0)
 	}
@@ -478,13 +469,21 @@ func (b *Budget) rescale() {
 	now := b.now()
 	old := b.interval
 	b.retune()
-	if debt := b.tat - now; debt > 0 && old != b.interval {
+	b.owe(now, b.tat, old)
+	b.broadcast()
+}
+
+// owe sets the bucket to owe what a bucket of tat, paced at old, owed at
+// now: the same tokens (not the same time) at b's interval, and never
+// more than its capacity.
+func (b *Budget) owe(now, tat, old int64) {
+	b.tat = tat
+	if debt := tat - now; debt > 0 && old != b.interval {
 		b.tat = now + int64(math.Ceil(float64(debt)/float64(old)*float64(b.interval)))
 	}
 	if b.tat-now > b.capacity*b.interval {
 		b.tat = now + b.capacity*b.interval
 	}
-	b.broadcast()
 }
 
 // broadcast wakes every waiter so it re-reads the gates.

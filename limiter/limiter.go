@@ -70,10 +70,11 @@ func (l *Limiter) Configure(id string, cfg Config) error {
 
 	old := *l.sources.Load()
 	var was *Budget // the source's own budget until now, if it had one
+	unchanged := false
 	if s, ok := old[id]; ok {
 		s.mu.Lock()
 		if s.cfg.Group == "" {
-			was = s.budget
+			was, unchanged = s.budget, s.cfg.budget() == cfg.budget()
 		}
 		s.mu.Unlock()
 	}
@@ -85,7 +86,7 @@ func (l *Limiter) Configure(id string, cfg Config) error {
 			}
 			b = g.budget
 		}
-	} else if was != nil && was.config() == cfg.budget() {
+	} else if unchanged {
 		b = was // unchanged: its windows and pause stand
 	}
 	if b == nil {
