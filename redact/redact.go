@@ -34,7 +34,10 @@ var exact = [...]string{"auth", "sig", "pwd", "pass", "code", "sid", "otp"}
 // Secret reports whether a query parameter or header named name (as
 // written: it may be percent-encoded) carries a credential under r.
 func (r Rule) Secret(name string) bool {
-	n := normalize(Unescape(name))
+	var buf [64]byte
+	// Not escaping, a short name's string stays on the stack: exports ask
+	// about every parameter of a million paths (BenchmarkURL).
+	n := string(appendNormal(buf[:0], Unescape(name)))
 	if n == "" {
 		return false
 	}
@@ -60,18 +63,11 @@ func (r Rule) Secret(name string) bool {
 }
 
 // normalize lowercases s and keeps only its letters and digits.
-func normalize(s string) string {
-	clean := true
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	b := make([]byte, 0, len(s))
+func normalize(s string) string { return string(appendNormal(nil, s)) }
+
+// appendNormal appends s lowercased, with only its letters and digits
+// (and bytes of multi-byte characters), to b.
+func appendNormal(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
@@ -81,7 +77,7 @@ func normalize(s string) string {
 			b = append(b, c)
 		}
 	}
-	return string(b)
+	return b
 }
 
 // Unescape decodes percent escapes and '+' in s, a query parameter's

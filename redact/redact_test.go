@@ -161,3 +161,15 @@ func FuzzURLNeverKeepsCredentialValues(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkURL: a recorded path as an export meets it once per dispatch
+// row, four parameters, none a credential, two of them not lowercase.
+func BenchmarkURL(b *testing.B) {
+	const path = "/arcgis/rest/services/Parcels/FeatureServer/0/query?where=1%3D1&outFields=*&resultOffset=3000&f=json"
+	var rule redact.Rule
+	for b.Loop() {
+		if rule.URL(path) != path {
+			b.Fatal("a path without credentials changed")
+		}
+	}
+}

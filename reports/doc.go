@@ -61,11 +61,12 @@
 // recomputes every event population from events, as Export writes it, so
 // that an evidence pack's verifier can hold a workbook to its leaves.
 //
-// Paths are checked for credentials again on the way out (RedactPath):
-// query parameters whose names look like credentials are removed, and with
-// Exporter.SecretQuery a source's declared names too (unless the value is
-// REDACTED already, as the loop records it). The ledger holds them
-// redacted (package redact); this is the second guard.
+// Paths and error texts are checked for credentials again on the way out,
+// under package redact's rule, the loop's: the values of credential query
+// parameters (its built-in names, and with Exporter.SecretQuery a source's
+// declared names) and userinfo become REDACTED, the names kept. The ledger
+// holds them redacted already, so a path the loop recorded is exported as
+// it is; this is the second guard.
 //
 // # Timelines
 //

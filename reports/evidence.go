@@ -116,10 +116,11 @@ type Exporter struct {
 	// of the runs' awards, the holds and purges also in the Access log.
 	Retention RetentionSource
 	// SecretQuery, when set, names each source's declared secret query
-	// parameters (auditd.Source.SecretQuery): a parameter of that name
-	// whose value is not already redact.Replacement is dropped from the
-	// exported paths and error texts, with those of the built-in names.
-	// The ledger holds them redacted already; this is the second guard.
+	// parameters (auditd.Source.SecretQuery): their values, as those of
+	// package redact's built-in names, are replaced by redact.Replacement
+	// in the exported paths and error texts. The ledger holds them
+	// redacted already, so this second guard changes nothing the loop
+	// recorded.
 	SecretQuery func(sourceID string) []string
 }
 

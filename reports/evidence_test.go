@@ -347,13 +347,71 @@ func TestExport_RowLimit(t *testing.T) {
 func TestExport_NoCredentials(t *testing.T) {
 	b, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
 	dump := readWorkbook(t, b).dump()
-	for _, secret := range []string{"leaked-secret", "api_key", "abc123", "token="} {
+	for _, secret := range []string{"leaked-secret", "abc123"} {
 		if strings.Contains(dump, secret) {
 			t.Errorf("workbook contains %q", secret)
 		}
 	}
-	if !strings.Contains(dump, "where=1%3D1&outFields=*&resultOffset=0&f=json") {
-		t.Error("redaction removed more than the credential")
+	// The value is replaced, as the loop records it; the rest stays.
+	if !strings.Contains(dump, "where=1%3D1&outFields=*&resultOffset=0&api_key=REDACTED&f=json") {
+		t.Error("redaction changed more than the credential's value")
+	}
+}
+
+// TestExport_RedactsAsTheLoop: the exports' second guard is package
+// redact's rule: a value that slipped into the ledger under any of its
+// credential names, or a source's declared name, is replaced in the paths
+// and error texts of the workbook, the name kept, as the loop would have
+// recorded it; with or without the sources' declarations.
+func TestExport_RedactsAsTheLoop(t *testing.T) {
+	builtIn := append(slices.Clone(onceMissedNames), "api_key")
+	for _, tc := range []struct {
+		name     string
+		declared []string
+	}{
+		{"BuiltInNames", nil},
+		{"DeclaredNames", []string{"sq"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			names := append(slices.Clone(builtIn), tc.declared...)
+			var query string
+			for _, n := range names {
+				query += "&" + n + "=leaked-" + n
+			}
+			evs := loadFixture(t, "clean.ndjson")
+			var paths, texts int
+			for i := range evs {
+				e := &evs[i]
+				switch {
+				case e.Type == auditd.EventDispatch && e.Path != "":
+					if !strings.Contains(e.Path, "?") {
+						e.Path += "?f=json"
+					}
+					e.Path += query
+					paths++
+				case e.Type == auditd.EventTransportError:
+					e.ErrorText = `Get "https://up.example/q?f=json` + query + `": EOF`
+					texts++
+				}
+			}
+			if paths == 0 || texts == 0 {
+				t.Fatalf("fixture has %d dispatches with a path and %d transport errors", paths, texts)
+			}
+			x := newExporter(newMemLedger(evs))
+			if tc.declared != nil {
+				x.SecretQuery = func(string) []string { return tc.declared }
+			}
+			b, _ := export(t, x, cleanRequest())
+			dump := readWorkbook(t, b).dump()
+			if i := strings.Index(dump, "leaked-"); i >= 0 {
+				t.Errorf("workbook keeps a credential's value: ...%s...", dump[max(0, i-60):min(len(dump), i+20)])
+			}
+			for _, n := range names {
+				if got := strings.Count(dump, "&"+n+"=REDACTED"); got < paths+texts {
+					t.Errorf("%s=REDACTED appears %d times, want at least %d (each path and error text)", n, got, paths+texts)
+				}
+			}
+		})
 	}
 }
 
