@@ -81,8 +81,10 @@ type Check struct {
 	Note      string   `json:"note,omitempty"`
 }
 
-// Counts is the recount of a scope's events.
-type Counts struct {
+// LedgerCounts are what a scope's events in the ledger add up to, recounted by
+// reconciliation; auditd.Counts are the live counters the fetch loop keeps,
+// which R7 compares with them.
+type LedgerCounts struct {
 	Events          int64 `json:"events"`
 	Queued          int64 `json:"queued"`
 	Succeeded       int64 `json:"succeeded"`
@@ -110,7 +112,7 @@ type Counts struct {
 	Acknowledged    int64 `json:"acknowledged"`
 }
 
-func (c *Counts) add(o Counts) {
+func (c *LedgerCounts) add(o LedgerCounts) {
 	c.Events += o.Events
 	c.Queued += o.Queued
 	c.Succeeded += o.Succeeded
@@ -180,21 +182,21 @@ type RunSummary struct {
 
 // SourceReport is the reconciliation of one source of a run.
 type SourceReport struct {
-	SourceID string  `json:"source"`
-	Balanced bool    `json:"balanced"`
-	Counts   Counts  `json:"counts"`
-	Checks   []Check `json:"checks"`
+	SourceID string       `json:"source"`
+	Balanced bool         `json:"balanced"`
+	Counts   LedgerCounts `json:"counts"`
+	Checks   []Check      `json:"checks"`
 }
 
 // Report is the reconciliation of one run: the JSON that CI reads, on the
 // API and offline alike.
 type Report struct {
 	// RunID repeats Run.ID where the API contract puts it.
-	RunID    string     `json:"run_id"`
-	Run      RunSummary `json:"run"`
-	Balanced bool       `json:"balanced"`
-	Counts   Counts     `json:"counts"`
-	Checks   []Check    `json:"checks"`
+	RunID    string       `json:"run_id"`
+	Run      RunSummary   `json:"run"`
+	Balanced bool         `json:"balanced"`
+	Counts   LedgerCounts `json:"counts"`
+	Checks   []Check      `json:"checks"`
 	// Sources are sorted by id. Run-level events (run.started, ...) carry no
 	// source and count only in the totals.
 	Sources []SourceReport    `json:"sources"`

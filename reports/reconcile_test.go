@@ -60,7 +60,7 @@ func TestReconcile_Clean(t *testing.T) {
 			}
 		}
 	}
-	want := reports.Counts{Events: 58, Queued: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11,
+	want := reports.LedgerCounts{Events: 58, Queued: 6, Succeeded: 3, Cached: 1, Failed: 1, Shed: 1, Dispatches: 11,
 		FirstAttempts: 6, Retries: 5, Status2xx: 5, Status429: 1, Status5xx: 2, StatusOther: 1, TransportErrors: 1,
 		Interrupted: 1, Throttles: 1, Waits: 4, Breaker: 3, BreakerOpens: 1, Registry: 5, Staged: 3, CacheServed: 1, Acknowledged: 4}
 	if rep.Counts != want {

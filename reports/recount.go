@@ -55,7 +55,7 @@ func firstSeqs(s []uint64, most int) []uint64 {
 // scope is the recount of one source (or of run-level events, id "").
 type scope struct {
 	id     string
-	counts Counts
+	counts LedgerCounts
 	checks [numChecks]tally
 
 	// R4: throttle seqs found violated.
@@ -142,7 +142,7 @@ type recount struct {
 	statusNote string
 	first      uint64
 	last       uint64
-	total      Counts // events of the run, all scopes
+	total      LedgerCounts // events of the run, all scopes
 
 	sources map[string]*scope
 	items   map[string]*item
@@ -886,7 +886,7 @@ type counterPair struct {
 	live, recount int64
 }
 
-func counterPairs(live *auditd.Counts, c *Counts) []counterPair {
+func counterPairs(live *auditd.Counts, c *LedgerCounts) []counterPair {
 	return []counterPair{
 		{"queued", int64(live.Items), c.Queued},
 		{"succeeded", int64(live.Succeeded), c.Succeeded},
@@ -910,7 +910,7 @@ func counterPairs(live *auditd.Counts, c *Counts) []counterPair {
 
 // liveTally is R7 in one scope: how many counters equal their recount, and
 // a note naming those that do not.
-func (rc *recount) liveTally(live auditd.Counts, c Counts) tally {
+func (rc *recount) liveTally(live auditd.Counts, c LedgerCounts) tally {
 	var t tally
 	var diffs []string
 	for _, p := range counterPairs(&live, &c) {

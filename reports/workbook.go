@@ -16,13 +16,13 @@ const (
 	SheetSignOff = "Sign-off"
 )
 
-// countColumns name Counts' fields in the order countValues gives them.
+// countColumns name LedgerCounts' fields in the order countValues gives them.
 var countColumns = []string{"Events", "Queued", "Succeeded", "Cached", "Failed", "Shed", "Pending",
 	"Dispatches", "First attempts", "Retries", "2xx", "429", "5xx", "Other status", "Transport errors",
 	"Interrupted", "In flight", "Throttles", "Waits", "Breaker transitions", "Breaker opens", "Registry events",
 	"Staged", "Served from cache", "Acknowledged"}
 
-func countValues(c Counts) []any {
+func countValues(c LedgerCounts) []any {
 	return []any{c.Events, c.Queued, c.Succeeded, c.Cached, c.Failed, c.Shed, c.Pending, c.Dispatches,
 		c.FirstAttempts, c.Retries, c.Status2xx, c.Status429, c.Status5xx, c.StatusOther, c.TransportErrors,
 		c.Interrupted, c.InFlight, c.Throttles, c.Waits, c.Breaker, c.BreakerOpens, c.Registry, c.Staged,
