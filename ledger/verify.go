@@ -233,58 +233,28 @@ func loadAnchors(tx *bolt.Tx, v note.Verifier, anchors []anchor, r *Report) ([]a
 	return anchors, false
 }
 
+// verifyEvents reads every event once, in order, and checks each against
+// the one before (its chain), its own bytes, the tree hashes stored for it
+// and every anchor of its size; the first that fails is r's FirstBad.
 func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress func(done, total uint64), r *Report) error {
-	fail := func(seq uint64, format string, args ...any) error {
-		r.FirstBad, r.Problem = seq, fmt.Sprintf(format, args...)
-		return nil
-	}
 	events := tx.Bucket([]byte(bucketEvents))
 	total := headSeq(events)
-	var tree *bolt.Cursor
+	w := &eventWalk{r: r, anchors: anchors, next: 1}
 	if b := tx.Bucket([]byte(bucketTree)); b != nil {
-		tree = b.Cursor()
-	}
-
-	var (
-		front    frontier
-		chain    [32]byte
-		stored   []tlog.Hash
-		leaf     leafHasher
-		packed   []byte
-		e        auditd.Event
-		vouched  uint64 // events up to here match a signed checkpoint
-		next     = 1
-		expected = uint64(1)
-	)
-	// check holds the events read so far against every anchor of that size.
-	check := func(size uint64) bool {
-		for ; next <= len(anchors) && anchors[next-1].tree.Size == size; next++ {
-			a := anchors[next-1]
-			if a.tree.Root != front.root() || a.tree.Chain != chain {
-				fail(vouched+1, "events %d to %d do not match the %s signed at size %d: rewritten after it was signed",
-					vouched+1, size, a.source, size)
-				return false
-			}
-			r.Checkpoints++
-			vouched = size
-		}
-		return true
+		w.tree = b.Cursor()
+		w.tk, w.tv = w.tree.First()
 	}
 	// Anchors of size 0 only need the empty tree.
-	next = 1
-	if !check(0) {
+	if !w.vouch(0) {
 		return nil
 	}
-
 	index := newIndexCheck(tx, r)
 	ec := newEventsCursor(events)
-	var tk, tv []byte
-	if tree != nil {
-		tk, tv = tree.First()
-	}
+	expected := uint64(1)
 	for seq, v, err := ec.first(); ; seq, v, err = ec.next() {
 		if bad, ok := errors.AsType[*corruptAt](err); ok {
-			return fail(bad.Seq, "%s", bad.Msg)
+			w.fail(bad.Seq, "%s", bad.Msg)
+			return nil
 		} else if err != nil {
 			return err
 		}
@@ -292,49 +262,19 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 			break
 		}
 		if seq != expected {
-			return fail(expected, "event %d is missing (the next stored event is %d)", expected, seq)
+			w.fail(expected, "event %d is missing (the next stored event is %d)", expected, seq)
+			return nil
 		}
-		if len(v) < 2*sha256.Size+1 {
-			return fail(seq, "event %d: record of %d bytes is too short", seq, len(v))
+		canon, ok := w.record(seq, v)
+		if !ok {
+			return nil
 		}
-		if !bytes.Equal(v[:sha256.Size], chain[:]) {
-			return fail(seq, "event %d: previous hash does not link to event %d", seq, seq-1)
-		}
-		body := v[:len(v)-sha256.Size]
-		h := sha256.Sum256(body)
-		if !bytes.Equal(h[:], v[len(v)-sha256.Size:]) {
-			return fail(seq, "event %d: stored hash does not match its bytes: altered", seq)
-		}
-		canon := body[sha256.Size:]
-		if err := UnmarshalCanonical(canon, &e); err != nil {
-			return fail(seq, "event %d: %v", seq, err)
-		}
-		if e.Seq != seq {
-			return fail(seq, "event stored as %d says it is %d", seq, e.Seq)
-		}
-		index.observe(&e)
-		chain = h
-		stored = front.push(leaf.hash(canon), stored[:0])
-		packed = packed[:0]
-		for _, sh := range stored {
-			packed = append(packed, sh[:]...)
-		}
-		// A tree entry holds the hashes of each of its events in turn (see
-		// doc.go): this event's come next, and the entry ends exactly with
-		// the event its key names.
-		if len(tk) != 8 || binary.BigEndian.Uint64(tk) < seq || !bytes.HasPrefix(tv, packed) {
-			return fail(seq, "event %d: stored tree hashes do not match the event", seq)
-		}
-		tv = tv[len(packed):]
-		last := binary.BigEndian.Uint64(tk) == seq
-		if last != (len(tv) == 0) {
-			return fail(seq, "event %d: stored tree hashes do not match the event", seq)
-		}
-		if last {
-			tk, tv = tree.Next()
+		index.observe(&w.e)
+		if !w.treeHashes(seq, canon) {
+			return nil
 		}
 		r.Events++
-		if !check(seq) {
+		if !w.vouch(seq) {
 			return nil
 		}
 		if seq%DefaultProgressEvery == 0 {
@@ -352,15 +292,113 @@ func verifyEvents(ctx context.Context, tx *bolt.Tx, anchors []anchor, progress f
 	if progress != nil {
 		progress(r.Head, total)
 	}
-	if next <= len(anchors) {
-		a := anchors[len(anchors)-1]
-		return fail(r.Head+1, "ledger ends at event %d but the %s covers %d: truncated", r.Head, a.source, a.tree.Size)
-	}
-	if vouched < r.Head {
-		return fail(vouched+1, "events %d to %d are not covered by any signed checkpoint", vouched+1, r.Head)
-	}
-	if tk != nil {
-		return fail(r.Head+1, "tree hashes stored past the last event %d", r.Head)
-	}
+	w.end()
 	return nil
+}
+
+// eventWalk is what verifyEvents has read so far: the chain and the tree
+// of the events up to the current one, and where it stands in the anchors
+// and the stored tree hashes.
+type eventWalk struct {
+	r       *Report
+	anchors []anchor
+	next    int    // anchors[next-1] is the next anchor to check
+	vouched uint64 // events up to here match a signed checkpoint
+
+	front  frontier
+	chain  [32]byte
+	leaf   leafHasher
+	stored []tlog.Hash // the tree hashes the current event adds
+	packed []byte      // stored, as bytes
+	e      auditd.Event
+
+	tree   *bolt.Cursor // nil without a tree bucket
+	tk, tv []byte       // the tree entry being read, its unread part
+}
+
+// fail reports event seq as the first bad one, saying why. It returns
+// false: the walk stops there.
+func (w *eventWalk) fail(seq uint64, format string, args ...any) bool {
+	w.r.FirstBad, w.r.Problem = seq, fmt.Sprintf(format, args...)
+	return false
+}
+
+// record checks the stored record v of event seq: it links to the chain,
+// its hash is of its bytes, and it decodes as event seq (into w.e). It
+// returns the event's canonical encoding.
+func (w *eventWalk) record(seq uint64, v []byte) ([]byte, bool) {
+	if len(v) < 2*sha256.Size+1 {
+		return nil, w.fail(seq, "event %d: record of %d bytes is too short", seq, len(v))
+	}
+	if !bytes.Equal(v[:sha256.Size], w.chain[:]) {
+		return nil, w.fail(seq, "event %d: previous hash does not link to event %d", seq, seq-1)
+	}
+	body := v[:len(v)-sha256.Size]
+	h := sha256.Sum256(body)
+	if !bytes.Equal(h[:], v[len(v)-sha256.Size:]) {
+		return nil, w.fail(seq, "event %d: stored hash does not match its bytes: altered", seq)
+	}
+	canon := body[sha256.Size:]
+	if err := UnmarshalCanonical(canon, &w.e); err != nil {
+		return nil, w.fail(seq, "event %d: %v", seq, err)
+	}
+	if w.e.Seq != seq {
+		return nil, w.fail(seq, "event stored as %d says it is %d", seq, w.e.Seq)
+	}
+	w.chain = h
+	return canon, true
+}
+
+// treeHashes adds event seq's leaf to the tree and checks the hashes
+// stored for it. A tree entry holds the hashes of each of its events in
+// turn (see doc.go): this event's come next, and the entry ends exactly
+// with the event its key names.
+func (w *eventWalk) treeHashes(seq uint64, canon []byte) bool {
+	w.stored = w.front.push(w.leaf.hash(canon), w.stored[:0])
+	w.packed = w.packed[:0]
+	for _, sh := range w.stored {
+		w.packed = append(w.packed, sh[:]...)
+	}
+	if len(w.tk) != 8 || binary.BigEndian.Uint64(w.tk) < seq || !bytes.HasPrefix(w.tv, w.packed) {
+		return w.fail(seq, "event %d: stored tree hashes do not match the event", seq)
+	}
+	w.tv = w.tv[len(w.packed):]
+	last := binary.BigEndian.Uint64(w.tk) == seq
+	if last != (len(w.tv) == 0) {
+		return w.fail(seq, "event %d: stored tree hashes do not match the event", seq)
+	}
+	if last {
+		w.tk, w.tv = w.tree.Next()
+	}
+	return true
+}
+
+// vouch holds the events read so far, size of them, against every anchor
+// of that size.
+func (w *eventWalk) vouch(size uint64) bool {
+	for ; w.next <= len(w.anchors) && w.anchors[w.next-1].tree.Size == size; w.next++ {
+		a := w.anchors[w.next-1]
+		if a.tree.Root != w.front.root() || a.tree.Chain != w.chain {
+			return w.fail(w.vouched+1, "events %d to %d do not match the %s signed at size %d: rewritten after it was signed",
+				w.vouched+1, size, a.source, size)
+		}
+		w.r.Checkpoints++
+		w.vouched = size
+	}
+	return true
+}
+
+// end checks, once every event is read, that no anchor covers more, that
+// every event is vouched for, and that no tree hash is left over.
+func (w *eventWalk) end() {
+	head := w.r.Head
+	switch {
+	case w.next <= len(w.anchors):
+		a := w.anchors[len(w.anchors)-1]
+		w.fail(head+1, "ledger ends at event %d but the %s covers %d: truncated", head, a.source, a.tree.Size)
+	case w.vouched < head:
+		w.fail(w.vouched+1, "events %d to %d are not covered by any signed checkpoint", w.vouched+1, head)
+	case w.tk != nil:
+		w.fail(head+1, "tree hashes stored past the last event %d", head)
+	}
 }
