@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/auditd/auditd"
 )
@@ -56,14 +58,47 @@ func (k *Keeper) Purge(ctx context.Context, principal, fain string, dryRun bool)
 			return nil, err
 		}
 	}
-
-	// Which runs use which payloads, and which award each run is of.
-	runAward := map[string]string{}
-	type ref struct {
-		runs  []string
-		bytes int64
+	use, err := k.payloadUse(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("purge: read the ledger: %w", err)
 	}
-	refs := map[string]*ref{}
+	rep := &PurgeReport{Award: fain, DryRun: dryRun, Runs: []PurgedRun{}, Events: []uint64{}, Kept: []string{}}
+	batches, err := k.planPurge(use, fain, now, rep)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range batches {
+		rep.Runs = append(rep.Runs, PurgedRun{Award: b.award, Run: b.run, Payloads: len(b.sums), Bytes: b.bytes})
+		rep.Payloads += len(b.sums)
+		rep.Bytes += b.bytes
+		if dryRun {
+			continue
+		}
+		if err := k.deleteBatch(ctx, principal, b, use, rep); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// payloadUse is which runs use each staged payload and which award each
+// run is of, as the ledger says.
+type payloadUse struct {
+	runAward map[string]string      // run id -> the award's FAIN
+	refs     map[string]*payloadRef // payload hash -> its runs and size
+}
+
+// payloadRef is the runs that staged or were served one payload, and its
+// size.
+type payloadRef struct {
+	runs  []string
+	bytes int64
+}
+
+// payloadUse reads the ledger through k.through for the runs' awards and
+// the payloads each run staged or was served from the cache.
+func (k *Keeper) payloadUse(ctx context.Context) (payloadUse, error) {
+	use := payloadUse{runAward: map[string]string{}, refs: map[string]*payloadRef{}}
 	err := k.Ledger.Scan(1, k.through, func(e *auditd.Event) error {
 		switch e.Type {
 		case auditd.EventRunStarted:
@@ -71,16 +106,16 @@ func (k *Keeper) Purge(ctx context.Context, principal, fain string, dryRun bool)
 				Award auditd.Award `json:"award"`
 			}
 			if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Award.FAIN != "" {
-				runAward[e.RunID] = d.Award.FAIN
+				use.runAward[e.RunID] = d.Award.FAIN
 			}
 		case auditd.EventPayloadStaged, auditd.EventCacheServed:
 			if e.PayloadHash == "" || e.RunID == "" {
 				return nil
 			}
-			r := refs[e.PayloadHash]
+			r := use.refs[e.PayloadHash]
 			if r == nil {
-				r = &ref{}
-				refs[strings.Clone(e.PayloadHash)] = r
+				r = &payloadRef{}
+				use.refs[strings.Clone(e.PayloadHash)] = r
 			}
 			if !slices.Contains(r.runs, e.RunID) {
 				r.runs = append(r.runs, strings.Clone(e.RunID))
@@ -91,11 +126,23 @@ func (k *Keeper) Purge(ctx context.Context, principal, fain string, dryRun bool)
 		}
 		return ctx.Err()
 	})
-	if err != nil {
-		return nil, fmt.Errorf("purge: read the ledger: %w", err)
-	}
+	return use, err
+}
 
-	rep := &PurgeReport{Award: fain, DryRun: dryRun, Runs: []PurgedRun{}, Events: []uint64{}, Kept: []string{}}
+// purgeBatch is the payloads one run's purge deletes, credited to the
+// first run (of an award asked for) that uses each.
+type purgeBatch struct {
+	award, run string
+	sums       []string // payload hashes, sorted
+	bytes      int64
+}
+
+// planPurge picks the payloads to purge, in batches by award and run in
+// that order: each payload whose runs are all of awards that may be purged
+// now (and, with fain, one of them of fain) and that is not purged
+// already. It counts in rep the payloads it keeps because another run
+// uses them (Shared) or finds purged (Already), and the awards kept, why.
+func (k *Keeper) planPurge(use payloadUse, fain string, now time.Time, rep *PurgeReport) ([]purgeBatch, error) {
 	why := map[string]error{}
 	ok := func(award string) bool {
 		if award == "" {
@@ -107,19 +154,13 @@ func (k *Keeper) Purge(ctx context.Context, principal, fain string, dryRun bool)
 		return why[award] == nil
 	}
 	type group struct{ award, run string }
-	groups := map[group][]string{}
-	sizes := map[group]int64{}
-	sums := make([]string, 0, len(refs))
-	for sum := range refs {
-		sums = append(sums, sum)
-	}
-	slices.Sort(sums)
-	for _, sum := range sums {
-		r := refs[sum]
+	batches := map[group]*purgeBatch{}
+	for _, sum := range slices.Sorted(maps.Keys(use.refs)) {
+		r := use.refs[sum]
 		var g *group
 		all := true
 		for _, run := range r.runs {
-			award := runAward[run]
+			award := use.runAward[run]
 			if !ok(award) {
 				all = false
 				continue
@@ -141,8 +182,13 @@ func (k *Keeper) Purge(ctx context.Context, principal, fain string, dryRun bool)
 			rep.Already++
 			continue
 		}
-		groups[*g] = append(groups[*g], sum)
-		sizes[*g] += r.bytes
+		b := batches[*g]
+		if b == nil {
+			b = &purgeBatch{award: g.award, run: g.run}
+			batches[*g] = b
+		}
+		b.sums = append(b.sums, sum)
+		b.bytes += r.bytes
 	}
 	for _, err := range why {
 		if err != nil {
@@ -150,40 +196,36 @@ func (k *Keeper) Purge(ctx context.Context, principal, fain string, dryRun bool)
 		}
 	}
 	slices.Sort(rep.Kept)
-
-	keys := make([]group, 0, len(groups))
-	for g := range groups {
-		keys = append(keys, g)
+	out := make([]purgeBatch, 0, len(batches))
+	for _, b := range batches {
+		out = append(out, *b)
 	}
-	slices.SortFunc(keys, func(a, b group) int {
+	slices.SortFunc(out, func(a, b purgeBatch) int {
 		if c := strings.Compare(a.award, b.award); c != 0 {
 			return c
 		}
 		return strings.Compare(a.run, b.run)
 	})
-	for _, g := range keys {
-		list := groups[g]
-		rep.Runs = append(rep.Runs, PurgedRun{Award: g.award, Run: g.run, Payloads: len(list), Bytes: sizes[g]})
-		rep.Payloads += len(list)
-		rep.Bytes += sizes[g]
-		if dryRun {
-			continue
+	return out, nil
+}
+
+// deleteBatch records b's payload hashes in payload.purged events of at
+// most PurgeChunk each, and deletes each chunk once its event is durable.
+func (k *Keeper) deleteBatch(ctx context.Context, principal string, b purgeBatch, use payloadUse, rep *PurgeReport) error {
+	for chunk := range slices.Chunk(b.sums, PurgeChunk) {
+		var bytes int64
+		for _, sum := range chunk {
+			bytes += use.refs[sum].bytes
 		}
-		for chunk := range slices.Chunk(list, PurgeChunk) {
-			var bytes int64
-			for _, sum := range chunk {
-				bytes += refs[sum].bytes
-			}
-			e, err := k.record(ctx, auditd.Event{Type: auditd.EventPayloadPurged, Principal: principal, Reason: "retention", Bytes: bytes},
-				detail{Award: g.award, Run: g.run, Payloads: chunk})
-			if err != nil {
-				return rep, err
-			}
-			rep.Events = append(rep.Events, e.Seq)
-			if err := k.Payloads.Purge(e.Seq, chunk); err != nil {
-				return rep, fmt.Errorf("purge run %s: %w", g.run, err)
-			}
+		e, err := k.record(ctx, auditd.Event{Type: auditd.EventPayloadPurged, Principal: principal, Reason: "retention", Bytes: bytes},
+			detail{Award: b.award, Run: b.run, Payloads: chunk})
+		if err != nil {
+			return err
+		}
+		rep.Events = append(rep.Events, e.Seq)
+		if err := k.Payloads.Purge(e.Seq, chunk); err != nil {
+			return fmt.Errorf("purge run %s: %w", b.run, err)
 		}
 	}
-	return rep, nil
+	return nil
 }
