@@ -189,6 +189,8 @@ func (rc *recount) source(id string) *scope {
 	return s
 }
 
+// observe counts one of the run's events, in ledger order, in its scope
+// and the run's, and holds it to the identities it bears on.
 func (rc *recount) observe(e *auditd.Event) {
 	if e.Type.Access() {
 		return // a read of the run's records, not part of them (R8 covers it all the same)
@@ -203,8 +205,6 @@ func (rc *recount) observe(e *auditd.Event) {
 
 	s := rc.source(e.SourceID)
 	s.counts.Events++
-	most := rc.maxOffending
-	chk := func(i int) *tally { return &s.checks[i-1] }
 
 	switch e.Type {
 	case auditd.EventRunStarted:
@@ -213,63 +213,23 @@ func (rc *recount) observe(e *auditd.Event) {
 		rc.finished, rc.finSeq = true, e.Seq
 		rc.run.Status = string(e.Outcome)
 		rc.run.FinishedAt = e.Time.UTC()
-
 	case auditd.EventRegistrySnapshot, auditd.EventRegistryChanged:
-		s.counts.Registry++
-		if e.Group != "" {
-			rc.groupOf[s.id] = strings.Clone(e.Group)
-		}
-		if e.NewLimit > 0 && e.NewWindow > 0 {
-			// A slower limit counts the dispatches after it (R9): those
-			// before it were within the limit in force then, as the limiter
-			// counts them (limiter.Budget.SetLimit).
-			if e.Type == auditd.EventRegistryChanged && s.limited &&
-				float64(e.NewLimit)*float64(s.window) < float64(s.limit)*float64(e.NewWindow) {
-				s.head = len(s.times)
-			}
-			s.limit, s.window, s.limited = e.NewLimit, e.NewWindow, true
-		}
-		// A snapshot records the burst the limiter allowed; a burst given
-		// to the Reconciler wins.
-		if _, given := rc.bursts[s.id]; !given && e.Type == auditd.EventRegistrySnapshot && e.Detail != "" {
-			var d struct {
-				Burst int `json:"burst"`
-			}
-			if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Burst > 0 {
-				s.burst = d.Burst
-			}
-		}
-
+		rc.registry(s, e)
 	case auditd.EventRunResumed:
-		// A restart loses what was in memory: an item whose response came
-		// back but whose payload was not yet staged is fetched again, so
-		// after a resume any request of an unfinished item may be retried.
-		for k, req := range rc.reqs {
-			req.retryable = true
-			rc.reqs[k] = req
-		}
-		// Its payload may be staged a second time; the later one stands.
-		for _, it := range rc.items {
-			if it.staged && !it.finished {
-				it.restage = true
-			}
-		}
-
+		rc.resumed()
 	case auditd.EventItemQueued:
 		s.counts.Queued++
-		chk(1).expected++
+		c := &s.checks[0] // R1
+		c.expected++
 		if _, dup := rc.items[e.ItemKey]; dup {
-			chk(1).offend(e.Seq, most)
+			c.offend(e.Seq, rc.maxOffending)
 			break
 		}
 		rc.items[strings.Clone(e.ItemKey)] = &item{src: s, queuedSeq: e.Seq}
-
 	case auditd.EventDispatch:
 		rc.dispatch(s, e)
-
 	case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
 		rc.outcome(s, e)
-
 	case auditd.EventWait:
 		s.counts.Waits++
 		// Any wait of the throttled request honours its throttle: the
@@ -279,54 +239,111 @@ func (rc *recount) observe(e *auditd.Event) {
 		if it := rc.items[e.ItemKey]; it != nil && it.awaitThrottle != 0 && it.awaitPage == e.Page {
 			it.awaitThrottle = 0
 		}
-
 	case auditd.EventBreaker:
-		s.counts.Breaker++
-		if e.To == breakerOpen {
-			s.counts.BreakerOpens++
-		}
-		c := chk(5)
-		c.expected++
-		if e.From != s.breaker || !legalTransition(e.From, e.To) {
-			c.offend(e.Seq, most)
-		} else {
-			c.actual++
-		}
-		s.breaker = e.To
-
+		rc.breaker(s, e)
 	case auditd.EventPayloadStaged:
 		rc.staged(s, e)
-
 	case auditd.EventCacheServed:
-		s.counts.CacheServed++
-		ci := CachedItem{Seq: e.Seq, SourceID: s.id, ItemKey: strings.Clone(e.ItemKey), ServedAt: e.Time.UTC(),
-			PayloadHash: strings.Clone(e.PayloadHash), Reason: strings.Clone(e.Reason)}
-		// A Detail that does not decode leaves the copy's age unknown.
-		if c, err := auditd.ParseCacheDetail(e.Detail); err == nil && c != nil {
-			ci.OriginRun, ci.FetchedAt, ci.Age = c.OriginRun, c.FetchedAt.UTC(), c.Age
-		}
-		rc.cached = append(rc.cached, ci)
-
+		rc.cacheServed(s, e)
 	case auditd.EventItemFinished:
 		rc.itemFinished(s, e)
-
 	case auditd.EventAcknowledged:
-		rc.hasAck = true
-		it := rc.items[e.ItemKey]
-		if it != nil {
-			s = it.src
-		}
-		s.counts.Acknowledged++
-		c := &s.checks[9]
-		c.actual++
-		if it == nil || !it.finished || it.acked || (it.outcome != auditd.ItemSucceeded && it.outcome != auditd.ItemCached) {
-			c.offend(e.Seq, most)
-			s.undelivered = append(s.undelivered, keyAt{e.Seq, strings.Clone(e.ItemKey)})
-		}
-		if it != nil {
-			it.acked = true
-		}
+		rc.acknowledged(s, e)
+	}
+}
 
+// registry counts a registry snapshot or change of s and takes the limit
+// and burst in force from it (R9), and the source's group.
+func (rc *recount) registry(s *scope, e *auditd.Event) {
+	s.counts.Registry++
+	if e.Group != "" {
+		rc.groupOf[s.id] = strings.Clone(e.Group)
+	}
+	if e.NewLimit > 0 && e.NewWindow > 0 {
+		// A slower limit counts the dispatches after it (R9): those
+		// before it were within the limit in force then, as the limiter
+		// counts them (limiter.Budget.SetLimit).
+		if e.Type == auditd.EventRegistryChanged && s.limited &&
+			float64(e.NewLimit)*float64(s.window) < float64(s.limit)*float64(e.NewWindow) {
+			s.head = len(s.times)
+		}
+		s.limit, s.window, s.limited = e.NewLimit, e.NewWindow, true
+	}
+	// A snapshot records the burst the limiter allowed; a burst given to
+	// the Reconciler wins.
+	if _, given := rc.bursts[s.id]; !given && e.Type == auditd.EventRegistrySnapshot && e.Detail != "" {
+		var d struct {
+			Burst int `json:"burst"`
+		}
+		if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Burst > 0 {
+			s.burst = d.Burst
+		}
+	}
+}
+
+// resumed forgets what a restart lost: an item whose response came back
+// but whose payload was not yet staged is fetched again, so after a resume
+// any request of an unfinished item may be retried, and its payload may
+// be staged a second time (the later one stands).
+func (rc *recount) resumed() {
+	for k, req := range rc.reqs {
+		req.retryable = true
+		rc.reqs[k] = req
+	}
+	for _, it := range rc.items {
+		if it.staged && !it.finished {
+			it.restage = true
+		}
+	}
+}
+
+// breaker counts a breaker transition of s and holds it to R5: it starts
+// from the state the last one left, and is one the breaker can make.
+func (rc *recount) breaker(s *scope, e *auditd.Event) {
+	s.counts.Breaker++
+	if e.To == breakerOpen {
+		s.counts.BreakerOpens++
+	}
+	c := &s.checks[4] // R5
+	c.expected++
+	if e.From != s.breaker || !legalTransition(e.From, e.To) {
+		c.offend(e.Seq, rc.maxOffending)
+	} else {
+		c.actual++
+	}
+	s.breaker = e.To
+}
+
+// cacheServed counts an item served from a last good copy and keeps it
+// for the report's list of such items.
+func (rc *recount) cacheServed(s *scope, e *auditd.Event) {
+	s.counts.CacheServed++
+	ci := CachedItem{Seq: e.Seq, SourceID: s.id, ItemKey: strings.Clone(e.ItemKey), ServedAt: e.Time.UTC(),
+		PayloadHash: strings.Clone(e.PayloadHash), Reason: strings.Clone(e.Reason)}
+	// A Detail that does not decode leaves the copy's age unknown.
+	if c, err := auditd.ParseCacheDetail(e.Detail); err == nil && c != nil {
+		ci.OriginRun, ci.FetchedAt, ci.Age = c.OriginRun, c.FetchedAt.UTC(), c.Age
+	}
+	rc.cached = append(rc.cached, ci)
+}
+
+// acknowledged counts an acknowledgement in its item's scope (e's own when
+// the item is unknown) and holds it to R10: it names a delivered item, once.
+func (rc *recount) acknowledged(s *scope, e *auditd.Event) {
+	rc.hasAck = true
+	it := rc.items[e.ItemKey]
+	if it != nil {
+		s = it.src
+	}
+	s.counts.Acknowledged++
+	c := &s.checks[9] // R10
+	c.actual++
+	if it == nil || !it.finished || it.acked || (it.outcome != auditd.ItemSucceeded && it.outcome != auditd.ItemCached) {
+		c.offend(e.Seq, rc.maxOffending)
+		s.undelivered = append(s.undelivered, keyAt{e.Seq, strings.Clone(e.ItemKey)})
+	}
+	if it != nil {
+		it.acked = true
 	}
 }
 
@@ -648,42 +665,8 @@ func (rc *recount) itemFinished(s *scope, e *auditd.Event) {
 // acknowledgements missing) and sums the scopes.
 func (rc *recount) report(live *LiveCounters) *Report {
 	most := rc.maxOffending
-	for key, it := range rc.items {
-		s := it.src
-		switch {
-		case !it.finished:
-			s.counts.Pending++
-			s.checks[0].actual++
-		case it.outcome == auditd.ItemSucceeded:
-			s.checks[5].expected++
-			if !it.staged {
-				s.checks[5].offend(it.finishedSeq, most)
-			}
-		}
-		if it.finished && (it.outcome == auditd.ItemSucceeded || it.outcome == auditd.ItemCached) {
-			s.checks[9].expected++
-			if rc.hasAck && !it.acked {
-				s.checks[9].offend(it.finishedSeq, most)
-				s.unacked = append(s.unacked, keyAt{it.finishedSeq, key})
-			}
-		}
-	}
-	for k, req := range rc.reqs {
-		if !req.outstanding {
-			continue
-		}
-		s := rc.sources[""]
-		if it := rc.items[k.item]; it != nil {
-			s = it.src
-		}
-		if rc.finished {
-			s.checks[1].offend(req.dispatchSeq, most)
-			continue
-		}
-		s.counts.InFlight++
-		s.checks[1].actual++
-	}
-
+	rc.settleItems()
+	rc.settleRequests()
 	rc.checkStatus()
 
 	rep := &Report{RunID: rc.run.ID, Run: rc.run, Cached: rc.cached}
@@ -750,6 +733,53 @@ func (rc *recount) report(live *LiveCounters) *Report {
 	}
 	rep.Balanced = balanced(rep.Checks)
 	return rep
+}
+
+// settleItems counts the items still pending (R1), and holds each item
+// that succeeded to its staged payload (R6) and, when the run has
+// acknowledgements, each delivered item to one (R10).
+func (rc *recount) settleItems() {
+	most := rc.maxOffending
+	for key, it := range rc.items {
+		s := it.src
+		switch {
+		case !it.finished:
+			s.counts.Pending++
+			s.checks[0].actual++
+		case it.outcome == auditd.ItemSucceeded:
+			s.checks[5].expected++
+			if !it.staged {
+				s.checks[5].offend(it.finishedSeq, most)
+			}
+		}
+		if it.finished && (it.outcome == auditd.ItemSucceeded || it.outcome == auditd.ItemCached) {
+			s.checks[9].expected++
+			if rc.hasAck && !it.acked {
+				s.checks[9].offend(it.finishedSeq, most)
+				s.unacked = append(s.unacked, keyAt{it.finishedSeq, key})
+			}
+		}
+	}
+}
+
+// settleRequests counts the dispatches left without an outcome (R2): in
+// flight while the run goes on, offending once it has finished.
+func (rc *recount) settleRequests() {
+	for k, req := range rc.reqs {
+		if !req.outstanding {
+			continue
+		}
+		s := rc.sources[""]
+		if it := rc.items[k.item]; it != nil {
+			s = it.src
+		}
+		if rc.finished {
+			s.checks[1].offend(req.dispatchSeq, rc.maxOffending)
+			continue
+		}
+		s.counts.InFlight++
+		s.checks[1].actual++
+	}
 }
 
 // checkStatus holds run.finished's status to the items' ends (R1): a run
