@@ -5,16 +5,17 @@
 // # Reconciliation
 //
 // Reconciler.Reconcile reads a run's events afresh through an
-// auditd.EventReader and checks the identities R1 to R10 of EVIDENCE.md,
-// per source and in total, as a recount of the rules in docs/EVENTS.md. It
-// never trusts a counter kept while the run was running: those are an input
-// to R7, compared against the recount. Every check reports expected, actual,
-// their difference (actual - expected) and, when it fails, the sequence
-// numbers of the first offending events. A check passes only when the
-// difference is zero and no event offended, so two errors cannot cancel
-// out. A check that cannot be applied (R7 without live counters, R10 without
-// acknowledgements, R9 for a source with no recorded limit) is "n/a", never a
-// silent pass. Report.Balanced is true only when no applicable check fails.
+// auditd.EventReader and checks the identities R1 to R10
+// (docs/RECONCILIATION.md), per source and in total, as a recount of the
+// rules in docs/EVENTS.md. It never trusts a counter kept while the run was
+// running: those are an input to R7, compared against the recount. Every
+// check reports expected, actual, their difference (actual - expected) and,
+// when it fails, the sequence numbers of the first offending events. A
+// check passes only when the difference is zero and no event offended, so
+// two errors cannot cancel out. A check that cannot be applied (R7 without
+// live counters, R10 without acknowledgements, R9 for a source with no
+// recorded limit) is "n/a", never a silent pass. Report.Balanced is true
+// only when no applicable check fails.
 //
 // Reconcile reads the ledger once, in sequence order, over the range from
 // the run's first event to its last (both found with a few run-index
@@ -31,14 +32,14 @@
 //
 // # Evidence workbook
 //
-// Exporter writes the sheets of EVIDENCE.md with excelize's StreamWriter, so
-// rows go to disk as they are produced. The reconciliation reads the run's
-// range in a goroutine of its own while a second read of the same range
-// writes the event sheets; the sheets built from the reconciliation follow.
-// A population past the row limit continues on a numbered sheet, created
-// when reached and moved after its first sheet at the end. The Manifest is
-// the first sheet but is written last, once every other sheet's row count
-// and row hash is known.
+// Exporter writes the workbook's sheets (SheetManifest to SheetAccess) with
+// excelize's StreamWriter, so rows go to disk as they are produced. The
+// reconciliation reads the run's range in a goroutine of its own while a
+// second read of the same range writes the event sheets; the sheets built
+// from the reconciliation follow. A population past the row limit continues
+// on a numbered sheet, created when reached and moved after its first sheet
+// at the end. The Manifest is the first sheet but is written last, once
+// every other sheet's row count and row hash is known.
 //
 // Output is deterministic: the same events and Request give byte-identical
 // files. Document properties are fixed, nothing reads the clock (the

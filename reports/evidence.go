@@ -33,7 +33,7 @@ const (
 // a fetch ledger is supporting documentation, not a financial system.
 const Label = "Supporting documentation: 2 CFR 200.302(a), (b)(4); 200.303"
 
-// Sheet names, in workbook order (EVIDENCE.md).
+// Sheet names, in workbook order.
 const (
 	SheetManifest       = "Manifest"
 	SheetAward          = "Award context"
@@ -299,7 +299,7 @@ func docProps(f *excelize.File, title, id string, at time.Time) error {
 	})
 }
 
-// sheetOrder is the workbook's order of populations (EVIDENCE.md).
+// sheetOrder is the workbook's order of populations.
 var sheetOrder = []string{SheetManifest, SheetAward, SheetRuns, SheetDispatches, SheetWaits, SheetBreaker,
 	SheetRegistry, SheetControl, SheetReconciliation, SheetCached, SheetAccess}
 

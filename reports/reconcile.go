@@ -45,8 +45,9 @@ var checkIDs = [numChecks]string{R1, R2, R3, R4, R5, R6, R7, R8, R9, R10}
 
 const numChecks = 10
 
-// checkDescriptions are the identities as EVIDENCE.md words them, with what
-// expected and actual count, so a reader of a failure knows what differs.
+// checkDescriptions are the identities as docs/RECONCILIATION.md words
+// them, with what expected and actual count, so a reader of a failure knows
+// what differs.
 var checkDescriptions = [numChecks]string{
 	"items queued (expected) = succeeded + served from cache + failed + shed + pending (actual)",
 	"dispatches (expected) = 2xx + 429 + 5xx + other + transport errors + interrupted (+ in flight while the run is open) (actual)",

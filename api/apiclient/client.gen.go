@@ -818,7 +818,7 @@ type Proof struct {
 	TreeSize   int      `json:"tree_size"`
 }
 
-// Reconciliation A run recounted from its raw ledger events (reports package): the identities R1 to R10 of EVIDENCE.md in total and per source, and the control evidence behind R9. CI relies on balanced; the UI reads the rest.
+// Reconciliation A run recounted from its raw ledger events (reports package): the identities R1 to R10 of docs/RECONCILIATION.md in total and per source, and the control evidence behind R9. CI relies on balanced; the UI reads the rest.
 type Reconciliation struct {
 	// Balanced The AND of every applicable check.
 	Balanced bool `json:"balanced"`
@@ -1872,7 +1872,7 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/runs/{id}/items/{key}/payload (the `GetPayload` operationId).
 	GetPayload(ctx context.Context, id RunID, key ItemKey, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetReconciliation The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
+	// GetReconciliation The run's reconciliation (R1 to R10, docs/RECONCILIATION.md); CI reads `balanced`.
 	//
 	// Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 	//
@@ -2664,7 +2664,7 @@ func (c *Client) GetPayload(ctx context.Context, id RunID, key ItemKey, reqEdito
 	return c.Client.Do(req)
 }
 
-// GetReconciliation The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
+// GetReconciliation The run's reconciliation (R1 to R10, docs/RECONCILIATION.md); CI reads `balanced`.
 //
 // Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 //
@@ -5370,7 +5370,7 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/runs/{id}/items/{key}/payload (the `GetPayload` operationId).
 	GetPayloadWithResponse(ctx context.Context, id RunID, key ItemKey, reqEditors ...RequestEditorFn) (*GetPayloadResponse, error)
 
-	// GetReconciliationWithResponse The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
+	// GetReconciliationWithResponse The run's reconciliation (R1 to R10, docs/RECONCILIATION.md); CI reads `balanced`.
 	//
 	// Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 	//
@@ -11142,7 +11142,7 @@ func (c *ClientWithResponses) GetPayloadWithResponse(ctx context.Context, id Run
 	return ParseGetPayloadResponse(rsp)
 }
 
-// GetReconciliationWithResponse The run's reconciliation (EVIDENCE.md R1 to R10); CI reads `balanced`.
+// GetReconciliationWithResponse The run's reconciliation (R1 to R10, docs/RECONCILIATION.md); CI reads `balanced`.
 //
 // Recorded in the ledger as an access event naming the token: report.viewed for the JSON (the UI and CI read it), export.downloaded for CSV and XLSX. Access events are outside the reconciliation: a finished run's is the same however often it is read. It is computed once and served from a cache until an event is added to the run (an acknowledgement); a running run's is computed on every request.
 //
