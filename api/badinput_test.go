@@ -73,6 +73,7 @@ func TestBadInput(t *testing.T) {
 		{"SourceBaseURLNotURL", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"not a url"}`}, auth.RoleAdmin, 400, "base_url"},
 		{"SourceWindowWords", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"fast"}`}, auth.RoleAdmin, 400, "window"},
 		{"SourceWindowNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"-1s"}`}, auth.RoleAdmin, 400, "window"},
+		{"SourceWindowOverLimiterMax", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","limit":1,"window":"200000h"}`}, auth.RoleAdmin, 400, "window"},
 		{"SourceLimitNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","limit":-5}`}, auth.RoleAdmin, 400, "limit"},
 		{"SourceTierUnknown", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","tier":"ultra"}`}, auth.RoleAdmin, 400, "tier"},
 		{"SourceTooManyHeaders", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{` + manyHeaders(21) + `}}`}, auth.RoleAdmin, 400, "headers"},

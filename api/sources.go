@@ -6,6 +6,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
+	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/redact"
 	"github.com/labstack/echo/v4"
 )
@@ -127,6 +128,17 @@ func (s *Server) bindSource(c echo.Context, id string, src *auditd.Source) error
 	}
 	if err := s.validate.Struct(src); err != nil {
 		return validationError(err)
+	}
+	return CheckPace(*src)
+}
+
+// CheckPace refuses a source whose pace the limiter could not take: a
+// window longer than limiter.MaxWindow. The limiter is configured after
+// the source is stored and recorded, so what it would refuse is refused
+// here, before anything is written.
+func CheckPace(src auditd.Source) error {
+	if src.Window.D() > limiter.MaxWindow {
+		return invalid("window", "The window must be at most %s (366 days).", limiter.MaxWindow)
 	}
 	return nil
 }
