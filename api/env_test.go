@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/auditd/auditd/auth"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/redact"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
@@ -452,9 +454,13 @@ func (f *fakeRuns) CreateRun(_ context.Context, nr auditd.NewRun) (auditd.RunVie
 		st, err := f.replayed(id, nr)
 		return st, false, err
 	}
+	// As the fetch loop does: credentials in paths are redacted before
+	// the run is stored and fingerprinted.
+	nr.Items = slices.Clone(nr.Items)
 	items := make([]auditd.ItemView, len(nr.Items))
-	for i, it := range nr.Items {
-		items[i] = auditd.ItemView{Item: it}
+	for i := range nr.Items {
+		nr.Items[i].Path = redact.New(nil).URL(nr.Items[i].Path)
+		items[i] = auditd.ItemView{Item: nr.Items[i]}
 	}
 	id := f.addLocked(auditd.Run{Name: nr.Name, Award: nr.Award, Status: auditd.RunRunning, InitiatedBy: nr.Principal, Deadline: nr.Deadline, Replay: nr.Replay,
 		Mode: nr.Mode, IdleTimeout: auditd.Duration(nr.IdleTimeout)}, items)
