@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"fmt"
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
 	"net/http"
@@ -37,5 +38,21 @@ func TestIdempotentReplayWithCredential(t *testing.T) {
 	req.body = runBody(`"key":"k1","source":"county","path":"/y?token=abc"`, "")
 	if r := e.do(req); r.status != http.StatusConflict {
 		t.Fatalf("another path under the key: %d, want 409; body %s", r.status, r.body)
+	}
+}
+
+// TestLedgerEventsPastTheHead: from past the head is an empty page, as
+// the contract says, for a client polling for new events.
+func TestLedgerEventsPastTheHead(t *testing.T) {
+	e := newEnv(t)
+	r := e.do(request{path: fmt.Sprintf("/v1/ledger/events?from=%d", e.head()+1), secret: e.secret[auth.RoleAuditor]})
+	var page struct {
+		Events []auditd.EventJSON `json:"events"`
+	}
+	if r.status != http.StatusOK {
+		t.Fatalf("%d, want 200; body %s", r.status, r.body)
+	}
+	if r.decode(t, &page); page.Events == nil || len(page.Events) != 0 {
+		t.Fatalf("events %s, want an empty page", r.body)
 	}
 }
