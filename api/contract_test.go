@@ -1,8 +1,10 @@
 package api_test
 
 import (
+	"context"
 	"fmt"
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/auth"
 	"net/http"
 	"testing"
@@ -55,4 +57,28 @@ func TestLedgerEventsPastTheHead(t *testing.T) {
 	if r.decode(t, &page); page.Events == nil || len(page.Events) != 0 {
 		t.Fatalf("events %s, want an empty page", r.body)
 	}
+}
+
+// TestProofOfTheOnlyEvent: the proof of a one-event ledger has no hashes,
+// an empty array, not null.
+func TestProofOfTheOnlyEvent(t *testing.T) {
+	e := newEnv(t)
+	e.srv.Integrity = noHashes{e.srv.Integrity}
+	r := e.do(request{path: "/v1/ledger/proof/1", secret: e.secret[auth.RoleAuditor]})
+	if r.status != http.StatusOK {
+		t.Fatalf("%d; body %s", r.status, r.body)
+	}
+	var p map[string]any
+	if r.decode(t, &p); p["hashes"] == nil {
+		t.Fatalf("hashes null: %s", r.body)
+	}
+}
+
+// noHashes proves as a tree of one leaf does: no hashes at all.
+type noHashes struct{ api.Integrity }
+
+func (n noHashes) Prove(ctx context.Context, seq uint64) (api.Proof, error) {
+	p, err := n.Integrity.Prove(ctx, seq)
+	p.Hashes = nil
+	return p, err
 }
