@@ -3,11 +3,12 @@ package api_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"testing"
+
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/auth"
-	"net/http"
-	"testing"
 )
 
 // TestIdempotentReplayWithCredential: a retry of a run whose item path
@@ -81,4 +82,16 @@ func (n noHashes) Prove(ctx context.Context, seq uint64) (api.Proof, error) {
 	p, err := n.Integrity.Prove(ctx, seq)
 	p.Hashes = nil
 	return p, err
+}
+
+// TestProxiedHeadItem: a proxy-mode run's item of a HEAD request is shown
+// as the contract describes it.
+func TestProxiedHeadItem(t *testing.T) {
+	e := newEnv(t)
+	id := e.runs.add(auditd.RunRunning, []auditd.ItemView{{Item: auditd.Item{Key: "h", SourceID: "county", Method: http.MethodHead, Path: "/layer"}}})
+	for _, path := range []string{"/v1/runs/" + id + "/items", "/v1/runs/" + id + "/items/h"} {
+		if r := e.do(request{path: path, secret: e.secret[auth.RoleAuditor]}); r.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", path, r.status, r.body)
+		}
+	}
 }

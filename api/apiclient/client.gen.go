@@ -173,6 +173,7 @@ func (e ItemPaging) Valid() bool {
 // Defines values for ItemStateMethod.
 const (
 	ItemStateMethodGET  ItemStateMethod = "GET"
+	ItemStateMethodHEAD ItemStateMethod = "HEAD"
 	ItemStateMethodPOST ItemStateMethod = "POST"
 )
 
@@ -180,6 +181,8 @@ const (
 func (e ItemStateMethod) Valid() bool {
 	switch e {
 	case ItemStateMethodGET:
+		return true
+	case ItemStateMethodHEAD:
 		return true
 	case ItemStateMethodPOST:
 		return true
@@ -731,7 +734,7 @@ type ItemMethod string
 // ItemPaging defines model for Item.Paging.
 type ItemPaging string
 
-// ItemState defines model for ItemState.
+// ItemState An item as submitted (Item), or as a proxy-mode run recorded a request, and how it ended. A proxied request may be a HEAD, which no submitted item is.
 type ItemState struct {
 	// Body Body of a POST, base64.
 	Body     *[]byte          `json:"body,omitempty"`
@@ -740,7 +743,7 @@ type ItemState struct {
 	PageSize *int             `json:"page_size,omitempty"`
 	Paging   *ItemStatePaging `json:"paging,omitempty"`
 
-	// Path Appended to the source's base_url. No space, control character or fragment. Values of credential parameters (the built-in names and the source's secret_query) are sent as given but stored, recorded and shown as "REDACTED".
+	// Path As recorded: credential values REDACTED.
 	Path   string `json:"path"`
 	Result *struct {
 		Advertised *int `json:"advertised,omitempty"`
