@@ -137,6 +137,20 @@ func TestBadInput(t *testing.T) {
 		{"RunItemPathSpace", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p 1?sq=x"`, "")}, auth.RoleOperator, 400, "items[0].path"},
 		{"RunItemPathControl", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p\u0001"`, "")}, auth.RoleOperator, 400, "items[0].path"},
 		{"RunItemPathFragment", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p#token=x"`, "")}, auth.RoleOperator, 400, "items[0].path"},
+		// Identifiers: printable ASCII without a leading or trailing space.
+		{"SourceIDLeadingSpace", request{method: "PUT", path: "/v1/sources/%20county", body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
+		{"SourceIDTrailingSpace", request{method: "PUT", path: "/v1/sources/county%20", body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
+		{"SourceIDNotASCII", request{method: "PUT", path: "/v1/sources/pe%C3%B1asco", body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
+		{"SourceGroupTrailingSpace", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","group":"gw "}`}, auth.RoleAdmin, 400, "group"},
+		{"RunItemKeyLeadingSpace", request{method: "POST", path: "/v1/runs", body: runBody(`"key":" k","source":"county","path":"/"`, "")}, auth.RoleOperator, 400, "items[0].key"},
+		{"RunItemSourceTrailingSpace", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county ","path":"/"`, "")}, auth.RoleOperator, 400, "items[0].source"},
+		{"RunAwardFAINSpace", request{method: "POST", path: "/v1/runs", body: runBody("", `"award":{"fain":"F-1 "}`)}, auth.RoleOperator, 400, "award.fain"},
+		{"RunIdempotencyKeyEmpty", request{method: "POST", path: "/v1/runs", body: runBody("", ""), header: map[string]string{"Idempotency-Key": ""}}, auth.RoleOperator, 400, "Idempotency-Key"},
+		{"TokenNameTrailingSpace", request{method: "POST", path: "/v1/tokens", body: `{"name":"ci ","role":"auditor"}`}, auth.RoleAdmin, 400, "name"},
+		{"FAINEmpty", request{path: "/v1/awards//retention"}, auth.RoleAuditor, 400, "fain"},
+		{"FAINTooLong", request{path: "/v1/awards/" + strings.Repeat("F", 65) + "/retention"}, auth.RoleAuditor, 400, "fain"},
+		{"FAINHoldTooLong", request{method: "POST", path: "/v1/awards/" + strings.Repeat("F", 65) + "/holds", body: `{"reason":"x"}`}, auth.RoleAdmin, 400, "fain"},
+		{"ProxyItemKeyEmpty", request{path: "/proxy/county/q", header: map[string]string{"Auditd-Run": "01J00000000000000000000001", "Auditd-Item-Key": ""}}, auth.RoleOperator, 400, "Auditd-Item-Key"},
 		{"EvidenceUnknownAward", request{path: "/v1/evidence.xlsx?award=NO-SUCH-FAIN"}, auth.RoleAuditor, 404, ""},
 	}
 	generated := specCases(t, loadSpec(t))

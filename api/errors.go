@@ -229,7 +229,7 @@ func validationError(err error) error {
 	case "excludesall":
 		msg = "must not contain CR, LF or NUL"
 	case "printascii":
-		msg = "must be printable ASCII"
+		msg = "must be printable ASCII, without a leading or trailing space"
 	case "alphanum":
 		msg = "must be letters and digits"
 	case "uppercase":

@@ -46,10 +46,10 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 // run its key already made (charging nothing), then charges the token one
 // unit per item, then creates the run.
 func (s *Server) handleCreateRun(c echo.Context) error {
-	key := c.Request().Header.Get(IdempotencyKeyHeader)
-	if key != "" {
-		if err := s.validate.Var(key, "max=200,printascii"); err != nil {
-			return invalid(IdempotencyKeyHeader, "%s must be 1 to 200 printable ASCII characters.", IdempotencyKeyHeader)
+	key, ok := idHeader(c.Request().Header, IdempotencyKeyHeader)
+	if ok {
+		if err := s.validate.Var(key, "required,max=200,printascii"); err != nil {
+			return invalid(IdempotencyKeyHeader, "%s must be 1 to 200 printable ASCII characters, without a leading or trailing space.", IdempotencyKeyHeader)
 		}
 	}
 	var req createRunRequest

@@ -43,7 +43,26 @@ func newValidator() *validator.Validate {
 	_ = v.RegisterValidation("itempath", func(fl validator.FieldLevel) bool {
 		return auditd.ValidPath(fl.Field().String())
 	})
+	// printascii, the tag of every identifier (source ids, groups, item
+	// keys, FAINs, token names), is the API's rule for identifiers, which
+	// is stricter than the validator's own: no leading or trailing space
+	// either, so " county" cannot stand beside "county".
+	_ = v.RegisterValidation("printascii", func(fl validator.FieldLevel) bool {
+		return validID(fl.Field().String())
+	})
 	return v
+}
+
+// validID is the rule for identifiers the contract states: printable
+// ASCII (space to tilde), without a leading or trailing space. "" passes:
+// whether one is required is another rule.
+func validID(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return s == "" || s[0] != ' ' && s[len(s)-1] != ' '
 }
 
 // bind decodes the JSON body of c into v and validates v. Nothing else

@@ -775,7 +775,7 @@ type ItemStateResultOutcome string
 type NewRun struct {
 	Award *Award `json:"award,omitempty"`
 
-	// Deadline Past it, unfinished items are shed (a proxy-mode run's requests wait no longer).
+	// Deadline Past it, unfinished items are shed (a proxy-mode run's requests wait no longer). It must be in the future (400 naming deadline).
 	Deadline *time.Time `json:"deadline,omitempty"`
 
 	// IdleTimeout A Go duration; a proxy-mode run ends after this long without a request (default 15m, at most 168h).

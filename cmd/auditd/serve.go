@@ -336,12 +336,12 @@ func nonNil(m map[string]string) map[string]string {
 }
 
 // validateSource is the check a configuration file's sources get: the
-// registry's own validation and the API's check of its pace, reported as
+// registry's own validation and the API's own (ids, pace), reported as
 // field and message.
 func validateSource(src *auditd.Source) (field, msg string) {
 	err := registry.CheckSource(*src)
 	if err == nil {
-		err = api.CheckPace(*src)
+		err = api.CheckSource(*src)
 	}
 	if err == nil {
 		return "", ""
