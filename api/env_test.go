@@ -258,9 +258,10 @@ func (e *env) eventsAfter(seq uint64) []auditd.Event {
 
 // specCheck validates every response against openapi.yaml.
 type specCheck struct {
-	t      testing.TB
-	router routers.Router
-	base   http.RoundTripper
+	t       testing.TB
+	router  routers.Router
+	base    http.RoundTripper
+	problem *openapi3.Schema
 }
 
 func loadSpec(t testing.TB) *openapi3.T {
@@ -283,7 +284,7 @@ func newSpecCheck(t testing.TB, base http.RoundTripper) *specCheck {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &specCheck{t: t, router: r, base: base}
+	return &specCheck{t: t, router: r, base: base, problem: doc.Components.Schemas["Problem"].Value}
 }
 
 func (s *specCheck) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -304,6 +305,14 @@ func (s *specCheck) RoundTrip(req *http.Request) (*http.Response, error) {
 		// "/" inside one parameter.
 		match = req.Clone(req.Context())
 		match.URL.Path = req.URL.RawPath
+	}
+	if rest, ok := strings.CutPrefix(match.URL.Path, "/proxy/"); ok {
+		// The proxy's {path} holds further slashes; the router's
+		// parameters do not: match it as one segment.
+		if src, path, ok := strings.Cut(rest, "/"); ok && strings.Contains(path, "/") {
+			match = match.Clone(match.Context())
+			match.URL.Path = "/proxy/" + src + "/" + strings.ReplaceAll(path, "/", "%2F")
+		}
 	}
 	route, params, err := s.router.FindRoute(match)
 	if err != nil {
@@ -328,7 +337,32 @@ func (s *specCheck) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := openapi3filter.ValidateResponse(req.Context(), in); err != nil {
 		s.t.Errorf("%s %s: response %d does not match openapi.yaml: %v\nbody: %.500s", req.Method, req.URL.Path, resp.StatusCode, err, body)
 	}
+	if resp.Header.Get(api.ProxyAnswerHeader) == api.ProxyAnswerAuditd {
+		// The contract lets a proxied answer be anything; auditd's own
+		// must be one of its problems.
+		s.checkProblem(req, resp, body)
+	}
 	return resp, nil
+}
+
+// checkProblem fails the test unless body is a Problem as the contract
+// defines it, sent as application/problem+json.
+func (s *specCheck) checkProblem(req *http.Request, resp *http.Response, body []byte) {
+	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+		s.t.Errorf("%s %s: auditd's answer %d has Content-Type %q, want application/problem+json", req.Method, req.URL.Path, resp.StatusCode, ct)
+		return
+	}
+	if req.Method == http.MethodHead {
+		return
+	}
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		s.t.Errorf("%s %s: auditd's answer %d is not JSON: %v", req.Method, req.URL.Path, resp.StatusCode, err)
+		return
+	}
+	if err := s.problem.VisitJSON(v); err != nil {
+		s.t.Errorf("%s %s: auditd's answer %d is not a Problem: %v\nbody: %.500s", req.Method, req.URL.Path, resp.StatusCode, err, body)
+	}
 }
 
 // fakeSources keeps sources in memory and records source.changed as the

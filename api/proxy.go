@@ -47,6 +47,10 @@ const (
 
 // Response headers of the proxy route.
 const (
+	// ProxyAnswerHeader says whose answer a response of the proxy route
+	// is: ProxyAnswerAuditd (a problem of auditd's) or ProxyAnswerUpstream
+	// (the upstream's response, or its last good copy, passed through).
+	ProxyAnswerHeader      = "Auditd-Answer"
 	ProxyDispatchSeqHeader = "Auditd-Dispatch-Seq" // ledger sequence of the dispatch answered
 	ProxyAttemptsHeader    = "Auditd-Attempts"     // dispatches made
 	ProxyWaitedHeader      = "Auditd-Waited"       // seconds spent at the gates and in backoff
@@ -54,6 +58,12 @@ const (
 	ProxyStaleRunHeader    = "Auditd-Stale-Run"    // the run that fetched the copy
 	ProxyStaleAtHeader     = "Auditd-Stale-Fetched-At"
 	ProxyPayloadHeader     = "Auditd-Payload-Sha256" // the copy's hash
+)
+
+// Values of ProxyAnswerHeader.
+const (
+	ProxyAnswerAuditd   = "auditd"
+	ProxyAnswerUpstream = "upstream"
 )
 
 // proxyMethods are the methods the proxy forwards.
@@ -277,12 +287,13 @@ func (p *proxyResponder) Start(status int, header http.Header, meta *auditd.Prox
 	p.started = true
 	h := p.c.Response().Header()
 	for k, v := range header {
-		if k == echo.HeaderXRequestID {
-			continue // auditd's own
+		if k == echo.HeaderXRequestID || strings.HasPrefix(k, "Auditd-") {
+			continue // auditd's own: an upstream cannot forge them
 		}
 		h[k] = v
 	}
 	setProxyMeta(h, meta)
+	h.Set(ProxyAnswerHeader, ProxyAnswerUpstream)
 	p.c.Response().WriteHeader(status)
 	return p.c.Response()
 }

@@ -1251,12 +1251,6 @@ type Conflict = Problem
 // Forbidden defines model for Forbidden.
 type Forbidden = Problem
 
-// MethodNotAllowed defines model for MethodNotAllowed.
-type MethodNotAllowed = Problem
-
-// NotAnswered defines model for NotAnswered.
-type NotAnswered = Problem
-
 // NotFound defines model for NotFound.
 type NotFound = Problem
 
@@ -1271,9 +1265,6 @@ type Unauthorized = Problem
 
 // UnsupportedMediaType defines model for UnsupportedMediaType.
 type UnsupportedMediaType = Problem
-
-// UpstreamFailed defines model for UpstreamFailed.
-type UpstreamFailed = Problem
 
 // Healthz200JSONResponseBodyStatus defines parameters for Healthz.
 type Healthz200JSONResponseBodyStatus string
@@ -1585,7 +1576,9 @@ type ClientInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Corresponds with GET /proxy/{source}/{path} (the `ProxyGet` operationId).
 	ProxyGet(ctx context.Context, source string, path string, params *ProxyGetParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1603,7 +1596,9 @@ type ClientInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Corresponds with HEAD /proxy/{source}/{path} (the `ProxyHead` operationId).
 	ProxyHead(ctx context.Context, source string, path string, params *ProxyHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2027,7 +2022,9 @@ func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Corresponds with GET /proxy/{source}/{path} (the `ProxyGet` operationId).
 func (c *Client) ProxyGet(ctx context.Context, source string, path string, params *ProxyGetParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2055,7 +2052,9 @@ func (c *Client) ProxyGet(ctx context.Context, source string, path string, param
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Corresponds with HEAD /proxy/{source}/{path} (the `ProxyHead` operationId).
 func (c *Client) ProxyHead(ctx context.Context, source string, path string, params *ProxyHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5039,7 +5038,9 @@ type ClientWithResponsesInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5059,7 +5060,9 @@ type ClientWithResponsesInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5643,70 +5646,10 @@ func (r OpenapiResponse) ContentType() string {
 	return ""
 }
 
-// ProxyGetResponse400Headers the declared response headers of an HTTP 400 response for ProxyGet
-type ProxyGetResponse400Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse401Headers the declared response headers of an HTTP 401 response for ProxyGet
-type ProxyGetResponse401Headers struct {
-	WWWAuthenticate *string
-	XRequestId      *string
-}
-
-// ProxyGetResponse403Headers the declared response headers of an HTTP 403 response for ProxyGet
-type ProxyGetResponse403Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse404Headers the declared response headers of an HTTP 404 response for ProxyGet
-type ProxyGetResponse404Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse405Headers the declared response headers of an HTTP 405 response for ProxyGet
-type ProxyGetResponse405Headers struct {
-	Allow      *string
-	XRequestId *string
-}
-
-// ProxyGetResponse409Headers the declared response headers of an HTTP 409 response for ProxyGet
-type ProxyGetResponse409Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse413Headers the declared response headers of an HTTP 413 response for ProxyGet
-type ProxyGetResponse413Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse429Headers the declared response headers of an HTTP 429 response for ProxyGet
-type ProxyGetResponse429Headers struct {
-	RetryAfter int
-	XRequestId *string
-}
-
-// ProxyGetResponse502Headers the declared response headers of an HTTP 502 response for ProxyGet
-type ProxyGetResponse502Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	XRequestId     *string
-}
-
-// ProxyGetResponse503Headers the declared response headers of an HTTP 503 response for ProxyGet
-type ProxyGetResponse503Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	AuditdWaited   *string
-	RetryAfter     int
-	XRequestId     *string
-}
-
-// ProxyGetResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyGet
-type ProxyGetResponseDefaultHeaders struct {
+// ProxyGetResponse200Headers the declared response headers of an HTTP 200 response for ProxyGet
+type ProxyGetResponse200Headers struct {
 	Age                  *int
+	AuditdAnswer         string
 	AuditdAttempts       *int
 	AuditdDispatchSeq    *int
 	AuditdItemKey        *string
@@ -5718,101 +5661,25 @@ type ProxyGetResponseDefaultHeaders struct {
 	AuditdWaited         *string
 }
 
+// ProxyGetResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyGet
+type ProxyGetResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
 type ProxyGetResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
-	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
-	ApplicationproblemJSON400 *BadRequest
-	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
-	ApplicationproblemJSON401 *Unauthorized
-	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
-	ApplicationproblemJSON403 *Forbidden
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
-	// ApplicationproblemJSON405 the response for an HTTP 405 `application/problem+json` response
-	ApplicationproblemJSON405 *MethodNotAllowed
-	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *Conflict
-	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
-	ApplicationproblemJSON413 *TooLarge
-	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
-	ApplicationproblemJSON429 *TooManyRequests
-	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
-	ApplicationproblemJSON502 *UpstreamFailed
-	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
-	ApplicationproblemJSON503 *NotAnswered
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *ProxyGetResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ProxyGetResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *ProxyGetResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *ProxyGetResponse404Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *ProxyGetResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *ProxyGetResponse409Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *ProxyGetResponse413Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ProxyGetResponse429Headers
-	// Headers502 the parsed response headers for an HTTP 502 response
-	Headers502 *ProxyGetResponse502Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ProxyGetResponse503Headers
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyGetResponse200Headers
 	// HeadersDefault the parsed response headers for an HTTP default response
 	HeadersDefault *ProxyGetResponseDefaultHeaders
-}
-
-// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON400() *BadRequest {
-	return r.ApplicationproblemJSON400
-}
-
-// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON401() *Unauthorized {
-	return r.ApplicationproblemJSON401
-}
-
-// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON403() *Forbidden {
-	return r.ApplicationproblemJSON403
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON404() *NotFound {
-	return r.ApplicationproblemJSON404
-}
-
-// GetApplicationproblemJSON405 returns the response for an HTTP 405 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON405() *MethodNotAllowed {
-	return r.ApplicationproblemJSON405
-}
-
-// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON409() *Conflict {
-	return r.ApplicationproblemJSON409
-}
-
-// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON413() *TooLarge {
-	return r.ApplicationproblemJSON413
-}
-
-// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON429() *TooManyRequests {
-	return r.ApplicationproblemJSON429
-}
-
-// GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON502() *UpstreamFailed {
-	return r.ApplicationproblemJSON502
-}
-
-// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON503() *NotAnswered {
-	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -5844,70 +5711,10 @@ func (r ProxyGetResponse) ContentType() string {
 	return ""
 }
 
-// ProxyHeadResponse400Headers the declared response headers of an HTTP 400 response for ProxyHead
-type ProxyHeadResponse400Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse401Headers the declared response headers of an HTTP 401 response for ProxyHead
-type ProxyHeadResponse401Headers struct {
-	WWWAuthenticate *string
-	XRequestId      *string
-}
-
-// ProxyHeadResponse403Headers the declared response headers of an HTTP 403 response for ProxyHead
-type ProxyHeadResponse403Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse404Headers the declared response headers of an HTTP 404 response for ProxyHead
-type ProxyHeadResponse404Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse405Headers the declared response headers of an HTTP 405 response for ProxyHead
-type ProxyHeadResponse405Headers struct {
-	Allow      *string
-	XRequestId *string
-}
-
-// ProxyHeadResponse409Headers the declared response headers of an HTTP 409 response for ProxyHead
-type ProxyHeadResponse409Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse413Headers the declared response headers of an HTTP 413 response for ProxyHead
-type ProxyHeadResponse413Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse429Headers the declared response headers of an HTTP 429 response for ProxyHead
-type ProxyHeadResponse429Headers struct {
-	RetryAfter int
-	XRequestId *string
-}
-
-// ProxyHeadResponse502Headers the declared response headers of an HTTP 502 response for ProxyHead
-type ProxyHeadResponse502Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	XRequestId     *string
-}
-
-// ProxyHeadResponse503Headers the declared response headers of an HTTP 503 response for ProxyHead
-type ProxyHeadResponse503Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	AuditdWaited   *string
-	RetryAfter     int
-	XRequestId     *string
-}
-
-// ProxyHeadResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyHead
-type ProxyHeadResponseDefaultHeaders struct {
+// ProxyHeadResponse200Headers the declared response headers of an HTTP 200 response for ProxyHead
+type ProxyHeadResponse200Headers struct {
 	Age                  *int
+	AuditdAnswer         string
 	AuditdAttempts       *int
 	AuditdDispatchSeq    *int
 	AuditdItemKey        *string
@@ -5919,101 +5726,25 @@ type ProxyHeadResponseDefaultHeaders struct {
 	AuditdWaited         *string
 }
 
+// ProxyHeadResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyHead
+type ProxyHeadResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
 type ProxyHeadResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
-	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
-	ApplicationproblemJSON400 *BadRequest
-	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
-	ApplicationproblemJSON401 *Unauthorized
-	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
-	ApplicationproblemJSON403 *Forbidden
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
-	// ApplicationproblemJSON405 the response for an HTTP 405 `application/problem+json` response
-	ApplicationproblemJSON405 *MethodNotAllowed
-	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *Conflict
-	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
-	ApplicationproblemJSON413 *TooLarge
-	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
-	ApplicationproblemJSON429 *TooManyRequests
-	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
-	ApplicationproblemJSON502 *UpstreamFailed
-	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
-	ApplicationproblemJSON503 *NotAnswered
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *ProxyHeadResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ProxyHeadResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *ProxyHeadResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *ProxyHeadResponse404Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *ProxyHeadResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *ProxyHeadResponse409Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *ProxyHeadResponse413Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ProxyHeadResponse429Headers
-	// Headers502 the parsed response headers for an HTTP 502 response
-	Headers502 *ProxyHeadResponse502Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ProxyHeadResponse503Headers
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyHeadResponse200Headers
 	// HeadersDefault the parsed response headers for an HTTP default response
 	HeadersDefault *ProxyHeadResponseDefaultHeaders
-}
-
-// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON400() *BadRequest {
-	return r.ApplicationproblemJSON400
-}
-
-// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON401() *Unauthorized {
-	return r.ApplicationproblemJSON401
-}
-
-// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON403() *Forbidden {
-	return r.ApplicationproblemJSON403
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON404() *NotFound {
-	return r.ApplicationproblemJSON404
-}
-
-// GetApplicationproblemJSON405 returns the response for an HTTP 405 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON405() *MethodNotAllowed {
-	return r.ApplicationproblemJSON405
-}
-
-// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON409() *Conflict {
-	return r.ApplicationproblemJSON409
-}
-
-// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON413() *TooLarge {
-	return r.ApplicationproblemJSON413
-}
-
-// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON429() *TooManyRequests {
-	return r.ApplicationproblemJSON429
-}
-
-// GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON502() *UpstreamFailed {
-	return r.ApplicationproblemJSON502
-}
-
-// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON503() *NotAnswered {
-	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -6045,70 +5776,10 @@ func (r ProxyHeadResponse) ContentType() string {
 	return ""
 }
 
-// ProxyPostResponse400Headers the declared response headers of an HTTP 400 response for ProxyPost
-type ProxyPostResponse400Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse401Headers the declared response headers of an HTTP 401 response for ProxyPost
-type ProxyPostResponse401Headers struct {
-	WWWAuthenticate *string
-	XRequestId      *string
-}
-
-// ProxyPostResponse403Headers the declared response headers of an HTTP 403 response for ProxyPost
-type ProxyPostResponse403Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse404Headers the declared response headers of an HTTP 404 response for ProxyPost
-type ProxyPostResponse404Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse405Headers the declared response headers of an HTTP 405 response for ProxyPost
-type ProxyPostResponse405Headers struct {
-	Allow      *string
-	XRequestId *string
-}
-
-// ProxyPostResponse409Headers the declared response headers of an HTTP 409 response for ProxyPost
-type ProxyPostResponse409Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse413Headers the declared response headers of an HTTP 413 response for ProxyPost
-type ProxyPostResponse413Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse429Headers the declared response headers of an HTTP 429 response for ProxyPost
-type ProxyPostResponse429Headers struct {
-	RetryAfter int
-	XRequestId *string
-}
-
-// ProxyPostResponse502Headers the declared response headers of an HTTP 502 response for ProxyPost
-type ProxyPostResponse502Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	XRequestId     *string
-}
-
-// ProxyPostResponse503Headers the declared response headers of an HTTP 503 response for ProxyPost
-type ProxyPostResponse503Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	AuditdWaited   *string
-	RetryAfter     int
-	XRequestId     *string
-}
-
-// ProxyPostResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyPost
-type ProxyPostResponseDefaultHeaders struct {
+// ProxyPostResponse200Headers the declared response headers of an HTTP 200 response for ProxyPost
+type ProxyPostResponse200Headers struct {
 	Age                  *int
+	AuditdAnswer         string
 	AuditdAttempts       *int
 	AuditdDispatchSeq    *int
 	AuditdItemKey        *string
@@ -6120,101 +5791,25 @@ type ProxyPostResponseDefaultHeaders struct {
 	AuditdWaited         *string
 }
 
+// ProxyPostResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyPost
+type ProxyPostResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
 type ProxyPostResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
-	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
-	ApplicationproblemJSON400 *BadRequest
-	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
-	ApplicationproblemJSON401 *Unauthorized
-	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
-	ApplicationproblemJSON403 *Forbidden
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
-	// ApplicationproblemJSON405 the response for an HTTP 405 `application/problem+json` response
-	ApplicationproblemJSON405 *MethodNotAllowed
-	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *Conflict
-	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
-	ApplicationproblemJSON413 *TooLarge
-	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
-	ApplicationproblemJSON429 *TooManyRequests
-	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
-	ApplicationproblemJSON502 *UpstreamFailed
-	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
-	ApplicationproblemJSON503 *NotAnswered
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *ProxyPostResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ProxyPostResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *ProxyPostResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *ProxyPostResponse404Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *ProxyPostResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *ProxyPostResponse409Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *ProxyPostResponse413Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ProxyPostResponse429Headers
-	// Headers502 the parsed response headers for an HTTP 502 response
-	Headers502 *ProxyPostResponse502Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ProxyPostResponse503Headers
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyPostResponse200Headers
 	// HeadersDefault the parsed response headers for an HTTP default response
 	HeadersDefault *ProxyPostResponseDefaultHeaders
-}
-
-// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON400() *BadRequest {
-	return r.ApplicationproblemJSON400
-}
-
-// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON401() *Unauthorized {
-	return r.ApplicationproblemJSON401
-}
-
-// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON403() *Forbidden {
-	return r.ApplicationproblemJSON403
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON404() *NotFound {
-	return r.ApplicationproblemJSON404
-}
-
-// GetApplicationproblemJSON405 returns the response for an HTTP 405 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON405() *MethodNotAllowed {
-	return r.ApplicationproblemJSON405
-}
-
-// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON409() *Conflict {
-	return r.ApplicationproblemJSON409
-}
-
-// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON413() *TooLarge {
-	return r.ApplicationproblemJSON413
-}
-
-// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON429() *TooManyRequests {
-	return r.ApplicationproblemJSON429
-}
-
-// GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON502() *UpstreamFailed {
-	return r.ApplicationproblemJSON502
-}
-
-// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON503() *NotAnswered {
-	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -10601,7 +10196,9 @@ func (c *ClientWithResponses) OpenapiWithResponse(ctx context.Context, reqEditor
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -10627,7 +10224,9 @@ func (c *ClientWithResponses) ProxyGetWithResponse(ctx context.Context, source s
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -11465,264 +11064,21 @@ func ParseProxyGetResponse(rsp *http.Response) (*ProxyGetResponse, error) {
 	}
 
 	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest BadRequest
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON403 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest Conflict
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON409 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
-		var dest TooLarge
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON413 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest TooManyRequests
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
-		var dest UpstreamFailed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON502 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest NotAnswered
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 400:
-		var headers ProxyGetResponse400Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers ProxyGetResponse401Headers
-		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.WWWAuthenticate = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers ProxyGetResponse403Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers ProxyGetResponse404Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 405:
-		var headers ProxyGetResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers ProxyGetResponse409Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 413:
-		var headers ProxyGetResponse413Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 429:
-		var headers ProxyGetResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 502:
-		var headers ProxyGetResponse502Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers502 = &headers
-	case rsp.StatusCode == 503:
-		var headers ProxyGetResponse503Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdWaited = &value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers503 = &headers
-	case true:
-		var headers ProxyGetResponseDefaultHeaders
+	case rsp.StatusCode == 200:
+		var headers ProxyGetResponse200Headers
 		if values := rsp.Header.Values("Age"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
 		}
 		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
 			var value int
@@ -11786,6 +11142,65 @@ func ParseProxyGetResponse(rsp *http.Response) (*ProxyGetResponse, error) {
 				return nil, err
 			}
 			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyGetResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
 		}
 		response.HeadersDefault = &headers
 	}
@@ -11807,264 +11222,21 @@ func ParseProxyHeadResponse(rsp *http.Response) (*ProxyHeadResponse, error) {
 	}
 
 	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest BadRequest
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON403 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest Conflict
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON409 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
-		var dest TooLarge
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON413 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest TooManyRequests
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
-		var dest UpstreamFailed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON502 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest NotAnswered
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 400:
-		var headers ProxyHeadResponse400Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers ProxyHeadResponse401Headers
-		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.WWWAuthenticate = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers ProxyHeadResponse403Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers ProxyHeadResponse404Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 405:
-		var headers ProxyHeadResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers ProxyHeadResponse409Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 413:
-		var headers ProxyHeadResponse413Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 429:
-		var headers ProxyHeadResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 502:
-		var headers ProxyHeadResponse502Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers502 = &headers
-	case rsp.StatusCode == 503:
-		var headers ProxyHeadResponse503Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdWaited = &value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers503 = &headers
-	case true:
-		var headers ProxyHeadResponseDefaultHeaders
+	case rsp.StatusCode == 200:
+		var headers ProxyHeadResponse200Headers
 		if values := rsp.Header.Values("Age"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
 		}
 		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
 			var value int
@@ -12128,6 +11300,65 @@ func ParseProxyHeadResponse(rsp *http.Response) (*ProxyHeadResponse, error) {
 				return nil, err
 			}
 			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyHeadResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
 		}
 		response.HeadersDefault = &headers
 	}
@@ -12149,264 +11380,21 @@ func ParseProxyPostResponse(rsp *http.Response) (*ProxyPostResponse, error) {
 	}
 
 	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest BadRequest
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON403 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest Conflict
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON409 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
-		var dest TooLarge
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON413 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest TooManyRequests
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
-		var dest UpstreamFailed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON502 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest NotAnswered
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 400:
-		var headers ProxyPostResponse400Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers ProxyPostResponse401Headers
-		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.WWWAuthenticate = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers ProxyPostResponse403Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers ProxyPostResponse404Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 405:
-		var headers ProxyPostResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers ProxyPostResponse409Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 413:
-		var headers ProxyPostResponse413Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 429:
-		var headers ProxyPostResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 502:
-		var headers ProxyPostResponse502Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers502 = &headers
-	case rsp.StatusCode == 503:
-		var headers ProxyPostResponse503Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdWaited = &value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers503 = &headers
-	case true:
-		var headers ProxyPostResponseDefaultHeaders
+	case rsp.StatusCode == 200:
+		var headers ProxyPostResponse200Headers
 		if values := rsp.Header.Values("Age"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
 		}
 		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
 			var value int
@@ -12470,6 +11458,65 @@ func ParseProxyPostResponse(rsp *http.Response) (*ProxyPostResponse, error) {
 				return nil, err
 			}
 			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyPostResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
 		}
 		response.HeadersDefault = &headers
 	}
