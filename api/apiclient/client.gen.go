@@ -973,7 +973,7 @@ type RunStatus string
 // Source Unknown fields are refused by the server (400); the schema stays open so SourceState can extend it. Rules the schema cannot state, each refused with a 400 naming the field: `base_url` is required on a put; a `window` needs a `limit`, and is at most 8784h (366 days); `group` differs from the source id.
 type Source struct {
 	// BaseUrl http or https with a host; no query, no fragment and no credentials (userinfo, or a parameter with a credential's name): those are refused (400, field base_url) and belong in `headers`, or in item paths under a name in `secret_query`. A host written as a number in another form than dotted decimal (0x7f000001) is refused too.
-	BaseUrl   string           `json:"base_url"`
+	BaseUrl   *string          `json:"base_url,omitempty"`
 	BodyError *SourceBodyError `json:"body_error,omitempty"`
 	Breaker   *struct {
 		// Cooldown A Go duration ("1m30s", "250ms", "0s").
