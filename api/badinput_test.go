@@ -151,6 +151,11 @@ func TestBadInput(t *testing.T) {
 		{"FAINTooLong", request{path: "/v1/awards/" + strings.Repeat("F", 65) + "/retention"}, auth.RoleAuditor, 400, "fain"},
 		{"FAINHoldTooLong", request{method: "POST", path: "/v1/awards/" + strings.Repeat("F", 65) + "/holds", body: `{"reason":"x"}`}, auth.RoleAdmin, 400, "fain"},
 		{"ProxyItemKeyEmpty", request{path: "/proxy/county/q", header: map[string]string{"Auditd-Run": "01J00000000000000000000001", "Auditd-Item-Key": ""}}, auth.RoleOperator, 400, "Auditd-Item-Key"},
+		// Empty values and nulls are refused, not read as left out.
+		{"RunsLimitEmpty", request{path: "/v1/runs?limit="}, auth.RoleAuditor, 400, "limit"},
+		{"LedgerEventsToEmpty", request{path: "/v1/ledger/events?to"}, auth.RoleAuditor, 400, "to"},
+		{"SourceSecretQueryNull", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","secret_query":null}`}, auth.RoleAdmin, 400, "secret_query"},
+		{"RunItemPathNull", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":null`, "")}, auth.RoleOperator, 400, "items[0].path"},
 		{"EvidenceUnknownAward", request{path: "/v1/evidence.xlsx?award=NO-SUCH-FAIN"}, auth.RoleAuditor, 404, ""},
 	}
 	generated := specCases(t, loadSpec(t))

@@ -71,6 +71,11 @@ func TestProxyAnswersSayWhose(t *testing.T) {
 			}
 		})
 	}
+	// The source's base URL itself: an operation of its own in the contract.
+	e.srv.Proxy = fakeProxy{status: 200, header: http.Header{"Content-Type": {"text/plain"}}, body: "root"}
+	if r := e.do(request{path: "/proxy/county/", secret: op, header: run}); r.status != http.StatusOK || string(r.body) != "root" {
+		t.Errorf("the base URL: %d %q", r.status, r.body)
+	}
 	if r := e.do(request{path: "/proxy/county/q", header: run}); r.status != http.StatusUnauthorized || r.header.Get("Auditd-Answer") != "auditd" {
 		t.Errorf("unauthenticated: %d Auditd-Answer %q, want 401 auditd", r.status, r.header.Get("Auditd-Answer"))
 	}

@@ -30,7 +30,8 @@ func (s *Server) registerRetentionRoutes(g *echo.Group) {
 
 type retentionRequest struct {
 	FinalReport string `json:"final_report" validate:"required,datetime=2006-01-02"`
-	RetainUntil string `json:"retain_until" validate:"omitempty,datetime=2006-01-02"`
+	// RetainUntil, when given, is a date: "" is refused, not read as absent.
+	RetainUntil *string `json:"retain_until" validate:"omitnil,datetime=2006-01-02"`
 }
 
 type holdRequest struct {
@@ -69,8 +70,8 @@ func (s *Server) handleSetRetention(c echo.Context) error {
 	}
 	fr, _ := time.Parse(time.DateOnly, req.FinalReport)
 	var ru time.Time
-	if req.RetainUntil != "" {
-		ru, _ = time.Parse(time.DateOnly, req.RetainUntil)
+	if req.RetainUntil != nil {
+		ru, _ = time.Parse(time.DateOnly, *req.RetainUntil)
 	}
 	if _, err := s.Retention.SetRetention(c.Request().Context(), token(c).Principal(), fain, fr, ru); err != nil {
 		return err

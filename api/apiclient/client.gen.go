@@ -1269,6 +1269,44 @@ type UnsupportedMediaType = Problem
 // Healthz200JSONResponseBodyStatus defines parameters for Healthz.
 type Healthz200JSONResponseBodyStatus string
 
+// ProxyRootGetParams defines parameters for ProxyRootGet.
+type ProxyRootGetParams struct {
+	// AuditdRun The proxy-mode run the request belongs to.
+	AuditdRun ProxyRun `json:"Auditd-Run"`
+
+	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
+	AuditdItemKey *ProxyItemKey `json:"Auditd-Item-Key,omitempty"`
+
+	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
+	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+}
+
+// ProxyRootHeadParams defines parameters for ProxyRootHead.
+type ProxyRootHeadParams struct {
+	// AuditdRun The proxy-mode run the request belongs to.
+	AuditdRun ProxyRun `json:"Auditd-Run"`
+
+	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
+	AuditdItemKey *ProxyItemKey `json:"Auditd-Item-Key,omitempty"`
+
+	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
+	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+}
+
+// ProxyRootPostParams defines parameters for ProxyRootPost.
+type ProxyRootPostParams struct {
+	IdempotencyKey *string `json:"Idempotency-Key,omitempty"`
+
+	// AuditdRun The proxy-mode run the request belongs to.
+	AuditdRun ProxyRun `json:"Auditd-Run"`
+
+	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
+	AuditdItemKey *ProxyItemKey `json:"Auditd-Item-Key,omitempty"`
+
+	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
+	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+}
+
 // ProxyGetParams defines parameters for ProxyGet.
 type ProxyGetParams struct {
 	// AuditdRun The proxy-mode run the request belongs to.
@@ -1562,6 +1600,55 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
 	Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyRootGet Forward a GET of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+	ProxyRootGet(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyRootHead Forward a HEAD of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+	ProxyRootHead(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyRootPostWithBody Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+	//
+	// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+	ProxyRootPostWithBody(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ProxyGet Forward a GET to the source, paced and recorded.
 	//
@@ -1999,6 +2086,85 @@ func (c *Client) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // Corresponds with GET /openapi.yaml (the `Openapi` operationId).
 func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewOpenapiRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyRootGet Forward a GET of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+func (c *Client) ProxyRootGet(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyRootGetRequest(c.Server, source, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyRootHead Forward a HEAD of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+func (c *Client) ProxyRootHead(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyRootHeadRequest(c.Server, source, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyRootPostWithBody Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+//
+// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+func (c *Client) ProxyRootPostWithBody(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyRootPostRequestWithBody(c.Server, source, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2945,6 +3111,226 @@ func NewOpenapiRequest(server string) (*http.Request, error) {
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewProxyRootGetRequest constructs an http.Request for the ProxyRootGet method
+func NewProxyRootGetRequest(server string, source string, params *ProxyRootGetParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "source", source, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/proxy/%s/", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Run", params.AuditdRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Auditd-Run", headerParam0)
+
+		if params.AuditdItemKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Item-Key", *params.AuditdItemKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Item-Key", headerParam1)
+		}
+
+		if params.AuditdDeadline != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Deadline", *params.AuditdDeadline, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Deadline", headerParam2)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewProxyRootHeadRequest constructs an http.Request for the ProxyRootHead method
+func NewProxyRootHeadRequest(server string, source string, params *ProxyRootHeadParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "source", source, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/proxy/%s/", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Run", params.AuditdRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Auditd-Run", headerParam0)
+
+		if params.AuditdItemKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Item-Key", *params.AuditdItemKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Item-Key", headerParam1)
+		}
+
+		if params.AuditdDeadline != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Deadline", *params.AuditdDeadline, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Deadline", headerParam2)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewProxyRootPostRequestWithBody constructs an http.Request for the ProxyRootPost method, with any body, and a specified content type
+func NewProxyRootPostRequestWithBody(server string, source string, params *ProxyRootPostParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "source", source, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/proxy/%s/", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Run", params.AuditdRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Auditd-Run", headerParam1)
+
+		if params.AuditdItemKey != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Item-Key", *params.AuditdItemKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Item-Key", headerParam2)
+		}
+
+		if params.AuditdDeadline != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Deadline", *params.AuditdDeadline, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Deadline", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -5025,6 +5411,59 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
 	OpenapiWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenapiResponse, error)
 
+	// ProxyRootGetWithResponse Forward a GET of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+	ProxyRootGetWithResponse(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*ProxyRootGetResponse, error)
+
+	// ProxyRootHeadWithResponse Forward a HEAD of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+	ProxyRootHeadWithResponse(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*ProxyRootHeadResponse, error)
+
+	// ProxyRootPostWithBodyWithResponse Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+	//
+	// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+	ProxyRootPostWithBodyWithResponse(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyRootPostResponse, error)
+
 	// ProxyGetWithResponse Forward a GET to the source, paced and recorded.
 	//
 	// The request becomes an item of the proxy-mode run named in Auditd-Run
@@ -5640,6 +6079,201 @@ func (r OpenapiResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r OpenapiResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ProxyRootGetResponse200Headers the declared response headers of an HTTP 200 response for ProxyRootGet
+type ProxyRootGetResponse200Headers struct {
+	Age                  *int
+	AuditdAnswer         string
+	AuditdAttempts       *int
+	AuditdDispatchSeq    *int
+	AuditdItemKey        *string
+	AuditdPayloadSha256  *string
+	AuditdRun            *string
+	AuditdStale          *string
+	AuditdStaleFetchedAt *time.Time
+	AuditdStaleRun       *string
+	AuditdWaited         *string
+}
+
+// ProxyRootGetResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyRootGet
+type ProxyRootGetResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
+type ProxyRootGetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyRootGetResponse200Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ProxyRootGetResponseDefaultHeaders
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyRootGetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyRootGetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyRootGetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyRootGetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ProxyRootHeadResponse200Headers the declared response headers of an HTTP 200 response for ProxyRootHead
+type ProxyRootHeadResponse200Headers struct {
+	Age                  *int
+	AuditdAnswer         string
+	AuditdAttempts       *int
+	AuditdDispatchSeq    *int
+	AuditdItemKey        *string
+	AuditdPayloadSha256  *string
+	AuditdRun            *string
+	AuditdStale          *string
+	AuditdStaleFetchedAt *time.Time
+	AuditdStaleRun       *string
+	AuditdWaited         *string
+}
+
+// ProxyRootHeadResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyRootHead
+type ProxyRootHeadResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
+type ProxyRootHeadResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyRootHeadResponse200Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ProxyRootHeadResponseDefaultHeaders
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyRootHeadResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyRootHeadResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyRootHeadResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyRootHeadResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ProxyRootPostResponse200Headers the declared response headers of an HTTP 200 response for ProxyRootPost
+type ProxyRootPostResponse200Headers struct {
+	Age                  *int
+	AuditdAnswer         string
+	AuditdAttempts       *int
+	AuditdDispatchSeq    *int
+	AuditdItemKey        *string
+	AuditdPayloadSha256  *string
+	AuditdRun            *string
+	AuditdStale          *string
+	AuditdStaleFetchedAt *time.Time
+	AuditdStaleRun       *string
+	AuditdWaited         *string
+}
+
+// ProxyRootPostResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyRootPost
+type ProxyRootPostResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
+type ProxyRootPostResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyRootPostResponse200Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ProxyRootPostResponseDefaultHeaders
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyRootPostResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyRootPostResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyRootPostResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyRootPostResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -10183,6 +10817,77 @@ func (c *ClientWithResponses) OpenapiWithResponse(ctx context.Context, reqEditor
 	return ParseOpenapiResponse(rsp)
 }
 
+// ProxyRootGetWithResponse Forward a GET of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+func (c *ClientWithResponses) ProxyRootGetWithResponse(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*ProxyRootGetResponse, error) {
+	rsp, err := c.ProxyRootGet(ctx, source, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyRootGetResponse(rsp)
+}
+
+// ProxyRootHeadWithResponse Forward a HEAD of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+func (c *ClientWithResponses) ProxyRootHeadWithResponse(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*ProxyRootHeadResponse, error) {
+	rsp, err := c.ProxyRootHead(ctx, source, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyRootHeadResponse(rsp)
+}
+
+// ProxyRootPostWithBodyWithResponse Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+//
+// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+func (c *ClientWithResponses) ProxyRootPostWithBodyWithResponse(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyRootPostResponse, error) {
+	rsp, err := c.ProxyRootPostWithBody(ctx, source, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyRootPostResponse(rsp)
+}
+
 // ProxyGetWithResponse Forward a GET to the source, paced and recorded.
 //
 // The request becomes an item of the proxy-mode run named in Auditd-Run
@@ -11037,6 +11742,480 @@ func ParseOpenapiResponse(rsp *http.Response) (*OpenapiResponse, error) {
 	switch {
 	case true:
 		var headers OpenapiResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseProxyRootGetResponse parses an HTTP response from a ProxyRootGetWithResponse call
+func ParseProxyRootGetResponse(rsp *http.Response) (*ProxyRootGetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyRootGetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ProxyRootGetResponse200Headers
+		if values := rsp.Header.Values("Age"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Payload-Sha256"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Payload-Sha256", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdPayloadSha256 = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStale = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Fetched-At"); len(values) > 0 {
+			var value time.Time
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Fetched-At", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleFetchedAt = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyRootGetResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseProxyRootHeadResponse parses an HTTP response from a ProxyRootHeadWithResponse call
+func ParseProxyRootHeadResponse(rsp *http.Response) (*ProxyRootHeadResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyRootHeadResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ProxyRootHeadResponse200Headers
+		if values := rsp.Header.Values("Age"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Payload-Sha256"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Payload-Sha256", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdPayloadSha256 = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStale = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Fetched-At"); len(values) > 0 {
+			var value time.Time
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Fetched-At", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleFetchedAt = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyRootHeadResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseProxyRootPostResponse parses an HTTP response from a ProxyRootPostWithResponse call
+func ParseProxyRootPostResponse(rsp *http.Response) (*ProxyRootPostResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyRootPostResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ProxyRootPostResponse200Headers
+		if values := rsp.Header.Values("Age"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Payload-Sha256"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Payload-Sha256", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdPayloadSha256 = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStale = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Fetched-At"); len(values) > 0 {
+			var value time.Time
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Fetched-At", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleFetchedAt = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyRootPostResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
