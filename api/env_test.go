@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,7 +44,8 @@ var start = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
 type env struct {
 	t       testing.TB
 	srv     *api.Server
-	handler http.Handler // srv's, held to the contract (specCheck)
+	handler http.Handler // srv's, held to the contract (spec)
+	spec    *specCheck
 	url     string
 	client  *http.Client
 	clock   *clock.Fake
@@ -148,7 +150,8 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 		}
 	}
 
-	e.handler = newSpecCheck(t, s.Handler())
+	e.spec = newSpecCheck(t, s.Handler())
+	e.handler = e.spec
 	hs := httptest.NewServer(e.handler)
 	e.url = hs.URL
 	e.client = &http.Client{}
@@ -266,10 +269,13 @@ func (e *env) eventsAfter(seq uint64) []auditd.Event {
 // content type). Any test that sends a request through the test server
 // fails on the first answer the contract does not describe.
 type specCheck struct {
-	t       testing.TB
+	t       reporter
 	router  routers.Router
 	next    http.Handler
 	problem *openapi3.Schema
+	// requests counts the requests checked, refused those the contract
+	// refuses.
+	requests, refused atomic.Int64
 }
 
 func loadSpec(t testing.TB) *openapi3.T {
@@ -293,6 +299,12 @@ func newSpecCheck(t testing.TB, next http.Handler) *specCheck {
 		t.Fatal(err)
 	}
 	return &specCheck{t: t, router: r, next: next, problem: doc.Components.Schemas["Problem"].Value}
+}
+
+// reporter is where specCheck reports what does not hold: the test's
+// *testing.T, or a property-based check's *rapid.T.
+type reporter interface {
+	Errorf(format string, args ...any)
 }
 
 // teeWriter passes a response through and keeps a copy of it.
@@ -328,6 +340,7 @@ func (s *specCheck) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 	req.Body = io.NopCloser(bytes.NewReader(reqBody))
 	route, params, routeErr := s.router.FindRoute(s.matchable(req))
+	s.requests.Add(1)
 	var refused error // why the contract refuses the request, if it does
 	if routeErr == nil {
 		// The server decodes path parameters once; the router, matching
@@ -354,6 +367,9 @@ func (s *specCheck) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			s.t.Errorf("%s %s: %d, but the spec has no such operation: %v", req.Method, req.URL.Path, status, routeErr)
 		}
 		return
+	}
+	if refused != nil {
+		s.refused.Add(1)
 	}
 	if refused != nil && (status < 400 || status >= 500) {
 		s.t.Errorf("%s %s: the contract refuses the request (%v), but the server answered %d", req.Method, req.URL.Path, refused, status)
