@@ -3,8 +3,8 @@ package api
 import (
 	"encoding/base64"
 	"net/url"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
