@@ -3,6 +3,7 @@ package pack
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -214,6 +215,14 @@ func (p *Pack) settle(pop *population, bad bool, stated map[string]sheetHash, r 
 	}
 }
 
+// manifestFields are the Manifest sheet's rows before its table of
+// sheets, in order, its header row first.
+var manifestFields = []string{"Field", "Label", "Export id", "Generated at (UTC)", "Filters", "Runs", "Reconciliation balanced",
+	"Ledger head at end of export range", reports.ManifestFieldCheckpoint, reports.ManifestFieldPublicKey, "How to verify", "Timestamps"}
+
+// howToVerify is the Manifest's "How to verify", as the export writes it.
+const howToVerify = `Save the signed checkpoint above to a file; on a copy of the ledger's data directory run: auditd verify --data DIR --key '<public key above>' --trusted-checkpoint FILE. It checks the hash chain, the Merkle tree and the signed checkpoints, and names the first bad sequence number. Each sheet's SHA-256 below is over its rows as shown: cells as text joined by tabs (tab, newline and backslash escaped as \t, \n, \\), one line per row, header row first.`
+
 func manifestColumn(i int) string { return reports.SheetColumns(reports.SheetManifest)[i] }
 
 // checkManifestFields checks the Manifest sheet's fields that the pack
@@ -242,6 +251,22 @@ func (p *Pack) checkManifestFields(b *book, fields map[string]manifestField, sta
 	}
 	if last != nil {
 		want = append(want, [2]string{"Ledger head at end of export range", fmt.Sprintf("seq %d, hash %s", last.Run.LastSeq, last.Run.HeadAtEnd)})
+	}
+	want = append(want, [2]string{"How to verify", howToVerify}, [2]string{"Timestamps", "UTC, RFC 3339 with milliseconds; durations in seconds"})
+	for i, name := range manifestFields {
+		if f, ok := fields[name]; ok && f.row != i+1 {
+			r.fail("%s: sheet %q row %d holds field %q, which the export writes at row %d", FileWorkbook, reports.SheetManifest, f.row, name, i+1)
+		}
+	}
+	for name, f := range fields {
+		if !slices.Contains(manifestFields, name) {
+			r.fail("%s: sheet %q row %d: %q is no field of the Manifest", FileWorkbook, reports.SheetManifest, f.row, name)
+		}
+	}
+	if f := fields["Generated at (UTC)"]; f.value != "" {
+		if _, err := strconv.ParseFloat(f.value, 64); err != nil {
+			r.fail("%s: sheet %q row %d (Generated at (UTC)), column %q: %q is not a date", FileWorkbook, reports.SheetManifest, f.row, manifestColumn(1), f.value)
+		}
 	}
 	for _, w := range want {
 		f, ok := fields[w[0]]

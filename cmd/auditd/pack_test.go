@@ -175,6 +175,11 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 				return editRowOf(t, x, ">Filters<", func(row []byte) []byte { return bytes.Replace(row, []byte("run "), []byte("run X"), 1) })
 			})
 		}, `sheet "Manifest" row 5 (Filters), column "Value"`, true},
+		{"ManifestProse", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Manifest", func(x []byte) []byte {
+				return editRowOf(t, x, ">Timestamps<", func(row []byte) []byte { return bytes.Replace(row, []byte("UTC, "), []byte("local time, "), 1) })
+			})
+		}, `sheet "Manifest" row 12 (Timestamps), column "Value"`, true},
 		{"RunsSucceeded", func(t *testing.T, b []byte) []byte {
 			return editWorkbookSheet(t, b, "Runs", func(x []byte) []byte {
 				return editCell(t, x, "J2", func(v string) string { n, _ := strconv.Atoi(v); return strconv.Itoa(n + 1) })
