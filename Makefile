@@ -60,9 +60,13 @@ lint:
 	  head -n 60 "$$tmp/diff"; exit 1; \
 	fi
 
-# A short pass of every fuzz target (parsers of outside input).
+# A short pass of every fuzz target (parsers of outside input), after the
+# contract fuzzer: CONTRACT_CHECKS requests generated from api/openapi.yaml
+# (TestContractFuzz; go test sends 100).
 FUZZTIME ?= 15s
+CONTRACT_CHECKS ?= 5000
 fuzz:
+	$(GO) test ./api/ -count=1 -run '^TestContractFuzz$$' -v -rapid.checks=$(CONTRACT_CHECKS) -rapid.nofailfile
 	@for pkg in $$(go list ./...); do \
 	  for f in $$(go test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "$$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg || exit 1; \

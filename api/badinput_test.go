@@ -73,6 +73,7 @@ func TestBadInput(t *testing.T) {
 		{"SourceBaseURLNotURL", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"not a url"}`}, auth.RoleAdmin, 400, "base_url"},
 		{"SourceWindowWords", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"fast"}`}, auth.RoleAdmin, 400, "window"},
 		{"SourceWindowNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","window":"-1s"}`}, auth.RoleAdmin, 400, "window"},
+		{"SourceWindowOverLimiterMax", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","limit":1,"window":"200000h"}`}, auth.RoleAdmin, 400, "window"},
 		{"SourceLimitNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","limit":-5}`}, auth.RoleAdmin, 400, "limit"},
 		{"SourceTierUnknown", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","tier":"ultra"}`}, auth.RoleAdmin, 400, "tier"},
 		{"SourceTooManyHeaders", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{` + manyHeaders(21) + `}}`}, auth.RoleAdmin, 400, "headers"},
@@ -136,6 +137,25 @@ func TestBadInput(t *testing.T) {
 		{"RunItemPathSpace", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p 1?sq=x"`, "")}, auth.RoleOperator, 400, "items[0].path"},
 		{"RunItemPathControl", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p\u0001"`, "")}, auth.RoleOperator, 400, "items[0].path"},
 		{"RunItemPathFragment", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":"/p#token=x"`, "")}, auth.RoleOperator, 400, "items[0].path"},
+		// Identifiers: printable ASCII without a leading or trailing space.
+		{"SourceIDLeadingSpace", request{method: "PUT", path: "/v1/sources/%20county", body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
+		{"SourceIDTrailingSpace", request{method: "PUT", path: "/v1/sources/county%20", body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
+		{"SourceIDNotASCII", request{method: "PUT", path: "/v1/sources/pe%C3%B1asco", body: `{"base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},
+		{"SourceGroupTrailingSpace", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","group":"gw "}`}, auth.RoleAdmin, 400, "group"},
+		{"RunItemKeyLeadingSpace", request{method: "POST", path: "/v1/runs", body: runBody(`"key":" k","source":"county","path":"/"`, "")}, auth.RoleOperator, 400, "items[0].key"},
+		{"RunItemSourceTrailingSpace", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county ","path":"/"`, "")}, auth.RoleOperator, 400, "items[0].source"},
+		{"RunAwardFAINSpace", request{method: "POST", path: "/v1/runs", body: runBody("", `"award":{"fain":"F-1 "}`)}, auth.RoleOperator, 400, "award.fain"},
+		{"RunIdempotencyKeyEmpty", request{method: "POST", path: "/v1/runs", body: runBody("", ""), header: map[string]string{"Idempotency-Key": ""}}, auth.RoleOperator, 400, "Idempotency-Key"},
+		{"TokenNameTrailingSpace", request{method: "POST", path: "/v1/tokens", body: `{"name":"ci ","role":"auditor"}`}, auth.RoleAdmin, 400, "name"},
+		{"FAINEmpty", request{path: "/v1/awards//retention"}, auth.RoleAuditor, 400, "fain"},
+		{"FAINTooLong", request{path: "/v1/awards/" + strings.Repeat("F", 65) + "/retention"}, auth.RoleAuditor, 400, "fain"},
+		{"FAINHoldTooLong", request{method: "POST", path: "/v1/awards/" + strings.Repeat("F", 65) + "/holds", body: `{"reason":"x"}`}, auth.RoleAdmin, 400, "fain"},
+		{"ProxyItemKeyEmpty", request{path: "/proxy/county/q", header: map[string]string{"Auditd-Run": "01J00000000000000000000001", "Auditd-Item-Key": ""}}, auth.RoleOperator, 400, "Auditd-Item-Key"},
+		// Empty values and nulls are refused, not read as left out.
+		{"RunsLimitEmpty", request{path: "/v1/runs?limit="}, auth.RoleAuditor, 400, "limit"},
+		{"LedgerEventsToEmpty", request{path: "/v1/ledger/events?to"}, auth.RoleAuditor, 400, "to"},
+		{"SourceSecretQueryNull", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","secret_query":null}`}, auth.RoleAdmin, 400, "secret_query"},
+		{"RunItemPathNull", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":null`, "")}, auth.RoleOperator, 400, "items[0].path"},
 		{"EvidenceUnknownAward", request{path: "/v1/evidence.xlsx?award=NO-SUCH-FAIN"}, auth.RoleAuditor, 404, ""},
 	}
 	generated := specCases(t, loadSpec(t))

@@ -15,8 +15,14 @@
 //     statuses. Errors that are the server's fault are logged there, once,
 //     and the client sees a generic message with the request id.
 //   - Bad input of any kind (malformed JSON, unknown fields, wrong types,
-//     oversized bodies, bad cursors) is a 4xx, and is refused before any
-//     dependency is called with it: a rejected request writes nothing.
+//     nulls, empty query values, oversized bodies, bad cursors) is a 4xx,
+//     and is refused before any dependency is called with it: a rejected
+//     request writes nothing. Identifiers are printable ASCII without a
+//     leading or trailing space (validID); what the limiter would refuse
+//     in a source is refused here (CheckSource), before it is stored.
+//   - On the proxy route every answer says whose it is (Auditd-Answer):
+//     auditd's own are problems, the upstream's pass through untouched
+//     and may carry any status; an upstream's Auditd-* headers are dropped.
 //   - Admission: every authenticated request is charged to its token's
 //     Budget before it does work; a run costs one more unit per item, and a
 //     retry with the same Idempotency-Key is answered from the first run

@@ -2,17 +2,21 @@ package api_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +26,7 @@ import (
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/redact"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
 	"github.com/getkin/kin-openapi/openapi3"
@@ -39,6 +44,8 @@ var start = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
 type env struct {
 	t       testing.TB
 	srv     *api.Server
+	handler http.Handler // srv's, held to the contract (spec)
+	spec    *specCheck
 	url     string
 	client  *http.Client
 	clock   *clock.Fake
@@ -143,9 +150,11 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 		}
 	}
 
-	hs := httptest.NewServer(s.Handler())
+	e.spec = newSpecCheck(t, s.Handler())
+	e.handler = e.spec
+	hs := httptest.NewServer(e.handler)
 	e.url = hs.URL
-	e.client = &http.Client{Transport: newSpecCheck(t, http.DefaultTransport)}
+	e.client = &http.Client{}
 	t.Cleanup(func() {
 		hs.Close()
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -254,11 +263,19 @@ func (e *env) eventsAfter(seq uint64) []auditd.Event {
 	return out
 }
 
-// specCheck validates every response against openapi.yaml.
+// specCheck wraps the API's handler in openapi.yaml: every request the
+// contract refuses must be refused (a 4xx), and every response must be
+// one the contract declares (status, headers, required fields, types,
+// content type). Any test that sends a request through the test server
+// fails on the first answer the contract does not describe.
 type specCheck struct {
-	t      testing.TB
-	router routers.Router
-	base   http.RoundTripper
+	t       reporter
+	router  routers.Router
+	next    http.Handler
+	problem *openapi3.Schema
+	// requests counts the requests checked, refused those the contract
+	// refuses.
+	requests, refused atomic.Int64
 }
 
 func loadSpec(t testing.TB) *openapi3.T {
@@ -274,59 +291,148 @@ func loadSpec(t testing.TB) *openapi3.T {
 	return doc
 }
 
-func newSpecCheck(t testing.TB, base http.RoundTripper) *specCheck {
+func newSpecCheck(t testing.TB, next http.Handler) *specCheck {
 	doc := loadSpec(t)
 	doc.Servers = nil // match any host: httptest picks the port
 	r, err := legacy.NewRouter(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &specCheck{t: t, router: r, base: base}
+	return &specCheck{t: t, router: r, next: next, problem: doc.Components.Schemas["Problem"].Value}
 }
 
-func (s *specCheck) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := s.base.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
+// reporter is where specCheck reports what does not hold: the test's
+// *testing.T, or a property-based check's *rapid.T.
+type reporter interface {
+	Errorf(format string, args ...any)
+}
 
-	match := req
-	if req.URL.RawPath != "" {
-		// Routed as the server routes it: on the escaped path, an escaped
-		// "/" inside one parameter.
-		match = req.Clone(req.Context())
-		match.URL.Path = req.URL.RawPath
+// teeWriter passes a response through and keeps a copy of it.
+type teeWriter struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (w *teeWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
 	}
-	route, params, err := s.router.FindRoute(match)
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *teeWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.body.Write(b)
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController flush the stream underneath.
+func (w *teeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *specCheck) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	reqBody, err := io.ReadAll(req.Body)
 	if err != nil {
-		// Only a request the API has no route for may miss the spec.
-		if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusMethodNotAllowed {
-			s.t.Errorf("%s %s: %d, but the spec has no such operation: %v", req.Method, req.URL.Path, resp.StatusCode, err)
-		}
-		return resp, nil
+		s.t.Errorf("%s %s: read the request body: %v", req.Method, req.URL.Path, err)
+		return
 	}
-	ct := resp.Header.Get("Content-Type")
+	req.Body = io.NopCloser(bytes.NewReader(reqBody))
+	route, params, routeErr := s.router.FindRoute(s.matchable(req))
+	s.requests.Add(1)
+	var refused error // why the contract refuses the request, if it does
+	if routeErr == nil {
+		// The server decodes path parameters once; the router, matching
+		// the escaped path, left them escaped.
+		for k, v := range params {
+			if u, err := url.PathUnescape(v); err == nil {
+				params[k] = u
+			}
+		}
+		check := req.Clone(req.Context())
+		check.Body = io.NopCloser(bytes.NewReader(reqBody))
+		refused = openapi3filter.ValidateRequest(req.Context(), &openapi3filter.RequestValidationInput{
+			Request: check, PathParams: params, Route: route,
+			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
+		})
+	}
+	w := &teeWriter{ResponseWriter: rw}
+	s.next.ServeHTTP(w, req)
+	status, body := cmp.Or(w.status, http.StatusOK), w.body.Bytes()
+
+	if routeErr != nil {
+		// Only a request the API has no route for may miss the spec.
+		if status != http.StatusNotFound && status != http.StatusMethodNotAllowed {
+			s.t.Errorf("%s %s: %d, but the spec has no such operation: %v", req.Method, req.URL.Path, status, routeErr)
+		}
+		return
+	}
+	if refused != nil {
+		s.refused.Add(1)
+	}
+	if refused != nil && (status < 400 || status >= 500) {
+		s.t.Errorf("%s %s: the contract refuses the request (%v), but the server answered %d", req.Method, req.URL.Path, refused, status)
+	}
+	header := rw.Header()
+	ct := header.Get("Content-Type")
 	jsonBody := strings.Contains(ct, "json") && !strings.Contains(ct, "ndjson")
 	in := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: &openapi3filter.RequestValidationInput{
 			Request: req, PathParams: params, Route: route,
 			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
 		},
-		Status:  resp.StatusCode,
-		Header:  resp.Header,
+		Status:  status,
+		Header:  header,
 		Options: &openapi3filter.Options{IncludeResponseStatus: true, ExcludeResponseBody: !jsonBody},
 	}
 	in.SetBodyBytes(body)
 	if err := openapi3filter.ValidateResponse(req.Context(), in); err != nil {
-		s.t.Errorf("%s %s: response %d does not match openapi.yaml: %v\nbody: %.500s", req.Method, req.URL.Path, resp.StatusCode, err, body)
+		s.t.Errorf("%s %s: response %d does not match openapi.yaml: %v\nbody: %.500s", req.Method, req.URL.Path, status, err, body)
 	}
-	return resp, nil
+	if header.Get(api.ProxyAnswerHeader) == api.ProxyAnswerAuditd {
+		// The contract lets a proxied answer be anything; auditd's own
+		// must be one of its problems.
+		s.checkProblem(req, status, header, body)
+	}
+}
+
+// matchable is req as the router can match it: routed as the server
+// routes it, on the escaped path (an escaped "/" inside one parameter),
+// and the proxy's {path}, which holds further slashes, as one segment.
+func (s *specCheck) matchable(req *http.Request) *http.Request {
+	path := req.URL.EscapedPath()
+	if rest, ok := strings.CutPrefix(path, "/proxy/"); ok {
+		if src, p, ok := strings.Cut(rest, "/"); ok && strings.Contains(p, "/") {
+			path = "/proxy/" + src + "/" + strings.ReplaceAll(p, "/", "%2F")
+		}
+	}
+	if path == req.URL.Path {
+		return req
+	}
+	match := req.Clone(req.Context())
+	match.URL.Path = path
+	return match
+}
+
+// checkProblem fails the test unless body is a Problem as the contract
+// defines it, sent as application/problem+json.
+func (s *specCheck) checkProblem(req *http.Request, status int, header http.Header, body []byte) {
+	if ct := header.Get("Content-Type"); ct != "application/problem+json" {
+		s.t.Errorf("%s %s: auditd's answer %d has Content-Type %q, want application/problem+json", req.Method, req.URL.Path, status, ct)
+		return
+	}
+	if req.Method == http.MethodHead {
+		return
+	}
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		s.t.Errorf("%s %s: auditd's answer %d is not JSON: %v", req.Method, req.URL.Path, status, err)
+		return
+	}
+	if err := s.problem.VisitJSON(v); err != nil {
+		s.t.Errorf("%s %s: auditd's answer %d is not a Problem: %v\nbody: %.500s", req.Method, req.URL.Path, status, err, body)
+	}
 }
 
 // fakeSources keeps sources in memory and records source.changed as the
@@ -452,9 +558,13 @@ func (f *fakeRuns) CreateRun(_ context.Context, nr auditd.NewRun) (auditd.RunVie
 		st, err := f.replayed(id, nr)
 		return st, false, err
 	}
+	// As the fetch loop does: credentials in paths are redacted before
+	// the run is stored and fingerprinted.
+	nr.Items = slices.Clone(nr.Items)
 	items := make([]auditd.ItemView, len(nr.Items))
-	for i, it := range nr.Items {
-		items[i] = auditd.ItemView{Item: it}
+	for i := range nr.Items {
+		nr.Items[i].Path = redact.New(nil).URL(nr.Items[i].Path)
+		items[i] = auditd.ItemView{Item: nr.Items[i]}
 	}
 	id := f.addLocked(auditd.Run{Name: nr.Name, Award: nr.Award, Status: auditd.RunRunning, InitiatedBy: nr.Principal, Deadline: nr.Deadline, Replay: nr.Replay,
 		Mode: nr.Mode, IdleTimeout: auditd.Duration(nr.IdleTimeout)}, items)

@@ -111,6 +111,11 @@ func (s *Server) handleError(err error, c echo.Context) {
 	}
 	h.Del(echo.HeaderContentDisposition)
 	h.Set(echo.HeaderContentType, "application/problem+json")
+	if strings.HasPrefix(c.Request().URL.Path, "/proxy/") {
+		// On the proxy route a client must tell auditd's answers from
+		// the upstream's, whatever their status.
+		h.Set(ProxyAnswerHeader, ProxyAnswerAuditd)
+	}
 	if c.Request().Method == http.MethodHead {
 		err = c.NoContent(st)
 	} else {
@@ -229,7 +234,7 @@ func validationError(err error) error {
 	case "excludesall":
 		msg = "must not contain CR, LF or NUL"
 	case "printascii":
-		msg = "must be printable ASCII"
+		msg = "must be printable ASCII, without a leading or trailing space"
 	case "alphanum":
 		msg = "must be letters and digits"
 	case "uppercase":

@@ -40,6 +40,9 @@ func (s *Server) handleProof(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if p.Hashes == nil {
+		p.Hashes = []string{} // a tree of one leaf: its root needs no hash
+	}
 	return c.JSON(http.StatusOK, p)
 }
 

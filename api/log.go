@@ -208,7 +208,7 @@ func (s *Server) handleLedgerEvents(c echo.Context) error {
 		}
 		from = after + 1
 	}
-	to, err := sizeParam(c, "to", max(head, 1))
+	to, err := sizeParam(c, "to", max(head, from))
 	if err != nil {
 		return err
 	}

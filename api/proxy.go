@@ -47,6 +47,10 @@ const (
 
 // Response headers of the proxy route.
 const (
+	// ProxyAnswerHeader says whose answer a response of the proxy route
+	// is: ProxyAnswerAuditd (a problem of auditd's) or ProxyAnswerUpstream
+	// (the upstream's response, or its last good copy, passed through).
+	ProxyAnswerHeader      = "Auditd-Answer"
 	ProxyDispatchSeqHeader = "Auditd-Dispatch-Seq" // ledger sequence of the dispatch answered
 	ProxyAttemptsHeader    = "Auditd-Attempts"     // dispatches made
 	ProxyWaitedHeader      = "Auditd-Waited"       // seconds spent at the gates and in backoff
@@ -54,6 +58,12 @@ const (
 	ProxyStaleRunHeader    = "Auditd-Stale-Run"    // the run that fetched the copy
 	ProxyStaleAtHeader     = "Auditd-Stale-Fetched-At"
 	ProxyPayloadHeader     = "Auditd-Payload-Sha256" // the copy's hash
+)
+
+// Values of ProxyAnswerHeader.
+const (
+	ProxyAnswerAuditd   = "auditd"
+	ProxyAnswerUpstream = "upstream"
 )
 
 // proxyMethods are the methods the proxy forwards.
@@ -123,12 +133,22 @@ func isProxyMethod(m string) bool {
 	return false
 }
 
+// idHeader returns the value of header name and whether the request has
+// it at all: one sent empty is there, and refused, not taken as absent.
+func idHeader(h http.Header, name string) (string, bool) {
+	v, ok := h[http.CanonicalHeaderKey(name)]
+	if !ok || len(v) == 0 {
+		return "", false
+	}
+	return v[0], true
+}
+
 // proxyRequest reads and checks a proxied request.
 func (s *Server) proxyRequest(c echo.Context) (*auditd.ProxyRequest, error) {
 	r := c.Request()
 	source := c.Param("source") // decoded once (decodeRequest)
 	if s.validate.Var(source, "required,max=100,printascii") != nil {
-		return nil, invalid("source", "The source in /proxy/{source}/ must be 1 to 100 printable ASCII characters.")
+		return nil, invalid("source", "The source in /proxy/{source}/ must be 1 to 100 printable ASCII characters, without a leading or trailing space.")
 	}
 	path, err := proxyPath(r.URL)
 	if err != nil {
@@ -143,9 +163,9 @@ func (s *Server) proxyRequest(c echo.Context) (*auditd.ProxyRequest, error) {
 	if !runIDPattern.MatchString(req.RunID) {
 		return nil, invalid(ProxyRunHeader, "%s must be a run id (26 characters, as POST /v1/runs returned it).", ProxyRunHeader)
 	}
-	if key := r.Header.Get(ProxyItemKeyHeader); key != "" {
-		if s.validate.Var(key, "max=200,printascii") != nil {
-			return nil, invalid(ProxyItemKeyHeader, "%s must be 1 to 200 printable ASCII characters.", ProxyItemKeyHeader)
+	if key, ok := idHeader(r.Header, ProxyItemKeyHeader); ok {
+		if s.validate.Var(key, "required,max=200,printascii") != nil {
+			return nil, invalid(ProxyItemKeyHeader, "%s must be 1 to 200 printable ASCII characters, without a leading or trailing space.", ProxyItemKeyHeader)
 		}
 		req.ItemKey = key
 	}
@@ -156,9 +176,9 @@ func (s *Server) proxyRequest(c echo.Context) (*auditd.ProxyRequest, error) {
 		}
 		req.Deadline = d
 	}
-	if key := r.Header.Get(IdempotencyKeyHeader); key != "" {
-		if s.validate.Var(key, "max=200,printascii") != nil {
-			return nil, invalid(IdempotencyKeyHeader, "%s must be 1 to 200 printable ASCII characters.", IdempotencyKeyHeader)
+	if key, ok := idHeader(r.Header, IdempotencyKeyHeader); ok {
+		if s.validate.Var(key, "required,max=200,printascii") != nil {
+			return nil, invalid(IdempotencyKeyHeader, "%s must be 1 to 200 printable ASCII characters, without a leading or trailing space.", IdempotencyKeyHeader)
 		}
 		req.Idempotent = true
 	}
@@ -267,12 +287,13 @@ func (p *proxyResponder) Start(status int, header http.Header, meta *auditd.Prox
 	p.started = true
 	h := p.c.Response().Header()
 	for k, v := range header {
-		if k == echo.HeaderXRequestID {
-			continue // auditd's own
+		if k == echo.HeaderXRequestID || strings.HasPrefix(k, "Auditd-") {
+			continue // auditd's own: an upstream cannot forge them
 		}
 		h[k] = v
 	}
 	setProxyMeta(h, meta)
+	h.Set(ProxyAnswerHeader, ProxyAnswerUpstream)
 	p.c.Response().WriteHeader(status)
 	return p.c.Response()
 }

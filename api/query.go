@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/base64"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -90,6 +91,15 @@ func decodeRequest(next echo.HandlerFunc) echo.HandlerFunc {
 		proxied := strings.HasPrefix(c.Path(), "/proxy/")
 		if name, bad := badQueryParam(r.URL.RawQuery, proxied); bad {
 			return invalid(name, "Query parameter %q is not percent-encoded correctly.", name)
+		}
+		if !proxied {
+			// An empty value is no value: the contract refuses it, and
+			// so does the server rather than read it as the default.
+			for name, vs := range r.URL.Query() {
+				if slices.Contains(vs, "") {
+					return invalid(name, "Query parameter %q is empty; leave it out for its default.", name)
+				}
+			}
 		}
 		if r.URL.RawPath != "" {
 			names, values := c.ParamNames(), c.ParamValues()

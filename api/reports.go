@@ -71,7 +71,7 @@ func (s *Server) handleAwardEvidence(c echo.Context) error {
 	q := c.QueryParams()
 	fain := q.Get("award")
 	if err := s.validate.Var(fain, "required,max=64,printascii"); err != nil {
-		return invalid("award", "award must be the FAIN: 1 to 64 printable ASCII characters.")
+		return invalid("award", "award must be the FAIN: 1 to 64 printable ASCII characters, without a leading or trailing space.")
 	}
 	from, to, err := rangeParams(q)
 	if err != nil {

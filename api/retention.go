@@ -30,15 +30,29 @@ func (s *Server) registerRetentionRoutes(g *echo.Group) {
 
 type retentionRequest struct {
 	FinalReport string `json:"final_report" validate:"required,datetime=2006-01-02"`
-	RetainUntil string `json:"retain_until" validate:"omitempty,datetime=2006-01-02"`
+	// RetainUntil, when given, is a date: "" is refused, not read as absent.
+	RetainUntil *string `json:"retain_until" validate:"omitnil,datetime=2006-01-02"`
 }
 
 type holdRequest struct {
 	Reason string `json:"reason" validate:"required,max=1000"`
 }
 
+// fain is the award's FAIN in the path, checked as an Award's fain is.
+func (s *Server) fain(c echo.Context) (string, error) {
+	fain := c.Param("fain")
+	if s.validate.Var(fain, "required,max=64,printascii") != nil {
+		return "", invalid("fain", "The FAIN in the path must be 1 to 64 printable ASCII characters, without a leading or trailing space.")
+	}
+	return fain, nil
+}
+
 func (s *Server) handleRetention(c echo.Context) error {
-	st, err := s.Retention.Status(c.Param("fain"))
+	fain, err := s.fain(c)
+	if err != nil {
+		return err
+	}
+	st, err := s.Retention.Status(fain)
 	if err != nil {
 		return err
 	}
@@ -46,27 +60,35 @@ func (s *Server) handleRetention(c echo.Context) error {
 }
 
 func (s *Server) handleSetRetention(c echo.Context) error {
+	fain, err := s.fain(c)
+	if err != nil {
+		return err
+	}
 	var req retentionRequest
 	if err := s.bind(c, &req, s.MaxBodyBytes); err != nil {
 		return err
 	}
 	fr, _ := time.Parse(time.DateOnly, req.FinalReport)
 	var ru time.Time
-	if req.RetainUntil != "" {
-		ru, _ = time.Parse(time.DateOnly, req.RetainUntil)
+	if req.RetainUntil != nil {
+		ru, _ = time.Parse(time.DateOnly, *req.RetainUntil)
 	}
-	if _, err := s.Retention.SetRetention(c.Request().Context(), token(c).Principal(), c.Param("fain"), fr, ru); err != nil {
+	if _, err := s.Retention.SetRetention(c.Request().Context(), token(c).Principal(), fain, fr, ru); err != nil {
 		return err
 	}
 	return s.handleRetention(c)
 }
 
 func (s *Server) handlePlaceHold(c echo.Context) error {
+	fain, err := s.fain(c)
+	if err != nil {
+		return err
+	}
 	var req holdRequest
 	if err := s.bind(c, &req, s.MaxBodyBytes); err != nil {
 		return err
 	}
-	h, err := s.Retention.PlaceHold(c.Request().Context(), token(c).Principal(), c.Param("fain"), req.Reason)
+	h, err := s.Retention.PlaceHold(c.Request().Context(), token(c).Principal(), fain, req.Reason)
 	if err != nil {
 		return err
 	}
@@ -74,11 +96,15 @@ func (s *Server) handlePlaceHold(c echo.Context) error {
 }
 
 func (s *Server) handleReleaseHold(c echo.Context) error {
+	fain, err := s.fain(c)
+	if err != nil {
+		return err
+	}
 	var req holdRequest
 	if err := s.bind(c, &req, s.MaxBodyBytes); err != nil {
 		return err
 	}
-	h, err := s.Retention.ReleaseHold(c.Request().Context(), token(c).Principal(), c.Param("fain"), c.Param("id"), req.Reason)
+	h, err := s.Retention.ReleaseHold(c.Request().Context(), token(c).Principal(), fain, c.Param("id"), req.Reason)
 	if err != nil {
 		return err
 	}

@@ -65,6 +65,7 @@ func TestRetentionRoutes(t *testing.T) {
 		{"PUT", "/v1/awards/F-9/retention", `{"final_report":"15/01/2026"}`, "final_report"},
 		{"PUT", "/v1/awards/F-9/retention", `{"retain_until":"2030-01-01"}`, "final_report"},
 		{"PUT", "/v1/awards/F-9/retention", `{"final_report":"2026-01-15","retain_until":"2020-01-01"}`, "retain_until"},
+		{"PUT", "/v1/awards/F-9/retention", `{"final_report":"2026-01-15","retain_until":""}`, "retain_until"},
 		{"POST", "/v1/awards/F-9/holds", `{"reason":""}`, "reason"},
 		{"POST", "/v1/awards/F-9/holds/h1/release", `{}`, "reason"},
 	} {

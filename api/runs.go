@@ -1,12 +1,15 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
+	"github.com/auditd/auditd/redact"
 	"github.com/labstack/echo/v4"
 )
 
@@ -43,10 +46,10 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 // run its key already made (charging nothing), then charges the token one
 // unit per item, then creates the run.
 func (s *Server) handleCreateRun(c echo.Context) error {
-	key := c.Request().Header.Get(IdempotencyKeyHeader)
-	if key != "" {
-		if err := s.validate.Var(key, "max=200,printascii"); err != nil {
-			return invalid(IdempotencyKeyHeader, "%s must be 1 to 200 printable ASCII characters.", IdempotencyKeyHeader)
+	key, ok := idHeader(c.Request().Header, IdempotencyKeyHeader)
+	if ok {
+		if err := s.validate.Var(key, "required,max=200,printascii"); err != nil {
+			return invalid(IdempotencyKeyHeader, "%s must be 1 to 200 printable ASCII characters, without a leading or trailing space.", IdempotencyKeyHeader)
 		}
 	}
 	var req createRunRequest
@@ -54,7 +57,8 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	if err := s.checkRun(c, &req); err != nil {
+	err := s.checkRun(c, &req)
+	if err != nil {
 		return err
 	}
 
@@ -75,7 +79,11 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 		// Keys are the client's; scoping them to the token keeps one
 		// client from replaying (or squatting on) another's.
 		nr.IdempotencyKey = tok.ID + ":" + key
-		st, err := s.Runs.RunByIdempotencyKey(ctx, nr)
+		lookup := nr
+		if lookup.Items, err = s.redactedItems(ctx, req.Items); err != nil {
+			return err
+		}
+		st, err := s.Runs.RunByIdempotencyKey(ctx, lookup)
 		if err == nil {
 			return s.renderCreated(c, st, true)
 		} else if auditd.ErrorCode(err) != auditd.ENOTFOUND {
@@ -90,6 +98,29 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 		return err
 	}
 	return s.renderCreated(c, st, !created)
+}
+
+// redactedItems are items as the run store keeps and fingerprints them:
+// the credentials in their paths redacted under their sources' rules, as
+// the fetch loop redacts them before it stores a run. A retry's items
+// carry the credentials its first request did; compared unredacted with
+// the stored run's they would never match.
+func (s *Server) redactedItems(ctx context.Context, items []auditd.Item) ([]auditd.Item, error) {
+	rules := map[string]redact.Rule{}
+	out := slices.Clone(items)
+	for i := range out {
+		rule, ok := rules[out[i].SourceID]
+		if !ok {
+			st, err := s.Sources.Source(ctx, out[i].SourceID)
+			if err != nil {
+				return nil, err
+			}
+			rule = redact.New(st.Config.SecretQuery)
+			rules[out[i].SourceID] = rule
+		}
+		out[i].Path = rule.URL(out[i].Path)
+	}
+	return out, nil
 }
 
 // checkRun checks what the tags cannot: unique item keys, known sources, a

@@ -183,11 +183,10 @@ func (s *Server) Routes() []*echo.Route { return s.echo.Routes() }
 
 // Open listens on Addr and serves in a goroutine until Shutdown.
 func (s *Server) Open() error {
-	ln, err := net.Listen("tcp", s.Addr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", s.Addr, err)
+	if err := s.Listen(); err != nil {
+		return err
 	}
-	s.ln = ln
+	ln := s.ln
 	s.http = &http.Server{
 		Handler:           s.echo,
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
@@ -201,7 +200,23 @@ func (s *Server) Open() error {
 	return nil
 }
 
-// URL returns the base URL the server listens on, once Open has returned.
+// Listen binds s.Addr, once, without serving yet: a caller binds first
+// and creates nothing when the address is taken, then serves (Open) once
+// the rest is ready. Shutdown closes a listener never served.
+func (s *Server) Listen() error {
+	if s.ln != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", s.Addr, err)
+	}
+	s.ln = ln
+	return nil
+}
+
+// URL returns the base URL the server listens on, once Listen or Open has
+// returned.
 func (s *Server) URL() string {
 	if s.ln == nil {
 		return ""
@@ -213,6 +228,9 @@ func (s *Server) URL() string {
 // requests in flight to finish.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s.http == nil {
+		if s.ln != nil {
+			return s.ln.Close()
+		}
 		return nil
 	}
 	if err := s.http.Shutdown(ctx); err != nil {

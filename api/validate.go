@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"reflect"
@@ -43,7 +44,26 @@ func newValidator() *validator.Validate {
 	_ = v.RegisterValidation("itempath", func(fl validator.FieldLevel) bool {
 		return auditd.ValidPath(fl.Field().String())
 	})
+	// printascii, the tag of every identifier (source ids, groups, item
+	// keys, FAINs, token names), is the API's rule for identifiers, which
+	// is stricter than the validator's own: no leading or trailing space
+	// either, so " county" cannot stand beside "county".
+	_ = v.RegisterValidation("printascii", func(fl validator.FieldLevel) bool {
+		return validID(fl.Field().String())
+	})
 	return v
+}
+
+// validID is the rule for identifiers the contract states: printable
+// ASCII (space to tilde), without a leading or trailing space. "" passes:
+// whether one is required is another rule.
+func validID(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return s == "" || s[0] != ' ' && s[len(s)-1] != ' '
 }
 
 // bind decodes the JSON body of c into v and validates v. Nothing else
@@ -87,6 +107,16 @@ func (s *Server) decode(c echo.Context, v any, limit int64) error {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return invalid("", "Unexpected data after the JSON object.")
+	}
+	// A field given as null is refused, as the contract refuses it, not
+	// read as left out. A body without "null" in it has none.
+	if bytes.Contains(body, []byte("null")) {
+		var raw any
+		if json.Unmarshal(body, &raw) == nil {
+			if field := nullField(raw, ""); field != "" {
+				return invalid(field, "%s is null; leave it out instead.", field)
+			}
+		}
 	}
 	// An integer the contract bounds below (minimum: 1) and the struct
 	// reads as "not given" at zero (omitempty) is refused when it is
@@ -180,6 +210,38 @@ func walkBody(raw any, t reflect.Type, f *reflect.StructField, path string, visi
 		}
 	}
 	return nil
+}
+
+// nullField returns the path of the first null inside raw, a decoded
+// JSON body ("" when there is none; a body that is null itself is left
+// to the validation of what it lacks).
+func nullField(raw any, path string) string {
+	switch v := raw.(type) {
+	case []any:
+		for i, el := range v {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if el == nil {
+				return p
+			}
+			if f := nullField(el, p); f != "" {
+				return f
+			}
+		}
+	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			p := k
+			if path != "" {
+				p = path + "." + k
+			}
+			if v[k] == nil {
+				return p
+			}
+			if f := nullField(v[k], p); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
 }
 
 func isInt(k reflect.Kind) bool {

@@ -46,6 +46,7 @@ type Report struct {
 	Leaves     uint64
 	KeyTrusted bool             // the key was given, not taken from the pack
 	Rows       map[string]int64 // data rows checked, per population
+	Sheets     []string         // the workbook's sheets checked
 	Witnessed  []string         // witnesses whose cosignature verified
 	Consistent string           // what was proven of the previous checkpoint, if any
 	Problems   []string         // what does not hold, each naming where
@@ -94,6 +95,21 @@ func Verify(p *Pack, opts Options) (*Report, error) {
 	if err := p.readSingles(r); err != nil {
 		return nil, err
 	}
+	// The runs' reconciliations, which the derived sheets are checked
+	// against, are computed from the leaves beside the other two reads.
+	type reconciled struct {
+		reps []*reports.Report
+		err  error
+	}
+	recs := make(chan reconciled, 1)
+	go func() {
+		reps, err := p.reconcile()
+		recs <- reconciled{reps, err}
+	}()
+	derived := sync.OnceValues(func() ([]*reports.Report, error) {
+		rc := <-recs
+		return rc.reps, rc.err
+	})
 	// The leaves and the workbook are checked side by side: each reads
 	// the leaves once.
 	var (
@@ -109,12 +125,13 @@ func Verify(p *Pack, opts Options) (*Report, error) {
 		defer feed.end()
 		lerr = p.verifyLeaves(tree, feed, &leaves)
 	}()
-	bookErr = p.verifyWorkbook(feed, &book)
+	bookErr = p.verifyWorkbook(feed, derived, &book)
 	wg.Wait()
 	if err := errors.Join(lerr, bookErr); err != nil {
 		return nil, err
 	}
 	r.Problems = append(append(r.Problems, leaves.Problems...), book.Problems...)
+	r.Sheets = book.Sheets
 	p.verifyConsistency(key, tree, opts.Previous, r)
 	r.OK = len(r.Problems) == 0
 	return r, nil
@@ -432,20 +449,28 @@ type population struct {
 	stats  []sheetHash
 	sum    hashWriter // the current part's rows so far
 	byCol  []*cell
+	// key names what a row's first value is, in messages: "event" (its
+	// seq) by default, "run" for the sheets with a row per run.
+	key string
 }
 
 type sheetHash struct {
 	name string
 	rows int64
 	sum  string
+	row  int // the Manifest's row that states it
 }
 
-// verifyWorkbook checks the workbook against the leaves: the Manifest
-// holds the pack's checkpoint and key, the Runs sheet the runs' ranges,
-// and every event population exactly the rows the leaves give, cell by
-// cell and in order, with the SHA-256 of rows the Manifest states.
-func (p *Pack) verifyWorkbook(feed *leafFeed, r *Report) error {
+// verifyWorkbook checks every sheet of the workbook against the leaves:
+// the Manifest holds the pack's checkpoint and key, the Runs sheet the
+// runs' ranges, every event population exactly the rows the leaves give,
+// and every derived sheet exactly the rows the runs' reconciliations
+// (derived, computed from the leaves) give, cell by cell and in order,
+// with the rows and SHA-256 the Manifest states; the Manifest lists every
+// sheet.
+func (p *Pack) verifyWorkbook(feed *leafFeed, derived func() ([]*reports.Report, error), r *Report) error {
 	defer feed.done()
+	defer derived() // the reconciliations are waited for on every path
 	zr, err := p.workbook()
 	if err != nil {
 		r.fail("%v", err)
@@ -456,7 +481,7 @@ func (p *Pack) verifyWorkbook(feed *leafFeed, r *Report) error {
 		r.fail("%s: %v", FileWorkbook, err)
 		return nil
 	}
-	stated, ok := p.checkManifestSheet(b, r)
+	stated, fields, ok := p.checkManifestSheet(b, r)
 	if !ok {
 		return nil
 	}
@@ -489,39 +514,36 @@ func (p *Pack) verifyWorkbook(feed *leafFeed, r *Report) error {
 		return nil
 	}
 	for _, name := range reports.EventSheets() {
-		pop := pops[name]
-		if bad[name] {
-			pop.close()
-			continue
-		}
-		if msg := pop.end(); msg != "" {
-			r.fail("%s: %s", FileWorkbook, msg)
-			continue
-		}
-		for _, st := range pop.stats {
-			want, ok := stated[st.name]
-			switch {
-			case !ok:
-				r.fail("%s: the Manifest does not list sheet %q", FileWorkbook, st.name)
-			case want.rows != st.rows || want.sum != st.sum:
-				r.fail("%s: the Manifest says sheet %q has %d rows hashing to %s; the leaves give %d rows hashing to %s", FileWorkbook, st.name, want.rows, want.sum, st.rows, st.sum)
-			}
-			r.Rows[name] += st.rows
-		}
+		p.settle(pops[name], bad[name], stated, r)
 	}
+	reps, err := derived()
+	if err != nil {
+		r.fail("%s: %v", FileLeaves, err)
+		return nil
+	}
+	p.checkDerived(b, reps, stated, r)
+	p.checkManifestFields(b, fields, stated, reps, r)
 	return nil
 }
 
+// manifestField is a field of the Manifest sheet: its value's text, and
+// its row (from 1, as a spreadsheet numbers them).
+type manifestField struct {
+	value string
+	row   int
+}
+
 // checkManifestSheet checks the Manifest sheet's checkpoint and key and
-// returns the row counts and hashes it states per sheet.
-func (p *Pack) checkManifestSheet(b *book, r *Report) (map[string]sheetHash, bool) {
+// returns its fields and the row counts and hashes it states per sheet.
+func (p *Pack) checkManifestSheet(b *book, r *Report) (map[string]sheetHash, map[string]manifestField, bool) {
 	rr, ok, err := b.rows(reports.SheetManifest)
 	if err != nil || !ok {
 		r.fail("%s: no readable Manifest sheet (%v)", FileWorkbook, err)
-		return nil, false
+		return nil, nil, false
 	}
 	defer rr.Close()
 	stated := map[string]sheetHash{}
+	fields := map[string]manifestField{}
 	var checkpoint, key string
 	table := false
 	for i := 0; ; i++ {
@@ -531,19 +553,24 @@ func (p *Pack) checkManifestSheet(b *book, r *Report) (map[string]sheetHash, boo
 		}
 		if err != nil || i > 100_000 {
 			r.fail("%s: Manifest sheet: %v", FileWorkbook, err)
-			return nil, false
+			return nil, nil, false
 		}
 		c := texts(cells, 3)
 		switch {
 		case table:
 			n, _ := strconv.ParseInt(c[1], 10, 64)
-			stated[c[0]] = sheetHash{name: c[0], rows: n, sum: c[2]}
+			if _, dup := stated[c[0]]; dup {
+				r.fail("%s: sheet %q row %d lists sheet %q a second time", FileWorkbook, reports.SheetManifest, i+1, c[0])
+			}
+			stated[c[0]] = sheetHash{name: c[0], rows: n, sum: c[2], row: i + 1}
 		case c[0] == reports.ManifestFieldCheckpoint:
 			checkpoint = c[1]
 		case c[0] == reports.ManifestFieldPublicKey:
 			key = c[1]
 		case c[0] == reports.ManifestFieldSheet:
 			table = true
+		default:
+			fields[c[0]] = manifestField{value: c[1], row: i + 1}
 		}
 	}
 	if checkpoint != string(p.Checkpoint) {
@@ -552,7 +579,7 @@ func (p *Pack) checkManifestSheet(b *book, r *Report) (map[string]sheetHash, boo
 	if key != p.PublicKey {
 		r.fail("%s: the Manifest's public key is not %s", FileWorkbook, FilePublicKey)
 	}
-	return stated, true
+	return stated, fields, true
 }
 
 // checkRunsSheet checks that the Runs sheet states the runs and ranges
@@ -651,13 +678,20 @@ func (pop *population) check(vals []any, buf *[]byte) string {
 			b = append(b, '\t')
 		}
 		start := len(b)
+		if _, ok := v.(sheetSays); ok {
+			if byCol[i] != nil {
+				b = reports.AppendCellText(b, string(byCol[i].text))
+			}
+			continue
+		}
 		b = reports.AppendCellText(b, v)
 		if !cellMatches(byCol[i], v, b[start:]) {
 			got := ""
 			if byCol[i] != nil {
 				got = string(byCol[i].text)
 			}
-			return fmt.Sprintf("%s (event %v), column %q: the sheet has %q, the leaves give %q", at(), vals[0], pop.header[i], got, b[start:])
+			key := cmp.Or(pop.key, "event")
+			return fmt.Sprintf("%s (%s %v), column %q: the sheet has %q, the leaves give %q", at(), key, vals[0], pop.header[i], got, b[start:])
 		}
 	}
 	b = append(b, '\n')

@@ -26,8 +26,11 @@ directory.
 
 It checks the checkpoint's signature, rebuilds the Merkle root from the
 leaves and proof.json, recomputes each event's chain hash, and checks every
-row of the workbook's event sheets (Dispatches first) against the leaves:
-nothing missing, nothing extra, every cell as the events say. Add
+sheet of the workbook against the leaves: the event sheets (Dispatches
+first) row by row, the Reconciliation and the other sheets derived from it
+against each run reconciled again from the leaves, and the Manifest's
+fields and hashes: nothing missing, nothing extra, every cell as the events
+say. Add
 --previous EARLIER.zip to check this pack's log is an extension of an
 earlier pack's, and --require-witness KEY for each witness that must have
 cosigned the checkpoint. Exit 0 verified, 1 naming what does not hold.

@@ -166,7 +166,7 @@ func (s *Store) Items(_ context.Context, runID, after string, limit int) (items 
 			items = append(items, auditd.ItemView{Item: *it, Result: res})
 			return nil
 		})
-		if err == errStop {
+		if errors.Is(err, errStop) {
 			return nil
 		}
 		if err == nil && skipping {

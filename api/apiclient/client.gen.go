@@ -173,6 +173,7 @@ func (e ItemPaging) Valid() bool {
 // Defines values for ItemStateMethod.
 const (
 	ItemStateMethodGET  ItemStateMethod = "GET"
+	ItemStateMethodHEAD ItemStateMethod = "HEAD"
 	ItemStateMethodPOST ItemStateMethod = "POST"
 )
 
@@ -180,6 +181,8 @@ const (
 func (e ItemStateMethod) Valid() bool {
 	switch e {
 	case ItemStateMethodGET:
+		return true
+	case ItemStateMethodHEAD:
 		return true
 	case ItemStateMethodPOST:
 		return true
@@ -731,7 +734,7 @@ type ItemMethod string
 // ItemPaging defines model for Item.Paging.
 type ItemPaging string
 
-// ItemState defines model for ItemState.
+// ItemState An item as submitted (Item), or as a proxy-mode run recorded a request, and how it ended. A proxied request may be a HEAD, which no submitted item is.
 type ItemState struct {
 	// Body Body of a POST, base64.
 	Body     *[]byte          `json:"body,omitempty"`
@@ -740,7 +743,7 @@ type ItemState struct {
 	PageSize *int             `json:"page_size,omitempty"`
 	Paging   *ItemStatePaging `json:"paging,omitempty"`
 
-	// Path Appended to the source's base_url. No space, control character or fragment. Values of credential parameters (the built-in names and the source's secret_query) are sent as given but stored, recorded and shown as "REDACTED".
+	// Path As recorded: credential values REDACTED.
 	Path   string `json:"path"`
 	Result *struct {
 		Advertised *int `json:"advertised,omitempty"`
@@ -772,7 +775,7 @@ type ItemStateResultOutcome string
 type NewRun struct {
 	Award *Award `json:"award,omitempty"`
 
-	// Deadline Past it, unfinished items are shed (a proxy-mode run's requests wait no longer).
+	// Deadline Past it, unfinished items are shed (a proxy-mode run's requests wait no longer). It must be in the future (400 naming deadline).
 	Deadline *time.Time `json:"deadline,omitempty"`
 
 	// IdleTimeout A Go duration; a proxy-mode run ends after this long without a request (default 15m, at most 168h).
@@ -967,7 +970,7 @@ type RunStateMode string
 // RunStatus defines model for RunStatus.
 type RunStatus string
 
-// Source Unknown fields are refused by the server (400); the schema stays open so SourceState can extend it.
+// Source Unknown fields are refused by the server (400); the schema stays open so SourceState can extend it. Rules the schema cannot state, each refused with a 400 naming the field: `base_url` is required on a put; a `window` needs a `limit`, and is at most 8784h (366 days); `group` differs from the source id.
 type Source struct {
 	// BaseUrl http or https with a host; no query, no fragment and no credentials (userinfo, or a parameter with a credential's name): those are refused (400, field base_url) and belong in `headers`, or in item paths under a name in `secret_query`. A host written as a number in another form than dotted decimal (0x7f000001) is refused too.
 	BaseUrl   *string          `json:"base_url,omitempty"`
@@ -1248,12 +1251,6 @@ type Conflict = Problem
 // Forbidden defines model for Forbidden.
 type Forbidden = Problem
 
-// MethodNotAllowed defines model for MethodNotAllowed.
-type MethodNotAllowed = Problem
-
-// NotAnswered defines model for NotAnswered.
-type NotAnswered = Problem
-
 // NotFound defines model for NotFound.
 type NotFound = Problem
 
@@ -1269,11 +1266,46 @@ type Unauthorized = Problem
 // UnsupportedMediaType defines model for UnsupportedMediaType.
 type UnsupportedMediaType = Problem
 
-// UpstreamFailed defines model for UpstreamFailed.
-type UpstreamFailed = Problem
-
 // Healthz200JSONResponseBodyStatus defines parameters for Healthz.
 type Healthz200JSONResponseBodyStatus string
+
+// ProxyRootGetParams defines parameters for ProxyRootGet.
+type ProxyRootGetParams struct {
+	// AuditdRun The proxy-mode run the request belongs to.
+	AuditdRun ProxyRun `json:"Auditd-Run"`
+
+	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
+	AuditdItemKey *ProxyItemKey `json:"Auditd-Item-Key,omitempty"`
+
+	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
+	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+}
+
+// ProxyRootHeadParams defines parameters for ProxyRootHead.
+type ProxyRootHeadParams struct {
+	// AuditdRun The proxy-mode run the request belongs to.
+	AuditdRun ProxyRun `json:"Auditd-Run"`
+
+	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
+	AuditdItemKey *ProxyItemKey `json:"Auditd-Item-Key,omitempty"`
+
+	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
+	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+}
+
+// ProxyRootPostParams defines parameters for ProxyRootPost.
+type ProxyRootPostParams struct {
+	IdempotencyKey *string `json:"Idempotency-Key,omitempty"`
+
+	// AuditdRun The proxy-mode run the request belongs to.
+	AuditdRun ProxyRun `json:"Auditd-Run"`
+
+	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
+	AuditdItemKey *ProxyItemKey `json:"Auditd-Item-Key,omitempty"`
+
+	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
+	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+}
 
 // ProxyGetParams defines parameters for ProxyGet.
 type ProxyGetParams struct {
@@ -1569,6 +1601,55 @@ type ClientInterface interface {
 	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
 	Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ProxyRootGet Forward a GET of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+	ProxyRootGet(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyRootHead Forward a HEAD of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+	ProxyRootHead(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ProxyRootPostWithBody Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+	//
+	// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+	ProxyRootPostWithBody(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ProxyGet Forward a GET to the source, paced and recorded.
 	//
 	// The request becomes an item of the proxy-mode run named in Auditd-Run
@@ -1582,7 +1663,9 @@ type ClientInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Corresponds with GET /proxy/{source}/{path} (the `ProxyGet` operationId).
 	ProxyGet(ctx context.Context, source string, path string, params *ProxyGetParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1600,7 +1683,9 @@ type ClientInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Corresponds with HEAD /proxy/{source}/{path} (the `ProxyHead` operationId).
 	ProxyHead(ctx context.Context, source string, path string, params *ProxyHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2011,6 +2096,85 @@ func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 	return c.Client.Do(req)
 }
 
+// ProxyRootGet Forward a GET of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+func (c *Client) ProxyRootGet(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyRootGetRequest(c.Server, source, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyRootHead Forward a HEAD of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+func (c *Client) ProxyRootHead(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyRootHeadRequest(c.Server, source, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ProxyRootPostWithBody Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+//
+// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+func (c *Client) ProxyRootPostWithBody(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewProxyRootPostRequestWithBody(c.Server, source, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ProxyGet Forward a GET to the source, paced and recorded.
 //
 // The request becomes an item of the proxy-mode run named in Auditd-Run
@@ -2024,7 +2188,9 @@ func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Corresponds with GET /proxy/{source}/{path} (the `ProxyGet` operationId).
 func (c *Client) ProxyGet(ctx context.Context, source string, path string, params *ProxyGetParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2052,7 +2218,9 @@ func (c *Client) ProxyGet(ctx context.Context, source string, path string, param
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Corresponds with HEAD /proxy/{source}/{path} (the `ProxyHead` operationId).
 func (c *Client) ProxyHead(ctx context.Context, source string, path string, params *ProxyHeadParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2943,6 +3111,226 @@ func NewOpenapiRequest(server string) (*http.Request, error) {
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewProxyRootGetRequest constructs an http.Request for the ProxyRootGet method
+func NewProxyRootGetRequest(server string, source string, params *ProxyRootGetParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "source", source, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/proxy/%s/", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Run", params.AuditdRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Auditd-Run", headerParam0)
+
+		if params.AuditdItemKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Item-Key", *params.AuditdItemKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Item-Key", headerParam1)
+		}
+
+		if params.AuditdDeadline != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Deadline", *params.AuditdDeadline, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Deadline", headerParam2)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewProxyRootHeadRequest constructs an http.Request for the ProxyRootHead method
+func NewProxyRootHeadRequest(server string, source string, params *ProxyRootHeadParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "source", source, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/proxy/%s/", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Run", params.AuditdRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Auditd-Run", headerParam0)
+
+		if params.AuditdItemKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Item-Key", *params.AuditdItemKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Item-Key", headerParam1)
+		}
+
+		if params.AuditdDeadline != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Deadline", *params.AuditdDeadline, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Deadline", headerParam2)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewProxyRootPostRequestWithBody constructs an http.Request for the ProxyRootPost method, with any body, and a specified content type
+func NewProxyRootPostRequestWithBody(server string, source string, params *ProxyRootPostParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "source", source, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/proxy/%s/", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Run", params.AuditdRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Auditd-Run", headerParam1)
+
+		if params.AuditdItemKey != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Item-Key", *params.AuditdItemKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Item-Key", headerParam2)
+		}
+
+		if params.AuditdDeadline != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Deadline", *params.AuditdDeadline, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Deadline", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -5023,6 +5411,59 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
 	OpenapiWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenapiResponse, error)
 
+	// ProxyRootGetWithResponse Forward a GET of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+	ProxyRootGetWithResponse(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*ProxyRootGetResponse, error)
+
+	// ProxyRootHeadWithResponse Forward a HEAD of the source's base URL, paced and recorded.
+	//
+	// The request becomes an item of the proxy-mode run named in Auditd-Run
+	// and passes the source's gates (pause, rate, concurrency, breaker); its
+	// dispatch is durable in the ledger before it leaves. auditd adds the
+	// source's secret headers and query parameters; the client's
+	// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+	// the upstream. auditd retries 429s, 5xx and transport errors itself
+	// (Retry-After honoured) up to the deadline and the source's attempts,
+	// then answers once: the upstream's final response, streamed, or, for a
+	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+	// 503 problem with an honest Retry-After. A POST that may not be
+	// retried gets its one answer, whatever it is. A request refused with a
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+	ProxyRootHeadWithResponse(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*ProxyRootHeadResponse, error)
+
+	// ProxyRootPostWithBodyWithResponse Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+	//
+	// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+	ProxyRootPostWithBodyWithResponse(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyRootPostResponse, error)
+
 	// ProxyGetWithResponse Forward a GET to the source, paced and recorded.
 	//
 	// The request becomes an item of the proxy-mode run named in Auditd-Run
@@ -5036,7 +5477,9 @@ type ClientWithResponsesInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5056,7 +5499,9 @@ type ClientWithResponsesInterface interface {
 	// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 	// 503 problem with an honest Retry-After. A POST that may not be
 	// retried gets its one answer, whatever it is. A request refused with a
-	// 4xx was neither forwarded nor recorded.
+	// 4xx was neither forwarded nor recorded. Every answer says whose it is
+	// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+	// (passed through untouched, whatever its status).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5640,70 +6085,10 @@ func (r OpenapiResponse) ContentType() string {
 	return ""
 }
 
-// ProxyGetResponse400Headers the declared response headers of an HTTP 400 response for ProxyGet
-type ProxyGetResponse400Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse401Headers the declared response headers of an HTTP 401 response for ProxyGet
-type ProxyGetResponse401Headers struct {
-	WWWAuthenticate *string
-	XRequestId      *string
-}
-
-// ProxyGetResponse403Headers the declared response headers of an HTTP 403 response for ProxyGet
-type ProxyGetResponse403Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse404Headers the declared response headers of an HTTP 404 response for ProxyGet
-type ProxyGetResponse404Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse405Headers the declared response headers of an HTTP 405 response for ProxyGet
-type ProxyGetResponse405Headers struct {
-	Allow      *string
-	XRequestId *string
-}
-
-// ProxyGetResponse409Headers the declared response headers of an HTTP 409 response for ProxyGet
-type ProxyGetResponse409Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse413Headers the declared response headers of an HTTP 413 response for ProxyGet
-type ProxyGetResponse413Headers struct {
-	XRequestId *string
-}
-
-// ProxyGetResponse429Headers the declared response headers of an HTTP 429 response for ProxyGet
-type ProxyGetResponse429Headers struct {
-	RetryAfter int
-	XRequestId *string
-}
-
-// ProxyGetResponse502Headers the declared response headers of an HTTP 502 response for ProxyGet
-type ProxyGetResponse502Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	XRequestId     *string
-}
-
-// ProxyGetResponse503Headers the declared response headers of an HTTP 503 response for ProxyGet
-type ProxyGetResponse503Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	AuditdWaited   *string
-	RetryAfter     int
-	XRequestId     *string
-}
-
-// ProxyGetResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyGet
-type ProxyGetResponseDefaultHeaders struct {
+// ProxyRootGetResponse200Headers the declared response headers of an HTTP 200 response for ProxyRootGet
+type ProxyRootGetResponse200Headers struct {
 	Age                  *int
+	AuditdAnswer         string
 	AuditdAttempts       *int
 	AuditdDispatchSeq    *int
 	AuditdItemKey        *string
@@ -5715,101 +6100,220 @@ type ProxyGetResponseDefaultHeaders struct {
 	AuditdWaited         *string
 }
 
+// ProxyRootGetResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyRootGet
+type ProxyRootGetResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
+type ProxyRootGetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyRootGetResponse200Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ProxyRootGetResponseDefaultHeaders
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyRootGetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyRootGetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyRootGetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyRootGetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ProxyRootHeadResponse200Headers the declared response headers of an HTTP 200 response for ProxyRootHead
+type ProxyRootHeadResponse200Headers struct {
+	Age                  *int
+	AuditdAnswer         string
+	AuditdAttempts       *int
+	AuditdDispatchSeq    *int
+	AuditdItemKey        *string
+	AuditdPayloadSha256  *string
+	AuditdRun            *string
+	AuditdStale          *string
+	AuditdStaleFetchedAt *time.Time
+	AuditdStaleRun       *string
+	AuditdWaited         *string
+}
+
+// ProxyRootHeadResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyRootHead
+type ProxyRootHeadResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
+type ProxyRootHeadResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyRootHeadResponse200Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ProxyRootHeadResponseDefaultHeaders
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyRootHeadResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyRootHeadResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyRootHeadResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyRootHeadResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ProxyRootPostResponse200Headers the declared response headers of an HTTP 200 response for ProxyRootPost
+type ProxyRootPostResponse200Headers struct {
+	Age                  *int
+	AuditdAnswer         string
+	AuditdAttempts       *int
+	AuditdDispatchSeq    *int
+	AuditdItemKey        *string
+	AuditdPayloadSha256  *string
+	AuditdRun            *string
+	AuditdStale          *string
+	AuditdStaleFetchedAt *time.Time
+	AuditdStaleRun       *string
+	AuditdWaited         *string
+}
+
+// ProxyRootPostResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyRootPost
+type ProxyRootPostResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
+type ProxyRootPostResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyRootPostResponse200Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ProxyRootPostResponseDefaultHeaders
+}
+
+// GetBody returns the raw response body bytes
+func (r ProxyRootPostResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ProxyRootPostResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ProxyRootPostResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ProxyRootPostResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ProxyGetResponse200Headers the declared response headers of an HTTP 200 response for ProxyGet
+type ProxyGetResponse200Headers struct {
+	Age                  *int
+	AuditdAnswer         string
+	AuditdAttempts       *int
+	AuditdDispatchSeq    *int
+	AuditdItemKey        *string
+	AuditdPayloadSha256  *string
+	AuditdRun            *string
+	AuditdStale          *string
+	AuditdStaleFetchedAt *time.Time
+	AuditdStaleRun       *string
+	AuditdWaited         *string
+}
+
+// ProxyGetResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyGet
+type ProxyGetResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
 type ProxyGetResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
-	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
-	ApplicationproblemJSON400 *BadRequest
-	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
-	ApplicationproblemJSON401 *Unauthorized
-	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
-	ApplicationproblemJSON403 *Forbidden
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
-	// ApplicationproblemJSON405 the response for an HTTP 405 `application/problem+json` response
-	ApplicationproblemJSON405 *MethodNotAllowed
-	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *Conflict
-	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
-	ApplicationproblemJSON413 *TooLarge
-	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
-	ApplicationproblemJSON429 *TooManyRequests
-	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
-	ApplicationproblemJSON502 *UpstreamFailed
-	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
-	ApplicationproblemJSON503 *NotAnswered
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *ProxyGetResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ProxyGetResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *ProxyGetResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *ProxyGetResponse404Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *ProxyGetResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *ProxyGetResponse409Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *ProxyGetResponse413Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ProxyGetResponse429Headers
-	// Headers502 the parsed response headers for an HTTP 502 response
-	Headers502 *ProxyGetResponse502Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ProxyGetResponse503Headers
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyGetResponse200Headers
 	// HeadersDefault the parsed response headers for an HTTP default response
 	HeadersDefault *ProxyGetResponseDefaultHeaders
-}
-
-// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON400() *BadRequest {
-	return r.ApplicationproblemJSON400
-}
-
-// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON401() *Unauthorized {
-	return r.ApplicationproblemJSON401
-}
-
-// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON403() *Forbidden {
-	return r.ApplicationproblemJSON403
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON404() *NotFound {
-	return r.ApplicationproblemJSON404
-}
-
-// GetApplicationproblemJSON405 returns the response for an HTTP 405 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON405() *MethodNotAllowed {
-	return r.ApplicationproblemJSON405
-}
-
-// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON409() *Conflict {
-	return r.ApplicationproblemJSON409
-}
-
-// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON413() *TooLarge {
-	return r.ApplicationproblemJSON413
-}
-
-// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON429() *TooManyRequests {
-	return r.ApplicationproblemJSON429
-}
-
-// GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON502() *UpstreamFailed {
-	return r.ApplicationproblemJSON502
-}
-
-// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ProxyGetResponse) GetApplicationproblemJSON503() *NotAnswered {
-	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -5841,70 +6345,10 @@ func (r ProxyGetResponse) ContentType() string {
 	return ""
 }
 
-// ProxyHeadResponse400Headers the declared response headers of an HTTP 400 response for ProxyHead
-type ProxyHeadResponse400Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse401Headers the declared response headers of an HTTP 401 response for ProxyHead
-type ProxyHeadResponse401Headers struct {
-	WWWAuthenticate *string
-	XRequestId      *string
-}
-
-// ProxyHeadResponse403Headers the declared response headers of an HTTP 403 response for ProxyHead
-type ProxyHeadResponse403Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse404Headers the declared response headers of an HTTP 404 response for ProxyHead
-type ProxyHeadResponse404Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse405Headers the declared response headers of an HTTP 405 response for ProxyHead
-type ProxyHeadResponse405Headers struct {
-	Allow      *string
-	XRequestId *string
-}
-
-// ProxyHeadResponse409Headers the declared response headers of an HTTP 409 response for ProxyHead
-type ProxyHeadResponse409Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse413Headers the declared response headers of an HTTP 413 response for ProxyHead
-type ProxyHeadResponse413Headers struct {
-	XRequestId *string
-}
-
-// ProxyHeadResponse429Headers the declared response headers of an HTTP 429 response for ProxyHead
-type ProxyHeadResponse429Headers struct {
-	RetryAfter int
-	XRequestId *string
-}
-
-// ProxyHeadResponse502Headers the declared response headers of an HTTP 502 response for ProxyHead
-type ProxyHeadResponse502Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	XRequestId     *string
-}
-
-// ProxyHeadResponse503Headers the declared response headers of an HTTP 503 response for ProxyHead
-type ProxyHeadResponse503Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	AuditdWaited   *string
-	RetryAfter     int
-	XRequestId     *string
-}
-
-// ProxyHeadResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyHead
-type ProxyHeadResponseDefaultHeaders struct {
+// ProxyHeadResponse200Headers the declared response headers of an HTTP 200 response for ProxyHead
+type ProxyHeadResponse200Headers struct {
 	Age                  *int
+	AuditdAnswer         string
 	AuditdAttempts       *int
 	AuditdDispatchSeq    *int
 	AuditdItemKey        *string
@@ -5916,101 +6360,25 @@ type ProxyHeadResponseDefaultHeaders struct {
 	AuditdWaited         *string
 }
 
+// ProxyHeadResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyHead
+type ProxyHeadResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
 type ProxyHeadResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
-	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
-	ApplicationproblemJSON400 *BadRequest
-	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
-	ApplicationproblemJSON401 *Unauthorized
-	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
-	ApplicationproblemJSON403 *Forbidden
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
-	// ApplicationproblemJSON405 the response for an HTTP 405 `application/problem+json` response
-	ApplicationproblemJSON405 *MethodNotAllowed
-	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *Conflict
-	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
-	ApplicationproblemJSON413 *TooLarge
-	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
-	ApplicationproblemJSON429 *TooManyRequests
-	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
-	ApplicationproblemJSON502 *UpstreamFailed
-	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
-	ApplicationproblemJSON503 *NotAnswered
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *ProxyHeadResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ProxyHeadResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *ProxyHeadResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *ProxyHeadResponse404Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *ProxyHeadResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *ProxyHeadResponse409Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *ProxyHeadResponse413Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ProxyHeadResponse429Headers
-	// Headers502 the parsed response headers for an HTTP 502 response
-	Headers502 *ProxyHeadResponse502Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ProxyHeadResponse503Headers
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyHeadResponse200Headers
 	// HeadersDefault the parsed response headers for an HTTP default response
 	HeadersDefault *ProxyHeadResponseDefaultHeaders
-}
-
-// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON400() *BadRequest {
-	return r.ApplicationproblemJSON400
-}
-
-// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON401() *Unauthorized {
-	return r.ApplicationproblemJSON401
-}
-
-// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON403() *Forbidden {
-	return r.ApplicationproblemJSON403
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON404() *NotFound {
-	return r.ApplicationproblemJSON404
-}
-
-// GetApplicationproblemJSON405 returns the response for an HTTP 405 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON405() *MethodNotAllowed {
-	return r.ApplicationproblemJSON405
-}
-
-// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON409() *Conflict {
-	return r.ApplicationproblemJSON409
-}
-
-// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON413() *TooLarge {
-	return r.ApplicationproblemJSON413
-}
-
-// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON429() *TooManyRequests {
-	return r.ApplicationproblemJSON429
-}
-
-// GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON502() *UpstreamFailed {
-	return r.ApplicationproblemJSON502
-}
-
-// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ProxyHeadResponse) GetApplicationproblemJSON503() *NotAnswered {
-	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -6042,70 +6410,10 @@ func (r ProxyHeadResponse) ContentType() string {
 	return ""
 }
 
-// ProxyPostResponse400Headers the declared response headers of an HTTP 400 response for ProxyPost
-type ProxyPostResponse400Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse401Headers the declared response headers of an HTTP 401 response for ProxyPost
-type ProxyPostResponse401Headers struct {
-	WWWAuthenticate *string
-	XRequestId      *string
-}
-
-// ProxyPostResponse403Headers the declared response headers of an HTTP 403 response for ProxyPost
-type ProxyPostResponse403Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse404Headers the declared response headers of an HTTP 404 response for ProxyPost
-type ProxyPostResponse404Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse405Headers the declared response headers of an HTTP 405 response for ProxyPost
-type ProxyPostResponse405Headers struct {
-	Allow      *string
-	XRequestId *string
-}
-
-// ProxyPostResponse409Headers the declared response headers of an HTTP 409 response for ProxyPost
-type ProxyPostResponse409Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse413Headers the declared response headers of an HTTP 413 response for ProxyPost
-type ProxyPostResponse413Headers struct {
-	XRequestId *string
-}
-
-// ProxyPostResponse429Headers the declared response headers of an HTTP 429 response for ProxyPost
-type ProxyPostResponse429Headers struct {
-	RetryAfter int
-	XRequestId *string
-}
-
-// ProxyPostResponse502Headers the declared response headers of an HTTP 502 response for ProxyPost
-type ProxyPostResponse502Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	XRequestId     *string
-}
-
-// ProxyPostResponse503Headers the declared response headers of an HTTP 503 response for ProxyPost
-type ProxyPostResponse503Headers struct {
-	AuditdAttempts *int
-	AuditdItemKey  *string
-	AuditdRun      *string
-	AuditdWaited   *string
-	RetryAfter     int
-	XRequestId     *string
-}
-
-// ProxyPostResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyPost
-type ProxyPostResponseDefaultHeaders struct {
+// ProxyPostResponse200Headers the declared response headers of an HTTP 200 response for ProxyPost
+type ProxyPostResponse200Headers struct {
 	Age                  *int
+	AuditdAnswer         string
 	AuditdAttempts       *int
 	AuditdDispatchSeq    *int
 	AuditdItemKey        *string
@@ -6117,101 +6425,25 @@ type ProxyPostResponseDefaultHeaders struct {
 	AuditdWaited         *string
 }
 
+// ProxyPostResponseDefaultHeaders the declared response headers of an HTTP default response for ProxyPost
+type ProxyPostResponseDefaultHeaders struct {
+	AuditdAnswer      string
+	AuditdAttempts    *int
+	AuditdDispatchSeq *int
+	AuditdItemKey     *string
+	AuditdRun         *string
+	AuditdWaited      *string
+	RetryAfter        *string
+	XRequestId        *string
+}
+
 type ProxyPostResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
-	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
-	ApplicationproblemJSON400 *BadRequest
-	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
-	ApplicationproblemJSON401 *Unauthorized
-	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
-	ApplicationproblemJSON403 *Forbidden
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
-	// ApplicationproblemJSON405 the response for an HTTP 405 `application/problem+json` response
-	ApplicationproblemJSON405 *MethodNotAllowed
-	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *Conflict
-	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
-	ApplicationproblemJSON413 *TooLarge
-	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
-	ApplicationproblemJSON429 *TooManyRequests
-	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
-	ApplicationproblemJSON502 *UpstreamFailed
-	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
-	ApplicationproblemJSON503 *NotAnswered
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *ProxyPostResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ProxyPostResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *ProxyPostResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *ProxyPostResponse404Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *ProxyPostResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *ProxyPostResponse409Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *ProxyPostResponse413Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ProxyPostResponse429Headers
-	// Headers502 the parsed response headers for an HTTP 502 response
-	Headers502 *ProxyPostResponse502Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ProxyPostResponse503Headers
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ProxyPostResponse200Headers
 	// HeadersDefault the parsed response headers for an HTTP default response
 	HeadersDefault *ProxyPostResponseDefaultHeaders
-}
-
-// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON400() *BadRequest {
-	return r.ApplicationproblemJSON400
-}
-
-// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON401() *Unauthorized {
-	return r.ApplicationproblemJSON401
-}
-
-// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON403() *Forbidden {
-	return r.ApplicationproblemJSON403
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON404() *NotFound {
-	return r.ApplicationproblemJSON404
-}
-
-// GetApplicationproblemJSON405 returns the response for an HTTP 405 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON405() *MethodNotAllowed {
-	return r.ApplicationproblemJSON405
-}
-
-// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON409() *Conflict {
-	return r.ApplicationproblemJSON409
-}
-
-// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON413() *TooLarge {
-	return r.ApplicationproblemJSON413
-}
-
-// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON429() *TooManyRequests {
-	return r.ApplicationproblemJSON429
-}
-
-// GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON502() *UpstreamFailed {
-	return r.ApplicationproblemJSON502
-}
-
-// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ProxyPostResponse) GetApplicationproblemJSON503() *NotAnswered {
-	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -10585,6 +10817,77 @@ func (c *ClientWithResponses) OpenapiWithResponse(ctx context.Context, reqEditor
 	return ParseOpenapiResponse(rsp)
 }
 
+// ProxyRootGetWithResponse Forward a GET of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /proxy/{source}/ (the `ProxyRootGet` operationId).
+func (c *ClientWithResponses) ProxyRootGetWithResponse(ctx context.Context, source string, params *ProxyRootGetParams, reqEditors ...RequestEditorFn) (*ProxyRootGetResponse, error) {
+	rsp, err := c.ProxyRootGet(ctx, source, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyRootGetResponse(rsp)
+}
+
+// ProxyRootHeadWithResponse Forward a HEAD of the source's base URL, paced and recorded.
+//
+// The request becomes an item of the proxy-mode run named in Auditd-Run
+// and passes the source's gates (pause, rate, concurrency, breaker); its
+// dispatch is durable in the ledger before it leaves. auditd adds the
+// source's secret headers and query parameters; the client's
+// Authorization, Proxy-Authorization and hop-by-hop headers never reach
+// the upstream. auditd retries 429s, 5xx and transport errors itself
+// (Retry-After honoured) up to the deadline and the source's attempts,
+// then answers once: the upstream's final response, streamed, or, for a
+// source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
+// 503 problem with an honest Retry-After. A POST that may not be
+// retried gets its one answer, whatever it is. A request refused with a
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with HEAD /proxy/{source}/ (the `ProxyRootHead` operationId).
+func (c *ClientWithResponses) ProxyRootHeadWithResponse(ctx context.Context, source string, params *ProxyRootHeadParams, reqEditors ...RequestEditorFn) (*ProxyRootHeadResponse, error) {
+	rsp, err := c.ProxyRootHead(ctx, source, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyRootHeadResponse(rsp)
+}
+
+// ProxyRootPostWithBodyWithResponse Forward a POST to the source's base URL, paced and recorded; its body's SHA-256 is recorded.
+//
+// As GET, with a body (at most 1 MiB); see POST /proxy/{source}/{path}.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /proxy/{source}/ (the `ProxyRootPost` operationId).
+func (c *ClientWithResponses) ProxyRootPostWithBodyWithResponse(ctx context.Context, source string, params *ProxyRootPostParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ProxyRootPostResponse, error) {
+	rsp, err := c.ProxyRootPostWithBody(ctx, source, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProxyRootPostResponse(rsp)
+}
+
 // ProxyGetWithResponse Forward a GET to the source, paced and recorded.
 //
 // The request becomes an item of the proxy-mode run named in Auditd-Run
@@ -10598,7 +10901,9 @@ func (c *ClientWithResponses) OpenapiWithResponse(ctx context.Context, reqEditor
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -10624,7 +10929,9 @@ func (c *ClientWithResponses) ProxyGetWithResponse(ctx context.Context, source s
 // source with proxy.serve_stale, the last good copy (Auditd-Stale), or a
 // 503 problem with an honest Retry-After. A POST that may not be
 // retried gets its one answer, whatever it is. A request refused with a
-// 4xx was neither forwarded nor recorded.
+// 4xx was neither forwarded nor recorded. Every answer says whose it is
+// in Auditd-Answer: auditd's own (a problem+json) or the upstream's
+// (passed through untouched, whatever its status).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -11448,278 +11755,35 @@ func ParseOpenapiResponse(rsp *http.Response) (*OpenapiResponse, error) {
 	return response, nil
 }
 
-// ParseProxyGetResponse parses an HTTP response from a ProxyGetWithResponse call
-func ParseProxyGetResponse(rsp *http.Response) (*ProxyGetResponse, error) {
+// ParseProxyRootGetResponse parses an HTTP response from a ProxyRootGetWithResponse call
+func ParseProxyRootGetResponse(rsp *http.Response) (*ProxyRootGetResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &ProxyGetResponse{
+	response := &ProxyRootGetResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
 
 	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest BadRequest
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON403 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest Conflict
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON409 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
-		var dest TooLarge
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON413 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest TooManyRequests
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
-		var dest UpstreamFailed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON502 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest NotAnswered
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 400:
-		var headers ProxyGetResponse400Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers ProxyGetResponse401Headers
-		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.WWWAuthenticate = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers ProxyGetResponse403Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers ProxyGetResponse404Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 405:
-		var headers ProxyGetResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers ProxyGetResponse409Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 413:
-		var headers ProxyGetResponse413Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 429:
-		var headers ProxyGetResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 502:
-		var headers ProxyGetResponse502Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers502 = &headers
-	case rsp.StatusCode == 503:
-		var headers ProxyGetResponse503Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdWaited = &value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers503 = &headers
-	case true:
-		var headers ProxyGetResponseDefaultHeaders
+	case rsp.StatusCode == 200:
+		var headers ProxyRootGetResponse200Headers
 		if values := rsp.Header.Values("Age"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
 		}
 		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
 			var value int
@@ -11783,6 +11847,539 @@ func ParseProxyGetResponse(rsp *http.Response) (*ProxyGetResponse, error) {
 				return nil, err
 			}
 			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyRootGetResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseProxyRootHeadResponse parses an HTTP response from a ProxyRootHeadWithResponse call
+func ParseProxyRootHeadResponse(rsp *http.Response) (*ProxyRootHeadResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyRootHeadResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ProxyRootHeadResponse200Headers
+		if values := rsp.Header.Values("Age"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Payload-Sha256"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Payload-Sha256", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdPayloadSha256 = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStale = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Fetched-At"); len(values) > 0 {
+			var value time.Time
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Fetched-At", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleFetchedAt = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyRootHeadResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseProxyRootPostResponse parses an HTTP response from a ProxyRootPostWithResponse call
+func ParseProxyRootPostResponse(rsp *http.Response) (*ProxyRootPostResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyRootPostResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ProxyRootPostResponse200Headers
+		if values := rsp.Header.Values("Age"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Payload-Sha256"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Payload-Sha256", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdPayloadSha256 = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStale = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Fetched-At"); len(values) > 0 {
+			var value time.Time
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Fetched-At", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleFetchedAt = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyRootPostResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseProxyGetResponse parses an HTTP response from a ProxyGetWithResponse call
+func ParseProxyGetResponse(rsp *http.Response) (*ProxyGetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ProxyGetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ProxyGetResponse200Headers
+		if values := rsp.Header.Values("Age"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Payload-Sha256"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Payload-Sha256", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdPayloadSha256 = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStale = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Fetched-At"); len(values) > 0 {
+			var value time.Time
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Fetched-At", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleFetchedAt = &value
+		}
+		if values := rsp.Header.Values("Auditd-Stale-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Stale-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdStaleRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyGetResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
 		}
 		response.HeadersDefault = &headers
 	}
@@ -11804,264 +12401,21 @@ func ParseProxyHeadResponse(rsp *http.Response) (*ProxyHeadResponse, error) {
 	}
 
 	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest BadRequest
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON403 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest Conflict
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON409 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
-		var dest TooLarge
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON413 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest TooManyRequests
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
-		var dest UpstreamFailed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON502 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest NotAnswered
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 400:
-		var headers ProxyHeadResponse400Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers ProxyHeadResponse401Headers
-		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.WWWAuthenticate = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers ProxyHeadResponse403Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers ProxyHeadResponse404Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 405:
-		var headers ProxyHeadResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers ProxyHeadResponse409Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 413:
-		var headers ProxyHeadResponse413Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 429:
-		var headers ProxyHeadResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 502:
-		var headers ProxyHeadResponse502Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers502 = &headers
-	case rsp.StatusCode == 503:
-		var headers ProxyHeadResponse503Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdWaited = &value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers503 = &headers
-	case true:
-		var headers ProxyHeadResponseDefaultHeaders
+	case rsp.StatusCode == 200:
+		var headers ProxyHeadResponse200Headers
 		if values := rsp.Header.Values("Age"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
 		}
 		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
 			var value int
@@ -12125,6 +12479,65 @@ func ParseProxyHeadResponse(rsp *http.Response) (*ProxyHeadResponse, error) {
 				return nil, err
 			}
 			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyHeadResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
 		}
 		response.HeadersDefault = &headers
 	}
@@ -12146,264 +12559,21 @@ func ParseProxyPostResponse(rsp *http.Response) (*ProxyPostResponse, error) {
 	}
 
 	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest BadRequest
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON403 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest Conflict
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON409 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
-		var dest TooLarge
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON413 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest TooManyRequests
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
-		var dest UpstreamFailed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON502 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest NotAnswered
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 400:
-		var headers ProxyPostResponse400Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers ProxyPostResponse401Headers
-		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.WWWAuthenticate = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers ProxyPostResponse403Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers ProxyPostResponse404Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 405:
-		var headers ProxyPostResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers ProxyPostResponse409Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 413:
-		var headers ProxyPostResponse413Headers
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 429:
-		var headers ProxyPostResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 502:
-		var headers ProxyPostResponse502Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers502 = &headers
-	case rsp.StatusCode == 503:
-		var headers ProxyPostResponse503Headers
-		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdAttempts = &value
-		}
-		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdItemKey = &value
-		}
-		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdRun = &value
-		}
-		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.AuditdWaited = &value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = &value
-		}
-		response.Headers503 = &headers
-	case true:
-		var headers ProxyPostResponseDefaultHeaders
+	case rsp.StatusCode == 200:
+		var headers ProxyPostResponse200Headers
 		if values := rsp.Header.Values("Age"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Age", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.Age = &value
+		}
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
 		}
 		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
 			var value int
@@ -12467,6 +12637,65 @@ func ParseProxyPostResponse(rsp *http.Response) (*ProxyPostResponse, error) {
 				return nil, err
 			}
 			headers.AuditdWaited = &value
+		}
+		response.Headers200 = &headers
+	case true:
+		var headers ProxyPostResponseDefaultHeaders
+		if values := rsp.Header.Values("Auditd-Answer"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Answer", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAnswer = value
+		}
+		if values := rsp.Header.Values("Auditd-Attempts"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Attempts", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdAttempts = &value
+		}
+		if values := rsp.Header.Values("Auditd-Dispatch-Seq"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Dispatch-Seq", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdDispatchSeq = &value
+		}
+		if values := rsp.Header.Values("Auditd-Item-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Item-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdItemKey = &value
+		}
+		if values := rsp.Header.Values("Auditd-Run"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Run", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdRun = &value
+		}
+		if values := rsp.Header.Values("Auditd-Waited"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Auditd-Waited", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.AuditdWaited = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
 		}
 		response.HeadersDefault = &headers
 	}

@@ -29,6 +29,8 @@ func TestConfigErrorsNameLineAndField(t *testing.T) {
 		{"BadDuration", "sources:\n  - id: a\n    base_url: http://x\n  - id: b\n    base_url: http://x\n    window: soon\n", `:4: sources[1]: invalid duration "soon"`},
 		{"BadURL", "sources:\n  - id: a\n    base_url: http://x\n    limit: 5\n  - id: b\n    base_url: not a url\n", ":5: sources[1].base_url"},
 		{"LimitTooHigh", "sources:\n  - id: a\n    base_url: http://x\n    limit: 99999999\n", ":2: sources[0].limit"},
+		{"WindowOverLimiterMax", "sources:\n  - id: a\n    base_url: http://x\n    limit: 1\n    window: 200000h\n", ":2: sources[0].window"},
+		{"IDTrailingSpace", "sources:\n  - id: \"a \"\n    base_url: http://x\n", ":2: sources[0].id"},
 		{"Duplicate", "sources:\n  - id: a\n    base_url: http://x\n  - id: a\n    base_url: http://y\n", "duplicate id \"a\" (first at line 2)"},
 		{"NotYAML", "sources: [\n", "config.yaml"},
 		{"BaseURLCredentials", "sources:\n  - id: a\n    base_url: http://u:pw@x\n", ":2: sources[0].base_url: base_url must not carry credentials; put them in headers"},

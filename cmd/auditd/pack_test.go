@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,6 +113,12 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "pack verified") || !strings.Contains(out, "Dispatches 36") {
 		t.Fatalf("verify --pack: exit %d\n%s%s", code, out, errOut)
 	}
+	for _, sheet := range []string{"Manifest", "Award context", "Runs", "Dispatches", "Waits and throttles", "Breaker transitions",
+		"Registry snapshots", "Control evidence", "Reconciliation", "Served from cache", "Access log", "Retention"} {
+		if !regexp.MustCompile(`sheets checked: .*\b` + sheet + `\b`).MatchString(out) {
+			t.Errorf("verify --pack does not say it checked sheet %q:\n%s", sheet, out)
+		}
+	}
 	good, err := os.ReadFile(pack1)
 	if err != nil {
 		t.Fatal(err)
@@ -130,25 +137,67 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 		name  string
 		edit  func(t *testing.T, b []byte) []byte
 		names string // in auditd verify's output
+		// auditdOnly: the outsider's verifier checks the leaves, the
+		// proofs and the event sheets, not the sheets derived from them.
+		auditdOnly bool
 	}{
 		{"Row", func(t *testing.T, b []byte) []byte {
 			return editWorkbookSheet(t, b, "Dispatches", func(x []byte) []byte {
 				return replaceNth(t, x, `<v>200</v>`, `<v>500</v>`, 3)
 			})
-		}, `sheet "Dispatches" row`},
+		}, `sheet "Dispatches" row`, false},
 		{"RowPath", func(t *testing.T, b []byte) []byte {
 			return editWorkbookSheet(t, b, "Dispatches", func(x []byte) []byte {
 				return replaceNth(t, x, `/q?n=7<`, `/q?n=8<`, 1)
 			})
-		}, `column "Path (credentials stripped)"`},
+		}, `column "Path (credentials stripped)"`, false},
 		{"RowDeleted", func(t *testing.T, b []byte) []byte {
 			return editWorkbookSheet(t, b, "Dispatches", func(x []byte) []byte {
 				return regexp.MustCompile(`<row r="5">.*?</row>`).ReplaceAll(x, nil)
 			})
-		}, `Dispatches`},
+		}, `Dispatches`, false},
+		// The sheets derived from the reconciliation, and the Manifest's
+		// hash of each sheet, are checked as well as the event sheets.
+		{"ReconciliationActual", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Reconciliation", func(x []byte) []byte {
+				return editCell(t, x, "F2", func(v string) string { n, _ := strconv.Atoi(v); return strconv.Itoa(n - 1) })
+			})
+		}, `sheet "Reconciliation" row 2 (run `, true},
+		{"ManifestHashZeroed", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Manifest", func(x []byte) []byte {
+				return editRowOf(t, x, ">Reconciliation<", func(row []byte) []byte {
+					return regexp.MustCompile(`[0-9a-f]{64}`).ReplaceAll(row, []byte(strings.Repeat("0", 64)))
+				})
+			})
+		}, `sheet "Manifest" row 21 (sheet "Reconciliation"), column "SHA-256 of rows": the sheet has "0000000000000000`, true},
+		{"ManifestFilters", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Manifest", func(x []byte) []byte {
+				return editRowOf(t, x, ">Filters<", func(row []byte) []byte { return bytes.Replace(row, []byte("run "), []byte("run X"), 1) })
+			})
+		}, `sheet "Manifest" row 5 (Filters), column "Value"`, true},
+		{"ManifestProse", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Manifest", func(x []byte) []byte {
+				return editRowOf(t, x, ">Timestamps<", func(row []byte) []byte { return bytes.Replace(row, []byte("UTC, "), []byte("local time, "), 1) })
+			})
+		}, `sheet "Manifest" row 12 (Timestamps), column "Value"`, true},
+		{"RunsSucceeded", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Runs", func(x []byte) []byte {
+				return editCell(t, x, "J2", func(v string) string { n, _ := strconv.Atoi(v); return strconv.Itoa(n + 1) })
+			})
+		}, `sheet "Runs" row 2 (run `, true},
+		{"ControlPeak", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Control evidence", func(x []byte) []byte {
+				return editCell(t, x, "C2", func(v string) string { n, _ := strconv.Atoi(v); return strconv.Itoa(n + 1) })
+			})
+		}, `sheet "Control evidence" row 2 (run `, true},
+		{"AwardFAIN", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Award context", func(x []byte) []byte {
+				return editCell(t, x, "B2", func(string) string { return "F-OTHER" })
+			})
+		}, `sheet "Award context" row 2 (run `, true},
 		{"Leaf", func(t *testing.T, b []byte) []byte {
 			return editEntry(t, b, "events.bin", func(x []byte) []byte { return replaceNth(t, x, "/q?n=3", "/q?n=9", 1) })
-		}, "do not rebuild the checkpoint's root"},
+		}, "do not rebuild the checkpoint's root", false},
 		{"Proof", func(t *testing.T, b []byte) []byte {
 			return editEntry(t, b, "proof.json", func(x []byte) []byte {
 				return regexp.MustCompile(`"left": \[\n\s+"[A-Za-z0-9+/]`).ReplaceAllFunc(x, func(m []byte) []byte {
@@ -161,17 +210,17 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 					return m
 				})
 			})
-		}, "proof.json"},
+		}, "proof.json", false},
 		{"Checkpoint", func(t *testing.T, b []byte) []byte {
 			return editEntry(t, b, "checkpoint.txt", func(x []byte) []byte {
 				lines := strings.SplitN(string(x), "\n", 3)
 				n, _ := strconv.Atoi(lines[1])
 				return []byte(lines[0] + "\n" + strconv.Itoa(n+1) + "\n" + lines[2])
 			})
-		}, "checkpoint.txt"},
+		}, "checkpoint.txt", false},
 		{"Key", func(t *testing.T, b []byte) []byte {
 			return editEntry(t, b, "public-key.txt", func([]byte) []byte { return []byte(otherKey + "\n") })
-		}, "public-key.txt is not the trusted key"},
+		}, "public-key.txt is not the trusted key", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -186,6 +235,9 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 			code, out, errOut := runCmd(t, "verify", "--pack", path, "--key", key)
 			if code != 1 || !strings.Contains(out, tc.names) {
 				t.Errorf("auditd verify --pack: exit %d, want 1 naming %q\n%s%s", code, tc.names, out, errOut)
+			}
+			if tc.auditdOnly {
+				return
 			}
 			if err := outsideVerify(bad, key); err == nil {
 				t.Error("the outsider's verifier accepts the tampered pack")
@@ -465,6 +517,32 @@ func sheetPart(t *testing.T, book []byte, sheet string) string {
 	}
 	target := r[1] + r[2]
 	return "xl/" + strings.TrimPrefix(target, "/xl/")
+}
+
+// editCell edits the value of the cell at ref (as "F2") of a sheet's XML.
+func editCell(t *testing.T, x []byte, ref string, fn func(string) string) []byte {
+	t.Helper()
+	m := regexp.MustCompile(`<c r="` + ref + `"[^>]*>.*?</c>`).FindIndex(x)
+	if m == nil {
+		t.Fatalf("no cell %s", ref)
+	}
+	cell := regexp.MustCompile(`(<v>|<t[^>]*>)([^<]*)(</v>|</t>)`).ReplaceAllFunc(x[m[0]:m[1]], func(v []byte) []byte {
+		sub := regexp.MustCompile(`^(<v>|<t[^>]*>)([^<]*)(</v>|</t>)$`).FindSubmatch(v)
+		return []byte(string(sub[1]) + fn(string(sub[2])) + string(sub[3]))
+	})
+	return slices.Concat(x[:m[0]], cell, x[m[1]:])
+}
+
+// editRowOf edits the row of a sheet's XML that holds marker.
+func editRowOf(t *testing.T, x []byte, marker string, fn func([]byte) []byte) []byte {
+	t.Helper()
+	for _, m := range regexp.MustCompile(`<row [^>]*>.*?</row>`).FindAllIndex(x, -1) {
+		if bytes.Contains(x[m[0]:m[1]], []byte(marker)) {
+			return slices.Concat(x[:m[0]], fn(bytes.Clone(x[m[0]:m[1]])), x[m[1]:])
+		}
+	}
+	t.Fatalf("no row holds %q", marker)
+	return nil
 }
 
 func replaceNth(t *testing.T, b []byte, old, new string, n int) []byte {

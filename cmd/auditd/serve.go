@@ -121,6 +121,20 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 			return err
 		}
 	}
+	// The address is bound before anything in the data directory is
+	// created or changed: a taken port leaves no directory, token or
+	// ledger event behind. It serves once the rest is ready (Open).
+	srv := api.NewServer()
+	srv.Addr = o.addr
+	if err := srv.Listen(); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	serving := false
+	defer func() {
+		if !serving {
+			srv.Shutdown(context.Background()) // closes the listener alone
+		}
+	}()
 	path := filepath.Join(o.dataDir, dbFile)
 	if err := checkFile(path); errors.Is(err, ledger.ErrDamaged) {
 		return fmt.Errorf("refusing to serve %s: %v; run auditd verify --data %s for the full report, and restore the data directory from a backup", path, err, o.dataDir)
@@ -230,7 +244,6 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		return err
 	}
 
-	srv := api.NewServer()
 	srv.Registry.MustRegister(tel.Collectors()...) // GET /metrics serves the API's and these
 	srv.Tokens, srv.Ledger = tokens, led
 	if o.tokenBudget != nil {
@@ -249,10 +262,10 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	srv.Retention = retention.New(led, stage)
 	srv.UI = web.Handler()
 	srv.Logger = log
-	srv.Addr = o.addr
 	if err := srv.Open(); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	serving = true
 	stop.push("shut down API", srv.Shutdown)
 	log.Info("serving", "url", srv.URL(), "data", o.dataDir, "sources", len(reg.ListSources()))
 	greet(stdout, srv.URL(), o.dataDir, secret)
@@ -336,9 +349,13 @@ func nonNil(m map[string]string) map[string]string {
 }
 
 // validateSource is the check a configuration file's sources get: the
-// registry's own validation, reported as field and message.
+// registry's own validation and the API's own (ids, pace), reported as
+// field and message.
 func validateSource(src *auditd.Source) (field, msg string) {
 	err := registry.CheckSource(*src)
+	if err == nil {
+		err = api.CheckSource(*src)
+	}
 	if err == nil {
 		return "", ""
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -105,20 +106,64 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 }
 
-// serve that fails after the fetch loop has started (here: its address is
-// taken) stops what it started, in order, before it returns: the bbolt
-// file is closed (verify opens it at once) and the ledger intact.
-func TestServeClosesWhatItStartedOnError(t *testing.T) {
+// serve binds its address before it creates or changes anything in the
+// data directory: on a port in use it fails creating no directory, no
+// admin token and no ledger event, and an existing data directory is left
+// as it was.
+func TestServeTakenPortCreatesNothing(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	dir := filepath.Join(t.TempDir(), "data")
-	t.Setenv("AUDITD_BOOTSTRAP_TOKEN", "serve-error-admin-token-01234567")
 	code, _, errOut := runCmd(t, "serve", "--data", dir, "--addr", ln.Addr().String())
 	if code != 1 || !strings.Contains(errOut, "listen") {
 		t.Fatalf("exit %d, want 1 saying it cannot listen:\n%s", code, errOut)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("serve on a taken port left %s behind (%v)", dir, err)
+	}
+
+	existing, _ := mustLedgerDir(t, 5)
+	before := dirState(t, existing)
+	if code, _, errOut := runCmd(t, "serve", "--data", existing, "--addr", ln.Addr().String()); code != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", code, errOut)
+	}
+	if after := dirState(t, existing); !reflect.DeepEqual(after, before) {
+		t.Errorf("serve on a taken port changed the data directory:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// dirState is each file of dir (relative path) with its size and
+// modification time.
+func dirState(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = fmt.Sprintf("%d %s", fi.Size(), fi.ModTime())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// serve that fails after the fetch loop has started (here: a witness key
+// that does not parse, read when the API is wired) stops what it started,
+// in order, before it returns: the bbolt file is closed (verify opens it
+// at once) and the ledger intact.
+func TestServeClosesWhatItStartedOnError(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	t.Setenv("AUDITD_BOOTSTRAP_TOKEN", "serve-error-admin-token-01234567")
+	code, _, errOut := runCmd(t, "serve", "--data", dir, "--addr", "127.0.0.1:0", "--witness", "not-a-witness-key")
+	if code != 1 || !strings.Contains(errOut, "witness") {
+		t.Fatalf("exit %d, want 1 refusing the witness key:\n%s", code, errOut)
 	}
 	if !strings.Contains(errOut, "stopped") {
 		t.Errorf("serve did not stop what it started:\n%s", errOut)

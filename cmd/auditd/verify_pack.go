@@ -48,6 +48,7 @@ func verifyPack(path, key, previous string, witnesses []string, stdout, stderr i
 	sort.Strings(rows)
 	fmt.Fprintf(stdout, "pack verified: %d leaves proven against %s at size %d; rows tie to leaves: %s\n",
 		r.Leaves, r.Origin, r.TreeSize, strings.Join(rows, ", "))
+	fmt.Fprintf(stdout, "sheets checked: %s\n", strings.Join(r.Sheets, ", "))
 	if !r.KeyTrusted {
 		fmt.Fprintln(stdout, "note: checked with the pack's own public key; pass --key with the ledger's published key to rule out a pack re-signed whole")
 	}
