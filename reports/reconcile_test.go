@@ -77,6 +77,27 @@ func TestReconcile_Clean(t *testing.T) {
 	goldenCompare(t, "clean.reconciliation.json", buf.Bytes())
 }
 
+// A run with no request yet (a proxy run just named) reconciles with empty
+// arrays where the contract promises arrays, not nulls.
+func TestReconcile_NoRequestsHasEmptyArrays(t *testing.T) {
+	rep := reconcile(t, mutation{Before: func(evs []auditd.Event) []auditd.Event {
+		return slices.DeleteFunc(evs, func(e auditd.Event) bool { return e.SourceID != "" })
+	}})
+	var buf bytes.Buffer
+	if err := reports.WriteJSON(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{"sources", "control", "checks"} {
+		if !bytes.HasPrefix(got[field], []byte("[")) {
+			t.Errorf("%s = %s, want an array", field, got[field])
+		}
+	}
+}
+
 func TestReconcile_NotApplicable(t *testing.T) {
 	rep := reconcile(t, mutation{Before: drop(56, 57, 58, 59)})
 	got := statuses(rep)

@@ -669,7 +669,9 @@ func (rc *recount) report(live *LiveCounters) *Report {
 	rc.settleRequests()
 	rc.checkStatus()
 
-	rep := &Report{RunID: rc.run.ID, Run: rc.run, Cached: rc.cached}
+	// Sources and Control are arrays in the contract, empty before a run's
+	// first request, never null.
+	rep := &Report{RunID: rc.run.ID, Run: rc.run, Cached: rc.cached, Sources: []SourceReport{}, Control: []ControlEvidence{}}
 	rep.Run.FirstSeq, rep.Run.LastSeq = rc.first, rc.last
 	ids := make([]string, 0, len(rc.sources))
 	for id := range rc.sources {
