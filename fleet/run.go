@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/auditd/auditd/clock"
@@ -13,16 +14,13 @@ func (s *Slots) Open() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel, s.done = cancel, make(chan struct{})
 	pauses := make(chan Pause)
-	watched := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.backend.Watch(ctx, s.cfg.Key, pauses) }) // returns ctx.Err() once closed
+	wg.Go(func() { s.follow(ctx, pauses) })
+	wg.Go(func() { s.reserveLoop(ctx) })
 	go func() {
-		defer close(watched)
-		_ = s.backend.Watch(ctx, s.cfg.Key, pauses) // returns ctx.Err() once closed
-	}()
-	go func() {
-		defer close(s.done)
-		go s.follow(ctx, pauses)
-		s.reserveLoop(ctx)
-		<-watched
+		wg.Wait()
+		close(s.done)
 	}()
 }
 
