@@ -11,14 +11,33 @@ import (
 	"github.com/auditd/auditd/fleet"
 )
 
+// demand is one node's takers: how many, how long each rests after a take,
+// and when they start.
+type demand struct {
+	takers int
+	rest   time.Duration
+	start  time.Duration
+}
+
 // TestFleetNeverExceedsTheLimit runs nodes, each with its own etcd client
-// (on its own member) and Slots, whose takers take slots as fast as they
-// come, and checks the union of every take against the told limit in every
-// sliding window. It reports utilisation: takes over what the limit allowed.
+// (on its own member) and Slots, whose takers take slots as they come, and
+// checks the union of every take against the told limit in every sliding
+// window. It reports utilisation: takes over what the limit allowed.
 func TestFleetNeverExceedsTheLimit(t *testing.T) {
 	c := startCluster(t, 3)
+	for _, tc := range []struct {
+		name  string
+		nodes []demand
+	}{
+		{"EveryNodeAtFullPace", []demand{{takers: 4}, {takers: 4}, {takers: 4}}},
+		{"UnevenDemand", []demand{{takers: 4}, {takers: 1, rest: 20 * time.Millisecond}, {takers: 2, start: time.Second}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { checkFleet(t, c, tc.name, tc.nodes) })
+	}
+}
+
+func checkFleet(t *testing.T, c *cluster, key string, nodes []demand) {
 	rate := fleet.Rate{Limit: 200, Window: time.Second}
-	const nodes, takers = 3, 4
 	const run = 3 * time.Second
 
 	var (
@@ -37,21 +56,23 @@ func TestFleetNeverExceedsTheLimit(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	var all []*fleet.Slots
-	for n := range nodes {
-		st := fleet.NewStore(newClient(t, c.endpoints()[n]), clock.Real{}, "")
-		s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: "geo", Rate: rate, Notify: record})
+	for n, d := range nodes {
+		st := fleet.NewStore(newClient(t, c.endpoints()[n%len(c.members)]), clock.Real{}, "")
+		s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: key, Rate: rate, Notify: record})
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.Open()
 		all = append(all, s)
-		for range takers {
+		for range d.takers {
 			wg.Go(func() {
+				_ = clock.Sleep(ctx, clock.Real{}, d.start)
 				for ctx.Err() == nil {
 					if at, ok := take(ctx, s); ok {
 						mu.Lock()
 						takes = append(takes, at)
 						mu.Unlock()
+						_ = clock.Sleep(ctx, clock.Real{}, d.rest)
 					}
 				}
 			})
@@ -76,6 +97,9 @@ func TestFleetNeverExceedsTheLimit(t *testing.T) {
 			t.Fatalf("node %d used %d of %d reserved", i, st.Used, st.Reserved)
 		}
 		used, reserved, wasted = used+st.Used, reserved+st.Reserved, wasted+st.Wasted
+	}
+	if len(takes) < 2 {
+		t.Fatalf("%d takes: the fleet handed out nothing", len(takes))
 	}
 	if int64(len(takes)) != used {
 		t.Fatalf("%d takes recorded, %d counted", len(takes), used)

@@ -157,10 +157,23 @@ func (s *Slots) size() int {
 	return s.want
 }
 
+// reserve asks for count slots from when the grant should reach this node:
+// now plus the last reservation's round trip, so that a block's first slots
+// are not past their grace on arrival.
 func (s *Slots) reserve(ctx context.Context, count int) (Block, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	return s.backend.Reserve(ctx, s.cfg.Key, count, time.Duration(s.interval))
+	s.mu.Lock()
+	trip := s.trip
+	s.mu.Unlock()
+	start := s.clock.Now()
+	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(trip), count, time.Duration(s.interval))
+	if err == nil {
+		s.mu.Lock()
+		s.trip = min(s.clock.Now().Sub(start), s.cfg.Lead)
+		s.mu.Unlock()
+	}
+	return b, err
 }
 
 // add takes b into the held slots.

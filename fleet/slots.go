@@ -55,7 +55,7 @@ type Config struct {
 
 // Backend is the shared state Slots reserve from; *Store is the etcd one.
 type Backend interface {
-	Reserve(ctx context.Context, key string, count int, interval time.Duration) (Block, error)
+	Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (Block, error)
 	Pause(ctx context.Context, key string, until time.Time) (Pause, error)
 	Watch(ctx context.Context, key string, ch chan<- Pause) error
 }
@@ -72,13 +72,14 @@ type Slots struct {
 	max      int   // most slots one reservation takes
 
 	mu      sync.Mutex
-	held    []Block // granted and not yet spent, in time order
-	next    int     // held[0]'s next slot
-	pause   int64   // unix nanoseconds: no slot before it is handed out
-	want    int     // size of the next reservation
-	need    int     // largest cost a taker found too few slots for since the last reservation; 0 when none
-	usedRun int     // slots used since the last reservation
-	lostRun int     // slots wasted since the last reservation
+	held    []Block       // granted and not yet spent, in time order
+	next    int           // held[0]'s next slot
+	pause   int64         // unix nanoseconds: no slot before it is handed out
+	want    int           // size of the next reservation
+	trip    time.Duration // how long the last reservation took, up to Lead
+	need    int           // largest cost a taker found too few slots for since the last reservation; 0 when none
+	usedRun int           // slots used since the last reservation
+	lostRun int           // slots wasted since the last reservation
 	stats   Stats
 	changed chan struct{} // closed on any change a taker could care about; nil when nobody waits
 

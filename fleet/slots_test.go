@@ -27,14 +27,14 @@ func newMemBackend(c clock.Clock) *memBackend {
 	return &memBackend{clock: c, pauses: make(chan fleet.Pause, 8)}
 }
 
-func (m *memBackend) Reserve(ctx context.Context, key string, count int, interval time.Duration) (fleet.Block, error) {
+func (m *memBackend) Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (fleet.Block, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.calls++
 	if m.fail != nil {
 		return fleet.Block{}, m.fail
 	}
-	first := max(m.tat, m.clock.Now().UnixNano())
+	first := max(m.tat, from.UnixNano())
 	m.tat = first + int64(count)*int64(interval)
 	m.rev++
 	return fleet.Block{Key: key, First: time.Unix(0, first), Interval: interval, Count: count, Revision: m.rev}, nil

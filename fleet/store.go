@@ -36,8 +36,7 @@ type state struct {
 }
 
 // NewStore returns a Store on client that keeps its keys under prefix
-// (DefaultPrefix when empty) and reads now, for the arrival time of an idle
-// key, from c.
+// (DefaultPrefix when empty) and times Watch's retries on c.
 func NewStore(client *clientv3.Client, c clock.Clock, prefix string) *Store {
 	if prefix == "" {
 		prefix = DefaultPrefix
@@ -69,19 +68,20 @@ func (s *Store) tatKey(key string) string   { return s.prefix + "budget/" + key 
 func (s *Store) pauseKey(key string) string { return s.prefix + "budget/" + key + "/pause" }
 
 // Reserve grants count slots of key spaced interval apart, starting at the
-// key's arrival time or now, whichever is later, and advances the arrival
-// time past them. The advance is a compare-and-swap on the key's
+// key's arrival time or at from, whichever is later, and advances the
+// arrival time past them. From is the caller's wall time: when it could use
+// its first slot (now, plus the time the grant takes to reach it). The advance is a compare-and-swap on the key's
 // ModRevision, retried on conflict, so two calls, on any nodes, never get
 // overlapping blocks. It fails when etcd cannot commit (no quorum, no
 // connection) before ctx ends; nothing is granted then.
-func (s *Store) Reserve(ctx context.Context, key string, count int, interval time.Duration) (Block, error) {
+func (s *Store) Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (Block, error) {
 	if count < 1 || interval <= 0 {
 		return Block{}, fmt.Errorf("reserve %s: count %d, interval %v: %w", key, count, interval, ErrInvalidBlock)
 	}
 	k := s.tatKey(key)
 	cur := s.cached(k)
 	for {
-		first := max(cur.tat, s.clock.Now().UnixNano())
+		first := max(cur.tat, from.UnixNano())
 		next := first + int64(count)*int64(interval)
 		resp, err := s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.rev)).

@@ -27,7 +27,7 @@ func TestReserveNeverGrantsASlotTwice(t *testing.T) {
 		st := fleet.NewStore(newClient(t, c.endpoints()[n%3]), clock.Real{}, "")
 		wg.Go(func() {
 			for i := range each {
-				b, err := st.Reserve(context.Background(), "geo", 1+(n+i)%7, interval)
+				b, err := st.Reserve(context.Background(), "geo", time.Now(), 1+(n+i)%7, interval)
 				if err != nil {
 					t.Error(err)
 					return
@@ -62,16 +62,16 @@ func assertDisjoint(t *testing.T, blocks []fleet.Block) {
 	}
 }
 
-func TestReserveAdvancesFromNowAfterIdle(t *testing.T) {
+func TestReserveStartsAtFromAfterIdle(t *testing.T) {
 	c := startCluster(t, 1)
 	fc := clock.NewFake(t0)
-	st := fleet.NewStore(newClient(t, c.endpoints()...), fc, "")
+	st := fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
-	b1, err := st.Reserve(ctx, "k", 3, time.Second)
+	b1, err := st.Reserve(ctx, "k", fc.Now(), 3, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b2, err := st.Reserve(ctx, "k", 1, time.Second)
+	b2, err := st.Reserve(ctx, "k", fc.Now(), 1, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestReserveAdvancesFromNowAfterIdle(t *testing.T) {
 	// Idle past the arrival time: the next block starts now, the unused
 	// time is not saved up.
 	fc.Advance(time.Hour)
-	b3, err := st.Reserve(ctx, "k", 1, time.Second)
+	b3, err := st.Reserve(ctx, "k", fc.Now(), 1, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,8 +89,8 @@ func TestReserveAdvancesFromNowAfterIdle(t *testing.T) {
 		t.Fatalf("after idle block at %v, want now %v", b3.First, fc.Now())
 	}
 	// Another node's Store, with no cached state, still continues after.
-	other := fleet.NewStore(newClient(t, c.endpoints()...), fc, "")
-	b4, err := other.Reserve(ctx, "k", 1, time.Second)
+	other := fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, "")
+	b4, err := other.Reserve(ctx, "k", fc.Now(), 1, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
