@@ -47,9 +47,11 @@
 //     behind does not end it early.
 //
 // The time base: slot times are Unix nanoseconds of wall time. A grant
-// starts at the stored arrival time or at the reserving node's now
-// (clock.Clock.Now), whichever is later, and every node compares slots with
-// its own wall clock. MaxSkew is an assumption the operator states (the
+// starts at the stored arrival time or at the time the reserving node asks
+// from, whichever is later; Slots asks from its now (clock.Clock.Now) plus
+// its last reservation's round trip (at most Lead), so that a slow grant
+// does not arrive with its first slots past their grace. Every node compares
+// slots with its own wall clock. MaxSkew is an assumption the operator states (the
 // nodes keep NTP time), not something the package measures.
 //
 // Caveats:

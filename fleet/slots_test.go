@@ -21,6 +21,7 @@ type memBackend struct {
 	calls   int
 	pauses  chan fleet.Pause
 	pauseAt int64
+	trip    time.Duration // a reservation moves the fake clock this much
 }
 
 func newMemBackend(c clock.Clock) *memBackend {
@@ -37,6 +38,9 @@ func (m *memBackend) Reserve(ctx context.Context, key string, from time.Time, co
 	first := max(m.tat, from.UnixNano())
 	m.tat = first + int64(count)*int64(interval)
 	m.rev++
+	if fc, ok := m.clock.(*clock.Fake); ok && m.trip > 0 {
+		fc.Advance(m.trip)
+	}
 	return fleet.Block{Key: key, First: time.Unix(0, first), Interval: interval, Count: count, Revision: m.rev}, nil
 }
 
@@ -350,5 +354,30 @@ func TestSlotsGuardKeepsLateTakesUnderTheLimit(t *testing.T) {
 	}
 	if most, at := busiestWindow(takes, rate.Window); most > rate.Limit {
 		t.Fatalf("%d takes in the window from %v, limit %d", most, at, rate.Limit)
+	}
+}
+
+// TestSlotsAskForBlocksFromWhenTheyArrive has every reservation take 30ms,
+// more than a slot's grace: the first block, asked for from now, arrives
+// with its slot expired; the next is asked for from now plus the round trip
+// and arrives usable.
+func TestSlotsAskForBlocksFromWhenTheyArrive(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Rate: fleet.Rate{Limit: 1000, Window: time.Second}})
+	mb.mu.Lock()
+	mb.trip = 30 * time.Millisecond
+	mb.mu.Unlock()
+	s.Earliest(fc.Now(), 1)
+	if b := next(t, events).Block; !b.First.Equal(t0) {
+		t.Fatalf("first block at %v, want t0", b.First)
+	}
+	if _, ok := s.Earliest(fc.Now(), 1); ok || s.Stats().Wasted != 1 {
+		t.Fatalf("the first slot arrived usable: %+v", s.Stats())
+	}
+	b := next(t, events).Block
+	if want := t0.Add(60 * time.Millisecond); !b.First.Equal(want) {
+		t.Fatalf("second block at %v, want %v (asked at t0+30ms, plus 30ms)", b.First, want)
+	}
+	if !s.Take(fc.Now(), 1) {
+		t.Fatalf("slot at %v refused on arrival at %v", b.First, fc.Now())
 	}
 }
