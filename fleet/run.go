@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -41,13 +42,17 @@ func (s *Slots) Close(ctx context.Context) error {
 
 // Pause closes the key fleet-wide until until plus MaxSkew (so that no node
 // whose clock runs ahead ends it early), applies it here at once, and returns
-// the pause in force.
+// the pause in force. When etcd does not take it, the pause still holds
+// here (reported with Revision 0) and the error says the fleet has not seen
+// it.
 func (s *Slots) Pause(ctx context.Context, until time.Time) (Pause, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	p, err := s.backend.Pause(ctx, s.cfg.Key, until.Add(s.cfg.MaxSkew))
+	until = until.Add(s.cfg.MaxSkew)
+	p, err := s.backend.Pause(ctx, s.cfg.Key, until)
 	if err != nil {
-		return Pause{}, err
+		s.learn(Pause{Key: s.cfg.Key, Until: until})
+		return Pause{}, fmt.Errorf("pause %s fleet-wide: %w", s.cfg.Key, err)
 	}
 	s.learn(p)
 	return p, nil

@@ -13,15 +13,16 @@ import (
 
 // memBackend is a Backend in memory, with failures the test switches on.
 type memBackend struct {
-	clock   clock.Clock
-	mu      sync.Mutex
-	tat     int64
-	rev     int64
-	fail    error
-	calls   int
-	pauses  chan fleet.Pause
-	pauseAt int64
-	trip    time.Duration // a reservation moves the fake clock this much
+	clock     clock.Clock
+	mu        sync.Mutex
+	tat       int64
+	rev       int64
+	fail      error
+	calls     int
+	pauses    chan fleet.Pause
+	pauseAt   int64
+	trip      time.Duration // a reservation moves the fake clock this much
+	failPause error
 }
 
 func newMemBackend(c clock.Clock) *memBackend {
@@ -47,6 +48,9 @@ func (m *memBackend) Reserve(ctx context.Context, key string, from time.Time, co
 func (m *memBackend) Pause(ctx context.Context, key string, until time.Time) (fleet.Pause, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.failPause != nil {
+		return fleet.Pause{}, m.failPause
+	}
 	m.rev++
 	m.pauseAt = max(m.pauseAt, until.UnixNano())
 	m.tat = max(m.tat, until.UnixNano())
@@ -380,4 +384,22 @@ func TestSlotsAskForBlocksFromWhenTheyArrive(t *testing.T) {
 	if !s.Take(fc.Now(), 1) {
 		t.Fatalf("slot at %v refused on arrival at %v", b.First, fc.Now())
 	}
+}
+
+func TestSlotsOwnPauseHoldsHereWhenEtcdFails(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{})
+	mb.mu.Lock()
+	mb.failPause = errors.New("etcd unreachable")
+	mb.mu.Unlock()
+	until := t0.Add(time.Second)
+	if _, err := s.Pause(context.Background(), until); err == nil {
+		t.Fatal("a pause etcd refused reported written")
+	}
+	if e := next(t, events); e.Kind != fleet.EventPaused || e.Pause.Revision != 0 {
+		t.Fatalf("event %+v, want a local pause (revision 0)", e)
+	}
+	if st := s.Stats(); !st.PausedUntil.Equal(until.Add(fleet.DefaultMaxSkew)) {
+		t.Fatalf("paused until %v here", st.PausedUntil)
+	}
+	_ = fc
 }

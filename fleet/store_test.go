@@ -98,3 +98,52 @@ func TestReserveStartsAtFromAfterIdle(t *testing.T) {
 		t.Fatalf("other node's block at %v, want %v", b4.First, b3.End())
 	}
 }
+
+// TestNoGrantAfterAPauseFallsInsideIt has nodes reserve while others pause
+// the same key: every block granted at a later revision than a pause starts
+// at or after the pause's end.
+func TestNoGrantAfterAPauseFallsInsideIt(t *testing.T) {
+	c := startCluster(t, 1)
+	var (
+		mu     sync.Mutex
+		blocks []fleet.Block
+		pauses []fleet.Pause
+		wg     sync.WaitGroup
+	)
+	for n := range 4 {
+		st := fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, "")
+		wg.Go(func() {
+			for i := range 30 {
+				ctx := context.Background()
+				if n == 0 && i%3 == 0 {
+					p, err := st.Pause(ctx, "geo", time.Now().Add(time.Second+time.Duration(i)*20*time.Millisecond))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					pauses = append(pauses, p)
+					mu.Unlock()
+					continue
+				}
+				b, err := st.Reserve(ctx, "geo", time.Now(), 3, time.Millisecond)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				blocks = append(blocks, b)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, p := range pauses {
+		for _, b := range blocks {
+			if b.Revision > p.Revision && b.First.Before(p.Until) {
+				t.Fatalf("block %+v granted after the pause %+v starts inside it", b, p)
+			}
+		}
+	}
+	assertDisjoint(t, blocks)
+}
