@@ -29,36 +29,43 @@ type Pause struct {
 // time to at least until, so no block granted afterwards holds a slot before
 // it. Blocks granted earlier are the nodes' to drop, which they do when they
 // see the pause (Watch). It returns the pause in force.
+//
+// Its first try compares against the last state this Store saw, so a pause
+// is one round trip unless another node wrote the key meanwhile. Both values
+// only grow, so a state seen earlier is a lower bound: when it already
+// covers until, nothing needs writing.
 func (s *Store) Pause(ctx context.Context, key string, until time.Time) (Pause, error) {
 	tk, pk := s.tatKey(key), s.pauseKey(key)
 	u := until.UnixNano()
-	get, err := s.client.Txn(ctx).Then(clientv3.OpGet(tk), clientv3.OpGet(pk)).Commit()
+	tat, cur := s.cached(tk), s.cached(pk)
 	for {
-		if err != nil {
-			return Pause{}, fmt.Errorf("pause %s: %w", key, err)
-		}
-		tat, err1 := decodeState(get.Responses[0].GetResponseRange().Kvs)
-		cur, err2 := decodeState(get.Responses[1].GetResponseRange().Kvs)
-		if err1 != nil || err2 != nil {
-			return Pause{}, fmt.Errorf("pause %s: %w", key, firstErr(err1, err2))
-		}
 		if cur.tat >= u && tat.tat >= u {
 			return Pause{Key: key, Until: time.Unix(0, cur.tat), Revision: cur.rev}, nil
 		}
-		var resp *clientv3.TxnResponse
-		resp, err = s.client.Txn(ctx).
+		resp, err := s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(tk), "=", tat.rev),
 				clientv3.Compare(clientv3.ModRevision(pk), "=", cur.rev)).
 			Then(clientv3.OpPut(tk, strconv.FormatInt(max(tat.tat, u), 10)),
 				clientv3.OpPut(pk, strconv.FormatInt(max(cur.tat, u), 10))).
 			Else(clientv3.OpGet(tk), clientv3.OpGet(pk)).
 			Commit()
-		if err == nil && resp.Succeeded {
+		if err != nil {
+			return Pause{}, fmt.Errorf("pause %s: %w", key, err)
+		}
+		if resp.Succeeded {
 			rev := resp.Header.Revision
 			s.remember(tk, state{tat: max(tat.tat, u), rev: rev})
+			s.remember(pk, state{tat: max(cur.tat, u), rev: rev})
 			return Pause{Key: key, Until: time.Unix(0, max(cur.tat, u)), Revision: rev}, nil
 		}
-		get = resp
+		var err1, err2 error
+		tat, err1 = decodeState(resp.Responses[0].GetResponseRange().Kvs)
+		cur, err2 = decodeState(resp.Responses[1].GetResponseRange().Kvs)
+		if err1 != nil || err2 != nil {
+			return Pause{}, fmt.Errorf("pause %s: %w", key, firstErr(err1, err2))
+		}
+		s.remember(tk, tat)
+		s.remember(pk, cur)
 	}
 }
 

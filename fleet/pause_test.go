@@ -82,7 +82,7 @@ func TestPauseReachesEveryNode(t *testing.T) {
 	}
 	slices.Sort(lat)
 	slices.Sort(writes)
-	t.Logf("pause, from the call to write it to each of 3 watchers (%d observations): p50 %v, p90 %v, max %v; the write alone (two etcd round trips): p50 %v, max %v",
+	t.Logf("pause, from the call to write it to each of 3 watchers (%d observations): p50 %v, p90 %v, max %v; the write alone: p50 %v, max %v",
 		len(lat), lat[len(lat)/2], lat[len(lat)*9/10], lat[len(lat)-1], writes[len(writes)/2], writes[len(writes)-1])
 }
 
