@@ -95,7 +95,10 @@ func (s *Slots) reserveLoop(ctx context.Context) {
 		now := s.clock.Now()
 		s.expire(now.UnixNano())
 		wait, need := s.due(now.UnixNano())
-		count := s.size()
+		count := 0
+		if need {
+			count = s.size()
+		}
 		s.mu.Unlock()
 
 		if !need {
