@@ -69,7 +69,7 @@
 //   - Block sizes follow demand: a node's first block is one slot; the next
 //     is twice the last while the node uses at least half of what it asked
 //     for, up to Block's worth of the rate; after a run that wasted slots it
-//     is a quarter more than the run used. At full pace each busy node
+//     is a quarter more than the run used, and at least half the last. At full pace each busy node
 //     reserves about once per Block (etcd writes per second per key: the
 //     busy nodes over Block), and a node whose demand stops wastes at most
 //     what it holds plus one block.

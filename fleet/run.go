@@ -151,12 +151,14 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 
 // size returns how many slots to reserve next, and starts counting the run
 // the reservation will serve. A node whose last run wasted slots asks for a
-// little more than it used; one that used all asks for twice as many, up to
-// Block's worth of the rate. The caller holds s.mu.
+// little more than it used, but no less than half its last ask (a taker
+// woken late once does not collapse its blocks); one that used at least
+// half asks for twice as many, up to Block's worth of the rate. The caller
+// holds s.mu.
 func (s *Slots) size() int {
 	switch {
 	case s.lostRun > 0:
-		s.want = s.usedRun + s.usedRun/4 + 1
+		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
 	case s.usedRun > 0 && s.usedRun >= s.want/2:
 		s.want *= 2
 	}
