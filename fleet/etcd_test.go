@@ -1,0 +1,224 @@
+package fleet_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+)
+
+// cluster is an in-process etcd cluster on loopback ports.
+type cluster struct {
+	members []*member
+}
+
+type member struct {
+	name   string
+	client string // client URL
+	mu     sync.Mutex
+	etcd   *embed.Etcd // nil once stopped
+}
+
+// startCluster starts n etcd members and waits until they serve; they stop
+// when the test ends.
+func startCluster(tb testing.TB, n int) *cluster {
+	tb.Helper()
+	c := &cluster{}
+	peers := make([]string, n)
+	for i := range n {
+		c.members = append(c.members, &member{name: fmt.Sprintf("m%d", i), client: "http://" + freeAddr(tb)})
+		peers[i] = fmt.Sprintf("m%d=http://%s", i, freeAddr(tb))
+	}
+	for i, m := range c.members {
+		cfg := embed.NewConfig()
+		cfg.Name = m.name
+		cfg.Dir = tb.TempDir()
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+		peer := mustURL(tb, strings.SplitN(peers[i], "=", 2)[1])
+		client := mustURL(tb, m.client)
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+		cfg.InitialCluster = strings.Join(peers, ",")
+		cfg.InitialClusterToken = "fleet-test"
+		cfg.ClusterState = embed.ClusterStateFlagNew
+		cfg.TickMs, cfg.ElectionMs = 25, 250
+		cfg.UnsafeNoFsync = true
+		e, err := embed.StartEtcd(cfg)
+		if err != nil {
+			tb.Fatalf("start %s: %v", m.name, err)
+		}
+		m.etcd = e
+		tb.Cleanup(m.stop)
+	}
+	for _, m := range c.members {
+		select {
+		case <-m.etcd.Server.ReadyNotify():
+		case <-time.After(30 * time.Second): // a guard against a hang, not a timing assertion
+			tb.Fatalf("%s not ready", m.name)
+		}
+	}
+	return c
+}
+
+func (m *member) stop() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.etcd != nil {
+		m.etcd.Close()
+		m.etcd = nil
+	}
+}
+
+// leader returns the index of the member that leads, or -1.
+func (c *cluster) leader() int {
+	for i, m := range c.members {
+		m.mu.Lock()
+		e := m.etcd
+		m.mu.Unlock()
+		if e != nil && e.Server.Leader() == e.Server.MemberID() {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *cluster) endpoints() []string {
+	var eps []string
+	for _, m := range c.members {
+		eps = append(eps, m.client)
+	}
+	return eps
+}
+
+// newClient returns an etcd client of endpoints that closes when the test
+// ends. It reconnects quickly, so that a test healing a cut sees it soon.
+func newClient(tb testing.TB, endpoints ...string) *clientv3.Client {
+	tb.Helper()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		})},
+	})
+	if err != nil {
+		tb.Fatalf("etcd client: %v", err)
+	}
+	tb.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func freeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func mustURL(tb testing.TB, s string) url.URL {
+	u, err := url.Parse(s)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return *u
+}
+
+// proxy is a TCP proxy between a node's client and an etcd member that the
+// test can cut (every connection closed, new ones refused) and heal.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]struct{}
+}
+
+func startProxy(tb testing.TB, targetURL string) *proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: strings.TrimPrefix(targetURL, "http://"), conns: make(map[net.Conn]struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c)
+		}
+	}()
+	tb.Cleanup(func() {
+		ln.Close()
+		<-done
+		p.Cut()
+	})
+	return p
+}
+
+func (p *proxy) url() string { return "http://" + p.ln.Addr().String() }
+
+func (p *proxy) serve(c net.Conn) {
+	if !p.track(c) {
+		c.Close()
+		return
+	}
+	up, err := net.Dial("tcp", p.target)
+	if err != nil || !p.track(up) {
+		c.Close()
+		if up != nil {
+			up.Close()
+		}
+		return
+	}
+	go func() { _, _ = io.Copy(up, c); up.Close() }()
+	_, _ = io.Copy(c, up)
+	c.Close()
+}
+
+// track registers conn unless the proxy is cut.
+func (p *proxy) track(conn net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut {
+		return false
+	}
+	p.conns[conn] = struct{}{}
+	return true
+}
+
+// Cut closes every connection and refuses new ones until Heal.
+func (p *proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// Heal lets connections through again.
+func (p *proxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}

@@ -1,0 +1,101 @@
+package fleet_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fleet"
+)
+
+// TestPauseReachesEveryNode has one of three nodes pause a key and reports
+// how long the pause took from the write to each node's watch. Every node,
+// the writer included, drops its held slots before the pause, and every
+// block granted afterwards starts after it.
+func TestPauseReachesEveryNode(t *testing.T) {
+	c := startCluster(t, 3)
+	const nodes, rounds = 3, 10
+	type seen struct {
+		node int
+		p    fleet.Pause
+		at   time.Time
+	}
+	paused := make(chan seen, nodes*rounds*2)
+	var all []*fleet.Slots
+	var stores []*fleet.Store
+	for n := range nodes {
+		st := fleet.NewStore(newClient(t, c.endpoints()[n]), clock.Real{}, "")
+		s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: "geo", Rate: fleet.Rate{Limit: 100, Window: time.Second},
+			Notify: func(e fleet.Event) {
+				if e.Kind == fleet.EventPaused {
+					paused <- seen{n, e.Pause, time.Now()}
+				}
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Open()
+		t.Cleanup(func() { _ = s.Close(context.Background()) })
+		all, stores = append(all, s), append(stores, st)
+		s.Earliest(time.Now(), 1) // hold a block
+	}
+	waitHeld(t, all)
+
+	var lat, writes []time.Duration
+	for r := range rounds {
+		until := time.Now().Add(time.Duration(r+1) * 200 * time.Millisecond)
+		wrote := time.Now()
+		p, err := stores[0].Pause(context.Background(), "geo", until)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writes = append(writes, time.Since(wrote))
+		got := map[int]bool{}
+		for len(got) < nodes {
+			select {
+			case s := <-paused:
+				if s.p.Revision == p.Revision && !got[s.node] {
+					got[s.node] = true
+					lat = append(lat, s.at.Sub(wrote))
+				}
+			case <-time.After(10 * time.Second): // a guard against a hang
+				t.Fatalf("round %d: %d of %d nodes saw the pause", r, len(got), nodes)
+			}
+		}
+		for n, s := range all {
+			if at, ok := s.Earliest(time.Now(), 1); ok && at.Before(p.Until) {
+				t.Fatalf("node %d hands out a slot at %v inside the pause until %v", n, at, p.Until)
+			}
+			if st := s.Stats(); st.PausedUntil.Before(p.Until) {
+				t.Fatalf("node %d paused until %v, want %v", n, st.PausedUntil, p.Until)
+			}
+		}
+		b, err := stores[1].Reserve(context.Background(), "geo", time.Now(), 1, time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.First.Before(p.Until) {
+			t.Fatalf("block at %v granted inside the pause until %v", b.First, p.Until)
+		}
+	}
+	slices.Sort(lat)
+	slices.Sort(writes)
+	t.Logf("pause, from the call to write it to each of 3 watchers (%d observations): p50 %v, p90 %v, max %v; the write alone: p50 %v, max %v",
+		len(lat), lat[len(lat)/2], lat[len(lat)*9/10], lat[len(lat)-1], writes[len(writes)/2], writes[len(writes)-1])
+}
+
+// waitHeld waits until every Slots has been granted a block.
+func waitHeld(t *testing.T, all []*fleet.Slots) {
+	t.Helper()
+	for n, s := range all {
+		for s.Stats().Reserved == 0 {
+			select {
+			case <-s.Changed():
+			case <-time.After(10 * time.Second): // a guard against a hang
+				t.Fatalf("node %d got no block", n)
+			}
+		}
+	}
+}

@@ -1,0 +1,235 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/auditd/auditd/clock"
+)
+
+// Open starts the Slots' goroutines: the reservation loop and the pause
+// watch. Close stops them.
+func (s *Slots) Open() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel, s.done = cancel, make(chan struct{})
+	pauses := make(chan Pause)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.backend.Watch(ctx, s.cfg.Key, pauses) }) // returns ctx.Err() once closed
+	wg.Go(func() { s.follow(ctx, pauses) })
+	wg.Go(func() { s.reserveLoop(ctx) })
+	go func() {
+		wg.Wait()
+		close(s.done)
+	}()
+}
+
+// Close stops the goroutines and waits for them, or for ctx. Slots still held
+// are wasted: they are never given back.
+func (s *Slots) Close(ctx context.Context) error {
+	if s.cancel == nil {
+		return nil
+	}
+	s.cancel()
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Pause closes the key fleet-wide until until plus MaxSkew (so that no node
+// whose clock runs ahead ends it early), applies it here at once, and returns
+// the pause in force. When etcd does not take it, the pause still holds
+// here (reported with Revision 0) and the error says the fleet has not seen
+// it.
+func (s *Slots) Pause(ctx context.Context, until time.Time) (Pause, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	until = until.Add(s.cfg.MaxSkew)
+	p, err := s.backend.Pause(ctx, s.cfg.Key, until)
+	if err != nil {
+		s.learn(Pause{Key: s.cfg.Key, Until: until})
+		return Pause{}, fmt.Errorf("pause %s fleet-wide: %w", s.cfg.Key, err)
+	}
+	s.learn(p)
+	return p, nil
+}
+
+// follow applies the pauses the watch reports until ctx ends.
+func (s *Slots) follow(ctx context.Context, pauses <-chan Pause) {
+	for {
+		select {
+		case p := <-pauses:
+			s.learn(p)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// learn applies p when it lengthens the pause kept here, dropping the held
+// slots before it, and reports it.
+func (s *Slots) learn(p Pause) {
+	u := p.Until.UnixNano()
+	s.mu.Lock()
+	if p.Until.IsZero() || u <= s.pause {
+		s.mu.Unlock()
+		return
+	}
+	s.pause = u
+	now := s.clock.Now()
+	s.expire(now.UnixNano())
+	s.broadcast()
+	s.mu.Unlock()
+	s.notify(Event{Kind: EventPaused, Key: s.cfg.Key, At: now, Pause: p})
+}
+
+// reserveLoop reserves a block whenever the node needs one, until ctx ends.
+func (s *Slots) reserveLoop(ctx context.Context) {
+	cut := false
+	for {
+		s.mu.Lock()
+		now := s.clock.Now()
+		s.expire(now.UnixNano())
+		wait, need := s.due(now.UnixNano())
+		count := 0
+		if need {
+			count = s.size()
+		}
+		s.mu.Unlock()
+
+		if !need {
+			if s.sleep(ctx, wait, true) != nil {
+				return
+			}
+			continue
+		}
+		b, err := s.reserve(ctx, count)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if !cut {
+				cut = true
+				s.setCut(true)
+				s.notify(Event{Kind: EventCutOff, Key: s.cfg.Key, At: s.clock.Now(), Err: err})
+			}
+			if s.sleep(ctx, s.cfg.Retry, false) != nil {
+				return
+			}
+			continue
+		}
+		if cut {
+			cut = false
+			s.setCut(false)
+			s.notify(Event{Kind: EventRejoined, Key: s.cfg.Key, At: s.clock.Now()})
+		}
+		s.add(b)
+		s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
+	}
+}
+
+// due reports whether a reservation is needed now and, when not, how long
+// until it will be (0: not until a taker asks). The caller holds s.mu.
+func (s *Slots) due(now int64) (time.Duration, bool) {
+	if s.need > 0 {
+		return 0, true
+	}
+	if s.usedRun == 0 {
+		return 0, false // idle: hold nothing more until a taker asks
+	}
+	last, ok := s.lastLocked()
+	if !ok {
+		return 0, true
+	}
+	wait := last - int64(s.cfg.Lead) - now
+	return time.Duration(wait), wait <= 0
+}
+
+// size returns how many slots to reserve next, and starts counting the run
+// the reservation will serve. A node whose last run wasted slots asks for a
+// little more than it used, but no less than half its last ask (a taker
+// woken late once does not collapse its blocks); one that used at least
+// half asks for twice as many, up to Block's worth of the rate. The caller
+// holds s.mu.
+func (s *Slots) size() int {
+	switch {
+	case s.lostRun > 0:
+		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
+	case s.usedRun > 0 && s.usedRun >= s.want/2:
+		s.want *= 2
+	}
+	s.want = min(max(s.want, s.need, 1), s.max)
+	s.usedRun, s.lostRun = 0, 0
+	return s.want
+}
+
+// reserve asks for count slots from when the grant should reach this node:
+// now plus the last reservation's round trip, so that a block's first slots
+// are not past their grace on arrival.
+func (s *Slots) reserve(ctx context.Context, count int) (Block, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	s.mu.Lock()
+	trip := s.trip
+	s.mu.Unlock()
+	start := s.clock.Now()
+	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(trip), count, time.Duration(s.interval))
+	if err == nil {
+		s.mu.Lock()
+		s.trip = min(s.clock.Now().Sub(start), s.cfg.Lead)
+		s.mu.Unlock()
+	}
+	return b, err
+}
+
+// add takes b into the held slots.
+func (s *Slots) add(b Block) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = append(s.held, b)
+	s.stats.Blocks++
+	s.stats.Reserved += int64(b.Count)
+	s.need = 0
+	s.expire(s.clock.Now().UnixNano())
+	s.broadcast()
+}
+
+func (s *Slots) setCut(cut bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.CutOff = cut
+	s.broadcast()
+}
+
+// sleep waits d (forever when d <= 0), or less when woken and wake is set;
+// it returns ctx.Err() once ctx ends.
+func (s *Slots) sleep(ctx context.Context, d time.Duration, wake bool) error {
+	var timer clock.Timer
+	var fire <-chan time.Time
+	if d > 0 {
+		timer = s.clock.NewTimer(d)
+		defer timer.Stop()
+		fire = timer.C()
+	}
+	var kick <-chan struct{}
+	if wake {
+		kick = s.kick
+	}
+	select {
+	case <-fire:
+	case <-kick:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (s *Slots) notify(e Event) {
+	if s.cfg.Notify != nil {
+		s.cfg.Notify(e)
+	}
+}

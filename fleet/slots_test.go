@@ -1,0 +1,405 @@
+package fleet_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fleet"
+)
+
+// memBackend is a Backend in memory, with failures the test switches on.
+type memBackend struct {
+	clock     clock.Clock
+	mu        sync.Mutex
+	tat       int64
+	rev       int64
+	fail      error
+	calls     int
+	pauses    chan fleet.Pause
+	pauseAt   int64
+	trip      time.Duration // a reservation moves the fake clock this much
+	failPause error
+}
+
+func newMemBackend(c clock.Clock) *memBackend {
+	return &memBackend{clock: c, pauses: make(chan fleet.Pause, 8)}
+}
+
+func (m *memBackend) Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (fleet.Block, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls++
+	if m.fail != nil {
+		return fleet.Block{}, m.fail
+	}
+	first := max(m.tat, from.UnixNano())
+	m.tat = first + int64(count)*int64(interval)
+	m.rev++
+	if fc, ok := m.clock.(*clock.Fake); ok && m.trip > 0 {
+		fc.Advance(m.trip)
+	}
+	return fleet.Block{Key: key, First: time.Unix(0, first), Interval: interval, Count: count, Revision: m.rev}, nil
+}
+
+func (m *memBackend) Pause(ctx context.Context, key string, until time.Time) (fleet.Pause, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.failPause != nil {
+		return fleet.Pause{}, m.failPause
+	}
+	m.rev++
+	m.pauseAt = max(m.pauseAt, until.UnixNano())
+	m.tat = max(m.tat, until.UnixNano())
+	return fleet.Pause{Key: key, Until: time.Unix(0, m.pauseAt), Revision: m.rev}, nil
+}
+
+func (m *memBackend) Watch(ctx context.Context, key string, ch chan<- fleet.Pause) error {
+	for {
+		select {
+		case p := <-m.pauses:
+			select {
+			case ch <- p:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (m *memBackend) setFail(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fail = err
+}
+
+func (m *memBackend) callCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls
+}
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// openSlots returns open Slots of 10 per second (interval 103 ms with the
+// default guard) on a fake clock and an in-memory backend, and the channel
+// its events arrive on.
+func openSlots(t *testing.T, cfg fleet.Config) (*fleet.Slots, *clock.Fake, *memBackend, <-chan fleet.Event) {
+	t.Helper()
+	fc := clock.NewFake(t0)
+	mb := newMemBackend(fc)
+	events := make(chan fleet.Event, 64)
+	cfg.Key = "src"
+	if cfg.Rate.Limit == 0 {
+		cfg.Rate = fleet.Rate{Limit: 10, Window: time.Second}
+	}
+	cfg.Notify = func(e fleet.Event) { events <- e }
+	s, err := fleet.NewSlots(mb, fc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Open()
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s, fc, mb, events
+}
+
+// next returns the next event, failing the test if none comes (a guard
+// against a hang, not a timing assertion).
+func next(t *testing.T, events <-chan fleet.Event) fleet.Event {
+	t.Helper()
+	select {
+	case e := <-events:
+		return e
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event")
+		return fleet.Event{}
+	}
+}
+
+func TestIntervalAddsGraceAndSkew(t *testing.T) {
+	got := fleet.Interval(fleet.Rate{Limit: 10, Window: time.Second}, 20*time.Millisecond, 10*time.Millisecond)
+	if want := 103 * time.Millisecond; got != want {
+		t.Fatalf("interval %v, want %v", got, want)
+	}
+	// Rounded up: 1s+0+0 over 3 is 333333333.33 ns.
+	if got := fleet.Interval(fleet.Rate{Limit: 3, Window: time.Second}, 0, 0); got != 333333334 {
+		t.Fatalf("interval %v, want rounded up", got)
+	}
+}
+
+func TestSlotsHandOutInOrderAtTheirTimes(t *testing.T) {
+	s, fc, _, events := openSlots(t, fleet.Config{})
+	if _, ok := s.Earliest(fc.Now(), 1); ok {
+		t.Fatal("slot before any reservation")
+	}
+	b := grow(t, s, fc, events) // took the slot at t0
+	if b.Interval != 103*time.Millisecond {
+		t.Fatalf("interval %v, want 103ms", b.Interval)
+	}
+	at, ok := s.Earliest(fc.Now(), 1)
+	if !ok || !at.Equal(t0.Add(103*time.Millisecond)) {
+		t.Fatalf("next slot %v %v, want t0+103ms", at, ok)
+	}
+	if s.Take(fc.Now(), 1) {
+		t.Fatal("slot taken before its time")
+	}
+	fc.Advance(102 * time.Millisecond)
+	if s.Take(fc.Now(), 1) {
+		t.Fatal("slot taken 1ms before its time")
+	}
+	fc.Advance(time.Millisecond)
+	if !s.Take(fc.Now(), 1) {
+		t.Fatal("slot refused at its time")
+	}
+	if st := s.Stats(); st.Used != 2 || st.Wasted != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestSlotsWasteWhatExpires(t *testing.T) {
+	s, fc, _, events := openSlots(t, fleet.Config{})
+	s.Earliest(fc.Now(), 1)
+	if b := next(t, events).Block; b.Count != 1 {
+		t.Fatalf("a new node's first block holds %d slots, want 1", b.Count)
+	}
+	// The slot at t0 is good until t0+20ms (grace 20ms).
+	fc.Set(t0.Add(19 * time.Millisecond))
+	if at, ok := s.Earliest(fc.Now(), 1); !ok || !at.Equal(fc.Now()) {
+		t.Fatalf("earliest %v %v inside the grace", at, ok)
+	}
+	fc.Set(t0.Add(20 * time.Millisecond))
+	if _, ok := s.Earliest(fc.Now(), 1); ok {
+		t.Fatal("slot handed out past its grace")
+	}
+	if st := s.Stats(); st.Wasted != 1 || st.Used != 0 {
+		t.Fatalf("stats %+v, want the slot wasted", st)
+	}
+}
+
+// grow takes the first block's slot at t0, which has the node reserve a
+// second block of two (Block 300ms over 103ms slots), and returns it.
+func grow(t *testing.T, s *fleet.Slots, fc *clock.Fake, events <-chan fleet.Event) fleet.Block {
+	t.Helper()
+	s.Earliest(fc.Now(), 1)
+	first := next(t, events).Block
+	if !s.Take(fc.Now(), 1) {
+		t.Fatal("slot 0 refused")
+	}
+	b := next(t, events).Block
+	if b.Count != 2 || !b.First.Equal(first.End()) {
+		t.Fatalf("second block %+v, want two slots from %v", b, first.End())
+	}
+	return b
+}
+
+func TestSlotsReserveAheadBeforeRunningOut(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: 300 * time.Millisecond, Lead: 150 * time.Millisecond})
+	b := grow(t, s, fc, events)
+	fc.Set(b.First)
+	if !s.Take(fc.Now(), 1) {
+		t.Fatal("slot refused")
+	}
+	// The last held slot is within Lead: the next block is reserved now,
+	// while that slot is still held.
+	e := next(t, events)
+	if e.Kind != fleet.EventReserved || !e.Block.First.Equal(b.End()) {
+		t.Fatalf("prefetch %+v, want a block at %v", e, b.End())
+	}
+	if st := s.Stats(); st.Held != 1+e.Block.Count || st.Blocks != 3 {
+		t.Fatalf("stats %+v, want the second block's last slot and the third held", st)
+	}
+	if mb.callCount() != 3 {
+		t.Fatalf("%d reservations, want 3", mb.callCount())
+	}
+}
+
+func TestSlotsIdleNodeReservesNothing(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{})
+	s.Earliest(fc.Now(), 1)
+	b := next(t, events).Block
+	fc.Set(b.End().Add(time.Hour)) // nobody took anything
+	if st := s.Stats(); st.Wasted != int64(b.Count) || st.Held != 0 {
+		t.Fatalf("stats %+v, want the whole block wasted", st)
+	}
+	if n := mb.callCount(); n != 1 {
+		t.Fatalf("%d reservations by an idle node, want 1", n)
+	}
+}
+
+func TestSlotsCutOffStopsAtTheBlockAndRejoins(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: 300 * time.Millisecond, Lead: 150 * time.Millisecond})
+	b := grow(t, s, fc, events)
+	mb.setFail(errors.New("etcd unreachable"))
+	fc.Set(b.First)
+	if !s.Take(fc.Now(), 1) {
+		t.Fatal("slot refused")
+	}
+	if e := next(t, events); e.Kind != fleet.EventCutOff || e.Err == nil {
+		t.Fatalf("event %+v, want cut_off", e)
+	}
+	// What it holds it still hands out...
+	fc.Set(b.Slot(1))
+	if !s.Take(fc.Now(), 1) {
+		t.Fatal("held slot refused while cut off")
+	}
+	// ...and then nothing: it never guesses.
+	fc.Advance(time.Second)
+	if _, ok := s.Earliest(fc.Now(), 1); ok {
+		t.Fatal("a slot while cut off and out of slots")
+	}
+	if st := s.Stats(); !st.CutOff || st.Used != 3 || st.Reserved != 3 {
+		t.Fatalf("stats %+v, want all 3 reserved used, no more", st)
+	}
+	fc.WaitForTimers(1) // the loop waits to try again
+	mb.setFail(nil)
+	fc.Advance(fleet.DefaultRetry)
+	if e := next(t, events); e.Kind != fleet.EventRejoined {
+		t.Fatalf("event %+v, want rejoined", e)
+	}
+	if e := next(t, events); e.Kind != fleet.EventReserved {
+		t.Fatalf("event %+v, want reserved", e)
+	}
+	if _, ok := s.Earliest(fc.Now(), 1); !ok || s.Stats().CutOff {
+		t.Fatalf("no slot after rejoining: %+v", s.Stats())
+	}
+}
+
+func TestSlotsLearnedPauseDropsHeldSlots(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: 300 * time.Millisecond, Lead: 150 * time.Millisecond})
+	b := grow(t, s, fc, events) // slots held at 103ms and 206ms
+	until := b.Slot(1)
+	mb.pauses <- fleet.Pause{Key: "src", Until: until, Revision: 99}
+	if e := next(t, events); e.Kind != fleet.EventPaused || e.Pause.Revision != 99 {
+		t.Fatalf("event %+v, want paused", e)
+	}
+	at, ok := s.Earliest(fc.Now(), 1)
+	if !ok || !at.Equal(until) {
+		t.Fatalf("earliest %v %v, want the slot at the pause's end %v", at, ok, until)
+	}
+	if st := s.Stats(); st.Wasted != 1 || !st.PausedUntil.Equal(until) {
+		t.Fatalf("stats %+v, want the slot before the pause wasted", st)
+	}
+	// The same pause again (a watch echo) is not acted on twice, and a
+	// shorter one does not shorten it.
+	mb.pauses <- fleet.Pause{Key: "src", Until: until, Revision: 99}
+	mb.pauses <- fleet.Pause{Key: "src", Until: b.First, Revision: 98}
+	later := until.Add(time.Second)
+	mb.pauses <- fleet.Pause{Key: "src", Until: later, Revision: 100}
+	if e := next(t, events); e.Kind != fleet.EventPaused || e.Pause.Revision != 100 {
+		t.Fatalf("event %+v, want only the longer pause", e)
+	}
+	if st := s.Stats(); !st.PausedUntil.Equal(later) || st.Held != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestSlotsOwnPauseAddsSkewAndPushesArrival(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{})
+	until := t0.Add(time.Second)
+	p, err := s.Pause(context.Background(), until)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := until.Add(fleet.DefaultMaxSkew); !p.Until.Equal(want) {
+		t.Fatalf("pause until %v, want %v (skew added)", p.Until, want)
+	}
+	if e := next(t, events); e.Kind != fleet.EventPaused {
+		t.Fatalf("event %+v", e)
+	}
+	s.Earliest(fc.Now(), 1)
+	if e := next(t, events); e.Block.First.Before(p.Until) {
+		t.Fatalf("block at %v inside the pause", e.Block.First)
+	}
+	_ = mb
+}
+
+func TestSlotsCostBeyondGrace(t *testing.T) {
+	s, _, _, _ := openSlots(t, fleet.Config{Rate: fleet.Rate{Limit: 1000, Window: time.Second}})
+	// Interval 1.03ms: 20 slots span 19.57ms < 20ms grace; 21 span 20.6ms.
+	if err := s.Check(20); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(21); !errors.Is(err, fleet.ErrCostExceedsGrace) {
+		t.Fatalf("err %v, want ErrCostExceedsGrace", err)
+	}
+}
+
+// TestSlotsGuardKeepsLateTakesUnderTheLimit takes the first slot as late as
+// its grace allows and every other at its time: the slots' spacing keeps
+// even that inside the limit in every window.
+func TestSlotsGuardKeepsLateTakesUnderTheLimit(t *testing.T) {
+	rate := fleet.Rate{Limit: 10, Window: time.Second}
+	s, fc, _, _ := openSlots(t, fleet.Config{Rate: rate})
+	var takes []time.Time
+	for len(takes) < 3*rate.Limit {
+		changed := s.Changed()
+		at, ok := s.Earliest(fc.Now(), 1)
+		if !ok {
+			select {
+			case <-changed:
+			case <-time.After(10 * time.Second): // a guard against a hang
+				t.Fatal("no block")
+			}
+			continue
+		}
+		if len(takes) == 0 {
+			at = at.Add(fleet.DefaultGrace - time.Nanosecond)
+		}
+		fc.Set(at)
+		if !s.Take(fc.Now(), 1) {
+			t.Fatalf("slot at %v refused", at)
+		}
+		takes = append(takes, at)
+	}
+	if most, at := busiestWindow(takes, rate.Window); most > rate.Limit {
+		t.Fatalf("%d takes in the window from %v, limit %d", most, at, rate.Limit)
+	}
+}
+
+// TestSlotsAskForBlocksFromWhenTheyArrive has every reservation take 30ms,
+// more than a slot's grace: the first block, asked for from now, arrives
+// with its slot expired; the next is asked for from now plus the round trip
+// and arrives usable.
+func TestSlotsAskForBlocksFromWhenTheyArrive(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Rate: fleet.Rate{Limit: 1000, Window: time.Second}})
+	mb.mu.Lock()
+	mb.trip = 30 * time.Millisecond
+	mb.mu.Unlock()
+	s.Earliest(fc.Now(), 1)
+	if b := next(t, events).Block; !b.First.Equal(t0) {
+		t.Fatalf("first block at %v, want t0", b.First)
+	}
+	if _, ok := s.Earliest(fc.Now(), 1); ok || s.Stats().Wasted != 1 {
+		t.Fatalf("the first slot arrived usable: %+v", s.Stats())
+	}
+	b := next(t, events).Block
+	if want := t0.Add(60 * time.Millisecond); !b.First.Equal(want) {
+		t.Fatalf("second block at %v, want %v (asked at t0+30ms, plus 30ms)", b.First, want)
+	}
+	if !s.Take(fc.Now(), 1) {
+		t.Fatalf("slot at %v refused on arrival at %v", b.First, fc.Now())
+	}
+}
+
+func TestSlotsOwnPauseHoldsHereWhenEtcdFails(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{})
+	mb.mu.Lock()
+	mb.failPause = errors.New("etcd unreachable")
+	mb.mu.Unlock()
+	until := t0.Add(time.Second)
+	if _, err := s.Pause(context.Background(), until); err == nil {
+		t.Fatal("a pause etcd refused reported written")
+	}
+	if e := next(t, events); e.Kind != fleet.EventPaused || e.Pause.Revision != 0 {
+		t.Fatalf("event %+v, want a local pause (revision 0)", e)
+	}
+	if st := s.Stats(); !st.PausedUntil.Equal(until.Add(fleet.DefaultMaxSkew)) {
+		t.Fatalf("paused until %v here", st.PausedUntil)
+	}
+	_ = fc
+}
