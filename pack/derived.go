@@ -145,16 +145,6 @@ func derivedRows(reps []*reports.Report, fn func(sheet string, vals ...any)) {
 	}
 }
 
-// sheetColumns is reports.SheetColumns, and the Served from cache sheet's
-// columns, which it does not give.
-func sheetColumns(name string) []string {
-	if name == reports.SheetCached {
-		return []string{"Seq", "Run", "Source", "Item", "Served at", "Reason", "Copy fetched by run", "Copy fetched at",
-			"Age when served (s)", "Payload SHA-256"}
-	}
-	return reports.SheetColumns(name)
-}
-
 func joinSeqs(s []uint64) string {
 	parts := make([]string, len(s))
 	for i, v := range s {
@@ -168,7 +158,7 @@ func joinSeqs(s []uint64) string {
 func (p *Pack) checkDerived(b *book, reps []*reports.Report, stated map[string]sheetHash, r *Report) {
 	pops := map[string]*population{}
 	for _, name := range derivedSheets {
-		pops[name] = &population{b: b, name: name, header: sheetColumns(name), key: "run"}
+		pops[name] = &population{b: b, name: name, header: reports.SheetColumns(name), key: "run"}
 	}
 	pops[reports.SheetCached].key = "event"
 	bad := map[string]bool{}

@@ -25,7 +25,7 @@ func EventSheets() []string {
 // SheetColumns returns the column titles of a population (its header
 // row), or nil for a name that is no population.
 func SheetColumns(name string) []string {
-	for _, s := range append(eventSpecs[:], specRetention, specManifest, specAward, specRuns, specControl, specReconciliation) {
+	for _, s := range append(eventSpecs[:], specRetention, specManifest, specAward, specRuns, specControl, specReconciliation, specCached) {
 		if s.name == name {
 			out := make([]string, len(s.columns))
 			for i, c := range s.columns {
