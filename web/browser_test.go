@@ -511,7 +511,10 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("details label %q missing from %q", want, labels)
 		}
 	}
-	contains("#events-table", "award year 2026", "ceiling 0.5 per second", "taught at 2026-11-29 18:39:58.123Z", "advertised limit unknown", "age 21s", "fetched at 2026-11-29 18:51:48.993Z")
+	contains("#events-table", "award fain EMW-2024-FG-05123", "award year 2026", "ceiling 0.5 per second", "taught at 2026-11-29 18:39:58.123Z", "advertised limit unknown", "age 21s", "fetched at 2026-11-29 18:51:48.993Z")
+	if got := text("#events-table"); strings.Contains(got, "award award") {
+		t.Errorf("events repeat a nested label: %q", got)
+	}
 	shot("events", "")
 	noRawValues(t, bctx, "events")
 

@@ -155,7 +155,13 @@ func (f *flags) parse(args []string) (code int, ok bool) {
 }
 
 func (f *flags) printUsage(w io.Writer) {
-	fmt.Fprintf(w, "usage: auditd %s\n\nflags:\n", f.usage)
+	fmt.Fprintf(w, "usage: auditd %s\n", f.usage)
+	n := 0
+	f.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nflags:")
 	f.SetOutput(w)
 	f.PrintDefaults()
 	f.SetOutput(io.Discard)

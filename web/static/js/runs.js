@@ -530,7 +530,10 @@ export function detailFields(detail, unit) {
   const out = [];
   const walk = (obj, prefix) => {
     for (const [k, x] of Object.entries(obj)) {
-      const label = (prefix ? `${prefix} ` : '') + k.replace(/_/g, ' ');
+      // "award": {"award_year": ...} reads "award year", not "award award year".
+      const last = prefix.split(' ').pop();
+      const own = prefix && k.startsWith(`${last}_`) ? k.slice(last.length + 1) : k;
+      const label = (prefix ? `${prefix} ` : '') + own.replace(/_/g, ' ');
       if (x === null || x === '' || x === undefined) continue;
       // A limit and its window ("ceiling_limit", "ceiling_window") are one rate.
       const pair = /^(.*?)_?limit$/.exec(k);
