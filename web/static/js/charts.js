@@ -32,6 +32,7 @@ const secs = (t) => Date.parse(t) / 1000;
 // whole page, so every chart on it reads in the same unit.
 export function pace(tl, sources) {
   const b = tl.bucket_seconds;
+  if (!(b > 0)) return b;
   let w = 0;
   for (const st of sources) {
     for (const x of st.buckets) {
@@ -53,7 +54,7 @@ function allowance(limit, window, span) {
 
 // timelineData is the data of a source's timeline chart in buckets of width
 // seconds (pace): x (bucket starts, in seconds, and the end of the last
-// bucket); the requests sent in each bucket and what the limit in force
+// bucket, a whole bucket after its start); the requests sent in each bucket and what the limit in force
 // allowed in it (the most generous limit in force during it); and the
 // bucket's waits, items served from cache, 5xx answers and 429 refusals,
 // null where there are none, so no marker is drawn. The series are in the
@@ -84,8 +85,10 @@ export function timelineData(tl, st, width) {
     failed.push(f || null);
     refused.push(r || null);
   }
-  // One more point at the end, so the allowance's step covers the last bucket.
-  x.push(end);
+  // One more point at the end of the last bucket, so the allowance's step
+  // covers it and its bar is as wide as the others (uPlot sizes bars by
+  // the narrowest gap between points).
+  x.push(x.length ? Math.max(end, x[x.length - 1] + width) : end);
   sent.push(null);
   allowed.push(allowed.length ? allowed[allowed.length - 1] : null);
   waits.push(null);
