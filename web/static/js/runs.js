@@ -456,7 +456,8 @@ export async function eventsPage(main, { hash, params: [id], signal }) {
     const rows = events.map((e) => h('tr', { class: eventClass(e) },
       h('td', { class: 'num mono' }, fmtNum(e.seq)),
       h('td', { class: 'nowrap' }, timeEl(e.time)),
-      h('td', null, h('span', { class: 'etype' }, e.type)),
+      // A narrow column breaks a type after its dot, not inside a word.
+      h('td', null, h('span', { class: 'etype' }, e.type.split('.').flatMap((w, i) => (i ? ['.', h('wbr'), w] : [w])))),
       h('td', null, e.source_id || ''),
       h('td', { class: 'mono small break' }, e.item_key || ''),
       h('td', { class: 'num' }, e.attempt || ''),
