@@ -162,9 +162,12 @@ func (f *flags) printUsage(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w, "\nflags:")
-	f.SetOutput(w)
+	var buf strings.Builder
+	f.SetOutput(&buf)
 	f.PrintDefaults()
 	f.SetOutput(io.Discard)
+	// Flags are written --name everywhere else; the flag package accepts both.
+	io.WriteString(w, strings.ReplaceAll("\n"+buf.String(), "\n  -", "\n  --")[1:])
 }
 
 // fail reports a mistake in the command's flags, exit 2.
