@@ -394,10 +394,10 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:travis-gis"][data-rendered]`)),
 	))
 	runTL := getTimeline(t, bctx, apiHandler)
-	// One bucket width for the page: travis-gis's window is a minute, so
-	// every chart of the run is drawn per minute.
+	// Each chart in buckets sized to its source's pace: hays-gis's window
+	// is a second, so the API's 10 s buckets; travis-gis's is a minute.
 	var refused, failed, cached, waits int
-	for _, b := range webtest.CheckTimelineChart(bctx, t, runTL, "hays-gis", 60) {
+	for _, b := range webtest.CheckTimelineChart(bctx, t, runTL, "hays-gis", 10) {
 		refused, failed, cached, waits = refused+b.Refused, failed+b.Failed, cached+b.Cached, waits+b.Waits
 	}
 	if refused != 3 || failed != 5 || cached != 1 || waits != 8 {
@@ -422,7 +422,7 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("hays-gis chart shaded at %s: %v, want %v (breaker open 18:52:04 to 18:52:34)", c.at, got, c.want)
 		}
 	}
-	contains("#timeline", "hays-gis", "Requests sent", "Allowed by the limit in force", "3 refused (429)", "5 5xx answers", "1 served from cache", "breaker open once", "buckets of 1 minute")
+	contains("#timeline", "hays-gis", "Requests sent", "Allowed by the limit in force", "3 refused (429)", "5 5xx answers", "1 served from cache", "breaker open once", "requests sent in each 1 minute", "requests sent in each 10 seconds")
 	checkDrawn := func(width int64, charts ...string) {
 		t.Helper()
 		// Each chart takes its plot's new width, then two frames pass, by

@@ -269,11 +269,19 @@ upstreams:
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:state"][data-rendered]`)),
 	))
 	runTL := b.timeline(srv, token)
-	width := webtest.Pace(runTL, runTL.Sources...)
-	if refused := refusals(webtest.CheckTimelineChart(b.ctx, t, runTL, "county", width)); refused != int(throttles) || refused == 0 {
+	pace := func(tl auditd.Timeline, id string) float64 {
+		for _, st := range tl.Sources {
+			if st.SourceID == id {
+				return webtest.Pace(tl, st)
+			}
+		}
+		t.Fatalf("the timeline has no source %s", id)
+		return 0
+	}
+	if refused := refusals(webtest.CheckTimelineChart(b.ctx, t, runTL, "county", pace(runTL, "county"))); refused != int(throttles) || refused == 0 {
 		t.Errorf("county's chart marks %d refusals; the run counted %v 429s", refused, throttles)
 	}
-	webtest.CheckTimelineChart(b.ctx, t, runTL, "state", width)
+	webtest.CheckTimelineChart(b.ctx, t, runTL, "state", pace(runTL, "state"))
 	b.noJunk("run page with charts")
 	b.chartShot("run")
 

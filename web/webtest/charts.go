@@ -331,8 +331,8 @@ func AllowanceDrawn(ctx context.Context, name string) ([]bool, error) {
 	})()`, name)))
 }
 
-// Pace is the bucket width, in seconds, the page's charts of these sources
-// are drawn in (charts.js pace): the API's bucket, widened to as many of
+// Pace is the bucket width, in seconds, a chart of these sources is drawn
+// in (charts.js pace): the API's bucket, widened to as many of
 // them as cover the longest window in force.
 func Pace(tl auditd.Timeline, sources ...auditd.SourceTimeline) float64 {
 	var w float64

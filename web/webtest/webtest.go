@@ -60,7 +60,7 @@ var rawValues = []struct {
 	{"-1", regexp.MustCompile(`(^|[\s(:])-1([^\d.]|$)`)},
 	{"a nanosecond timestamp", regexp.MustCompile(`\b1[5-9]\d{16,17}\b|\d\d:\d\d:\d\d\.\d{4,}`)},
 	{"Go's zero time", regexp.MustCompile(`0001-01-01`)},
-	{"a year with a thousands separator", regexp.MustCompile(`\b2,0\d\d\b`)},
+	{"a year with a thousands separator", regexp.MustCompile(`(?i)year\W{0,3}\d,\d\d\d\b`)},
 }
 
 // RawValues says which raw values a page's text shows, each with what is

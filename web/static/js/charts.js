@@ -23,13 +23,12 @@ const colors = {
 
 const secs = (t) => Date.parse(t) / 1000;
 
-// pace is the width, in seconds, of the buckets a page's charts are drawn
-// in: the API's bucket, widened to as many of them as cover the longest
-// window in force of any source on the page. A bucket at least a window
-// wide was allowed a whole number of windows' limits, so a source that kept
-// its limit never has a bar above its allowance (a slow source, 20 a
-// minute, is drawn per minute, not per second); and one width serves the
-// whole page, so every chart on it reads in the same unit.
+// pace is the width, in seconds, of the buckets a chart of these sources
+// is drawn in: the API's bucket, widened to as many of them as cover the
+// longest window in force. A bucket at least a window wide was allowed a
+// whole number of windows' limits, so a source that kept its limit never
+// has a bar above its allowance: a slow source, 20 a minute, is drawn per
+// minute, not per second.
 export function pace(tl, sources) {
   const b = tl.bucket_seconds;
   if (!(b > 0)) return b;

@@ -216,12 +216,11 @@ function runTimelineView(tl, charts, sourceCount) {
   const head = h('h2', { id: 'timeline-h' }, 'Requests over time');
   const sources = tl.sources || [];
   if (!sources.length) return [head, h('p', { class: 'muted' }, 'No requests recorded yet.')];
-  // One bucket width for every chart of the page, wide enough for its
-  // slowest source's window.
-  const width = pace(tl, sources);
+  // Each chart's buckets are sized to its source's pace: at least its
+  // longest window in force.
   return [head,
-    h('p', { class: 'muted small', id: 'timeline-range' }, `${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(width)}; one chart per source.`),
-    sources.map((st) => charts.add(timelineChart(tl, st, { width, title: h('a', { href: `#/sources/${enc(st.source)}` }, st.source) }))),
+    h('p', { class: 'muted small', id: 'timeline-range' }, `${fmtTime(tl.from)} to ${fmtTime(tl.to)}; one chart per source, each in buckets at least as wide as its source's window (${bucketWords(tl.bucket_seconds)} at the least).`),
+    sources.map((st) => charts.add(timelineChart(tl, st, { width: pace(tl, [st]), title: h('a', { href: `#/sources/${enc(st.source)}` }, st.source) }))),
     sourceCount > maxRunCharts ? h('p', { class: 'muted' }, `The ${maxRunCharts} sources with the most items of ${fmtNum(sourceCount)} are charted; every source's page has its own chart.`) : null];
 }
 
