@@ -200,7 +200,7 @@ func TestReconcileSaysWhy(t *testing.T) {
 		"\nexit 1:\n",
 		"run " + run + " is partial, not succeeded (--allow-partial accepts it)",
 		"1 item was served from copies older than --max-stale 1h; the oldest, item",
-		"was 1d old, fetched by",
+		"was 1d old, fetched by run ",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)

@@ -132,8 +132,8 @@ func ciVerdicts(rep *reports.Report, allowPartial bool, maxStale time.Duration, 
 			wasWere(unknown, "item"), maxStaleText))
 	}
 	if stale > 0 {
-		by := oldest.OriginRun
-		if by == "" {
+		by := "run " + oldest.OriginRun
+		if oldest.OriginRun == "" {
 			by = "an unrecorded run"
 		}
 		out = append(out, fmt.Sprintf("%s served from copies older than --max-stale %s; the oldest, item %s, was %s old, fetched by %s at %s",
