@@ -246,7 +246,7 @@ func TestBrowser(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, webtest.AllocatorOptions(exe, t.TempDir())...)
 	defer cancelAlloc()
@@ -356,6 +356,7 @@ func TestBrowser(t *testing.T) {
 	))
 	contains("#runs-table", "Parcels refresh, Travis and Hays counties", "running", "158 / 240", "EMW-2024-FG-05123", "partial")
 	shot("runs", "")
+	noRawValues(t, bctx, "runs")
 
 	// The next-page cursor.
 	must("next page", chromedp.Do(bctx,
@@ -378,7 +379,7 @@ func TestBrowser(t *testing.T) {
 	))
 	contains("#run-summary", "158 of 240 items done", "Estimated finish", "travis-gis", "120 / 160", "hays-gis")
 	contains("#verdict", "Not balanced", "R4")
-	contains(`#checks tr.row-fail[data-check="R4"]`, "FAIL", "-1", "10877")
+	contains(`#checks tr.row-fail[data-check="R4"]`, "FAIL", "\u22121", "10877")
 	contains(`#checks tr[data-check="R10"]`, "n/a")
 	contains("#cached", "hays/parcels/19", "1d 2h", "01JQ8Z6X0RUN00000000000009", "breaker open")
 	fails, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#checks tr.row-fail').length`))
@@ -393,11 +394,22 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:travis-gis"][data-rendered]`)),
 	))
 	runTL := getTimeline(t, bctx, apiHandler)
-	if refused, waits := webtest.CheckTimelineChart(bctx, t, runTL, "hays-gis", 1); refused != 3 || waits != 8 {
-		t.Errorf("hays-gis chart marks %d refusals and %d waits, want the fixture's 3 and 8", refused, waits)
+	// Each chart in buckets sized to its source's pace: hays-gis's window
+	// is a second, so the API's 10 s buckets; travis-gis's is a minute.
+	var refused, failed, cached, waits int
+	for _, b := range webtest.CheckTimelineChart(bctx, t, runTL, "hays-gis", 10) {
+		refused, failed, cached, waits = refused+b.Refused, failed+b.Failed, cached+b.Cached, waits+b.Waits
 	}
-	if _, waits := webtest.CheckTimelineChart(bctx, t, runTL, "travis-gis", 60); waits == 0 {
-		t.Error("travis-gis chart marks no wait")
+	if refused != 3 || failed != 5 || cached != 1 || waits != 8 {
+		t.Errorf("hays-gis chart marks %d refusals, %d 5xx, %d cache answers and %d waits; want the fixture's 3, 5, 1 and 8", refused, failed, cached, waits)
+	}
+	// travis-gis keeps its limit of 30, then 20, a minute: no bucket of the
+	// chart stands above what it was allowed.
+	travis := webtest.CheckTimelineChart(bctx, t, runTL, "travis-gis", 60)
+	for i, b := range travis {
+		if b.Allowed == 0 || float64(b.Sent) > b.Allowed {
+			t.Errorf("travis-gis bucket %d (%s): %d sent against %v allowed; a compliant source must not look over its limit", i, b.Start.Format(time.TimeOnly), b.Sent, b.Allowed)
+		}
 	}
 	for _, c := range []struct {
 		at   string
@@ -410,10 +422,27 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("hays-gis chart shaded at %s: %v, want %v (breaker open 18:52:04 to 18:52:34)", c.at, got, c.want)
 		}
 	}
-	contains("#timeline", "hays-gis", "Requests sent per second", "Limit in force per minute", "3 refused (429)", "breaker open once", "buckets of 10 seconds")
+	contains("#timeline", "hays-gis", "Requests sent", "Allowed by the limit in force", "3 refused (429)", "5 5xx answers", "1 served from cache", "breaker open once", "requests sent in each 1 minute", "requests sent in each 10 seconds")
+	checkDrawn := func(width int64, charts ...string) {
+		t.Helper()
+		// Each chart takes its plot's new width, then two frames pass, by
+		// when uPlot has drawn at that width.
+		must(fmt.Sprintf("resize to %d", width), chromedp.Do(bctx, chromedp.EmulateViewport(width, 900),
+			chromedp.Poll[chromedp.Void](fmt.Sprintf(`window.innerWidth === %d && Object.values(window.auditdCharts).every((u) => Math.abs(u.width - u.root.parentElement.clientWidth) < 1)`, width),
+				chromedp.WithPollingTimeout(10*time.Second)),
+			chromedp.Evaluate[chromedp.Void](`new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => done())))`, chromedp.EvalAwaitPromise)))
+		for _, name := range charts {
+			checkChartDrawn(t, bctx, name, width)
+		}
+	}
 
-	shot("run", filepath.Join(os.TempDir(), "auditd-ui.png"))
-	chartShot("run")
+	shot("run", "")
+	checkDrawn(1024, "timeline:hays-gis", "timeline:travis-gis")
+	chartShot("run-1024")
+	checkDrawn(1400, "timeline:hays-gis", "timeline:travis-gis")
+	chartShot("run-1400")
+	checkDrawn(1280, "timeline:hays-gis", "timeline:travis-gis")
+	noRawValues(t, bctx, "run")
 
 	// The auto-refresh sees the run finish.
 	must("auto-refresh", chromedp.Do(bctx, chromedp.Poll[chromedp.Void](
@@ -451,6 +480,7 @@ func TestBrowser(t *testing.T) {
 	contains("#items-table", "travis/parcels/1", "5,120", "failed", "503 Service Unavailable", "pending",
 		"copy 1d 2h old, fetched by run 01JQ8Z6X0RUN00000000000009")
 	shot("items", "")
+	noRawValues(t, bctx, "items")
 	must("back to run", chromedp.Do(bctx,
 		chromedp.Navigate(srv.URL+"/#/runs/"+runID),
 		chromedp.WaitVisible(chromedp.CSS("#events-link")),
@@ -484,14 +514,24 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("details label %q missing from %q", want, labels)
 		}
 	}
+	contains("#events-table", "award fain EMW-2024-FG-05123", "award year 2026", "limit 20 per minute", "ceiling 30 per minute", "taught at 2026-11-29 18:39:58.123Z", "advertised limit unknown", "age 21s", "fetched at 2026-11-29 18:51:48.993Z")
+	if got := text("#events-table"); strings.Contains(got, "award award") {
+		t.Errorf("events repeat a nested label: %q", got)
+	}
 	shot("events", "")
+	noRawValues(t, bctx, "events")
 
 	// Sources: learned limit against the ceiling, what taught it, breaker.
 	must("sources", chromedp.Do(bctx,
 		chromedp.Navigate(srv.URL+"/#/sources"),
 		chromedp.WaitVisible(chromedp.CSS("#sources-table tbody tr")),
 	))
-	contains("#sources-table", "hays-gis", "5 per second", "10 per second", "429", "open", "travis-gis", "20 per minute", "30 per minute", "header")
+	// One unit for the page: hays-gis goes faster than one a second, so
+	// travis-gis's 20 and 30 a minute read per second too.
+	contains("#sources-table", "hays-gis", "5 per second", "10 per second", "429", "open", "travis-gis", "0.33 per second", "0.5 per second", "header")
+	if got := text("#sources-table"); strings.Contains(got, "per minute") || strings.Contains(got, "strict") {
+		t.Errorf("sources table mixes units or shows the undocumented tier: %q", got)
+	}
 	// A learned limit under the ceiling is how learning works: a note, not a warning.
 	note, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`(() => { const el = document.querySelector('#sources-table .learned-below');
 		const cs = getComputedStyle(el); return [el.textContent, cs.color, cs.fontWeight,
@@ -501,11 +541,12 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("below the ceiling: text, colour, weight, muted colour = %q; want the muted colour at normal weight", note)
 	}
 	shot("sources", "")
+	noRawValues(t, bctx, "sources")
 	must("source", chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS(`#sources-table a[href="#/sources/hays-gis"]`)),
 		chromedp.WaitVisible(chromedp.CSS("dl.facts")),
 	))
-	contains("main", "In force now", "5 per second", "below the ceiling", "X-Api-Key (values redacted)", "opens after 5 failures, cooldown 30s")
+	contains("main", "In force now", "5 per second", "below the ceiling", "X-Api-Key (values redacted)", "opens after 5 failures in a row, cooldown 30s")
 	// Durations in the UI's one style: "2m", not "2m0s".
 	capText, err := chromedp.Run(bctx, chromedp.Evaluate[string](`[...document.querySelectorAll('dl.facts > div')].find((d) => d.querySelector('dt').textContent === 'Retry-After cap').querySelector('dd').textContent`))
 	must("retry-after cap", err)
@@ -523,14 +564,19 @@ func TestBrowser(t *testing.T) {
 	if srcTL.From.After(fixtureStart) || srcTL.To.Before(fixtureStart.Add(30*time.Minute)) {
 		t.Errorf("source timeline %s to %s; want the latest run's (from 18:40:05 to 19:10:02)", srcTL.From, srcTL.To)
 	}
-	webtest.CheckTimelineChart(bctx, t, srcTL, "hays-gis", 1)
+	webtest.CheckTimelineChart(bctx, t, srcTL, "hays-gis", 10)
 	webtest.CheckLimitChart(bctx, t, srcTL, "hays-gis", 10)
 	contains("#limit-changes", "2 per second", "4 per second", "8 per second", "5 per second", "probe_up", "429")
 	if rows, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#limit-changes tbody tr').length`)); err != nil || rows != 3 {
 		t.Errorf("limit changes table has %d rows (%v), want the 3 changes", rows, err)
 	}
 	contains("#timeline-range", "Latest run", "buckets of 10 seconds")
-	chartShot("source")
+	checkDrawn(1024, "timeline:hays-gis", "limits:hays-gis")
+	chartShot("source-1024")
+	checkDrawn(1400, "timeline:hays-gis", "limits:hays-gis")
+	chartShot("source-1400")
+	checkDrawn(1280, "timeline:hays-gis", "limits:hays-gis")
+	noRawValues(t, bctx, "source")
 	must("source last hour", chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS(`#range-picker a[data-range="1h"]`)),
 		chromedp.Poll[chromedp.Void](`document.querySelector('#timeline') && document.querySelector('#timeline').textContent.includes('Nothing was recorded')`, chromedp.WithPollingTimeout(5*time.Second)),
@@ -544,6 +590,7 @@ func TestBrowser(t *testing.T) {
 	))
 	contains("#verify-verdict", "Intact", "11,251")
 	shot("ledger", "")
+	noRawValues(t, bctx, "ledger")
 	key, err := chromedp.Run(bctx, chromedp.Value(chromedp.CSS("#public-key-text")))
 	must("public key", err)
 	if !strings.HasPrefix(key, "auditd.example+") {
@@ -579,5 +626,64 @@ func TestBrowser(t *testing.T) {
 	defer consoleMu.Unlock()
 	for _, e := range consoleErrs {
 		t.Errorf("browser console: %s", e)
+	}
+}
+
+// checkChartDrawn reads chart name back from the canvas at a window width:
+// no tick label overlaps another, every marker of a timeline chart is
+// visible and every refusal is on top, and every bucket's allowance is
+// drawn.
+func checkChartDrawn(t *testing.T, ctx context.Context, name string, width int64) {
+	t.Helper()
+	boxes, err := webtest.LabelBoxes(ctx, name)
+	if err != nil {
+		t.Fatalf("%s at %d px: label boxes: %v", name, width, err)
+	}
+	if len(boxes) < 4 {
+		t.Errorf("%s at %d px: %d tick labels drawn", name, width, len(boxes))
+	}
+	for _, o := range webtest.Overlaps(boxes) {
+		t.Errorf("%s at %d px: labels %q and %q overlap (%v, %v)", name, width, o[0].Text, o[1].Text, o[0], o[1])
+	}
+	if !strings.HasPrefix(name, "timeline:") {
+		return
+	}
+	markers, err := webtest.Markers(ctx, name, 3)
+	if err != nil {
+		t.Fatalf("%s at %d px: markers: %v", name, width, err)
+	}
+	kinds := map[string]int{}
+	for _, m := range markers {
+		kinds[m.Series]++
+		if !m.Visible {
+			t.Errorf("%s at %d px: the %s marker of bucket %d (%v) is not visible", name, width, m.Series, m.Bucket, m.Count)
+		}
+		if m.Series == "429 refusals" && !m.OnTop {
+			t.Errorf("%s at %d px: the refusal marker of bucket %d (%v) is not on top", name, width, m.Bucket, m.Count)
+		}
+	}
+	if name == "timeline:hays-gis" && (kinds["429 refusals"] == 0 || kinds["5xx answers"] == 0 || kinds["Served from cache"] == 0 || kinds["Waits"] == 0) {
+		t.Errorf("%s at %d px: markers drawn %v; want refusals, 5xx answers, cache answers and waits", name, width, kinds)
+	}
+	drawn, err := webtest.AllowanceDrawn(ctx, name)
+	if err != nil {
+		t.Fatalf("%s at %d px: allowance: %v", name, width, err)
+	}
+	for i, ok := range drawn {
+		if !ok {
+			t.Errorf("%s at %d px: bucket %d's allowance is not drawn", name, width, i)
+		}
+	}
+}
+
+// noRawValues fails t when the page's main text shows a raw value.
+func noRawValues(t *testing.T, ctx context.Context, page string) {
+	t.Helper()
+	body, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById('main').innerText`))
+	if err != nil {
+		t.Fatalf("%s page text: %v", page, err)
+	}
+	for _, r := range webtest.RawValues(body) {
+		t.Errorf("%s page shows %s", page, r)
 	}
 }

@@ -21,7 +21,8 @@ var fixtureStart = time.Date(2026, 11, 29, 18, 40, 5, 130_000_000, time.UTC)
 // fixtureLedger is the run of runs.json as the fetch loop would record it,
 // kept small: hays-gis is paced at its learned limit, which grows from 2 to
 // 8 a second, until three 429s at 18:46:59.8 cut it to 5 (a 12 s pause);
-// five 503s open its breaker at 18:52:04 for 30 s; travis-gis goes at its
+// five 503s open its breaker at 18:52:04 for 30 s, while which an item is
+// served from cache; travis-gis goes at its
 // ceiling of 30 a minute until a header teaches it 20 at 18:41:00.5.
 func fixtureLedger() []auditd.Event {
 	var evs []auditd.Event
@@ -99,6 +100,10 @@ func fixtureLedger() []auditd.Event {
 		}))
 	}
 	add(clock("18:52:04.090"), auditd.Event{Type: auditd.EventBreaker, SourceID: "hays-gis", From: "closed", To: "open", Failures: 5, Threshold: 5, Cooldown: 30 * time.Second})
+	// While the breaker is open, an item falls back on its last good copy.
+	add(clock("18:52:10.000"), auditd.Event{Type: auditd.EventCacheServed, SourceID: "hays-gis", ItemKey: "hays/parcels/19",
+		PayloadHash: "d4735e3a265e16eee03f59718b9b5d03019c07d8b6c51f90da3a666eec13ab35", Reason: "breaker open",
+		Detail: auditd.CachedCopy{OriginRun: "01JQ8Z6X0RUN00000000000009", FetchedAt: clock("18:51:48.993"), Age: auditd.Duration(21007 * time.Millisecond)}.CacheDetail()})
 	add(clock("18:52:34.100"), auditd.Event{Type: auditd.EventBreaker, SourceID: "hays-gis", From: "open", To: "half_open", Failures: 5, Threshold: 5, Cooldown: 30 * time.Second})
 	probe := broken[0]
 	probe.Attempt, probe.Cause = 2, "probe"

@@ -36,8 +36,8 @@ type demoUpstreams struct {
 func demoSources(urls map[string]string) []auditd.Source {
 	sec := func(n int) auditd.Duration { return auditd.Duration(time.Duration(n) * time.Second) }
 	return []auditd.Source{
-		{ID: "harris-county", BaseURL: urls["harris-county"], Limit: 5, Window: sec(1), Tier: "standard", BodyError: auditd.BodyErrorArcGIS},
-		{ID: "travis-county", BaseURL: urls["travis-county"], Limit: 30, Window: sec(60), Tier: "strict", BodyError: auditd.BodyErrorArcGIS},
+		{ID: "harris-county", BaseURL: urls["harris-county"], Limit: 5, Window: sec(1), BodyError: auditd.BodyErrorArcGIS},
+		{ID: "travis-county", BaseURL: urls["travis-county"], Limit: 30, Window: sec(60), BodyError: auditd.BodyErrorArcGIS},
 		{ID: "north-county", BaseURL: urls["north-county"], Group: "regional-gis", Limit: 4, Window: sec(1), BodyError: auditd.BodyErrorArcGIS},
 		{ID: "south-county", BaseURL: urls["south-county"], Group: "regional-gis", Limit: 4, Window: sec(1), BodyError: auditd.BodyErrorArcGIS},
 		{ID: "maple-county", BaseURL: urls["maple-county"], Limit: 5, Window: sec(1), MaxAttempts: 3,

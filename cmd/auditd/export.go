@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/auditd/auditd/ledger"
@@ -19,27 +18,28 @@ import (
 // server's data directory. The file appears only once complete (temporary
 // file, then rename); a progress bar goes to stderr when it is a terminal.
 func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("export", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("export", "export --run ID --out FILE|DIR [flags]", stdout, stderr)
 	data := fs.String("data", "./data", "data `directory` of a stopped auditd")
 	runID := fs.String("run", "", "run `id`")
-	out := fs.String("out", "", "workbook `file` to write (.xlsx)")
+	out := fs.String("out", "", "workbook `file` to write (.xlsx), or a directory to write evidence-RUN.xlsx into")
 	exportID := fs.String("export-id", "", "export `id` recorded in the Manifest (default: run id)")
 	generated := fs.String("generated-at", "now", "RFC 3339 `time` recorded as the Manifest's generated-at, \"now\", or \"none\" (none, or a fixed time, makes the same range give the same file)")
-	if err := fs.Parse(args); err != nil {
-		return parseStatus(err)
+	if code, ok := fs.parse(args); !ok {
+		return code
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "auditd export: %v\n", err)
 		return 2
 	}
 	switch {
-	case fs.NArg() > 0:
-		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	case *runID == "":
-		return fail(errors.New("--run is required"))
+		return fs.fail("--run is required: the id of the run to export")
 	case *out == "":
-		return fail(errors.New("--out is required"))
+		return fs.fail("--out is required: the workbook file to write, or a directory to write it into")
+	}
+	path, err := outPath(*out, "evidence-"+*runID+".xlsx")
+	if err != nil {
+		return fail(fmt.Errorf("--out: %w", err))
 	}
 	req := reports.Request{ExportID: *exportID, RunIDs: []string{*runID}, Filters: "run " + *runID}
 	if req.ExportID == "" {
@@ -52,7 +52,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	default:
 		t, err := time.Parse(time.RFC3339Nano, *generated)
 		if err != nil {
-			return fail(fmt.Errorf("--generated-at: %w", err))
+			return fs.fail("--generated-at %q: want an RFC 3339 time (2026-03-03T09:30:00Z), now or none", *generated)
 		}
 		req.GeneratedAt = t
 	}
@@ -67,7 +67,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(err)
 	}
 	x := reports.NewExporter(r)
-	x.TmpDir = filepath.Dir(*out)
+	x.TmpDir = filepath.Dir(path)
 	declared, err := registry.SecretQueries(db)
 	if err != nil {
 		return fail(err)
@@ -83,7 +83,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 
 	var m *reports.Manifest
-	err = writeFileAtomic(*out, func(w io.Writer) error {
+	err = writeFileAtomic(path, func(w io.Writer) error {
 		m, err = x.Export(ctx, w, req)
 		return err
 	})
@@ -95,8 +95,24 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	for _, s := range m.Sheets {
 		rows += s.Rows
 	}
-	fmt.Fprintf(stdout, "wrote %s: %d sheets, %d rows, reconciliation balanced=%t\n", *out, len(m.Sheets)+1, rows, m.Reports[0].Balanced)
+	fmt.Fprintf(stdout, "wrote %s: %s, %s, reconciliation balanced=%t\n", path, plural(int64(len(m.Sheets)+1), "sheet"), plural(rows, "row"), m.Reports[0].Balanced)
 	return 0
+}
+
+// outPath is where --out asks a file to go: out itself, or name inside it
+// when out is a directory (or is written as one, ending in a slash, and
+// is then made).
+func outPath(out, name string) (string, error) {
+	if strings.HasSuffix(out, "/") || strings.HasSuffix(out, string(filepath.Separator)) {
+		if err := os.MkdirAll(out, 0o755); err != nil {
+			return "", err
+		}
+		return filepath.Join(out, name), nil
+	}
+	if fi, err := os.Stat(out); err == nil && fi.IsDir() {
+		return filepath.Join(out, name), nil
+	}
+	return out, nil
 }
 
 // offlineCheckpoint gives the Manifest the ledger's public key and, when the

@@ -18,18 +18,23 @@ import (
 // runProve prints an inclusion proof of one event (--seq), or checks one
 // offline (--check FILE) against the public key alone.
 func runProve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("prove", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("prove", "prove --seq N | --check FILE [flags]", stdout, stderr)
 	data := fs.String("data", "./data", "data `directory` holding auditd.db and the ledger key")
-	seq := fs.Uint64("seq", 0, "sequence `number` of the event to prove")
+	seq := fs.Uint64("seq", 0, "sequence `number` of the event to prove (the ledger's first event is 1)")
 	check := fs.String("check", "", "check the proof in `file` instead of making one")
 	key := fs.String("key", "", "note verifier `key` (default: ledger.pub in the data directory)")
-	if err := fs.Parse(args); err != nil {
-		return parseStatus(err)
+	if code, ok := fs.parse(args); !ok {
+		return code
 	}
-	if (*seq == 0) == (*check == "") || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "auditd prove: give exactly one of --seq N or --check FILE")
-		return 2
+	seqGiven := false
+	fs.Visit(func(f *flag.Flag) { seqGiven = seqGiven || f.Name == "seq" })
+	switch {
+	case seqGiven && *check != "":
+		return fs.fail("give --seq N to make a proof or --check FILE to check one, not both")
+	case !seqGiven && *check == "":
+		return fs.fail("give --seq N to make a proof of event N, or --check FILE to check a proof")
+	case seqGiven && *seq == 0:
+		return fs.fail("--seq 0: sequence numbers start at 1, the ledger's first event")
 	}
 	vkey := *key
 	if vkey == "" {

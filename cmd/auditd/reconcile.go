@@ -1,17 +1,20 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -31,33 +34,37 @@ const reconcileTimeout = 2 * time.Minute
 // unless --allow-partial, or when --max-stale is given and an item was
 // served from a copy older than it (or of unknown age); 2 on any error.
 func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("reconcile", "reconcile --run ID (--server URL | --data DIR) [flags]", stdout, stderr)
 	server := fs.String("server", "", "`URL` of a running auditd")
 	data := fs.String("data", "", "data `directory` of a stopped auditd (offline)")
 	runID := fs.String("run", "", "run `id`")
 	token := fs.String("token", "", "API `token` (default $AUDITD_TOKEN)")
 	format := fs.String("format", "table", "output: table, json or csv")
 	allowPartial := fs.Bool("allow-partial", false, "exit 0 for a balanced run that did not succeed (partial, cancelled, unfinished)")
-	maxStale := fs.Duration("max-stale", 0, "fail (exit 1) when an item was served from a last good copy older than this `duration` when served, or of unknown age; 0: any age")
-	if err := fs.Parse(args); err != nil {
-		return parseStatus(err)
+	maxStaleText := fs.String("max-stale", "", "fail (exit 1) when an item was served from a last good copy older than this `duration` (90s, 30m, 24h) when served, or of unknown age; default: any age")
+	listCached := fs.Bool("list-cached", false, "list every item served from cache (the table sums them up by source)")
+	if code, ok := fs.parse(args); !ok {
+		return code
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
 		return 2
 	}
+	var maxStale time.Duration
+	if *maxStaleText != "" {
+		d, err := time.ParseDuration(*maxStaleText)
+		if err != nil || d < 0 {
+			return fs.fail("--max-stale %q: want a duration such as 90s, 30m or 24h", *maxStaleText)
+		}
+		maxStale = d
+	}
 	switch {
-	case fs.NArg() > 0:
-		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	case *runID == "":
-		return fail(errors.New("--run is required"))
+		return fs.fail("--run is required: the id of the run to reconcile")
 	case (*server == "") == (*data == ""):
-		return fail(errors.New("give exactly one of --server (a running auditd) or --data (offline)"))
+		return fs.fail("give exactly one of --server URL (a running auditd) or --data DIR (a stopped one's data directory)")
 	case *format != "table" && *format != "json" && *format != "csv":
-		return fail(fmt.Errorf("unknown --format %q", *format))
-	case *maxStale < 0:
-		return fail(errors.New("--max-stale must not be negative"))
+		return fs.fail("--format %q: want table, json or csv", *format)
 	}
 
 	var rep *reports.Report
@@ -73,50 +80,244 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fail(err)
 	}
+	verdicts := ciVerdicts(rep, *allowPartial, maxStale, *maxStaleText)
 	if *format == "table" {
-		err = reports.WriteTable(stdout, rep)
+		err = writeReconcileTable(stdout, rep, *listCached, verdicts)
 	} else {
 		err = reports.Write(stdout, rep, *format)
 	}
 	if err != nil {
 		return fail(err)
 	}
-	verdicts := ciVerdicts(rep, *allowPartial, *maxStale)
 	for _, v := range verdicts {
 		fmt.Fprintf(stderr, "auditd reconcile: %s\n", v)
 	}
-	if !rep.Balanced || len(verdicts) > 0 {
+	if len(verdicts) > 0 {
 		return 1
 	}
 	return 0
 }
 
-// ciVerdicts says why a balanced or unbalanced reconciliation still fails a
-// CI step: the run did not succeed (unless allowPartial), or items were
-// served from copies older than maxStale (0: no bound), or of an age not
-// on record.
-func ciVerdicts(rep *reports.Report, allowPartial bool, maxStale time.Duration) []string {
+// ciVerdicts says why a reconciliation fails a CI step, if it does: it
+// does not balance; the run did not succeed (unless allowPartial); items
+// were served from copies older than maxStale (0: no bound, maxStaleText
+// as the flag was given), or of an age not on record.
+func ciVerdicts(rep *reports.Report, allowPartial bool, maxStale time.Duration, maxStaleText string) []string {
 	var out []string
+	if !rep.Balanced {
+		out = append(out, fmt.Sprintf("the reconciliation does not balance: %s failed", strings.Join(rep.Failed(), ", ")))
+	}
 	if rep.Run.Status != string(auditd.RunSucceeded) && !allowPartial {
 		out = append(out, fmt.Sprintf("run %s is %s, not succeeded (--allow-partial accepts it)", rep.Run.ID, rep.Run.Status))
 	}
 	if maxStale <= 0 {
 		return out
 	}
-	for _, c := range rep.Cached {
+	var unknown, stale int64
+	var oldest *reports.CachedItem
+	for i := range rep.Cached {
+		c := &rep.Cached[i]
 		switch {
 		case !c.AgeKnown():
-			out = append(out, fmt.Sprintf("item %s was served from a cached copy of unknown age (cache.served %d); --max-stale %v needs it known", c.ItemKey, c.Seq, maxStale))
+			unknown++
 		case c.Age.D() > maxStale:
-			by := c.OriginRun
-			if by == "" {
-				by = "an unrecorded run"
+			stale++
+			if oldest == nil || c.Age > oldest.Age {
+				oldest = c
 			}
-			out = append(out, fmt.Sprintf("item %s was served from a copy %v old, fetched by %s at %s: older than --max-stale %v",
-				c.ItemKey, c.Age.D(), by, c.FetchedAt.UTC().Format(time.RFC3339), maxStale))
 		}
 	}
+	if unknown > 0 {
+		out = append(out, fmt.Sprintf("%s served from cached copies of unknown age; --max-stale %s needs the age known",
+			wasWere(unknown, "item"), maxStaleText))
+	}
+	if stale > 0 {
+		by := "run " + oldest.OriginRun
+		if oldest.OriginRun == "" {
+			by = "an unrecorded run"
+		}
+		out = append(out, fmt.Sprintf("%s served from copies older than --max-stale %s; the oldest, item %s, was %s old, fetched by %s at %s",
+			wasWere(stale, "item"), maxStaleText, oldest.ItemKey, humanDuration(oldest.Age.D()), by, oldest.FetchedAt.UTC().Format(proofTime)))
+	}
 	return out
+}
+
+// wasWere is "1 item was", "2 items were".
+func wasWere(n int64, noun string) string {
+	if n == 1 {
+		return plural(n, noun) + " was"
+	}
+	return plural(n, noun) + " were"
+}
+
+// checkMeanings say in a few words what each identity holds to (the
+// report's descriptions give the counts each compares).
+var checkMeanings = map[string]string{
+	reports.R1:  "every item queued ended (succeeded, cached, failed, shed) or is pending",
+	reports.R2:  "every request sent has an outcome",
+	reports.R3:  "every retry follows a failed attempt of the same request",
+	reports.R4:  "every throttle (429, pause) was waited out before sending again",
+	reports.R5:  "the breaker was obeyed: nothing sent open, only probes half-open",
+	reports.R6:  "every success's payload is staged and its hash verifies",
+	reports.R7:  "the live counters equal a recount of the ledger's events",
+	reports.R8:  "the run's events are contiguous and their hash chain verifies",
+	reports.R9:  "every request was within the limit in force (plus burst)",
+	reports.R10: "every item delivered was acknowledged by the pipeline",
+}
+
+// writeReconcileTable writes rep for a person at a terminal: the verdict,
+// each identity with what it means, the sources that failed, the items
+// served from cache summed up by source (each one with listCached), and
+// the exit status with its reasons.
+func writeReconcileTable(w io.Writer, rep *reports.Report, listCached bool, verdicts []string) error {
+	verdict := "BALANCED: every identity holds"
+	if !rep.Balanced {
+		verdict = "NOT BALANCED: failed " + strings.Join(rep.Failed(), ", ")
+	}
+	fmt.Fprintf(w, "run %s  status %s  events %d..%d\n%s\n\n", rep.Run.ID, rep.Run.Status, rep.Run.FirstSeq, rep.Run.LastSeq, verdict)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tWHAT IT HOLDS TO\tSTATUS\tEXPECTED\tACTUAL\tDIFF\tFIRST OFFENDING\tNOTE")
+	for _, c := range rep.Checks {
+		meaning := checkMeanings[c.ID]
+		if meaning == "" {
+			meaning = c.Description
+		}
+		offending := make([]string, len(c.Offending))
+		for i, seq := range c.Offending {
+			offending[i] = strconv.FormatUint(seq, 10)
+		}
+		diff := strconv.FormatInt(c.Difference, 10)
+		if c.Difference > 0 {
+			diff = "+" + diff
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", c.ID, meaning, c.Status, c.Expected, c.Actual, diff,
+			cmp.Or(strings.Join(offending, " "), "-"), c.Note)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range rep.Sources {
+		if s.Balanced {
+			continue
+		}
+		var failed []string
+		for _, c := range s.Checks {
+			if c.Status == reports.StatusFail {
+				failed = append(failed, c.ID)
+			}
+		}
+		fmt.Fprintf(w, "source %s: failed %s\n", s.SourceID, strings.Join(failed, ", "))
+	}
+	if len(rep.Cached) > 0 {
+		if err := writeCached(w, rep.Cached, listCached); err != nil {
+			return err
+		}
+	}
+	if len(verdicts) == 0 {
+		why := "the run succeeded"
+		if rep.Run.Status != string(auditd.RunSucceeded) {
+			why = "the run is " + rep.Run.Status + ", accepted by --allow-partial"
+		}
+		_, err := fmt.Fprintf(w, "\nexit 0: balanced, and %s\n", why)
+		return err
+	}
+	fmt.Fprintln(w, "\nexit 1:")
+	for _, v := range verdicts {
+		fmt.Fprintf(w, "  %s\n", v)
+	}
+	return nil
+}
+
+// writeCached sums up the items served from a last good copy per source:
+// how many, the oldest copy's age and which run fetched it; with list, one
+// line per item as well.
+func writeCached(w io.Writer, cached []reports.CachedItem, list bool) error {
+	type sum struct {
+		items, unknown int64
+		oldest         *reports.CachedItem
+	}
+	by := map[string]*sum{}
+	var ids []string
+	for i := range cached {
+		c := &cached[i]
+		s := by[c.SourceID]
+		if s == nil {
+			s = &sum{}
+			by[c.SourceID] = s
+			ids = append(ids, c.SourceID)
+		}
+		s.items++
+		switch {
+		case !c.AgeKnown():
+			s.unknown++
+		case s.oldest == nil || c.Age > s.oldest.Age:
+			s.oldest = c
+		}
+	}
+	slices.Sort(ids)
+	fmt.Fprintf(w, "\nserved from cache: %s\n", plural(int64(len(cached)), "item"))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SOURCE\tITEMS\tOLDEST COPY\tFETCHED AT\tBY RUN\tAGE UNKNOWN")
+	for _, id := range ids {
+		s := by[id]
+		age, at, run := "-", "-", "-"
+		if o := s.oldest; o != nil {
+			age, at, run = humanDuration(o.Age.D()), o.FetchedAt.UTC().Format(proofTime), cmp.Or(o.OriginRun, "-")
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\n", id, s.items, age, at, run, s.unknown)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if !list {
+		_, err := fmt.Fprintln(w, "(--list-cached lists every item)")
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tSOURCE\tITEM\tAGE\tFETCHED AT\tBY RUN\tREASON")
+	for _, c := range cached {
+		age, at := "unknown", "-"
+		if c.AgeKnown() {
+			age, at = humanDuration(c.Age.D()), c.FetchedAt.UTC().Format(proofTime)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Seq, c.SourceID, c.ItemKey, age, at, cmp.Or(c.OriginRun, "-"), c.Reason)
+	}
+	return tw.Flush()
+}
+
+// humanDuration says d as a person reads it, as the web UI does: 250ms,
+// 1.5s, 12s, 1m 30s, 2m, 3h 5m, 2d 4h.
+func humanDuration(d time.Duration) string {
+	if d < 0 {
+		return "-" + humanDuration(-d)
+	}
+	two := func(n1 int64, u1 string, n2 int64, u2 string) string {
+		if n2 == 0 {
+			return fmt.Sprintf("%d%s", n1, u1)
+		}
+		return fmt.Sprintf("%d%s %d%s", n1, u1, n2, u2)
+	}
+	switch {
+	case d == 0:
+		return "0s"
+	case d < time.Millisecond:
+		return "under 1ms"
+	case d < time.Second-time.Millisecond/2:
+		return fmt.Sprintf("%dms", d.Round(time.Millisecond).Milliseconds())
+	case d < 9950*time.Millisecond:
+		return strings.TrimSuffix(fmt.Sprintf("%.1f", d.Round(100*time.Millisecond).Seconds()), ".0") + "s"
+	case d < time.Minute-time.Second/2:
+		return fmt.Sprintf("%ds", int64(d.Round(time.Second).Seconds()))
+	case d < time.Hour-time.Minute/2:
+		s := int64(d.Round(time.Second).Seconds())
+		return two(s/60, "m", s%60, "s")
+	case d < 24*time.Hour-time.Hour/2:
+		m := int64(d.Round(time.Minute).Minutes())
+		return two(m/60, "h", m%60, "m")
+	}
+	h := int64(d.Round(time.Hour).Hours())
+	return two(h/24, "d", h%24, "h")
 }
 
 // fetchReconciliation gets GET {server}/v1/runs/{id}/reconciliation, the

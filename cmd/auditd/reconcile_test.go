@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -54,10 +55,13 @@ func TestReconcileOffline(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "BALANCED") {
 			t.Fatalf("exit %d, want 0\n%s%s", code, out, errOut)
 		}
-		for _, want := range []string{"R7     n/a", "hashes not verified"} {
+		for _, want := range []string{"hashes not verified", "exit 0: balanced, and the run is partial, accepted by --allow-partial"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("offline table lacks %q:\n%s", want, out)
 			}
+		}
+		if !regexp.MustCompile(`\nR7 +the live counters equal a recount of the ledger's events +n/a `).MatchString(out) {
+			t.Errorf("offline table's R7 is not n/a with its meaning:\n%s", out)
 		}
 	})
 	for _, m := range reportstest.Mutations() {

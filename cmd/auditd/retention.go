@@ -4,11 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -17,26 +18,51 @@ import (
 	"github.com/auditd/auditd/staging"
 )
 
+// retentionSubcommands are retention's subcommands, in the order help
+// lists them.
+var retentionSubcommands = []struct{ name, usage, summary string }{
+	{"set", "retention set --award FAIN --final-report DATE [--retain-until DATE]", "record an award's final financial report date and how long its records are kept"},
+	{"hold", "retention hold --award FAIN --reason TEXT", "place a legal hold: nothing of the award is purged until it is released"},
+	{"release", "retention release --award FAIN --hold ID --reason TEXT", "release a legal hold (retention status lists them)"},
+	{"status", "retention status --award FAIN [--json]", "show an award's retention date, its holds, and whether a purge is allowed now"},
+	{"purge", "retention purge [--award FAIN] [--dry-run]", "delete the staged payloads whose retention has passed (every eligible award unless --award)"},
+}
+
+func retentionUsage(w io.Writer) {
+	fmt.Fprintln(w, "usage: auditd retention <subcommand> --data DIR [flags]\n\nsubcommands:")
+	for _, s := range retentionSubcommands {
+		fmt.Fprintf(w, "  %-8s %s\n", s.name, s.summary)
+	}
+	fmt.Fprintln(w, "\nauditd retention <subcommand> -h lists its flags. set, hold, release and purge print what they recorded as JSON.")
+}
+
 // runRetention is the admin's retention command, offline on a stopped
 // server's data directory: record an award's final report date, place
 // and release legal holds, show an award's status, purge what retention
 // allows. Each change is a ledger event naming --by.
 func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "auditd retention: %v\n", err)
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "auditd retention: give a subcommand: set, hold, release, status or purge")
+		retentionUsage(stderr)
 		return 2
 	}
-	if len(args) == 0 {
-		return fail(errors.New("give a subcommand: set, hold, release, status or purge"))
-	}
 	sub := args[0]
-	fs := flag.NewFlagSet("retention "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	if isHelp(sub) || sub == "help" {
+		retentionUsage(stdout)
+		return 0
+	}
+	i := slices.IndexFunc(retentionSubcommands, func(s struct{ name, usage, summary string }) bool { return s.name == sub })
+	if i < 0 {
+		fmt.Fprintf(stderr, "auditd retention: there is no subcommand %q\n", sub)
+		retentionUsage(stderr)
+		return 2
+	}
+	fs := newFlags("retention "+sub, retentionSubcommands[i].usage, stdout, stderr)
 	data := fs.String("data", "./data", "data `directory` of a stopped auditd")
 	award := fs.String("award", "", "the award's `FAIN`")
 	by := fs.String("by", "", "who is acting (recorded as the principal); default cli:$USER")
 	var finalReport, retainUntil, reason, hold *string
-	var dryRun *bool
+	var dryRun, asJSON *bool
 	switch sub {
 	case "set":
 		finalReport = fs.String("final-report", "", "`date` (YYYY-MM-DD) of the award's final financial report")
@@ -47,37 +73,50 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		hold = fs.String("hold", "", "the hold's `id` (retention status lists them)")
 		reason = fs.String("reason", "", "why the hold ends")
 	case "status":
+		asJSON = fs.Bool("json", false, "print the status as JSON, for a program to read")
 	case "purge":
 		dryRun = fs.Bool("dry-run", false, "say what would be purged; record and delete nothing")
-	default:
-		return fail(fmt.Errorf("unknown subcommand %q: set, hold, release, status or purge", sub))
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		return parseStatus(err)
+	if code, ok := fs.parse(args[1:]); !ok {
+		return code
 	}
-	if fs.NArg() > 0 {
-		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
-	}
-	if *award == "" && sub != "purge" {
-		return fail(errors.New("--award is required"))
+	switch {
+	case *award == "" && sub != "purge":
+		return fs.fail("--award is required: the award's FAIN")
+	case sub == "set" && *finalReport == "":
+		return fs.fail("--final-report is required: the date (YYYY-MM-DD) of the award's final financial report")
+	case sub == "release" && *hold == "":
+		return fs.fail("--hold is required: the hold's id, as auditd retention status --award %s lists it", *award)
+	case reason != nil && strings.TrimSpace(*reason) == "":
+		return fs.fail("--reason is required: say why (the litigation, claim, audit or written notice); it is recorded in the ledger")
 	}
 	principal := *by
 	if principal == "" {
 		principal = "cli:" + os.Getenv("USER")
 	}
-	date := func(name, s string) (time.Time, error) {
-		if s == "" {
-			return time.Time{}, nil
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "auditd retention %s: %s\n", sub, plainError(err))
+		return 2
+	}
+	var fr, ru time.Time
+	if sub == "set" {
+		for _, d := range []struct {
+			name, text string
+			t          *time.Time
+		}{{"final-report", *finalReport, &fr}, {"retain-until", *retainUntil, &ru}} {
+			if d.text == "" {
+				continue
+			}
+			t, err := time.Parse(time.DateOnly, d.text)
+			if err != nil {
+				return fs.fail("--%s %q: want a date as YYYY-MM-DD", d.name, d.text)
+			}
+			*d.t = t
 		}
-		t, err := time.Parse(time.DateOnly, s)
-		if err != nil {
-			return t, fmt.Errorf("--%s: want YYYY-MM-DD: %w", name, err)
-		}
-		return t, nil
 	}
 
 	if _, err := os.Stat(filepath.Join(*data, dbFile)); err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("--data %s holds no auditd database: %w", *data, err))
 	}
 	db, err := openDB(*data, false)
 	if err != nil {
@@ -98,14 +137,6 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var out any
 	switch sub {
 	case "set":
-		fr, err := date("final-report", *finalReport)
-		if err != nil {
-			return fail(err)
-		}
-		ru, err := date("retain-until", *retainUntil)
-		if err != nil {
-			return fail(err)
-		}
 		out, err = k.SetRetention(ctx, principal, *award, fr, ru)
 		if err != nil {
 			return fail(err)
@@ -119,9 +150,24 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return fail(err)
 		}
 	case "status":
-		if out, err = k.Status(*award); err != nil {
+		st, err := k.Status(*award)
+		if err != nil {
 			return fail(err)
 		}
+		if *asJSON {
+			out = st
+			break
+		}
+		runs, err := awardRunCount(led, *award)
+		if err != nil {
+			return fail(err)
+		}
+		if !st.Set && len(st.Holds) == 0 && runs == 0 {
+			fmt.Fprintf(stderr, "auditd retention status: no run, retention date or legal hold names award %q: is the FAIN mistyped?\n", *award)
+			return 1
+		}
+		writeRetentionStatus(stdout, st, runs, time.Now())
+		return 0
 	case "purge":
 		rep, err := k.Purge(ctx, principal, *award, *dryRun)
 		if errors.Is(err, retention.ErrHeld) || errors.Is(err, retention.ErrRetained) || errors.Is(err, retention.ErrNoRetention) {
@@ -139,6 +185,82 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fail(err)
 	}
 	return 0
+}
+
+// plainError words a domain error for a person at a terminal: its message,
+// and the flag at fault when it names a field ("--final-report: ..."),
+// not the code=... form meant for logs.
+func plainError(err error) string {
+	var e *auditd.Error
+	if !errors.As(err, &e) {
+		return err.Error()
+	}
+	if e.Field == "" {
+		return e.Message
+	}
+	return "--" + strings.ReplaceAll(e.Field, "_", "-") + ": " + e.Message
+}
+
+// awardRunCount counts the runs of an award (FAIN) from their run.started
+// events.
+func awardRunCount(l retention.Ledger, fain string) (int64, error) {
+	var n int64
+	err := l.Scan(1, 0, func(e *auditd.Event) error {
+		if e.Type != auditd.EventRunStarted {
+			return nil
+		}
+		var d struct {
+			Award auditd.Award `json:"award"`
+		}
+		if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Award.FAIN == fain {
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
+
+// writeRetentionStatus writes an award's retention as sentences: dates as
+// days, holds one a line, and why a purge is or is not allowed now.
+func writeRetentionStatus(w io.Writer, st retention.Status, runs int64, now time.Time) {
+	day := func(t time.Time) string { return t.UTC().Format(time.DateOnly) }
+	fmt.Fprintf(w, "award %s (%s in the ledger)\n", st.Award.FAIN, plural(runs, "run"))
+	if st.Set {
+		fmt.Fprintf(w, "retention: records kept until %s (final financial report %s; recorded in event %d)\n",
+			day(st.Award.RetainUntil), day(st.Award.FinalReport), st.Award.Seq)
+	} else {
+		fmt.Fprintf(w, "retention: no date recorded, so its records are kept (auditd retention set --award %s --final-report DATE records one)\n", st.Award.FAIN)
+	}
+	active := 0
+	for _, h := range st.Holds {
+		if h.Active() {
+			active++
+		}
+	}
+	if len(st.Holds) == 0 {
+		fmt.Fprintln(w, "legal holds: none")
+	} else {
+		fmt.Fprintf(w, "legal holds: %d active, %d released\n", active, len(st.Holds)-active)
+		for _, h := range st.Holds {
+			if h.Active() {
+				fmt.Fprintf(w, "  %s  active since %s, placed by %s: %q\n", h.ID, day(h.PlacedAt), h.PlacedBy, h.Reason)
+			} else {
+				fmt.Fprintf(w, "  %s  released %s by %s (%q); placed %s by %s: %q\n", h.ID, day(h.ReleasedAt), h.ReleasedBy, h.ReleaseReason, day(h.PlacedAt), h.PlacedBy, h.Reason)
+			}
+		}
+	}
+	switch {
+	case st.Purgeable:
+		fmt.Fprintln(w, "purge: allowed now (auditd retention purge --award "+st.Award.FAIN+" --dry-run shows what it would delete)")
+	case !st.Set:
+		fmt.Fprintln(w, "purge: not allowed: no retention date is recorded")
+	case active > 0:
+		fmt.Fprintf(w, "purge: not allowed while %s stands\n", plural(int64(active), "legal hold"))
+	case now.Before(st.Award.RetainUntil):
+		fmt.Fprintf(w, "purge: not allowed before %s\n", day(st.Award.RetainUntil))
+	default:
+		fmt.Fprintln(w, "purge: not allowed")
+	}
 }
 
 // readLedger is the ledger of a read-only file as the retention Keeper

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -259,7 +260,7 @@ upstreams:
 	}
 	b.noJunk("run page")
 	throttles, _ := run.Counts["status_429"].(float64)
-	b.shot("run", filepath.Join(os.TempDir(), "auditd-ui-real.png"))
+	b.shot("run", "")
 
 	// The run's charts, one per source: what uPlot was given is what
 	// GET /v1/runs/{id}/timeline answers, and county's 429s are marked.
@@ -268,10 +269,19 @@ upstreams:
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="timeline:state"][data-rendered]`)),
 	))
 	runTL := b.timeline(srv, token)
-	if refused, _ := webtest.CheckTimelineChart(b.ctx, t, runTL, "county", 1); refused != int(throttles) || refused == 0 {
+	pace := func(tl auditd.Timeline, id string) float64 {
+		for _, st := range tl.Sources {
+			if st.SourceID == id {
+				return webtest.Pace(tl, st)
+			}
+		}
+		t.Fatalf("the timeline has no source %s", id)
+		return 0
+	}
+	if refused := refusals(webtest.CheckTimelineChart(b.ctx, t, runTL, "county", pace(runTL, "county"))); refused != int(throttles) || refused == 0 {
 		t.Errorf("county's chart marks %d refusals; the run counted %v 429s", refused, throttles)
 	}
-	webtest.CheckTimelineChart(b.ctx, t, runTL, "state", 1)
+	webtest.CheckTimelineChart(b.ctx, t, runTL, "state", pace(runTL, "state"))
 	b.noJunk("run page with charts")
 	b.chartShot("run")
 
@@ -306,7 +316,7 @@ upstreams:
 	if county.Learned.Limit == 0 || county.Learned.Limit >= 40 || county.Learned.Cause == "" {
 		t.Errorf("county learned %+v; want a limit below the ceiling of 40 and what taught it", county.Learned)
 	}
-	learned := fmt.Sprintf("%s per %s", groupDigits(int64(county.Learned.Limit)), perWindow(county.Learned.Window))
+	learned := perSecond(county.Learned.Limit, county.Learned.Window)
 	b.must("sources", chromedp.Do(b.ctx,
 		chromedp.Click(chromedp.CSS(`#nav a[data-nav="sources"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#sources-table a[href="#/sources/county"]`)),
@@ -334,7 +344,7 @@ upstreams:
 		chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="limits:county"][data-rendered]`)),
 	))
 	srcTL := b.timeline(srv, token)
-	if refused, _ := webtest.CheckTimelineChart(b.ctx, t, srcTL, "county", 1); refused != int(throttles) {
+	if refused := refusals(webtest.CheckTimelineChart(b.ctx, t, srcTL, "county", webtest.Pace(srcTL, srcTL.Sources...))); refused != int(throttles) {
 		t.Errorf("county's source chart marks %d refusals; the run counted %v 429s", refused, throttles)
 	}
 	webtest.CheckLimitChart(b.ctx, t, srcTL, "county", 40)
@@ -463,6 +473,9 @@ func (b *uiBrowser) noJunk(page string) {
 			b.t.Errorf("%s shows %q:\n%s", page, junk, text)
 		}
 	}
+	for _, r := range webtest.RawValues(text) {
+		b.t.Errorf("%s shows %s", page, r)
+	}
 }
 
 // shot saves a PNG of the whole page to path, and to
@@ -543,23 +556,30 @@ func groupDigits(n int64) string {
 
 // perWindow names a window as the UI does in a rate: "1s" is "second",
 // "1m0s" "minute", "5m0s" "5 minutes".
-func perWindow(window string) string {
+// perSecond is a limit per window as the UI shows it on a page whose
+// rates are per second: "20 per second", "0.5 per second".
+func perSecond(limit int, window string) string {
 	d, err := time.ParseDuration(window)
-	if err != nil {
+	if err != nil || d <= 0 {
 		return window
 	}
-	for _, u := range []struct {
-		d    time.Duration
-		name string
-	}{{time.Hour, "hour"}, {time.Minute, "minute"}, {time.Second, "second"}} {
-		if d >= u.d && d%u.d == 0 {
-			if d == u.d {
-				return u.name
-			}
-			return fmt.Sprintf("%d %ss", d/u.d, u.name)
-		}
+	r := float64(limit) / d.Seconds()
+	if r == math.Trunc(r) {
+		return groupDigits(int64(r)) + " per second"
 	}
-	return window
+	if r < 1 {
+		return strconv.FormatFloat(math.Round(r*100)/100, 'f', -1, 64) + " per second"
+	}
+	return strconv.FormatFloat(math.Round(r*10)/10, 'f', -1, 64) + " per second"
+}
+
+// refusals adds up the 429 refusals a timeline chart marks.
+func refusals(buckets []webtest.Bucket) int {
+	n := 0
+	for _, b := range buckets {
+		n += b.Refused
+	}
+	return n
 }
 
 func prefix(s string, n int) string {

@@ -4,8 +4,10 @@
 package webtest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -45,4 +47,30 @@ func AllocatorOptions(exe, userDataDir string) []chromedp.ExecAllocatorOption {
 		chromedp.UserDataDir(userDataDir),
 		chromedp.WindowSize(1280, 900),
 	}
+}
+
+// rawValues are what a page must never show: Go's durations, a -1 standing
+// for "not known", nanosecond timestamps (as a number, or with more than
+// milliseconds), Go's zero time, a year with a thousands separator.
+var rawValues = []struct {
+	what string
+	re   *regexp.Regexp
+}{
+	{"a Go duration", regexp.MustCompile(`\b\d+h\d+m|\b\d+m\d+(\.\d+)?s\b|\b\d+\.\d{4,}s\b`)},
+	{"-1", regexp.MustCompile(`(^|[\s(:])-1([^\d.]|$)`)},
+	{"a nanosecond timestamp", regexp.MustCompile(`\b1[5-9]\d{16,17}\b|\d\d:\d\d:\d\d\.\d{4,}`)},
+	{"Go's zero time", regexp.MustCompile(`0001-01-01`)},
+	{"a year with a thousands separator", regexp.MustCompile(`(?i)year\W{0,3}\d,\d\d\d\b`)},
+}
+
+// RawValues says which raw values a page's text shows, each with what is
+// around it.
+func RawValues(text string) []string {
+	var out []string
+	for _, r := range rawValues {
+		if loc := r.re.FindStringIndex(text); loc != nil {
+			out = append(out, fmt.Sprintf("%s: %q in %q", r.what, text[loc[0]:loc[1]], text[max(0, loc[0]-60):min(len(text), loc[1]+60)]))
+		}
+	}
+	return out
 }

@@ -13,7 +13,9 @@ const colors = {
   sentFill: 'rgba(31, 78, 121, 0.30)',
   limit: '#1e6b3a',
   ceiling: '#5b6570',
-  refused: '#a3161b',
+  refused: '#d0021b',
+  failed: '#6a1b9a',
+  cached: '#00838f',
   waits: '#b06d00',
   open: 'rgba(163, 22, 27, 0.13)',
   halfOpen: 'rgba(176, 109, 0, 0.13)',
@@ -21,36 +23,78 @@ const colors = {
 
 const secs = (t) => Date.parse(t) / 1000;
 
-// rateUnit picks the window a source's rates are shown per: a second,
-// unless every rate of its timeline is under one a second, then a minute.
-export function rateUnit(tl, st) {
-  let top = 0;
-  for (const b of st.buckets) top = Math.max(top, b.limit_per_second || 0, b.dispatches / tl.bucket_seconds);
-  return top > 0 && top < 1 ? { seconds: 60, name: 'minute' } : { seconds: 1, name: 'second' };
+// pace is the width, in seconds, of the buckets a chart of these sources
+// is drawn in: the API's bucket, widened to as many of them as cover the
+// longest window in force. A bucket at least a window wide was allowed a
+// whole number of windows' limits, so a source that kept its limit never
+// has a bar above its allowance: a slow source, 20 a minute, is drawn per
+// minute, not per second.
+export function pace(tl, sources) {
+  const b = tl.bucket_seconds;
+  if (!(b > 0)) return b;
+  let w = 0;
+  for (const st of sources) {
+    for (const x of st.buckets) {
+      const ws = seconds(x.window);
+      if (ws > w) w = ws;
+    }
+  }
+  return b * Math.max(1, Math.ceil(w / b - 1e-9));
 }
 
-// timelineData is the data of a source's timeline chart: x (bucket starts,
-// in seconds, and the end of the last bucket), requests sent and the limit
-// in force per unit, and the refusals and waits of each bucket (null where
-// there are none, so no marker is drawn).
-export function timelineData(tl, st, unit) {
-  const per = unit.seconds / tl.bucket_seconds;
-  const x = [], sent = [], limit = [], refused = [], waits = [];
-  for (const b of st.buckets) {
-    x.push(secs(b.start));
-    sent.push(b.dispatches * per);
-    limit.push(b.limit_per_second ? b.limit_per_second * unit.seconds : null);
-    refused.push(b.throttles || null);
-    const w = Object.values(b.waits || {}).reduce((n, v) => n + v.count, 0);
+// allowance is the most a limit of limit per window allows in span seconds:
+// its limit for each window the span touches (a sliding window admits at
+// most limit in any window-long stretch). Burst on top is not counted.
+function allowance(limit, window, span) {
+  const w = seconds(window);
+  if (!limit || !(w > 0)) return null;
+  return limit * Math.max(1, Math.ceil(span / w - 1e-9));
+}
+
+// timelineData is the data of a source's timeline chart in buckets of width
+// seconds (pace): x (bucket starts, in seconds, and the end of the last
+// bucket, a whole bucket after its start); the requests sent in each bucket and what the limit in force
+// allowed in it (the most generous limit in force during it); and the
+// bucket's waits, items served from cache, 5xx answers and 429 refusals,
+// null where there are none, so no marker is drawn. The series are in the
+// order uPlot draws them: refusals last, on top.
+export function timelineData(tl, st, width) {
+  const k = Math.max(1, Math.round(width / tl.bucket_seconds));
+  const end = secs(tl.to);
+  const x = [], sent = [], allowed = [], waits = [], cached = [], failed = [], refused = [];
+  for (let i = 0; i < st.buckets.length; i += k) {
+    const group = st.buckets.slice(i, i + k);
+    const from = secs(group[0].start);
+    const span = Math.min(width, end - from);
+    let n = 0, w = 0, c = 0, f = 0, r = 0, a = null;
+    for (const b of group) {
+      n += b.dispatches;
+      w += Object.values(b.waits || {}).reduce((t, v) => t + v.count, 0);
+      c += b.cache_served || 0;
+      f += b.status_5xx || 0;
+      r += b.throttles || 0;
+      const ab = allowance(b.limit, b.window, span);
+      if (ab !== null && (a === null || ab > a)) a = ab;
+    }
+    x.push(from);
+    sent.push(n);
+    allowed.push(a);
     waits.push(w || null);
+    cached.push(c || null);
+    failed.push(f || null);
+    refused.push(r || null);
   }
-  // One more point at the end, so the limit's step covers the last bucket.
-  x.push(secs(tl.to));
+  // One more point at the end of the last bucket, so the allowance's step
+  // covers it and its bar is as wide as the others (uPlot sizes bars by
+  // the narrowest gap between points).
+  x.push(x.length ? Math.max(end, x[x.length - 1] + width) : end);
   sent.push(null);
-  limit.push(limit.length ? limit[limit.length - 1] : null);
-  refused.push(null);
+  allowed.push(allowed.length ? allowed[allowed.length - 1] : null);
   waits.push(null);
-  return [x, sent, limit, refused, waits];
+  cached.push(null);
+  failed.push(null);
+  refused.push(null);
+  return [x, sent, allowed, waits, cached, failed, refused];
 }
 
 // limitData is the data of a source's learned-limit chart: the limit in
@@ -90,6 +134,11 @@ function timeIncrs(bucket) {
   const all = [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
   return all.filter((x) => x >= Math.min(1, bucket) - 1e-9);
 }
+
+// timeSpace is the least room, in CSS pixels, between two ticks of the time
+// axis: wider than its widest label ("18:52:20" over "2026-11-29"), so that
+// labels never run into each other.
+const timeSpace = 96;
 
 // timeTicks labels the time axis in UTC on the 24-hour clock, as every
 // time in the UI is: 18:40, or 18:40:30 when ticks are under a minute
@@ -175,9 +224,10 @@ export function bucketWords(sec) {
 
 // sourceSummary says in words what a source's timeline shows.
 function sourceSummary(st) {
-  let sent = 0, refused = 0, waits = 0, waited = 0, shed = 0, cached = 0;
+  let sent = 0, refused = 0, failed = 0, waits = 0, waited = 0, shed = 0, cached = 0;
   for (const b of st.buckets) {
     sent += b.dispatches;
+    failed += b.status_5xx || 0;
     refused += b.throttles;
     shed += b.shed;
     cached += b.cache_served;
@@ -187,6 +237,7 @@ function sourceSummary(st) {
   const parts = [`${fmtNum(sent)} request${sent === 1 ? '' : 's'} sent`,
     `${fmtNum(refused)} refused (429)`,
     `${fmtNum(waits)} wait${waits === 1 ? '' : 's'}${waits ? ` (${fmtSeconds(waited)} in all)` : ''}`];
+  if (failed) parts.push(`${fmtNum(failed)} 5xx answer${failed === 1 ? '' : 's'}`);
   if (shed) parts.push(`${fmtNum(shed)} shed`);
   if (cached) parts.push(`${fmtNum(cached)} served from cache`);
   if (opens) parts.push(`breaker open ${opens === 1 ? 'once' : `${opens} times`}`);
@@ -197,24 +248,37 @@ function keyItem(cls, label) {
   return h('span', { class: 'chart-key-item' }, h('span', { class: `swatch ${cls}` }), label);
 }
 
-// timelineChart is a source's requests over time against the limit in
-// force, with its refusals and waits marked and its breaker spans shaded.
+// timelineChart is a source's requests over time against what the limit in
+// force allowed, in buckets of opts.width seconds (pace; the API's bucket
+// when not given), with its waits, cache answers, 5xx answers and 429
+// refusals marked (refusals on top) and its breaker spans shaded; rates in
+// the caption are per opts.unit.
 export function timelineChart(tl, st, opts = {}) {
-  const unit = rateUnit(tl, st);
+  const width = opts.width || tl.bucket_seconds;
   const name = `timeline:${st.source}`;
-  const data = timelineData(tl, st, unit);
-  const bucket = bucketWords(tl.bucket_seconds);
+  const data = timelineData(tl, st, width);
+  const bucket = bucketWords(width);
   const spans = st.breaker_spans || [];
   const plot = h('div', { class: 'chart-plot' });
-  const fig = h('figure', { class: 'chart', dataset: { chart: name, unitSeconds: unit.seconds } },
+  const fig = h('figure', { class: 'chart', dataset: { chart: name, bucketSeconds: width } },
     h('figcaption', null,
       h('span', { class: 'chart-title' }, opts.title || st.source),
       h('span', { class: 'chart-sub muted' }, sourceSummary(st))),
     plot,
     h('p', { class: 'chart-key small muted' },
-      `Bars: requests sent, per ${unit.name}, in buckets of ${bucket}. Line: the limit in force, per ${unit.name}. `,
-      `Markers (right axis, count per bucket): 429 refusals and waits.`,
+      `Bars: requests sent in each ${bucket}. Step line: the most the limit in force allowed in that ${bucket}, its limit for each window the bucket spans (burst not included). `,
+      'Markers (right axis, count per bucket): ',
+      keyItem('swatch-refused', '429 refusals'), ' ', keyItem('swatch-failed', '5xx answers'), ' ',
+      keyItem('swatch-cached', 'served from cache'), ' ', keyItem('swatch-waits', 'waits'), '.',
       spans.length ? [' Shaded: ', keyItem('swatch-open', 'breaker open'), ' ', keyItem('swatch-half', 'half-open'), '.'] : null));
+  // Markers of the same count in the same bucket are drawn as rings inside
+  // rings, the widest first: each stays visible, and the refusal, drawn
+  // last and filled, is always on top.
+  const marker = (label, color, size, filled) => ({
+    label, scale: 'n', stroke: color, fill: filled ? color : 'rgba(255,255,255,0)', width: 2,
+    paths: () => null, points: { show: true, size, width: 2, stroke: color, fill: filled ? color : 'rgba(255,255,255,0)' },
+    value: (u, v) => fmtValue(v ?? 0),
+  });
   const chartOpts = {
     height: opts.height || 230,
     tzDate: utc,
@@ -222,25 +286,25 @@ export function timelineChart(tl, st, opts = {}) {
     legend: { live: true },
     scales: {
       x: { time: true },
-      rate: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.12)] },
+      count: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.12)] },
       n: { range: (u, lo, hi) => [0, Math.max(4, Math.ceil(hi * 1.15))] },
     },
     series: [
       { label: 'Time (UTC)', value: '{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}' },
-      { label: `Requests sent per ${unit.name}`, scale: 'rate', stroke: colors.sent, fill: colors.sentFill, width: 1,
+      { label: 'Requests sent', scale: 'count', stroke: colors.sent, fill: colors.sentFill, width: 1,
         paths: uPlot.paths.bars({ size: [0.9, Infinity], align: 1 }), points: { show: false }, value: (u, v) => fmtValue(v) },
-      { label: `Limit in force per ${unit.name}`, scale: 'rate', stroke: colors.limit, width: 2,
+      { label: 'Allowed by the limit in force', scale: 'count', stroke: colors.limit, width: 2,
         paths: uPlot.paths.stepped({ align: 1 }), points: { show: false }, value: (u, v) => fmtValue(v) },
-      { label: '429 refusals', scale: 'n', stroke: colors.refused, fill: colors.refused, width: 1,
-        paths: () => null, points: { show: true, size: 9 }, value: (u, v) => fmtValue(v ?? 0) },
-      { label: 'Waits', scale: 'n', stroke: colors.waits, fill: '#ffffff', width: 2,
-        paths: () => null, points: { show: true, size: 9 }, value: (u, v) => fmtValue(v ?? 0) },
+      marker('Waits', colors.waits, 19, false),
+      marker('Served from cache', colors.cached, 14, false),
+      marker('5xx answers', colors.failed, 10, true),
+      marker('429 refusals', colors.refused, 7, true),
     ],
     axes: [
-      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks, incrs: timeIncrs(tl.bucket_seconds) },
-      { scale: 'rate', label: `requests per ${unit.name}`, stroke: '#5b6570', size: 56, grid: { stroke: '#eef1f4' },
+      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks, incrs: timeIncrs(width), space: timeSpace },
+      { scale: 'count', label: `requests per ${bucketWords(width)}`, stroke: '#5b6570', size: 56, grid: { stroke: '#eef1f4' },
         values: (u, ticks) => ticks.map((v) => fmtValue(v, 1)) },
-      { scale: 'n', side: 1, label: '429s, waits per bucket', stroke: '#5b6570', size: 56, grid: { show: false },
+      { scale: 'n', side: 1, label: 'markers: count per bucket', stroke: '#5b6570', size: 56, grid: { show: false },
         values: (u, ticks) => ticks.map((v) => (Number.isInteger(v) ? fmtNum(v) : '')) },
     ],
     hooks: { drawClear: [shadeSpans(spans, secs(tl.to))] },
@@ -250,8 +314,7 @@ export function timelineChart(tl, st, opts = {}) {
 
 // limitChart is a source's learned-limit history: the limit in force as a
 // step at each change, the configured ceiling dashed.
-export function limitChart(tl, st, ceiling) {
-  const unit = rateUnit(tl, st);
+export function limitChart(tl, st, ceiling, unit) {
   const name = `limits:${st.source}`;
   const data = limitData(tl, st, unit, ceiling);
   const plot = h('div', { class: 'chart-plot' });
@@ -278,7 +341,7 @@ export function limitChart(tl, st, ceiling) {
         paths: () => null, points: { show: true, size: 9 }, value: (u, v) => fmtValue(v) },
     ],
     axes: [
-      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks, incrs: timeIncrs(tl.bucket_seconds) },
+      { stroke: '#5b6570', grid: { stroke: '#eef1f4' }, values: timeTicks, incrs: timeIncrs(tl.bucket_seconds), space: timeSpace },
       { scale: 'rate', label: `per ${unit.name}`, stroke: '#5b6570', size: 56, grid: { stroke: '#eef1f4' },
         values: (u, ticks) => ticks.map((v) => fmtValue(v, 1)) },
     ],

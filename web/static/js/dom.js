@@ -92,12 +92,41 @@ export function perWindow(sec) {
   return sec < 1 ? `${+(sec * 1000).toFixed(0)} milliseconds` : `${+sec.toFixed(3)} seconds`;
 }
 
-// fmtRate shows a limit per window, the window given as a Go duration:
-// "30 per minute", "5 per second". Missing limits show a dash.
-export function fmtRate(limit, window) {
+// rateUnits are the units a page may show rates in.
+export const perSecond = { seconds: 1, name: 'second' };
+export const perMinute = { seconds: 60, name: 'minute' };
+
+// perSecondOf is a limit per window (a Go duration) as a rate per second;
+// NaN when either is missing.
+export function perSecondOf(limit, window) {
+  const w = typeof window === 'number' ? window / 1e9 : seconds(window);
+  return limit > 0 && w > 0 ? limit / w : NaN;
+}
+
+// pageUnit chooses the one unit a page shows its rates in, for the page's
+// pace: per minute when every rate on it is under one a second, otherwise
+// per second.
+export function pageUnit(rates) {
+  const known = rates.filter((r) => r > 0);
+  return known.length && known.every((r) => r < 1) ? perMinute : perSecond;
+}
+
+// fmtRate shows a limit per window in the page's unit: "20 per minute",
+// "0.33 per second", "8 per second". Missing limits show a dash.
+export function fmtRate(limit, window, unit = perSecond) {
+  const r = perSecondOf(limit, window);
+  if (Number.isNaN(r)) return limit ? fmtNum(limit) : dash;
+  const v = r * unit.seconds;
+  const n = Number.isInteger(v) || v >= 100 ? nf.format(Math.round(v)) : String(+v.toFixed(v < 1 ? 2 : 1));
+  return `${n} per ${unit.name}`;
+}
+
+// fmtCount shows a limit as a count in its own window, for comparing with
+// a count of requests in a window: "20 in any minute", "8 in any second".
+export function fmtCount(limit, window) {
   if (!limit) return dash;
   const w = perWindow(typeof window === 'number' ? window / 1e9 : seconds(window));
-  return w ? `${fmtNum(limit)} per ${w}` : fmtNum(limit);
+  return w ? `${fmtNum(limit)} in any ${w}` : fmtNum(limit);
 }
 
 const nf = new Intl.NumberFormat('en-US');
@@ -108,9 +137,11 @@ export function fmtNum(v) {
   return typeof v === 'number' ? nf.format(v) : String(v);
 }
 
-// fmtSigned shows a difference with its sign: +3, -1, 0.
+// fmtSigned shows a difference with its sign: +3, \u22121 (a minus sign,
+// not a hyphen), 0.
 export function fmtSigned(v) {
   if (typeof v !== 'number') return fmtNum(v);
+  if (v < 0) return `\u2212${nf.format(-v)}`;
   return v > 0 ? `+${nf.format(v)}` : nf.format(v);
 }
 

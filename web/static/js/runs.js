@@ -2,10 +2,10 @@
 // reconciliation, downloads), its items and its events.
 import { getJSON, download, enc } from './api.js';
 import {
-  h, fill, fmtNum, fmtSigned, fmtDuration, fmtRate, fmtRelative, fmtTime, timeEl, short, badge, table, dl,
+  h, fill, fmtNum, fmtSigned, fmtDuration, fmtRate, fmtCount, fmtRelative, fmtTime, timeEl, short, badge, table, dl, pageUnit, perSecondOf,
   problemBox, query, routeWith,
 } from './dom.js';
-import { ChartSet, timelineChart, bucketWords } from './charts.js';
+import { ChartSet, timelineChart, bucketWords, pace } from './charts.js';
 
 // How often a running run's detail page refreshes itself.
 const refreshMs = 3000;
@@ -216,9 +216,11 @@ function runTimelineView(tl, charts, sourceCount) {
   const head = h('h2', { id: 'timeline-h' }, 'Requests over time');
   const sources = tl.sources || [];
   if (!sources.length) return [head, h('p', { class: 'muted' }, 'No requests recorded yet.')];
+  // Each chart's buckets are sized to its source's pace: at least its
+  // longest window in force.
   return [head,
-    h('p', { class: 'muted small', id: 'timeline-range' }, `${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(tl.bucket_seconds)}; one chart per source.`),
-    sources.map((st) => charts.add(timelineChart(tl, st, { title: h('a', { href: `#/sources/${enc(st.source)}` }, st.source) }))),
+    h('p', { class: 'muted small', id: 'timeline-range' }, `${fmtTime(tl.from)} to ${fmtTime(tl.to)}; one chart per source, each in buckets at least as wide as its source's window (${bucketWords(tl.bucket_seconds)} at the least).`),
+    sources.map((st) => charts.add(timelineChart(tl, st, { width: pace(tl, [st]), title: h('a', { href: `#/sources/${enc(st.source)}` }, st.source) }))),
     sourceCount > maxRunCharts ? h('p', { class: 'muted' }, `The ${maxRunCharts} sources with the most items of ${fmtNum(sourceCount)} are charted; every source's page has its own chart.`) : null];
 }
 
@@ -388,7 +390,7 @@ export function reconciliationView(r, reload) {
   const control = (r.control || []).map((c) => h('tr', { class: c.within === false ? 'row-fail' : null },
     h('td', null, c.source),
     h('td', { class: 'num' }, fmtNum(c.peak)),
-    h('td', null, fmtRate(c.limit, c.window_ns ?? c.window)),
+    h('td', null, fmtCount(c.limit, c.window_ns ?? c.window)),
     h('td', { class: 'num' }, fmtNum(c.burst)),
     h('td', null, c.peak_at ? timeEl(c.peak_at) : '\u2014', c.peak_seq ? h('span', { class: 'muted' }, ` (seq ${c.peak_seq})`) : null),
     h('td', null, badge(c.within === false ? 'fail' : 'pass', c.within === false ? 'over limit' : 'within'))));
@@ -448,14 +450,17 @@ export async function eventsPage(main, { hash, params: [id], signal }) {
     const res = await getJSON(routeWith(`/v1/runs/${enc(id)}/events`, { type, source, cursor, limit: '100' }), signal);
     const events = listOf(res, 'events');
     const next = nextOf(res);
+    // One unit for every rate on the page, chosen for the page's pace.
+    const unit = pageUnit(events.flatMap((e) => [perSecondOf(e.old_limit, e.old_window), perSecondOf(e.new_limit, e.new_window)]));
     const rows = events.map((e) => h('tr', { class: eventClass(e) },
       h('td', { class: 'num mono' }, fmtNum(e.seq)),
       h('td', { class: 'nowrap' }, timeEl(e.time)),
-      h('td', null, h('span', { class: 'etype' }, e.type)),
+      // A narrow column breaks a type after its dot, not inside a word.
+      h('td', null, h('span', { class: 'etype' }, e.type.split('.').flatMap((w, i) => (i ? ['.', h('wbr'), w] : [w])))),
       h('td', null, e.source_id || ''),
       h('td', { class: 'mono small break' }, e.item_key || ''),
       h('td', { class: 'num' }, e.attempt || ''),
-      h('td', { class: 'small details' }, eventDetail(e)),
+      h('td', { class: 'small details' }, eventDetail(e, unit)),
       h('td', null, short(e.hash, 10))));
     const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' },
       cursor ? h('a', { href: routeWith(base, { type, source }), class: 'btn' }, '\u2190 First page') : null,
@@ -478,7 +483,7 @@ function eventClass(e) {
 // eventDetail lists the type-specific fields an event carries (EVENTS.md)
 // as labelled values, skipping those that are empty; a JSON detail is read
 // into labelled values too.
-function eventDetail(e) {
+function eventDetail(e, unit) {
   const parts = [];
   const add = (k, v, cls) => { if (v !== undefined && v !== null && v !== '' && v !== 0 && v !== false) parts.push([k, v, cls]); };
   const dur = (v) => (v === undefined || v === null || v === 0 || v === '' ? undefined : fmtDuration(v));
@@ -500,22 +505,24 @@ function eventDetail(e) {
   add('threshold', e.threshold);
   add('cooldown', dur(e.cooldown));
   if (e.old_limit || e.new_limit) {
-    add('limit', e.old_limit ? `${fmtRate(e.old_limit, e.old_window)} \u2192 ${fmtRate(e.new_limit, e.new_window)}` : fmtRate(e.new_limit, e.new_window));
+    add('limit', e.old_limit ? `${fmtRate(e.old_limit, e.old_window, unit)} \u2192 ${fmtRate(e.new_limit, e.new_window, unit)}` : fmtRate(e.new_limit, e.new_window, unit));
   }
   add('group', e.group);
   add('payload', e.payload_hash ? short(e.payload_hash, 12) : undefined);
   add(e.type === 'export.downloaded' || e.type === 'report.viewed' ? 'ledger head' : 'cause', e.cause);
   add('by', e.principal);
-  for (const [k, v] of detailFields(e.detail)) add(k, v);
+  for (const [k, v] of detailFields(e.detail, unit)) add(k, v);
   if (!parts.length) return '';
   return h('dl', { class: 'kv' }, parts.map(([k, v, cls]) => h('div', null, h('dt', null, k), ' ', h('dd', { class: cls || null }, v), ' ')));
 }
 
 // detailFields reads an event's Detail (JSON for run.started, snapshots,
 // source and token changes, exports) as [label, value] pairs, nested
-// objects flattened ("award fain"); a detail that is not a JSON object is
-// one value.
-export function detailFields(detail) {
+// objects flattened ("award fain"), each value as a person reads it: a
+// limit and its window as one rate in the page's unit, durations and times
+// in the UI's style, years without a separator, -1 (not known) as
+// "unknown". A detail that is not a JSON object is one value.
+export function detailFields(detail, unit) {
   if (!detail) return [];
   let v;
   try { v = JSON.parse(detail); } catch { return [['detail', detail]]; }
@@ -523,16 +530,46 @@ export function detailFields(detail) {
   const out = [];
   const walk = (obj, prefix) => {
     for (const [k, x] of Object.entries(obj)) {
-      const label = (prefix ? `${prefix} ` : '') + k.replace(/_/g, ' ');
+      // "award": {"award_year": ...} reads "award year", not "award award year".
+      const last = prefix.split(' ').pop();
+      const own = prefix && k.startsWith(`${last}_`) ? k.slice(last.length + 1) : k;
+      const label = (prefix ? `${prefix} ` : '') + own.replace(/_/g, ' ');
       if (x === null || x === '' || x === undefined) continue;
+      // A limit and its window ("ceiling_limit", "ceiling_window") are one rate.
+      const pair = /^(.*?)_?limit$/.exec(k);
+      if (pair && typeof x === 'number') {
+        const wkey = pair[1] ? `${pair[1]}_window` : 'window';
+        if (x < 0) { out.push([label, 'unknown']); continue; }
+        if (wkey in obj) { out.push([label.replace(/ ?limit$/, '') || 'limit', fmtRate(x, obj[wkey], unit)]); continue; }
+      }
+      if (/(^|_)window$/.test(k) && (`${k.replace(/_?window$/, '')}${k === 'window' ? 'limit' : '_limit'}` in obj)) continue;
       if (typeof x === 'object' && !Array.isArray(x)) walk(x, label);
       else if (Array.isArray(x)) out.push([label, x.map((y) => (typeof y === 'object' ? JSON.stringify(y) : String(y))).join(', ')]);
-      else if (typeof x === 'string' && /^[0-9a-f]{40,}$/.test(x)) out.push([label, short(x, 16)]);
-      else out.push([label, typeof x === 'number' ? fmtNum(x) : String(x)]);
+      else out.push([label, detailValue(k, x)]);
     }
   };
   walk(v, '');
   return out;
+}
+
+const goDuration = /^-?([0-9]+(\.[0-9]+)?(ns|us|\u00b5s|ms|s|m|h))+$/;
+const rfc3339 = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$/;
+
+// detailValue shows one value of a detail as a person reads it.
+function detailValue(key, x) {
+  if (typeof x === 'string') {
+    if (/^[0-9a-f]{40,}$/.test(x)) return short(x, 16);
+    if (rfc3339.test(x)) return fmtTime(x);
+    if (goDuration.test(x)) return fmtDuration(x);
+    return x;
+  }
+  if (typeof x !== 'number') return String(x);
+  if (x === -1) return 'unknown';
+  if (/year/.test(key)) return String(x);
+  if (/(window|cooldown|timeout|_ns)$/.test(key)) return fmtDuration(x);
+  // A Unix time in nanoseconds (later than 1973) is a time.
+  if (x > 1e17) return fmtTime(new Date(x / 1e6).toISOString());
+  return fmtNum(x);
 }
 
 // cachedWords says where a cached item's copy came from: "copy 2h 5m old,
@@ -569,7 +606,7 @@ export async function itemsPage(main, { hash, params: [id], signal }) {
         h('td', { class: 'num' }, r ? fmtNum(r.attempts) : '\u2014'),
         h('td', { class: 'num' }, r && r.pages ? fmtNum(r.pages) : '\u2014'),
         h('td', { class: 'num' }, r && r.records ? fmtNum(r.records) : '\u2014',
-          r && r.advertised && !r.count_matched ? h('div', { class: 'small warn-text' }, `advertised ${fmtNum(r.advertised)}`) : null),
+          r && r.advertised > 0 && !r.count_matched ? h('div', { class: 'small warn-text' }, `the source said ${fmtNum(r.advertised)}`) : null),
         h('td', { class: 'num' }, r && r.bytes ? fmtNum(r.bytes) : '\u2014'),
         h('td', null, r && r.payload_hash ? short(r.payload_hash, 12) : '\u2014'));
     });

@@ -3,10 +3,10 @@
 // and pause stand now.
 import { getJSON, enc } from './api.js';
 import {
-  h, fill, fmtNum, fmtDuration, fmtRate, fmtRelative, fmtTime, timeEl, badge, table, dl, problemBox, seconds, query, routeWith,
+  h, fill, fmtNum, fmtDuration, fmtRate, fmtRelative, fmtTime, timeEl, badge, table, dl, problemBox, seconds, query, routeWith, pageUnit, perSecondOf,
 } from './dom.js';
 import { listOf } from './runs.js';
-import { ChartSet, timelineChart, limitChart, bucketWords } from './charts.js';
+import { ChartSet, timelineChart, limitChart, bucketWords, pace } from './charts.js';
 
 // splitSource takes a SourceState (openapi.yaml): the configured source's
 // fields, what was learned, the breaker now (breaker_state; "breaker" is
@@ -17,7 +17,6 @@ export function splitSource(x) {
 
 function zero(t) { return !t || String(t).startsWith('0001-01-01'); }
 
-const rate = fmtRate;
 
 function pausedCell(paused) {
   if (zero(paused) || new Date(paused).getTime() <= Date.now()) return h('span', { class: 'muted' }, 'not paused');
@@ -61,8 +60,14 @@ export async function sourcesPage(main, { signal }) {
     try {
       const res = await getJSON('/v1/sources', signal);
       if (stopped) return;
-      const rows = listOf(res, 'sources').map(sourceRow);
-      fill(body, table(null, ['Source', 'Limit in force (learned)', 'Configured ceiling', 'What taught it', 'Breaker', 'Pause', 'Tier'],
+      const list = listOf(res, 'sources');
+      // One unit for every rate on the page, chosen for the page's pace.
+      const unit = pageUnit(list.flatMap((x) => {
+        const { cfg, learned } = splitSource(x);
+        return [perSecondOf(cfg.limit, cfg.window), perSecondOf(learned.limit, learned.window)];
+      }));
+      const rows = list.map((x) => sourceRow(x, unit));
+      fill(body, table(null, ['Source', `Limit in force (learned), per ${unit.name}`, `Configured ceiling, per ${unit.name}`, 'What taught it', 'Breaker', 'Pause', 'Concurrency'],
         rows, { id: 'sources-table', empty: 'No sources configured.' }));
       fill(stamp, `updated ${new Date().toISOString().slice(11, 19)} UTC \u00b7 refreshing every ${refreshMs / 1000}s`);
       timer = setTimeout(load, refreshMs);
@@ -76,19 +81,19 @@ export async function sourcesPage(main, { signal }) {
   return () => { stopped = true; clearTimeout(timer); };
 }
 
-function sourceRow(x) {
+function sourceRow(x, unit) {
   const { cfg, learned, br, paused } = splitSource(x);
   const { below } = learnedVsCeiling(learned, cfg);
   return h('tr', { class: br.state === 'open' ? 'row-fail' : null },
     h('td', null, h('a', { href: `#/sources/${enc(cfg.id)}` }, cfg.id), cfg.group ? h('div', { class: 'small muted' }, `group ${cfg.group}`) : null),
-    h('td', null, rate(learned.limit, learned.window),
+    h('td', null, fmtRate(learned.limit, learned.window, unit),
       below ? h('div', { class: 'small muted learned-below' }, 'below the ceiling') : null),
-    h('td', null, cfg.limit ? rate(cfg.limit, cfg.window) : h('span', { class: 'muted' }, 'registry default')),
+    h('td', null, cfg.limit ? fmtRate(cfg.limit, cfg.window, unit) : h('span', { class: 'muted' }, 'registry default')),
     h('td', null, learned.cause ? h('span', { class: 'etype' }, learned.cause) : '\u2014',
       !zero(learned.changed_at) ? h('div', { class: 'small muted' }, timeEl(learned.changed_at)) : null),
     h('td', null, breakerCell(br)),
     h('td', null, pausedCell(paused)),
-    h('td', { class: 'small' }, [cfg.tier, cfg.concurrency ? `${cfg.concurrency} at once` : ''].filter(Boolean).join(' \u00b7 ')));
+    h('td', { class: 'small' }, cfg.concurrency ? `${fmtNum(cfg.concurrency)} at once` : 'default'));
 }
 
 // The ranges a source's timeline can show: the latest run that used it (the
@@ -104,11 +109,13 @@ export async function sourcePage(main, { hash, params: [id], signal }) {
   fill(main, h('p', { class: 'crumbs' }, h('a', { href: '#/sources' }, 'Sources'), ' / ', id),
     h('div', { class: 'pagehead' }, h('h1', null, 'Source ', h('span', { class: 'mono' }, id))), body, timeline);
   const charts = new ChartSet();
-  let cfg;
+  let cfg, unit;
   try {
     const x = await getJSON(`/v1/sources/${enc(id)}`, signal);
     const { cfg: c, learned, br, paused } = splitSource(x);
     cfg = c;
+    unit = pageUnit([perSecondOf(cfg.limit, cfg.window), perSecondOf(learned.limit, learned.window)]);
+    const rate = (l, w) => fmtRate(l, w, unit);
     const pol = cfg.breaker || {};
     fill(body, h('div', { class: 'two-col' },
       h('section', null, h('h2', null, 'In force now'), dl([
@@ -127,8 +134,7 @@ export async function sourcePage(main, { hash, params: [id], signal }) {
         ['Concurrency', cfg.concurrency ? fmtNum(cfg.concurrency) : ''],
         ['Retry-After cap', cfg.retry_after_cap ? fmtDuration(cfg.retry_after_cap) : ''],
         ['Max attempts', cfg.max_attempts ? fmtNum(cfg.max_attempts) : ''],
-        ['Breaker policy', pol.threshold ? `opens after ${pol.threshold} failures, cooldown ${fmtDuration(pol.cooldown)}, ${pol.probes || 1} probe(s)` : ''],
-        ['Tier', cfg.tier || ''],
+        ['Breaker policy', pol.threshold ? `opens after ${pol.threshold} failures in a row, cooldown ${fmtDuration(pol.cooldown)}, ${pol.probes || 1} probe${(pol.probes || 1) === 1 ? '' : 's'}` : ''],
         ['Body error rule', cfg.body_error || ''],
         ['Credential headers', cfg.headers ? Object.keys(cfg.headers).join(', ') + ' (values redacted)' : ''],
         ['Secret query parameters', (cfg.secret_query || []).join(', ')],
@@ -146,8 +152,8 @@ export async function sourcePage(main, { hash, params: [id], signal }) {
     const src = routeWith(`/v1/sources/${enc(id)}/timeline`, { from: from.toISOString(), to: to.toISOString() });
     const tl = await getJSON(src, signal);
     fill(timeline, h('h2', { id: 'timeline-h' }, 'Requests over time'), picker,
-      h('p', { class: 'muted small', id: 'timeline-range' }, `${what}: ${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(tl.bucket_seconds)}.`),
-      sourceTimelineView(tl, cfg, charts));
+      h('p', { class: 'muted small', id: 'timeline-range' }, `${what}: ${fmtTime(tl.from)} to ${fmtTime(tl.to)}, in buckets of ${bucketWords(pace(tl, tl.sources || []))}.`),
+      sourceTimelineView(tl, cfg, charts, unit));
     timeline.dataset.src = src;
     charts.mount();
   } catch (err) {
@@ -175,22 +181,22 @@ async function timelineRange(id, range, signal) {
   return { from: new Date(now.getTime() - spans[range]), to: now, what: ranges.find(([k]) => k === range)[1] };
 }
 
-function sourceTimelineView(tl, cfg, charts) {
+function sourceTimelineView(tl, cfg, charts, unit) {
   const st = (tl.sources || [])[0];
   if (!st) return h('p', { class: 'muted' }, 'Nothing was recorded for this source in this range.');
   // The ceiling as a rate per second; the chart shows it in its own unit.
   const ceiling = cfg.limit && seconds(cfg.window) > 0 ? cfg.limit / seconds(cfg.window) : null;
   const changes = (st.limit_changes || []).map((c) => h('tr', null,
     h('td', { class: 'nowrap' }, timeEl(c.time)),
-    h('td', null, fmtRate(c.old_limit, c.old_window)),
-    h('td', null, fmtRate(c.new_limit, c.new_window)),
+    h('td', null, fmtRate(c.old_limit, c.old_window, unit)),
+    h('td', null, fmtRate(c.new_limit, c.new_window, unit)),
     h('td', null, h('span', { class: 'etype' }, c.cause)),
     h('td', null, c.run_id ? h('a', { href: `#/runs/${enc(c.run_id)}`, class: 'mono small' }, c.run_id) : '\u2014'),
     h('td', { class: 'num' }, fmtNum(c.seq))));
   return [
-    charts.add(timelineChart(tl, st, { title: 'Requests against the limit in force' })),
+    charts.add(timelineChart(tl, st, { width: pace(tl, [st]), title: 'Requests against what the limit in force allowed' })),
     h('h2', { id: 'limits-h' }, 'Learned-limit history'),
-    charts.add(limitChart(tl, st, ceiling)),
+    charts.add(limitChart(tl, st, ceiling, unit)),
     table(null, ['Changed at (UTC)', 'From', 'To', 'What taught it', 'Run', { label: 'Seq', num: true }], changes,
       { id: 'limit-changes', empty: 'The learned limit did not change in this range.' }),
   ];
