@@ -35,6 +35,8 @@ func TestExportsAreLedgerEvents(t *testing.T) {
 		{"ReconciliationXLSX", "/v1/runs/" + e.runID + "/reconciliation?format=xlsx", api.MIMEXLSX, `"format":"xlsx"`, auditd.EventExport},
 		{"RunEvidence", "/v1/runs/" + e.runID + "/evidence.xlsx", api.MIMEXLSX, `"what":"evidence"`, auditd.EventExport},
 		{"AwardEvidence", "/v1/evidence.xlsx?award=F-1&from=2026-01-01", api.MIMEXLSX, `"award":"F-1"`, auditd.EventExport},
+		{"RunPack", "/v1/runs/" + e.runID + "/evidence-pack.zip", api.MIMEZIP, `"what":"evidence-pack"`, auditd.EventExport},
+		{"AwardPack", "/v1/evidence-pack.zip?award=F-1&from=2026-01-01", api.MIMEZIP, `"award":"F-1"`, auditd.EventExport},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

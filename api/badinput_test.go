@@ -97,6 +97,8 @@ func TestBadInput(t *testing.T) {
 		{"ReconciliationFormat", request{path: runs + "/reconciliation?format=pdf"}, auth.RoleAuditor, 400, "format"},
 		{"EvidenceNoAward", request{path: "/v1/evidence.xlsx"}, auth.RoleAuditor, 400, "award"},
 		{"EvidenceBadFrom", request{path: "/v1/evidence.xlsx?award=F-1&from=03/01/2026"}, auth.RoleAuditor, 400, "from"},
+		{"PackNoAward", request{path: "/v1/evidence-pack.zip"}, auth.RoleAuditor, 400, "award"},
+		{"PackBadTo", request{path: "/v1/evidence-pack.zip?award=F-1&to=tomorrow"}, auth.RoleAuditor, 400, "to"},
 		{"ProofNotNumber", request{path: "/v1/ledger/proof/abc"}, auth.RoleAuditor, 400, "seq"},
 		{"ProofZero", request{path: "/v1/ledger/proof/0"}, auth.RoleAuditor, 400, "seq"},
 		{"ProofBeyondHead", request{path: "/v1/ledger/proof/999999"}, auth.RoleAuditor, 404, ""},
@@ -157,6 +159,8 @@ func TestBadInput(t *testing.T) {
 		{"SourceSecretQueryNull", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","secret_query":null}`}, auth.RoleAdmin, 400, "secret_query"},
 		{"RunItemPathNull", request{method: "POST", path: "/v1/runs", body: runBody(`"key":"k","source":"county","path":null`, "")}, auth.RoleOperator, 400, "items[0].path"},
 		{"EvidenceUnknownAward", request{path: "/v1/evidence.xlsx?award=NO-SUCH-FAIN"}, auth.RoleAuditor, 404, ""},
+		{"PackUnknownAward", request{path: "/v1/evidence-pack.zip?award=NO-SUCH-FAIN"}, auth.RoleAuditor, 404, ""},
+		{"PackUnknownRun", request{path: "/v1/runs/01J00000000000000000000009/evidence-pack.zip"}, auth.RoleAuditor, 404, ""},
 	}
 	generated := specCases(t, loadSpec(t))
 	if len(generated) < 40 {

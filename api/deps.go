@@ -182,3 +182,15 @@ type Reports interface {
 	// to now).
 	WriteAwardEvidence(ctx context.Context, w io.Writer, f auditd.RunFilter) error
 }
+
+// Packs builds evidence packs (docs/EVIDENCE-PACK.md) from the serving
+// ledger, which keeps taking events meanwhile.
+type Packs interface {
+	// WritePack writes the pack of runIDs, in this order, proven against
+	// the ledger's latest checkpoint; filters says in words how the runs
+	// were chosen (the Manifest's Filters). The caller has checked that
+	// every run has ended. Until it first writes, an error still reaches
+	// the client as a problem (a *reports.BusyError when every export
+	// slot is taken).
+	WritePack(ctx context.Context, w io.Writer, runIDs []string, filters string) error
+}

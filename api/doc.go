@@ -5,8 +5,9 @@
 // items.go, events.go, reports.go, ledger.go, tokens.go); handlers parse,
 // call a dependency, and render. Dependencies are the small interfaces of
 // deps.go, wired in cmd/auditd: runs.Store (with the fetch loop's Submit and
-// Cancel) for Runs, reports.Service for Reports, and two adapters in
-// cmd/auditd for Sources and Integrity.
+// Cancel) for Runs, reports.Service for Reports, and adapters in cmd/auditd
+// for Sources, Integrity and Packs (package pack's builder on the serving
+// ledger).
 //
 // Invariants:
 //
@@ -30,9 +31,9 @@
 //     time until the same request will be admitted. Failed authentications
 //     are charged to the client address; an address out of budget is refused
 //     before its token is even checked.
-//   - Every export (reconciliation in any format, evidence workbooks)
-//     appends an export.downloaded event naming the token before the first
-//     byte leaves; token and source changes are recorded by their owners
+//   - Every export (reconciliation in any format, evidence workbooks and
+//     packs) appends an export.downloaded event naming the token before
+//     the first byte leaves; token and source changes are recorded by their owners
 //     (auth.Store, the registry) as token.changed and source.changed.
 //
 // Caveats: MemoryBudget lives in memory, so a restart refills every budget,

@@ -54,6 +54,7 @@ type env struct {
 	tokens  *auth.Store
 	sources *fakeSources
 	runs    *fakeRuns
+	packs   *fakePacks
 	secret  map[auth.Role]string // a live token of each role
 	revoked string               // the secret of a revoked auditor token
 	runID   string               // a finished run with one delivered item, "a"
@@ -105,6 +106,8 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	s := api.NewServer()
 	s.Tokens, s.Sources, s.Runs, s.Ledger = e.tokens, e.sources, e.runs, e.ledger
 	s.Integrity, s.Reports = fakeIntegrity{e.ledger}, fakeReports{}
+	e.packs = &fakePacks{}
+	s.Packs = e.packs
 	s.Timelines = reports.NewTimelines(e.ledger)
 	s.Clock = e.clock
 	s.Logger = discardLogger()
@@ -772,4 +775,32 @@ func (fakeReports) WriteRunEvidence(_ context.Context, w io.Writer, _ string) er
 func (fakeReports) WriteAwardEvidence(_ context.Context, w io.Writer, _ auditd.RunFilter) error {
 	_, err := io.WriteString(w, "PK\x03\x04 fake workbook")
 	return err
+}
+
+// fakePacks writes a stand-in for a pack and keeps what it was asked for.
+type fakePacks struct {
+	mu    sync.Mutex
+	calls []packCall
+}
+
+type packCall struct {
+	runIDs  []string
+	filters string
+}
+
+func (f *fakePacks) WritePack(_ context.Context, w io.Writer, runIDs []string, filters string) error {
+	f.mu.Lock()
+	f.calls = append(f.calls, packCall{slices.Clone(runIDs), filters})
+	f.mu.Unlock()
+	_, err := io.WriteString(w, "PK\x03\x04 fake pack")
+	return err
+}
+
+func (f *fakePacks) last() (packCall, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.calls) == 0 {
+		return packCall{}, 0
+	}
+	return f.calls[len(f.calls)-1], len(f.calls)
 }

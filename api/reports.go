@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
@@ -15,12 +17,15 @@ func (s *Server) registerReportRoutes(g *echo.Group) {
 	g.GET("/runs/:id/reconciliation", s.handleReconciliation, s.allow(auth.RoleAuditor, costReconcile))
 	g.GET("/runs/:id/evidence.xlsx", s.handleRunEvidence, s.allow(auth.RoleAuditor, costExport))
 	g.GET("/evidence.xlsx", s.handleAwardEvidence, s.allow(auth.RoleAuditor, costExport))
+	g.GET("/runs/:id/evidence-pack.zip", s.handleRunPack, s.allow(auth.RoleAuditor, costExport))
+	g.GET("/evidence-pack.zip", s.handleAwardPack, s.allow(auth.RoleAuditor, costExport))
 }
 
 // Content types of exports.
 const (
 	MIMEXLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 	MIMECSV  = "text/csv; charset=utf-8"
+	MIMEZIP  = "application/zip"
 )
 
 var formatTypes = map[string]string{
@@ -68,34 +73,130 @@ func (s *Server) handleRunEvidence(c echo.Context) error {
 }
 
 func (s *Server) handleAwardEvidence(c echo.Context) error {
-	q := c.QueryParams()
-	fain := q.Get("award")
-	if err := s.validate.Var(fain, "required,max=64,printascii"); err != nil {
-		return invalid("award", "award must be the FAIN: 1 to 64 printable ASCII characters, without a leading or trailing space.")
-	}
-	from, to, err := rangeParams(q)
+	a, err := s.awardQuery(c)
 	if err != nil {
 		return err
 	}
 	// An award with no run in the period is a 404 that records nothing:
 	// nothing is downloaded.
-	if runs, _, err := s.Runs.Runs(c.Request().Context(), auditd.RunFilter{FAIN: fain, From: from, To: to, Limit: 1}); err != nil {
+	if runs, _, err := s.Runs.Runs(c.Request().Context(), auditd.RunFilter{FAIN: a.fain, From: a.from, To: a.to, Limit: 1}); err != nil {
 		return err
 	} else if len(runs) == 0 {
-		return auditd.Errorf(auditd.ENOTFOUND, "No run of award %q in that period.", fain)
+		return auditd.Errorf(auditd.ENOTFOUND, "No run of award %q in that period.", a.fain)
 	}
-	detail := map[string]string{"what": "evidence", "award": fain, "format": "xlsx"}
-	if !from.IsZero() {
-		detail["from"] = from.Format("2006-01-02T15:04:05.000Z07:00")
-	}
-	if !to.IsZero() {
-		detail["to"] = to.Format("2006-01-02T15:04:05.000Z07:00")
-	}
-	if err := s.recordAccess(c, auditd.EventExport, "", detail); err != nil {
+	if err := s.recordAccess(c, auditd.EventExport, "", a.detail("evidence", "xlsx")); err != nil {
 		return err
 	}
-	s.startDownload(c, MIMEXLSX, "evidence-"+sanitizeFilename(fain)+".xlsx", true)
-	return s.Reports.WriteAwardEvidence(c.Request().Context(), c.Response(), auditd.RunFilter{FAIN: fain, From: from, To: to})
+	s.startDownload(c, MIMEXLSX, "evidence-"+sanitizeFilename(a.fain)+".xlsx", true)
+	return s.Reports.WriteAwardEvidence(c.Request().Context(), c.Response(), auditd.RunFilter{FAIN: a.fain, From: a.from, To: a.to})
+}
+
+// awardPeriod is the award and period an award's export covers.
+type awardPeriod struct {
+	fain     string
+	from, to time.Time
+}
+
+// awardQuery reads ?award=&from=&to=.
+func (s *Server) awardQuery(c echo.Context) (awardPeriod, error) {
+	q := c.QueryParams()
+	fain := q.Get("award")
+	if err := s.validate.Var(fain, "required,max=64,printascii"); err != nil {
+		return awardPeriod{}, invalid("award", "award must be the FAIN: 1 to 64 printable ASCII characters, without a leading or trailing space.")
+	}
+	from, to, err := rangeParams(q)
+	return awardPeriod{fain: fain, from: from, to: to}, err
+}
+
+// detail is the access event's detail of a download of what as format.
+func (a awardPeriod) detail(what, format string) map[string]string {
+	d := map[string]string{"what": what, "award": a.fain, "format": format}
+	if !a.from.IsZero() {
+		d["from"] = a.from.Format("2006-01-02T15:04:05.000Z07:00")
+	}
+	if !a.to.IsZero() {
+		d["to"] = a.to.Format("2006-01-02T15:04:05.000Z07:00")
+	}
+	return d
+}
+
+// filters says in words which runs the award's pack covers, as auditd
+// pack --award does.
+func (a awardPeriod) filters() string {
+	stamp := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("award=%s from=%s to=%s", a.fain, stamp(a.from), stamp(a.to))
+}
+
+func (s *Server) handleRunPack(c echo.Context) error {
+	if s.Packs == nil {
+		return errNoPacks
+	}
+	runID := c.Param("id")
+	run, err := s.Runs.Run(c.Request().Context(), runID)
+	if err != nil {
+		return err
+	}
+	if err := packable(run); err != nil {
+		return err
+	}
+	if err := s.recordAccess(c, auditd.EventExport, runID, map[string]string{"what": "evidence-pack", "run_id": runID, "format": "zip"}); err != nil {
+		return err
+	}
+	s.startDownload(c, MIMEZIP, "evidence-pack-"+sanitizeFilename(runID)+".zip", true)
+	return s.Packs.WritePack(c.Request().Context(), c.Response(), []string{runID}, "run "+runID)
+}
+
+func (s *Server) handleAwardPack(c echo.Context) error {
+	if s.Packs == nil {
+		return errNoPacks
+	}
+	a, err := s.awardQuery(c)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	f := auditd.RunFilter{FAIN: a.fain, From: a.from, To: a.to, Limit: 500}
+	for {
+		runs, next, err := s.Runs.Runs(c.Request().Context(), f)
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if err := packable(r); err != nil {
+				return err
+			}
+			ids = append(ids, r.ID)
+		}
+		if next == "" {
+			break
+		}
+		f.After = next
+	}
+	if len(ids) == 0 {
+		return auditd.Errorf(auditd.ENOTFOUND, "No run of award %q in that period.", a.fain)
+	}
+	slices.Reverse(ids) // oldest first, as an auditor reads a period
+	if err := s.recordAccess(c, auditd.EventExport, "", a.detail("evidence-pack", "zip")); err != nil {
+		return err
+	}
+	s.startDownload(c, MIMEZIP, "evidence-pack-"+sanitizeFilename(a.fain)+".zip", true)
+	return s.Packs.WritePack(c.Request().Context(), c.Response(), ids, a.filters())
+}
+
+var errNoPacks = auditd.Errorf(auditd.EUNAVAILABLE, "Evidence packs are not configured on this server.")
+
+// packable refuses a run that has not ended: a pack proves a run's whole
+// range, which a running run has not written yet.
+func packable(r auditd.RunView) error {
+	if !r.Status.Terminal() {
+		return auditd.Errorf(auditd.ECONFLICT, "Run %s is %s: its evidence pack can be downloaded once it has ended.", r.ID, r.Status)
+	}
+	return nil
 }
 
 // recordAccess appends the access event (export.downloaded or

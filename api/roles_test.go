@@ -71,9 +71,18 @@ func routeCases() []routeCase {
 		{"ListEvents", auth.RoleAuditor, 200, runPath("/events?type=dispatch,response")},
 		{"Reconciliation", auth.RoleAuditor, 200, runPath("/reconciliation")},
 		{"RunEvidence", auth.RoleAuditor, 200, runPath("/evidence.xlsx")},
+		{"RunPack", auth.RoleAuditor, 200, runPath("/evidence-pack.zip")},
 		{"RunTimeline", auth.RoleAuditor, 200, runPath("/timeline?bucket=1s")},
 		{"SourceTimeline", auth.RoleAuditor, 200, get("/v1/sources/county/timeline")},
 		{"AwardEvidence", auth.RoleAuditor, 200, get("/v1/evidence.xlsx?award=F-1&from=2026-01-01&to=2026-04-01")},
+		// F-1 has runs still going by now, whose award's pack is a 409.
+		{"AwardPack", auth.RoleAuditor, 200, func(e *env) request {
+			id := e.runs.add(auditd.RunSucceeded, nil)
+			e.runs.mu.Lock()
+			e.runs.runs[id].state.Run.Award.FAIN = "F-PACK"
+			e.runs.mu.Unlock()
+			return request{path: "/v1/evidence-pack.zip?award=F-PACK&from=2026-01-01&to=2026-04-01"}
+		}},
 		{"VerifyLedger", auth.RoleAuditor, 200, get("/v1/ledger/verify")},
 		{"Checkpoint", auth.RoleAuditor, 200, get("/v1/ledger/checkpoint")},
 		{"Proof", auth.RoleAuditor, 200, get("/v1/ledger/proof/1")},

@@ -72,6 +72,8 @@ type Server struct {
 	Timelines Timelines
 	Log       Log
 	Retention Retention
+	// Packs serves the evidence pack routes; nil answers them 503.
+	Packs Packs
 	// Proxy serves the proxy route, ANY /proxy/{source}/{path}; nil
 	// answers it 503.
 	Proxy Proxy

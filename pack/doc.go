@@ -8,7 +8,9 @@
 // which holds this package to it.
 //
 // Builder.Build writes a pack from a ledger.Reader and a reports.Exporter
-// (cmd/auditd's pack command, on a stopped server's data directory); Open
+// (cmd/auditd's pack command, on a stopped server's data directory, and
+// the API's pack routes, on the serving ledger at its latest checkpoint);
+// Open
 // and OpenFile read one; Verify checks everything it says (cmd/auditd's
 // verify --pack).
 //

@@ -1351,6 +1351,18 @@ type SetRetentionJSONBody struct {
 	RetainUntil *openapi_types.Date `json:"retain_until,omitempty"`
 }
 
+// GetAwardEvidencePackParams defines parameters for GetAwardEvidencePack.
+type GetAwardEvidencePackParams struct {
+	// Award The FAIN.
+	Award string `form:"award" json:"award"`
+
+	// From Created at or after; RFC 3339, or a YYYY-MM-DD date (midnight UTC).
+	From *From `form:"from,omitempty" json:"from,omitempty"`
+
+	// To Created before; RFC 3339, or a YYYY-MM-DD date (midnight UTC).
+	To *To `form:"to,omitempty" json:"to,omitempty"`
+}
+
 // GetAwardEvidenceParams defines parameters for GetAwardEvidence.
 type GetAwardEvidenceParams struct {
 	// Award The FAIN.
@@ -1761,6 +1773,13 @@ type ClientInterface interface {
 	// Corresponds with PUT /v1/awards/{fain}/retention (the `SetRetention` operationId).
 	SetRetention(ctx context.Context, fain FAIN, body SetRetentionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetAwardEvidencePack The evidence pack of an award's runs created in [from, to), oldest first.
+	//
+	// As the run's pack, for every run of the award created in the period. Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and one of whose runs has not ended a 409; neither records anything.
+	//
+	// Corresponds with GET /v1/evidence-pack.zip (the `GetAwardEvidencePack` operationId).
+	GetAwardEvidencePack(ctx context.Context, params *GetAwardEvidencePackParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetAwardEvidence The evidence workbook of an award's runs created in [from, to).
 	//
 	// Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
@@ -1924,6 +1943,13 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/runs/{id}/events (the `ListEvents` operationId).
 	ListEvents(ctx context.Context, id RunID, params *ListEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetRunEvidencePack The run's evidence pack, for a third party to verify offline (auditd verify --pack).
+	//
+	// The ZIP docs/EVIDENCE-PACK.md specifies: the evidence workbook, the ledger events behind it and their proofs against the ledger's latest signed checkpoint, built while the server runs. Recorded in the ledger as an export.downloaded event naming the token, before the pack is built, so the pack's Access log shows its own download. A run that has not ended is a 409, and nothing is recorded.
+	//
+	// Corresponds with GET /v1/runs/{id}/evidence-pack.zip (the `GetRunEvidencePack` operationId).
+	GetRunEvidencePack(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetRunEvidence The run's evidence workbook.
 	//
@@ -2386,6 +2412,23 @@ func (c *Client) SetRetention(ctx context.Context, fain FAIN, body SetRetentionJ
 	return c.Client.Do(req)
 }
 
+// GetAwardEvidencePack The evidence pack of an award's runs created in [from, to), oldest first.
+//
+// As the run's pack, for every run of the award created in the period. Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and one of whose runs has not ended a 409; neither records anything.
+//
+// Corresponds with GET /v1/evidence-pack.zip (the `GetAwardEvidencePack` operationId).
+func (c *Client) GetAwardEvidencePack(ctx context.Context, params *GetAwardEvidencePackParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAwardEvidencePackRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetAwardEvidence The evidence workbook of an award's runs created in [from, to).
 //
 // Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
@@ -2740,6 +2783,23 @@ func (c *Client) CancelRun(ctx context.Context, id RunID, reqEditors ...RequestE
 // Corresponds with GET /v1/runs/{id}/events (the `ListEvents` operationId).
 func (c *Client) ListEvents(ctx context.Context, id RunID, params *ListEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListEventsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetRunEvidencePack The run's evidence pack, for a third party to verify offline (auditd verify --pack).
+//
+// The ZIP docs/EVIDENCE-PACK.md specifies: the evidence workbook, the ledger events behind it and their proofs against the ledger's latest signed checkpoint, built while the server runs. Recorded in the ledger as an export.downloaded event naming the token, before the pack is built, so the pack's Access log shows its own download. A run that has not ended is a 409, and nothing is recorded.
+//
+// Corresponds with GET /v1/runs/{id}/evidence-pack.zip (the `GetRunEvidencePack` operationId).
+func (c *Client) GetRunEvidencePack(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetRunEvidencePackRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -3759,6 +3819,80 @@ func NewSetRetentionRequestWithBody(server string, fain FAIN, contentType string
 	return req, nil
 }
 
+// NewGetAwardEvidencePackRequest constructs an http.Request for the GetAwardEvidencePack method
+func NewGetAwardEvidencePackRequest(server string, params *GetAwardEvidencePackParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/evidence-pack.zip")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "award", params.Award, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if params.From != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "from", *params.From, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.To != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "to", *params.To, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetAwardEvidenceRequest constructs an http.Request for the GetAwardEvidence method
 func NewGetAwardEvidenceRequest(server string, params *GetAwardEvidenceParams) (*http.Request, error) {
 	var err error
@@ -4695,6 +4829,40 @@ func NewListEventsRequest(server string, id RunID, params *ListEventsParams) (*h
 	return req, nil
 }
 
+// NewGetRunEvidencePackRequest constructs an http.Request for the GetRunEvidencePack method
+func NewGetRunEvidencePackRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/runs/%s/evidence-pack.zip", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetRunEvidenceRequest constructs an http.Request for the GetRunEvidence method
 func NewGetRunEvidenceRequest(server string, id RunID) (*http.Request, error) {
 	var err error
@@ -5581,6 +5749,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PUT /v1/awards/{fain}/retention (the `SetRetention` operationId).
 	SetRetentionWithResponse(ctx context.Context, fain FAIN, body SetRetentionJSONRequestBody, reqEditors ...RequestEditorFn) (*SetRetentionResponse, error)
 
+	// GetAwardEvidencePackWithResponse The evidence pack of an award's runs created in [from, to), oldest first.
+	//
+	// As the run's pack, for every run of the award created in the period. Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and one of whose runs has not ended a 409; neither records anything.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/evidence-pack.zip (the `GetAwardEvidencePack` operationId).
+	GetAwardEvidencePackWithResponse(ctx context.Context, params *GetAwardEvidencePackParams, reqEditors ...RequestEditorFn) (*GetAwardEvidencePackResponse, error)
+
 	// GetAwardEvidenceWithResponse The evidence workbook of an award's runs created in [from, to).
 	//
 	// Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
@@ -5772,6 +5949,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/runs/{id}/events (the `ListEvents` operationId).
 	ListEventsWithResponse(ctx context.Context, id RunID, params *ListEventsParams, reqEditors ...RequestEditorFn) (*ListEventsResponse, error)
+
+	// GetRunEvidencePackWithResponse The run's evidence pack, for a third party to verify offline (auditd verify --pack).
+	//
+	// The ZIP docs/EVIDENCE-PACK.md specifies: the evidence workbook, the ledger events behind it and their proofs against the ledger's latest signed checkpoint, built while the server runs. Recorded in the ledger as an export.downloaded event naming the token, before the pack is built, so the pack's Access log shows its own download. A run that has not ended is a 409, and nothing is recorded.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/runs/{id}/evidence-pack.zip (the `GetRunEvidencePack` operationId).
+	GetRunEvidencePackWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetRunEvidencePackResponse, error)
 
 	// GetRunEvidenceWithResponse The run's evidence workbook.
 	//
@@ -6977,6 +7163,140 @@ func (r SetRetentionResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r SetRetentionResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAwardEvidencePackResponse400Headers the declared response headers of an HTTP 400 response for GetAwardEvidencePack
+type GetAwardEvidencePackResponse400Headers struct {
+	XRequestId *string
+}
+
+// GetAwardEvidencePackResponse401Headers the declared response headers of an HTTP 401 response for GetAwardEvidencePack
+type GetAwardEvidencePackResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetAwardEvidencePackResponse403Headers the declared response headers of an HTTP 403 response for GetAwardEvidencePack
+type GetAwardEvidencePackResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetAwardEvidencePackResponse404Headers the declared response headers of an HTTP 404 response for GetAwardEvidencePack
+type GetAwardEvidencePackResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetAwardEvidencePackResponse409Headers the declared response headers of an HTTP 409 response for GetAwardEvidencePack
+type GetAwardEvidencePackResponse409Headers struct {
+	XRequestId *string
+}
+
+// GetAwardEvidencePackResponse429Headers the declared response headers of an HTTP 429 response for GetAwardEvidencePack
+type GetAwardEvidencePackResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetAwardEvidencePackResponseDefaultHeaders the declared response headers of an HTTP default response for GetAwardEvidencePack
+type GetAwardEvidencePackResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetAwardEvidencePackResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *GetAwardEvidencePackResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetAwardEvidencePackResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetAwardEvidencePackResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetAwardEvidencePackResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *GetAwardEvidencePackResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAwardEvidencePackResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetAwardEvidencePackResponseDefaultHeaders
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetAwardEvidencePackResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetAwardEvidencePackResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetAwardEvidencePackResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetAwardEvidencePackResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetAwardEvidencePackResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetAwardEvidencePackResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetAwardEvidencePackResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAwardEvidencePackResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAwardEvidencePackResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAwardEvidencePackResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAwardEvidencePackResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -9066,6 +9386,126 @@ func (r ListEventsResponse) ContentType() string {
 	return ""
 }
 
+// GetRunEvidencePackResponse401Headers the declared response headers of an HTTP 401 response for GetRunEvidencePack
+type GetRunEvidencePackResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetRunEvidencePackResponse403Headers the declared response headers of an HTTP 403 response for GetRunEvidencePack
+type GetRunEvidencePackResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetRunEvidencePackResponse404Headers the declared response headers of an HTTP 404 response for GetRunEvidencePack
+type GetRunEvidencePackResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetRunEvidencePackResponse409Headers the declared response headers of an HTTP 409 response for GetRunEvidencePack
+type GetRunEvidencePackResponse409Headers struct {
+	XRequestId *string
+}
+
+// GetRunEvidencePackResponse429Headers the declared response headers of an HTTP 429 response for GetRunEvidencePack
+type GetRunEvidencePackResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetRunEvidencePackResponseDefaultHeaders the declared response headers of an HTTP default response for GetRunEvidencePack
+type GetRunEvidencePackResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetRunEvidencePackResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetRunEvidencePackResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetRunEvidencePackResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetRunEvidencePackResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *GetRunEvidencePackResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetRunEvidencePackResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetRunEvidencePackResponseDefaultHeaders
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetRunEvidencePackResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetRunEvidencePackResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetRunEvidencePackResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetRunEvidencePackResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetRunEvidencePackResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetRunEvidencePackResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetRunEvidencePackResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetRunEvidencePackResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetRunEvidencePackResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetRunEvidencePackResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetRunEvidenceResponse401Headers the declared response headers of an HTTP 401 response for GetRunEvidence
 type GetRunEvidenceResponse401Headers struct {
 	WWWAuthenticate *string
@@ -11065,6 +11505,21 @@ func (c *ClientWithResponses) SetRetentionWithResponse(ctx context.Context, fain
 	return ParseSetRetentionResponse(rsp)
 }
 
+// GetAwardEvidencePackWithResponse The evidence pack of an award's runs created in [from, to), oldest first.
+//
+// As the run's pack, for every run of the award created in the period. Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and one of whose runs has not ended a 409; neither records anything.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/evidence-pack.zip (the `GetAwardEvidencePack` operationId).
+func (c *ClientWithResponses) GetAwardEvidencePackWithResponse(ctx context.Context, params *GetAwardEvidencePackParams, reqEditors ...RequestEditorFn) (*GetAwardEvidencePackResponse, error) {
+	rsp, err := c.GetAwardEvidencePack(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAwardEvidencePackResponse(rsp)
+}
+
 // GetAwardEvidenceWithResponse The evidence workbook of an award's runs created in [from, to).
 //
 // Recorded in the ledger as an export.downloaded event naming the token. An award with no run created in the period is a 404, and nothing is recorded.
@@ -11375,6 +11830,21 @@ func (c *ClientWithResponses) ListEventsWithResponse(ctx context.Context, id Run
 		return nil, err
 	}
 	return ParseListEventsResponse(rsp)
+}
+
+// GetRunEvidencePackWithResponse The run's evidence pack, for a third party to verify offline (auditd verify --pack).
+//
+// The ZIP docs/EVIDENCE-PACK.md specifies: the evidence workbook, the ledger events behind it and their proofs against the ledger's latest signed checkpoint, built while the server runs. Recorded in the ledger as an export.downloaded event naming the token, before the pack is built, so the pack's Access log shows its own download. A run that has not ended is a 409, and nothing is recorded.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/runs/{id}/evidence-pack.zip (the `GetRunEvidencePack` operationId).
+func (c *ClientWithResponses) GetRunEvidencePackWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetRunEvidencePackResponse, error) {
+	rsp, err := c.GetRunEvidencePack(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetRunEvidencePackResponse(rsp)
 }
 
 // GetRunEvidenceWithResponse The run's evidence workbook.
@@ -13270,6 +13740,161 @@ func ParseSetRetentionResponse(rsp *http.Response) (*SetRetentionResponse, error
 		response.Headers429 = &headers
 	case true:
 		var headers SetRetentionResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAwardEvidencePackResponse parses an HTTP response from a GetAwardEvidencePackWithResponse call
+func ParseGetAwardEvidencePackResponse(rsp *http.Response) (*GetAwardEvidencePackResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAwardEvidencePackResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 400:
+		var headers GetAwardEvidencePackResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetAwardEvidencePackResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetAwardEvidencePackResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetAwardEvidencePackResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers GetAwardEvidencePackResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetAwardEvidencePackResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetAwardEvidencePackResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -15632,6 +16257,144 @@ func ParseListEventsResponse(rsp *http.Response) (*ListEventsResponse, error) {
 		response.Headers429 = &headers
 	case true:
 		var headers ListEventsResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetRunEvidencePackResponse parses an HTTP response from a GetRunEvidencePackWithResponse call
+func ParseGetRunEvidencePackResponse(rsp *http.Response) (*GetRunEvidencePackResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetRunEvidencePackResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetRunEvidencePackResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetRunEvidencePackResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetRunEvidencePackResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers GetRunEvidencePackResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetRunEvidencePackResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetRunEvidencePackResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

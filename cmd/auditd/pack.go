@@ -18,6 +18,7 @@ import (
 	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/retention"
+	bolt "go.etcd.io/bbolt"
 )
 
 // runPack writes the evidence pack of one or more runs offline from a
@@ -198,4 +199,81 @@ func stamp(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+// livePacks builds evidence packs for the API from the serving ledger,
+// with auditd pack's builder, each in one of the exports' slots.
+type livePacks struct {
+	db          *bolt.DB
+	led         *ledger.Ledger
+	payloads    reports.PayloadVerifier
+	secretQuery func(sourceID string) []string
+	admission   *reports.Admission
+}
+
+func (p livePacks) WritePack(ctx context.Context, w io.Writer, runIDs []string, filters string) error {
+	return p.admission.Do(ctx, func(ctx context.Context) error {
+		note, err := p.led.Checkpoint()
+		if err != nil {
+			return err
+		}
+		tree, err := ledger.OpenCheckpoint(note, p.led.PublicKey())
+		if err != nil {
+			return fmt.Errorf("pack checkpoint: %w", err)
+		}
+		// The workbook reads the ledger as that checkpoint has it: events
+		// appended meanwhile (another download, a run's dispatches) are
+		// not its proofs' to cover, so the export does not see them.
+		at := ledgerAt{Reader: ledger.NewReader(p.db), size: tree.Size}
+		rec := reports.NewReconciler(at)
+		rec.Hash, rec.Payloads = newLedgerHash(), p.payloads
+		x := reports.NewExporter(rec)
+		x.SecretQuery = p.secretQuery
+		b := &pack.Builder{Ledger: ledger.NewReader(p.db), PublicKey: p.led.PublicKey(), Exporter: x, Retention: retention.New(at, nil)}
+		req := pack.Request{Checkpoint: note, Request: reports.Request{
+			ExportID: fmt.Sprintf("%s@%d", filters, tree.Size), RunIDs: runIDs, Filters: filters}}
+		_, err = b.Build(ctx, w, req)
+		return err
+	})
+}
+
+// ledgerAt reads a ledger up to event size, for a pack proven at a
+// checkpoint of that size while the ledger grows; it appends nothing.
+type ledgerAt struct {
+	*ledger.Reader
+	size uint64
+}
+
+func (l ledgerAt) Scan(from, to uint64, fn func(*auditd.Event) error) error {
+	if to == 0 || to > l.size {
+		to = l.size
+	}
+	if from > to {
+		return nil
+	}
+	return l.Reader.Scan(from, to, fn)
+}
+
+func (l ledgerAt) ScanRun(runID string, after uint64, fn func(*auditd.Event) error) error {
+	err := l.Reader.ScanRun(runID, after, func(e *auditd.Event) error {
+		if e.Seq > l.size {
+			return errStopScan
+		}
+		return fn(e)
+	})
+	if errors.Is(err, errStopScan) {
+		err = nil
+	}
+	return err
+}
+
+func (l ledgerAt) Event(seq uint64) (auditd.Event, error) {
+	if seq > l.size {
+		return auditd.Event{}, auditd.Errorf(auditd.ENOTFOUND, "no event %d", seq)
+	}
+	return l.Reader.Event(seq)
+}
+
+func (ledgerAt) Append(context.Context, auditd.Event) (auditd.Event, error) {
+	return auditd.Event{}, errors.New("read-only ledger")
 }

@@ -254,6 +254,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	srv.Proxy = loop
 	srv.Integrity = integrityAPI{db: db, led: led}
 	srv.Reports = reps
+	srv.Packs = livePacks{db: db, led: led, payloads: stage, secretQuery: reps.SecretQuery, admission: reps.Admission}
 	srv.Timelines = reports.NewTimelines(led)
 	if srv.Log, err = newLogAPI(db, led, o.witnesses); err != nil {
 		return err
