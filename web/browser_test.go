@@ -72,6 +72,12 @@ func newFakeAPI(t *testing.T) (*fakeAPI, http.Handler) {
 	mux.HandleFunc("GET /v1/runs/{id}/evidence.xlsx", func(w http.ResponseWriter, r *http.Request) {
 		f.download(w, r, "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", "evidence-"+r.PathValue("id")+".xlsx")
 	})
+	mux.HandleFunc("GET /v1/runs/{id}/evidence-pack.zip", func(w http.ResponseWriter, r *http.Request) {
+		f.download(w, r, "application/zip", "evidence-pack-"+r.PathValue("id")+".zip")
+	})
+	mux.HandleFunc("GET /v1/evidence-pack.zip", func(w http.ResponseWriter, r *http.Request) {
+		f.download(w, r, "application/zip", "evidence-pack-"+r.URL.Query().Get("award")+".zip")
+	})
 	mux.HandleFunc("GET /v1/runs/{id}/events", fixture("events.json"))
 	mux.HandleFunc("GET /v1/runs/{id}/items", fixture("items.json"))
 	mux.HandleFunc("GET /v1/evidence.xlsx", func(w http.ResponseWriter, r *http.Request) {
@@ -367,8 +373,12 @@ func TestBrowser(t *testing.T) {
 	// Award evidence for a period, with the token.
 	must("award evidence", chromedp.Do(bctx,
 		chromedp.SendKeys(chromedp.CSS("#award-fain"), "EMW-2024-FG-05123"),
-		chromedp.Click(chromedp.CSS("#award-evidence button[type=submit]")),
+		chromedp.Click(chromedp.CSS("#award-xlsx")),
 		chromedp.Poll[chromedp.Void](`document.querySelector('#award-status').textContent.includes('Saved evidence-EMW-2024-FG-05123.xlsx')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
+	must("award evidence pack", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#award-pack")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#award-status').textContent.includes('Saved evidence-pack-EMW-2024-FG-05123.zip')`, chromedp.WithPollingTimeout(5*time.Second)),
 	))
 
 	// Run detail: counts, progress, the reconciliation with R4 failing.
@@ -453,6 +463,10 @@ func TestBrowser(t *testing.T) {
 	must("download evidence", chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS("#dl-evidence")),
 		chromedp.Poll[chromedp.Void](`document.querySelector('#download-status').textContent.includes('Saved evidence-')`, chromedp.WithPollingTimeout(5*time.Second)),
+	))
+	must("download evidence pack", chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#dl-pack")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#download-status').textContent.includes('Saved evidence-pack-')`, chromedp.WithPollingTimeout(5*time.Second)),
 	))
 	must("download reconciliation csv", chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS("#dl-recon-csv")),
@@ -615,7 +629,8 @@ func TestBrowser(t *testing.T) {
 	))
 
 	api.mu.Lock()
-	for _, uri := range []string{"/v1/runs/" + runID + "/evidence.xlsx", "/v1/runs/" + runID + "/reconciliation?format=csv", "/v1/evidence.xlsx?award=EMW-2024-FG-05123"} {
+	for _, uri := range []string{"/v1/runs/" + runID + "/evidence.xlsx", "/v1/runs/" + runID + "/evidence-pack.zip", "/v1/runs/" + runID + "/reconciliation?format=csv",
+		"/v1/evidence.xlsx?award=EMW-2024-FG-05123", "/v1/evidence-pack.zip?award=EMW-2024-FG-05123"} {
 		if got, ok := api.downloads[uri]; !ok || got != "Bearer "+auditorToken {
 			t.Errorf("download %s: requested %v, Authorization %q", uri, ok, got)
 		}

@@ -100,35 +100,41 @@ export async function runsPage(main, { hash, signal }) {
   body.setAttribute('aria-busy', 'false');
 }
 
-// awardEvidenceForm downloads the evidence workbook of every run of an
-// award created in [from, to).
+// awardEvidenceForm downloads the evidence workbook, or the evidence pack,
+// of every run of an award created in [from, to).
 function awardEvidenceForm(fain) {
   const fainIn = h('input', { id: 'award-fain', name: 'award', required: true, value: fain, size: 18, maxlength: 64 });
   const from = h('input', { id: 'award-from', name: 'from', type: 'date' });
   const to = h('input', { id: 'award-to', name: 'to', type: 'date' });
   const status = h('div', { 'aria-live': 'polite', id: 'award-status' });
-  const submit = h('button', { type: 'submit', class: 'btn' }, 'Download award evidence (XLSX)');
+  const submit = h('button', { type: 'submit', class: 'btn', id: 'award-xlsx' }, 'Download award evidence (XLSX)');
+  const packBtn = h('button', { type: 'submit', class: 'btn', id: 'award-pack' }, 'Download award evidence pack (ZIP)');
   const form = h('form', { class: 'filters', id: 'award-evidence' },
     h('label', { for: 'award-fain' }, 'FAIN'), fainIn,
     h('label', { for: 'award-from' }, 'Runs created from'), from,
-    h('label', { for: 'award-to' }, 'before'), to, submit);
+    h('label', { for: 'award-to' }, 'before'), to, submit, packBtn);
   form.addEventListener('submit', async (ev) => {
     ev.preventDefault();
     const award = fainIn.value.trim();
     if (!award) { fill(status, h('p', { class: 'problem' }, 'Enter the award\u2019s FAIN.')); fainIn.focus(); return; }
-    submit.disabled = true;
-    fill(status, h('p', { class: 'muted' }, 'Preparing the workbook\u2026'));
+    const pack = ev.submitter === packBtn;
+    submit.disabled = packBtn.disabled = true;
+    fill(status, h('p', { class: 'muted' }, pack ? 'Preparing the evidence pack\u2026' : 'Preparing the workbook\u2026'));
     try {
-      const got = await download(routeWith('/v1/evidence.xlsx', { award, from: from.value, to: to.value }), `evidence-${award}.xlsx`);
+      const got = pack
+        ? await download(routeWith('/v1/evidence-pack.zip', { award, from: from.value, to: to.value }), `evidence-pack-${award}.zip`)
+        : await download(routeWith('/v1/evidence.xlsx', { award, from: from.value, to: to.value }), `evidence-${award}.xlsx`);
       fill(status, h('p', { class: 'muted' }, `Saved ${got.name} (${fmtNum(got.size)} bytes).`));
     } catch (err) {
       fill(status, problemBox(err, 'Could not download the award evidence'));
     }
-    submit.disabled = false;
+    submit.disabled = packBtn.disabled = false;
   });
   return h('section', { 'aria-labelledby': 'award-h', class: 'award-box' },
     h('h2', { id: 'award-h' }, 'Evidence for an award and period'),
-    h('p', { class: 'muted' }, 'One workbook for every run of the award created in the period (dates are UTC; the end date is excluded).'),
+    h('p', { class: 'muted' }, 'One workbook for every run of the award created in the period (dates are UTC; the end date is excluded), '
+      + 'or one evidence pack: that workbook with the ledger events behind it and their proofs, for an auditor to check offline '
+      + 'with auditd verify --pack. A pack needs every run of the period to have ended.'),
     form, status);
 }
 
@@ -244,6 +250,7 @@ function downloadBar(id) {
   const base = `/v1/runs/${enc(id)}`;
   return h('div', { class: 'toolbar', role: 'group', 'aria-label': 'Downloads' },
     btn('Evidence workbook (XLSX)', `${base}/evidence.xlsx`, `evidence-${id}.xlsx`, 'dl-evidence'),
+    btn('Evidence pack (ZIP)', `${base}/evidence-pack.zip`, `evidence-pack-${id}.zip`, 'dl-pack'),
     btn('Reconciliation (CSV)', `${base}/reconciliation?format=csv`, `reconciliation-${id}.csv`, 'dl-recon-csv'),
     btn('Reconciliation (XLSX)', `${base}/reconciliation?format=xlsx`, `reconciliation-${id}.xlsx`, 'dl-recon-xlsx'),
     h('a', { href: `#/runs/${enc(id)}/items`, class: 'btn btn-quiet', id: 'items-link' }, 'Items \u2192'),
