@@ -109,8 +109,8 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	fmt.Fprintf(stdout, "wrote %s: %d runs, %d leaves in %d ranges, proven against %s at size %d\n",
-		*out, len(m.Runs), m.Leaves, len(m.Ranges), m.Origin, m.TreeSize)
+	fmt.Fprintf(stdout, "wrote %s: %s, %s in %s, proven against %s at size %d\n",
+		*out, plural(int64(len(m.Runs)), "run"), leaves(m.Leaves), plural(int64(len(m.Ranges)), "range"), m.Origin, m.TreeSize)
 	return 0
 }
 
@@ -276,4 +276,12 @@ func (l ledgerAt) Event(seq uint64) (auditd.Event, error) {
 
 func (ledgerAt) Append(context.Context, auditd.Event) (auditd.Event, error) {
 	return auditd.Event{}, errors.New("read-only ledger")
+}
+
+// leaves is "1 leaf", "2 leaves" (plural adds an s).
+func leaves(n uint64) string {
+	if n == 1 {
+		return "1 leaf"
+	}
+	return fmt.Sprintf("%d leaves", n)
 }

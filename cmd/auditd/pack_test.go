@@ -107,7 +107,7 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	pack1 := filepath.Join(dir, "pack1.zip")
-	if code, out, errOut := runCmd(t, "pack", "--data", data, "--run", run1, "--out", pack1); code != 0 {
+	if code, out, errOut := runCmd(t, "pack", "--data", data, "--run", run1, "--out", pack1); code != 0 || !strings.Contains(out, ": 1 run, ") {
 		t.Fatalf("pack: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut := runCmd(t, "verify", "--pack", pack1, "--key", key)
@@ -272,7 +272,7 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	if code, out, errOut := runCmd(t, "verify", "--pack", witnessed, "--key", key, "--require-witness", wkey); code != 0 || !strings.Contains(out, "cosigned by: witness.example/w1") {
 		t.Errorf("verify --require-witness: exit %d\n%s%s", code, out, errOut)
 	}
-	if code, out, errOut := runCmd(t, "verify", "--pack", witnessed, "--key", key, "--require-witness", otherWitness); code != 1 || !strings.Contains(out, "not cosigned by witness.example/w2") {
+	if code, out, errOut := runCmd(t, "verify", "--pack", witnessed, "--key", key, "--require-witness", otherWitness); code != 1 || !strings.Contains(out, "not cosigned by witness.example/w2") || !strings.Contains(out, "pack NOT verified: 1 problem\n") {
 		t.Errorf("verify --require-witness of a witness that did not cosign: exit %d, want 1\n%s%s", code, out, errOut)
 	}
 

@@ -35,7 +35,7 @@ func verifyPack(path, key, previous string, witnesses []string, stdout, stderr i
 		return 2
 	}
 	if !r.OK {
-		fmt.Fprintf(stdout, "pack NOT verified: %d problems\n", len(r.Problems))
+		fmt.Fprintf(stdout, "pack NOT verified: %s\n", plural(int64(len(r.Problems)), "problem"))
 		for _, pr := range r.Problems {
 			fmt.Fprintf(stdout, "  - %s\n", pr)
 		}
@@ -46,8 +46,8 @@ func verifyPack(path, key, previous string, witnesses []string, stdout, stderr i
 		rows = append(rows, fmt.Sprintf("%s %d", name, n))
 	}
 	sort.Strings(rows)
-	fmt.Fprintf(stdout, "pack verified: %d leaves proven against %s at size %d; rows tie to leaves: %s\n",
-		r.Leaves, r.Origin, r.TreeSize, strings.Join(rows, ", "))
+	fmt.Fprintf(stdout, "pack verified: %s proven against %s at size %d; rows tie to leaves: %s\n",
+		leaves(r.Leaves), r.Origin, r.TreeSize, strings.Join(rows, ", "))
 	fmt.Fprintf(stdout, "sheets checked: %s\n", strings.Join(r.Sheets, ", "))
 	if !r.KeyTrusted {
 		fmt.Fprintln(stdout, "note: checked with the pack's own public key; pass --key with the ledger's published key to rule out a pack re-signed whole")
