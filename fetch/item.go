@@ -160,43 +160,39 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 			return nil, pageFailed, fmt.Sprintf("%d attempts spent; last: %s", spent, lastReason)
 		}
-		// A source that is down is served from its last good copy at once
-		// rather than waited for; without one, Acquire defers the item
-		// until the breaker lets a probe through.
-		if st, err := l.cfg.Limiter.State(it.SourceID); err == nil && st.Breaker == limiter.BreakerOpen {
-			if _, ok, _ := l.cfg.Staging.LastGood(lastGood); ok {
-				return nil, pageFailed, "breaker open"
-			}
-			// Down through as many probes as an item may try: a source
-			// that stays down ends the run's items at once (OutageBound).
-			if st.Reopens >= maxAttempts {
-				return nil, pageFailed, fmt.Sprintf("source down: %d probes failed in a row", st.Reopens)
-			}
-		}
-
-		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
+		// A source that is down is answered from the item's last good copy
+		// at once rather than waited for (admit).
+		fallback := l.hasCopy(lastGood)
+		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
 		// The waits held back the page's next dispatch: they carry its attempt.
 		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
-		if err != nil {
-			var shed *limiter.ShedError
-			switch {
-			case errors.Is(err, limiter.ErrStillDown):
-				// Another item's probe failed while this one waited: each
-				// such failure costs a try, so a run against a source that
-				// stays down ends (OutageBound).
-				deferred++
-				lastReason = "breaker open: the source is still down"
-				continue
-			case errors.As(err, &shed):
-				return nil, pageShed, string(shed.Gate)
-			case ctx.Err() != nil:
-				if ar.isCancelled() {
-					return nil, pageCancelled, "cancelled"
-				}
-				return nil, pageAbandon, ""
-			default:
-				return nil, pageFailed, "limiter: " + err.Error()
+		switch end {
+		case admitDown:
+			var down *limiter.DownError
+			if errors.As(err, &down) && !fallback {
+				// Down through as many probes as an item may try: a source
+				// that stays down ends the run's items at once (OutageBound).
+				return nil, pageFailed, fmt.Sprintf("source down: %d probes failed in a row", down.Reopens)
 			}
+			return nil, pageFailed, "breaker open"
+		case admitStillDown:
+			// Another item's probe failed while this one waited: each
+			// such failure costs a try, so a run against a source that
+			// stays down ends (OutageBound).
+			deferred++
+			lastReason = "breaker open: the source is still down"
+			continue
+		case admitShed:
+			var shed *limiter.ShedError
+			errors.As(err, &shed)
+			return nil, pageShed, string(shed.Gate)
+		case admitGone:
+			if ar.isCancelled() {
+				return nil, pageCancelled, "cancelled"
+			}
+			return nil, pageAbandon, ""
+		case admitFailed:
+			return nil, pageFailed, "limiter: " + err.Error()
 		}
 
 		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p}

@@ -226,6 +226,7 @@ type proxied struct {
 	query    map[string]string // the source's secret query parameters
 
 	retryable  bool      // a 429, 5xx or transport error may be retried (run)
+	noCopy     bool      // its last good copy did not verify: wait as a request without one
 	retryAt    time.Time // own backoff after a 5xx or transport error
 	lastReason string
 	// queued is the item's item.queued until it is added to the ledger:
@@ -278,13 +279,6 @@ func (p *proxied) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return p.gone()
 		}
-		if src.Proxy.ServeStale {
-			// A source that is down is answered from its last good copy
-			// at once rather than waited for.
-			if st, err := l.cfg.Limiter.State(src.ID); err == nil && st.Breaker == limiter.BreakerOpen && p.serveStale("breaker open") {
-				return nil
-			}
-		}
 		if _, err := l.cfg.Ledger.Stalled(); err != nil {
 			// Nothing leaves unrecorded, and nothing is recorded while the
 			// ledger's writes fail: the client hears so now rather than at
@@ -293,29 +287,43 @@ func (p *proxied) run(ctx context.Context) error {
 			p.meta.RetryAfter = stallRetryAfter
 			return auditd.Errorf(auditd.EUNAVAILABLE, "auditd cannot write its ledger for now, so nothing was sent; retry.")
 		}
-		perm, err := l.cfg.Limiter.Acquire(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt, StopAtReopen: true})
+		// A source that is down is answered from the last good copy at
+		// once rather than waited for, when the source serves copies
+		// (admit).
+		fallback := src.Proxy.ServeStale && !p.noCopy && l.hasCopy(p.lastGood)
+		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
 		// The waits held back the request's next dispatch: they carry its attempt.
 		p.recordAdmission(uint32(it.attempts.spent(0)+1), perm)
 		for _, w := range perm.Waits {
 			p.meta.Waited += w.Actual
 		}
-		if err != nil {
-			var shed *limiter.ShedError
-			switch {
-			case errors.Is(err, limiter.ErrStillDown):
-				deferred++
-				p.lastReason = "breaker open: the source is still down"
-				if it.attempts.spent(0)+deferred >= maxAttempts {
-					return p.giveUp(fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
-				}
-				continue
-			case errors.As(err, &shed):
-				return p.shed(shed)
-			case ctx.Err() != nil:
-				return p.gone()
-			default:
-				return p.giveUp("limiter: "+err.Error(), auditd.EINTERNAL)
+		switch end {
+		case admitDown:
+			if fallback && p.serveStale("breaker open") {
+				return nil
 			}
+			p.noCopy = fallback // it did not verify: wait as a request without one
+			var down *limiter.DownError
+			if errors.As(err, &down) && !fallback {
+				p.meta.RetryAfter = max(down.Wait, time.Second)
+				return p.giveUp(fmt.Sprintf("source down: %d probes failed in a row", down.Reopens), auditd.EUNAVAILABLE)
+			}
+			continue
+		case admitStillDown:
+			deferred++
+			p.lastReason = "breaker open: the source is still down"
+			if it.attempts.spent(0)+deferred >= maxAttempts {
+				return p.giveUp(fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
+			}
+			continue
+		case admitShed:
+			var shed *limiter.ShedError
+			errors.As(err, &shed)
+			return p.shed(shed)
+		case admitGone:
+			return p.gone()
+		case admitFailed:
+			return p.giveUp("limiter: "+err.Error(), auditd.EINTERNAL)
 		}
 		a := &attempt{page: 0, n: it.attempts.next(0), permit: perm}
 		err = p.dispatch(ctx, a, deadline)

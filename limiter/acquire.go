@@ -24,6 +24,16 @@ type Request struct {
 	// Verdict's Wait after a 5xx or transport error); the wait is reported
 	// under GateBackoff.
 	NotBefore time.Time
+	// Fallback says the caller has another answer (a last good copy):
+	// when the breaker would hold the request (open, or half-open with
+	// every probe out), Acquire returns a *DownError at once, also while
+	// the request waits out its own backoff, rather than wait for a source
+	// known to be down. Past the cooldown the request is a probe like any.
+	Fallback bool
+	// DownAfter, when above zero, makes Acquire return a *DownError at
+	// once while the breaker is open after that many failed probes in a
+	// row: a source that stays down ends its requests without a wait.
+	DownAfter int
 }
 
 // Wait is one spell a request spent held at one gate: a wait event.
@@ -135,6 +145,14 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			// request is no longer a probe and must pass the breaker afresh.
 			p.probe = false
 		}
+		if !p.probe && (req.Fallback || req.DownAfter > 0) {
+			if err := s.down(now, req, p); err != nil {
+				s.mu.Unlock()
+				leave()
+				p.endWait(now)
+				return p, err
+			}
+		}
 		if now.Before(req.NotBefore) {
 			gate, wait = GateBackoff, req.NotBefore.Sub(now)
 		} else if !p.probe {
@@ -240,6 +258,22 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			timer.Stop()
 		}
 	}
+}
+
+// down moves the breaker on its clock and returns a *DownError when it
+// holds the request and req asks not to wait there (Request.Fallback,
+// Request.DownAfter). The caller holds s.mu.
+func (s *source) down(now time.Time, req Request, p *Permit) error {
+	pass, wait, t := s.breaker.check(now, s.cfg, s.id)
+	if t != nil {
+		p.Breaker = append(p.Breaker, *t)
+		s.broadcast()
+	}
+	b := &s.breaker
+	if pass || !req.Fallback && (b.state != BreakerOpen || b.reopens < req.DownAfter) {
+		return nil
+	}
+	return &DownError{State: b.state, Reopens: b.reopens, Wait: wait}
 }
 
 // beginWait opens or extends a wait spell at gate.

@@ -38,8 +38,13 @@
 //     the caller knows to be a refusal (Outcome.Refused), pauses instead.
 //     Failures reset only on a success; transitions are closed→open,
 //     open→half_open, half_open→closed and half_open→open, each reported.
-//     A failed probe doubles the cooldown, up to BreakerBackoff times the
-//     first: a blip costs seconds, a long outage few probes.
+//     The first cooldown is short and each failed probe doubles it, up to
+//     BreakerBackoff times the first: a blip costs seconds, the end of an
+//     outage is seen within one cooldown of it.
+//   - The breaker's clock moves whoever asks: every Acquire moves an open
+//     breaker whose cooldown has passed to half-open, a request with a
+//     Fallback included, so a source is probed again however its callers
+//     answer while it is down.
 //   - A permit's concurrency slot is returned exactly once, by Observe or
 //     Release; Acquire returns none on shed, error or cancellation.
 //   - Blocking waiters of one budget are admitted first in, first out.
