@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -74,6 +75,11 @@ type Permit struct {
 	gen     uint64  // breaker generation at admission
 	once    sync.Once
 	started time.Time // when the current wait spell began
+	// arrival orders the request among those waiting at its source's
+	// concurrency gate and its budget's queue: stamped when it first
+	// reaches the concurrency gate, kept when it has to go back.
+	arrival uint64
+	waiting bool // its arrival is in src.waiting
 }
 
 // Acquire waits until source id may send a request of req.Cost, passing, in
@@ -120,6 +126,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			queued = nil
 		}
 		s.mu.Lock()
+		s.unqueue(p)
 		p.releaseLocked()
 		s.mu.Unlock()
 	}
@@ -179,14 +186,16 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			}
 		}
 		if gate == "" && !p.slot {
-			if s.inFlight >= s.cfg.Concurrency {
+			// Slots go in arrival order: a slot that frees wakes every
+			// waiter, and only the first in line may take it.
+			if p.arrival == 0 {
+				p.arrival = l.arrivals.Add(1)
+			}
+			if !s.slotFor(p) {
 				gate = GateConcurrency
-			} else {
-				s.inFlight++
-				p.slot = true
 			}
 		}
-		if gate != "" && (p.slot || p.probe || queued != nil) && gate != GateConcurrency {
+		if gate != "" && (p.slot || p.probe || queued != nil || p.waiting) && gate != GateConcurrency {
 			// Blocked at a source gate: hold nothing that others could use.
 			s.mu.Unlock()
 			leave()
@@ -201,7 +210,8 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 					queued.dequeue(ticket)
 					queued.mu.Unlock()
 				}
-				queued, ticket = b, b.enqueue()
+				queued, ticket = b, p.arrival
+				b.enqueue(ticket)
 			}
 			bnow := b.now()
 			at, g := b.earliest(bnow, int64(req.Cost))
@@ -257,6 +267,37 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 		if timer != nil {
 			timer.Stop()
 		}
+	}
+}
+
+// slotFor gives p a concurrency slot when one is free and no request that
+// arrived before p waits for one; otherwise it queues p in arrival order.
+// The caller holds s.mu.
+func (s *source) slotFor(p *Permit) bool {
+	if !p.waiting {
+		s.waiting = insertSorted(s.waiting, p.arrival)
+		p.waiting = true
+	}
+	ahead, _ := slices.BinarySearch(s.waiting, p.arrival)
+	if s.inFlight+ahead >= s.cfg.Concurrency {
+		return false
+	}
+	s.unqueue(p)
+	s.inFlight++
+	p.slot = true
+	return true
+}
+
+// unqueue takes p out of the concurrency gate's queue; those behind it
+// move up. The caller holds s.mu.
+func (s *source) unqueue(p *Permit) {
+	if !p.waiting {
+		return
+	}
+	p.waiting = false
+	if i, found := slices.BinarySearch(s.waiting, p.arrival); found {
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+		s.broadcast()
 	}
 }
 

@@ -47,7 +47,12 @@
 //     answer while it is down.
 //   - A permit's concurrency slot is returned exactly once, by Observe or
 //     Release; Acquire returns none on shed, error or cancellation.
-//   - Blocking waiters of one budget are admitted first in, first out.
+//   - Waiters are admitted in arrival order at every gate: a source's
+//     concurrency slots go to the request that reached the gate first,
+//     and a budget's queue (pause and rate, shared by a group's members)
+//     keeps the same order, a request keeping its place when it has to go
+//     back through the gates. So a request is shed at its deadline only
+//     when those ahead of it could not be admitted either.
 //
 // Caveats: time arithmetic uses differences of Clock.Now, which carry the
 // monotonic reading on the real clock; Permit.Sent's time, a ledger stamp
