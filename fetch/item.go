@@ -653,7 +653,8 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 			puts = append(puts, rec)
 		}
 		if lastGood != "" {
-			puts = append(puts, l.cfg.Staging.LastGoodRecord(lastGood, staging.Copy{Sum: payload.Sum, FetchedAt: l.cfg.Clock.Now().UTC(), Run: ar.id}))
+			puts = append(puts, l.cfg.Staging.LastGoodRecord(lastGood, staging.Copy{Sum: payload.Sum, FetchedAt: l.cfg.Clock.Now().UTC(), Run: ar.id,
+				ContentType: it.contentType, ContentEncoding: it.contentEncoding}))
 		}
 		buf[n] = auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
 			PayloadHash: payload.Sum, Bytes: payload.N}

@@ -597,6 +597,7 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		return nil
 	}
 	res := &auditd.ItemResult{Advertised: -1, Pages: 1, PayloadHash: payload.Sum, Bytes: payload.N}
+	p.job.contentType, p.job.contentEncoding = resp.Header.Get("Content-Type"), resp.Header.Get("Content-Encoding")
 	p.end(auditd.ItemSucceeded, "", res, p.lastGood, &payload)
 	return nil
 }
@@ -754,9 +755,16 @@ func (p *proxied) serveCopy(c staging.Copy, reason string) bool {
 	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
 	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: time.Duration(cp.Age), RunID: origin}
 	br := bufio.NewReader(rc)
-	head, _ := br.Peek(512)
 	h := http.Header{}
-	h.Set("Content-Type", http.DetectContentType(head))
+	if c.ContentType != "" {
+		h.Set("Content-Type", c.ContentType)
+	} else { // a batch run's copy, or one kept before copies kept headers
+		head, _ := br.Peek(512)
+		h.Set("Content-Type", http.DetectContentType(head))
+	}
+	if c.ContentEncoding != "" {
+		h.Set("Content-Encoding", c.ContentEncoding)
+	}
 	if p.req.Method == http.MethodHead {
 		p.out.Start(http.StatusOK, h, p.meta)
 		return true

@@ -75,3 +75,39 @@ func TestProxyStaleBreakerCloses(t *testing.T) {
 	}
 	e.reconcile(id)
 }
+
+// A copy is served as it was fetched: with the content type (and content
+// encoding) of the response that was staged, not one sniffed from the body
+// (a JSON answer came back text/plain).
+func TestProxyStaleKeepsHeaders(t *testing.T) {
+	var down atomic.Bool
+	const ct = "application/vnd.geo+json; charset=utf-8"
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+		if down.Load() {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.Header().Set("Content-Type", ct)
+		fmt.Fprint(w, `{"type":"FeatureCollection","features":[]}`)
+	})
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true})
+	e.source(auditd.Source{ID: "s", BaseURL: up.URL, Limit: 1000, Window: auditd.Duration(time.Second),
+		Breaker: auditd.BreakerPolicy{Threshold: 1}, Proxy: auditd.ProxyPolicy{ServeStale: true}})
+	first := e.proxyRun("")
+	fresh := e.send("GET", first, "/proxy/s/doc", nil, nil)
+	if fresh.status != 200 || fresh.header.Get("Content-Type") != ct {
+		t.Fatalf("fresh: %d %q", fresh.status, fresh.header.Get("Content-Type"))
+	}
+	e.finish(first)
+	down.Store(true)
+	id := e.proxyRun("")
+	r := e.send("GET", id, "/proxy/s/doc", nil, nil)
+	if r.status != 200 || r.header.Get("Auditd-Stale") != "true" || string(r.body) != string(fresh.body) {
+		t.Fatalf("copy: %d stale %q %q", r.status, r.header.Get("Auditd-Stale"), r.body)
+	}
+	if got := r.header.Get("Content-Type"); got != ct {
+		t.Errorf("the copy is served as %q, the response it was staged from was %q", got, ct)
+	}
+	e.finish(id)
+	e.reconcile(id)
+}
