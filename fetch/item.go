@@ -275,6 +275,7 @@ type exchange struct {
 	latency    time.Duration // from dispatch to the whole body
 	err        error         // a transport error, its text redacted (scrubError)
 	n          int64         // the body's size when body does not hold it (a proxied response streamed on)
+	rewritten  int           // occurrences of the source's base URL rewritten in what the client got (proxy, rewrite_urls)
 }
 
 // size is the size of the response's body.
@@ -317,6 +318,9 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 			out = auditd.OutcomeThrottled
 		} else {
 			e.Type, e.Outcome, e.BodyError = auditd.EventResponse, out, bodyErr
+			if x.rewritten > 0 {
+				e.Detail = fmt.Sprintf(`{"urls_rewritten":%d}`, x.rewritten)
+			}
 			l.post(ar, buf, 1, nil, nil)
 		}
 	}

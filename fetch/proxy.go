@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -108,6 +109,11 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	rule := redact.New(append(slices.Clone(src.SecretQuery), slices.Sorted(maps.Keys(query))...))
 	p := &proxied{l: l, ar: ar, src: src, req: req, out: out, meta: &meta, headers: headers, query: query,
 		rule: rule, path: rule.URL(req.Path)}
+	if src.Proxy.Rewrites() {
+		if origin := proxyOrigin(ctx, req); origin != "" {
+			p.proxyURL = origin + "/proxy/" + url.PathEscape(src.ID)
+		}
+	}
 	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path}
 	var detail string
 	if req.Method == http.MethodPost {
@@ -224,6 +230,7 @@ type proxied struct {
 	lastGood string            // the request's key in the last-good index
 	headers  map[string]string // the source's secret headers
 	query    map[string]string // the source's secret query parameters
+	proxyURL string            // the source's proxy URL, its base URL's rewrite; "" when not rewritten
 
 	retryable  bool      // a 429, 5xx or transport error may be retried (run)
 	noCopy     bool      // its last good copy did not verify: wait as a request without one
@@ -526,7 +533,12 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 	if success && p.src.BodyError != auditd.BodyErrorNone {
 		keep = &bytes.Buffer{}
 	}
-	body := p.out.Start(resp.StatusCode, responseHeader(resp.Header), p.meta)
+	h := responseHeader(resp.Header)
+	rw := p.rewriter(h, nil)
+	var body io.Writer = p.out.Start(resp.StatusCode, h, p.meta)
+	if rw != nil {
+		rw.w, body = body, rw
+	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
@@ -558,6 +570,9 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 			break
 		}
 	}
+	if rw != nil && writeErr == nil && readErr == nil {
+		writeErr = rw.Close()
+	}
 	now := l.cfg.Clock.Now()
 	if readErr == nil && writeErr == nil && resp.ContentLength >= 0 {
 		// The whole body is the client's now, before the outcome is
@@ -566,6 +581,9 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		p.out.Flush()
 	}
 	x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
+	if rw != nil && rw.n > 0 {
+		x.rewritten = rw.n
+	}
 	if keep != nil {
 		x.body = keep.Bytes()
 	}
@@ -769,8 +787,43 @@ func (p *proxied) serveCopy(c staging.Copy, reason string) bool {
 		p.out.Start(http.StatusOK, h, p.meta)
 		return true
 	}
-	_, _ = io.Copy(p.out.Start(http.StatusOK, h, p.meta), br)
+	rw := p.rewriter(h, nil)
+	var body io.Writer = p.out.Start(http.StatusOK, h, p.meta)
+	if rw != nil {
+		rw.w, body = body, rw
+	}
+	if _, err := io.Copy(body, br); err == nil && rw != nil {
+		_ = rw.Close()
+	}
 	return true
+}
+
+// rewriter returns the rewriter of the source's base URL into its proxy
+// URL for a response with header h, when its links are rewritten (a text
+// type, the source's rewrite_urls), and takes Content-Length out of h:
+// the rewritten body's length differs. Its writer is w, set by the caller
+// when nil.
+func (p *proxied) rewriter(h http.Header, w io.Writer) *urlRewriter {
+	if p.proxyURL == "" || h.Get("Content-Encoding") != "" || !rewritable(h.Get("Content-Type")) {
+		return nil
+	}
+	rw := newURLRewriter(w, p.src.BaseURL, p.proxyURL)
+	if rw != nil {
+		h.Del("Content-Length")
+	}
+	return rw
+}
+
+// proxyOrigin is the scheme and host the client reached auditd at:
+// req.Origin, or the address its connection came in at.
+func proxyOrigin(ctx context.Context, req *auditd.ProxyRequest) string {
+	if req.Origin != "" {
+		return strings.TrimRight(req.Origin, "/")
+	}
+	if addr, ok := ctx.Value(http.LocalAddrContextKey).(net.Addr); ok {
+		return "http://" + addr.String()
+	}
+	return ""
 }
 
 // errFound ends a scan that found what it looked for.
