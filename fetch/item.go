@@ -165,7 +165,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		fallback := l.hasCopy(lastGood)
 		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
 		// The waits held back the page's next dispatch: they carry its attempt.
-		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
+		recordAdmission(batchEnds{l, rctx, ar, it}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		switch end {
 		case admitDown:
 			var down *limiter.DownError
@@ -530,30 +530,6 @@ type scrubbed struct {
 func (e *scrubbed) Error() string { return e.text }
 func (e *scrubbed) Unwrap() error { return e.wrapped }
 
-// recordAdmission records what the gates did before admitting a page's
-// request (p; empty when Acquire failed): breaker transitions, then the
-// waits, each with the attempt it held back.
-//
-// A request a throttle answered (throttled) waits out the pause the
-// throttle asked for before it goes again, and its retry records that
-// wait (R4). When the gates had nothing left to hold it back for, the
-// pause having run out while the loop recorded what came back (a busy
-// machine, a slow disk), the wait was spent all the same between the
-// throttle's record and now: it is recorded as the pause's, planned as
-// the throttle asked and as long as it actually was.
-func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit, throttled *attempt) {
-	l.recordTransitions(ctx, ar, it, p.Breaker)
-	for _, w := range p.Waits {
-		l.mustRecord(ctx, ar, waitEvent(it, page, attempt, w))
-	}
-	if throttled == nil || throttled.throttledAt.IsZero() || len(p.Waits) > 0 || p.Admitted.IsZero() {
-		return
-	}
-	l.mustRecord(ctx, ar, waitEvent(it, page, attempt, limiter.Wait{
-		Gate: limiter.GatePause, Planned: throttled.pause, Actual: p.Admitted.Sub(throttled.throttledAt),
-	}))
-}
-
 func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
 	for _, t := range ts {
 		l.mustRecord(ctx, ar, breakerEvent(it, t))
@@ -611,10 +587,7 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 	if !ok {
 		return false
 	}
-	cp := l.cachedCopy(c, c.Run)
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key,
-		PayloadHash: c.Sum, Reason: reason, Detail: cp.CacheDetail()})
-	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
+	l.endCached(batchEnds{l, ctx, ar, it}, it.Item, c, reason)
 	return true
 }
 

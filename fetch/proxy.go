@@ -235,6 +235,7 @@ type proxied struct {
 	retryable  bool      // a 429, 5xx or transport error may be retried (run)
 	noCopy     bool      // its last good copy did not verify: wait as a request without one
 	retryAt    time.Time // own backoff after a 5xx or transport error
+	throttled  *attempt  // the attempt a throttle answered, until the next dispatch
 	lastReason string
 	// queued is the item's item.queued until it is added to the ledger:
 	// with the first dispatch, or before any other record of the item.
@@ -300,7 +301,7 @@ func (p *proxied) run(ctx context.Context) error {
 		fallback := src.Proxy.ServeStale && !p.noCopy && l.hasCopy(p.lastGood)
 		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
 		// The waits held back the request's next dispatch: they carry its attempt.
-		p.recordAdmission(uint32(it.attempts.spent(0)+1), perm)
+		recordAdmission(p, it.Item, 0, uint32(it.attempts.spent(0)+1), perm, p.throttled)
 		for _, w := range perm.Waits {
 			p.meta.Waited += w.Actual
 		}
@@ -350,6 +351,7 @@ func (p *proxied) run(ctx context.Context) error {
 			return auditd.Errorf(auditd.EUNAVAILABLE, "The dispatch could not be recorded, so nothing was sent; retry.")
 		}
 		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
+		p.throttled = nil
 		final := !p.retryable || it.attempts.spent(0)+deferred >= maxAttempts
 		if done, err := p.exchange(ctx, rctx, a, final); done {
 			return err
@@ -368,19 +370,6 @@ func (p *proxied) note(e auditd.Event) {
 	buf := p.l.eventBuf()
 	buf[0] = e
 	p.l.post(p.ar, buf, 1, nil, nil)
-}
-
-// recordAdmission records what the gates did before admitting the
-// request's attempt (perm; empty when Acquire failed), as
-// Loop.recordAdmission does, without waiting (note).
-func (p *proxied) recordAdmission(attempt uint32, perm *limiter.Permit) {
-	it := p.job.Item
-	for _, t := range perm.Breaker {
-		p.note(breakerEvent(it, t))
-	}
-	for _, w := range perm.Waits {
-		p.note(waitEvent(it, 0, attempt, w))
-	}
 }
 
 // stallRetryAfter is the Retry-After of a request refused because the
@@ -496,6 +485,7 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		out, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
 		if out == auditd.OutcomeThrottled {
 			p.lastReason = fmt.Sprintf("throttled (%d)", x.status)
+			p.throttled = a
 		} else {
 			p.lastReason = fmt.Sprintf("server error (%d)", x.status)
 			p.retryAt = l.cfg.Clock.Now().Add(wait)
@@ -763,15 +753,8 @@ func (p *proxied) serveCopy(c staging.Copy, reason string) bool {
 		return false
 	}
 	defer rc.Close()
-	origin := c.Run
-	if origin == "" { // indexed before the index recorded runs
-		origin = l.originRun(c.Sum, c.FetchedAt)
-	}
-	cp := l.cachedCopy(c, origin)
-	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: c.Sum, Reason: reason,
-		Detail: cp.CacheDetail()})
-	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
-	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: time.Duration(cp.Age), RunID: origin}
+	cp := l.endCached(p, p.job.Item, c, reason)
+	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: time.Duration(cp.Age), RunID: cp.OriginRun}
 	br := bufio.NewReader(rc)
 	h := http.Header{}
 	if c.ContentType != "" {
