@@ -165,7 +165,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		fallback := l.hasCopy(lastGood)
 		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
 		// The waits held back the page's next dispatch: they carry its attempt.
-		recordAdmission(batchEnds{l, rctx, ar, it}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
+		recordAdmission(batchEnds{l, rctx, ar, it, lastGood}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		switch end {
 		case admitDown:
 			var down *limiter.DownError
@@ -563,19 +563,12 @@ func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) au
 // failOrServe ends an item that could not be fetched: from the last good
 // copy when there is one, as failed otherwise.
 func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) {
-	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
-		return
-	}
-	l.endItem(ar, it, auditd.ItemFailed, reason, nil, "", nil)
+	endUnanswered(batchEnds{l, ctx, ar, it, lastGoodKey}, reason, auditd.ItemFailed, reason)
 }
 
 // shed ends an item the gates could not admit before the run's deadline.
 func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, gate string) {
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Gate: gate})
-	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
-		return
-	}
-	l.endItem(ar, it, auditd.ItemShed, "deadline", nil, "", nil)
+	endShed(batchEnds{l, ctx, ar, it, lastGoodKey}, it.Item, gate)
 }
 
 // serveCached serves an item from its last good staged payload, if one
@@ -587,7 +580,7 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 	if !ok {
 		return false
 	}
-	l.endCached(batchEnds{l, ctx, ar, it}, it.Item, c, reason)
+	l.endCached(batchEnds{l, ctx, ar, it, lastGoodKey}, it.Item, c, reason)
 	return true
 }
 

@@ -18,14 +18,19 @@ type itemEnds interface {
 	record(e auditd.Event)
 	// end ends the item (Loop.endItem).
 	end(out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload)
+	// fallBack ends the item from its last good copy, for reason, and
+	// reports whether it could: a batch item from any copy that verifies,
+	// a proxied request only when its source serves stale copies.
+	fallBack(reason string) bool
 }
 
 // batchEnds are a batch run's item's ends.
 type batchEnds struct {
-	l   *Loop
-	ctx context.Context
-	ar  *activeRun
-	it  *job
+	l        *Loop
+	ctx      context.Context
+	ar       *activeRun
+	it       *job
+	lastGood string // the item's key in the last-good index
 }
 
 func (b batchEnds) record(e auditd.Event) { b.l.mustRecord(b.ctx, b.ar, e) }
@@ -34,7 +39,30 @@ func (b batchEnds) end(out auditd.Outcome, reason string, res *auditd.ItemResult
 	b.l.endItem(b.ar, b.it, out, reason, res, lastGood, payload)
 }
 
-func (p *proxied) record(e auditd.Event) { p.note(e) }
+func (b batchEnds) fallBack(reason string) bool {
+	return b.l.serveCached(b.ctx, b.ar, b.it, b.lastGood, reason)
+}
+
+func (p *proxied) record(e auditd.Event)       { p.note(e) }
+func (p *proxied) fallBack(reason string) bool { return p.serveStale(reason) }
+
+// endUnanswered ends an item that got no fresh answer: from its last
+// good copy, for copyReason, when its caller falls back on one, and as out
+// with reason otherwise. It reports whether the copy answered it.
+func endUnanswered(to itemEnds, copyReason string, out auditd.Outcome, reason string) bool {
+	if to.fallBack(copyReason) {
+		return true
+	}
+	to.end(out, reason, nil, "", nil)
+	return false
+}
+
+// endShed records that the gates shed item it at gate by its deadline,
+// then ends it (endUnanswered): from its copy, or shed.
+func endShed(to itemEnds, it *auditd.Item, gate string) bool {
+	to.record(auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Gate: gate})
+	return endUnanswered(to, "shed at "+gate, auditd.ItemShed, "deadline")
+}
 
 // recordAdmission records what the gates did before admitting an attempt
 // of page of item it (p; empty when the gates did not admit it): breaker

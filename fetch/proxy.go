@@ -698,10 +698,9 @@ func (p *proxied) gone() error {
 // copy when the source allows it and there is one, as failed otherwise
 // (an error of code for the client).
 func (p *proxied) giveUp(reason, code string) error {
-	if p.serveStale(reason) {
+	if endUnanswered(p, reason, auditd.ItemFailed, reason) {
 		return nil
 	}
-	p.end(auditd.ItemFailed, reason, nil, "", nil)
 	if code == auditd.EUNAVAILABLE && p.meta.RetryAfter == 0 {
 		p.meta.RetryAfter = time.Second
 	}
@@ -713,11 +712,9 @@ func (p *proxied) giveUp(reason, code string) error {
 // allows it, or the client is told when the gates expect to admit it.
 func (p *proxied) shed(shed *limiter.ShedError) error {
 	gate := string(shed.Gate)
-	p.note(auditd.Event{Type: auditd.EventShed, SourceID: p.src.ID, ItemKey: p.job.Key, Gate: gate})
-	if p.serveStale("shed at " + gate) {
+	if endShed(p, p.job.Item, gate) {
 		return nil
 	}
-	p.end(auditd.ItemShed, "deadline", nil, "", nil)
 	p.meta.RetryAfter = max(shed.Wait, time.Second)
 	why := ""
 	if p.lastReason != "" {
