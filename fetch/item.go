@@ -196,7 +196,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		}
 
 		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p}
-		err = l.dispatch(rctx, ar, it.Item, a, path)
+		err = l.dispatch(rctx, ar, it.Item, a, path, nil, nil)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
 			continue
@@ -337,15 +337,26 @@ var (
 	errPausedMeanwhile = errors.New("source paused before dispatch")
 )
 
-// dispatch records the dispatch of a of item it, with the recorded path, and sets
-// a.sent to its recorded time once it is durable, unless the source's
-// breaker opened or a throttle paused it since the admission (then it
-// releases the permit and says which).
-func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *attempt, path string) error {
+// dispatch records the dispatch of a of item it, with the recorded path,
+// after lead when there is one (events that go in the dispatch's commit: a
+// proxied request's item.queued), and sets a.sent to its recorded time
+// once it is durable, unless the source's breaker opened or a throttle
+// paused it since the admission (then it releases the permit and says
+// which). It waits for the record until ctx ends. When that comes first
+// and late is set (a proxied request, whose wait its deadline bounds),
+// late is handed the record's future, and dispatch returns
+// errDispatchLate: the request was not sent, and late ends it once the
+// ledger has decided the record.
+func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *attempt, path string, lead *auditd.Event, late func(auditd.Future)) error {
 	buf := l.eventBuf()
-	buf[0] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
+	n := 0
+	if lead != nil {
+		buf[n] = *lead
+		n++
+	}
+	buf[n] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
-	e := buf[:1]
+	e := buf[:n+1]
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
 		l.freeEventBuf(buf)
@@ -353,10 +364,15 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	}
 	if err := f.Wait(ctx); err != nil {
 		a.permit.Release()
-		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err) // buf stays out of the pool: the ledger may still hold it
+		// buf stays out of the pool: the ledger may still hold it.
+		if late != nil {
+			late(f)
+			return errDispatchLate
+		}
+		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
 	}
 	ar.live.Count(e...)
-	a.sent, a.seq = e[0].Time, e[0].Seq
+	a.sent, a.seq = e[n].Time, e[n].Seq
 	// The request leaves now, after its record: every window counts it
 	// at the time on record (its commit group, or a disk that refused it,
 	// may have held it long after the gates admitted it).

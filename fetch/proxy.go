@@ -382,33 +382,21 @@ const stallRetryAfter = maxRecordBackoff
 // client went away: the request was not sent.
 var errDispatchLate = errors.New("dispatch not durable in time")
 
-// dispatch records the dispatch of a, as Loop.dispatch does, but waits for
-// it only until the request's deadline or the client's going away: a
-// client is not held past its deadline while the ledger's writes fail.
-// The record may still land after that (errDispatchLate): once the ledger
-// decides it, the request's item ends, failed, closing the dispatch, if
-// it landed, with dispatch.interrupted (the request was never sent), so
-// that the run has no dispatch without an outcome.
+// dispatch records the dispatch of a (Loop.dispatch), with the item's
+// item.queued when it is not on its way yet, but waits for it only until
+// the request's deadline or the client's going away: a client is not held
+// past its deadline while the ledger's writes fail. The record may still
+// land after that (errDispatchLate): once the ledger decides it, the
+// request's item ends, failed, closing the dispatch, if it landed, with
+// dispatch.interrupted (the request was never sent), so that the run has
+// no dispatch without an outcome.
 func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) error {
-	l, ar, it := p.l, p.ar, p.job.Item
-	e := make([]auditd.Event, 0, 2)
-	if p.queued != nil {
-		e = append(e, *p.queued) // the item's first record, in the dispatch's commit
-	}
-	e = append(e, auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: p.path, Probe: a.permit.Probe})
-	f, err := l.queueDispatch(it.SourceID, a.permit, e)
-	if err != nil {
-		return err
-	}
+	l, ar, it, job := p.l, p.ar, p.job.Item, p.job
 	queued := p.queued
-	p.queued = nil
 	// deadline is on the loop's clock; a context's is on the wall's.
 	wctx, cancel := context.WithTimeout(ctx, deadline.Sub(l.cfg.Clock.Now()))
 	defer cancel()
-	if err := f.Wait(wctx); err != nil {
-		a.permit.Release()
-		job := p.job
+	err := l.dispatch(wctx, ar, it, a, p.path, queued, func(f auditd.Future) {
 		ar.posts.Add(1) // the run's end waits for the item's
 		f.Then(func(stored []auditd.Event, err error) {
 			defer ar.posts.Done()
@@ -436,13 +424,11 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 			buf[1] = finishedEvent(it, res)
 			l.post(ar, buf, 2, nil, res)
 		})
-		return errDispatchLate
+	})
+	if err == nil || errors.Is(err, errDispatchLate) {
+		p.queued = nil // on record, or on its way with the dispatch
 	}
-	ar.live.Count(e...)
-	d := &e[len(e)-1]
-	a.sent, a.seq = d.Time, d.Seq
-	a.permit.Sent(a.sent) // as in Loop.dispatch
-	return nil
+	return err
 }
 
 // exchange sends the dispatched request a. A response that will be
