@@ -50,6 +50,11 @@ type ProxyRequest struct {
 	// Idempotent says the client sent an Idempotency-Key: a POST may then
 	// be retried after a 429, 5xx or transport error.
 	Idempotent bool
+	// Origin is the scheme and host the client reached auditd at
+	// ("https://auditd.example.org"), for the proxy URLs a response's
+	// rewritten links name (ProxyPolicy.RewriteURLs); empty takes the
+	// address the client's connection came in at, over http.
+	Origin string
 }
 
 // ProxyMeta is what auditd tells the client of a proxied request besides

@@ -60,7 +60,18 @@ type ProxyPolicy struct {
 	// without an Idempotency-Key (the source's POSTs are searches that
 	// change nothing, as Grants.gov's search2).
 	RetryPost bool `json:"retry_post,omitempty" yaml:"retry_post"`
+	// RewriteURLs rewrites the source's base URL, wherever a proxied text
+	// response (XML, JSON, HTML) names it, into the source's proxy URL on
+	// auditd, so that a client following the links a service document
+	// names (OGC capabilities, ArcGIS service JSON, next links) stays on
+	// the proxy. What is staged and hashed is the upstream's body. Nil
+	// means true; false passes bodies through as sent.
+	RewriteURLs *bool `json:"rewrite_urls,omitempty" yaml:"rewrite_urls"`
 }
+
+// Rewrites reports whether proxied responses have the source's URLs
+// rewritten (RewriteURLs, default true).
+func (p ProxyPolicy) Rewrites() bool { return p.RewriteURLs == nil || *p.RewriteURLs }
 
 // BreakerPolicy configures a source's circuit breaker.
 type BreakerPolicy struct {

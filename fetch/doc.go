@@ -10,11 +10,22 @@
 // transition and registry change is appended as it happens, in the order
 // docs/EVENTS.md fixes, so reports can recount the run from the ledger alone.
 //
+// It carries two kinds of run. A batch run's items are submitted up front
+// and fetched by the loop's workers. A proxy-mode run's items are the
+// requests a pipeline sends through the proxy route (Loop.Proxy): each
+// passes the same gates and is recorded the same way, and its answer is
+// streamed to the client while it is staged; a text answer has the
+// source's own URLs rewritten to point at the proxy (rewrite.go). Both ask
+// the gates through one step, Loop.admit, which moves the breaker's clock
+// alike for every caller and tells a request with a last good copy at once
+// when its source is down.
+//
 // Reading order for a newcomer: loop.go (Config, Submit, Start, Close),
 // run.go (workers per source, finishing a run), item.go (one item: pages,
-// attempts, recording, fallback), resume.go, then the small files: paging,
-// classify (status and body-level errors, redaction), sources (gates
-// configured from the registry), client.
+// attempts, recording, fallback), admit.go, resume.go, then proxy.go and
+// proxy_run.go (proxy mode), and the small files: paging, classify (status
+// and body-level errors, redaction), rewrite, sources (gates configured
+// from the registry), client.
 //
 // The ledger is the truth: run records and item results in bbolt are views
 // for the API. On resume the loop recounts a run from its events, records

@@ -160,47 +160,43 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 			return nil, pageFailed, fmt.Sprintf("%d attempts spent; last: %s", spent, lastReason)
 		}
-		// A source that is down is served from its last good copy at once
-		// rather than waited for; without one, Acquire defers the item
-		// until the breaker lets a probe through.
-		if st, err := l.cfg.Limiter.State(it.SourceID); err == nil && st.Breaker == limiter.BreakerOpen {
-			if _, ok, _ := l.cfg.Staging.LastGood(lastGood); ok {
-				return nil, pageFailed, "breaker open"
-			}
-			// Down through as many probes as an item may try: a source
-			// that stays down ends the run's items at once (OutageBound).
-			if st.Reopens >= maxAttempts {
-				return nil, pageFailed, fmt.Sprintf("source down: %d probes failed in a row", st.Reopens)
-			}
-		}
-
-		p, err := l.cfg.Limiter.Acquire(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt, StopAtReopen: true})
+		// A source that is down is answered from the item's last good copy
+		// at once rather than waited for (admit).
+		fallback := l.hasCopy(lastGood)
+		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
 		// The waits held back the page's next dispatch: they carry its attempt.
-		l.recordAdmission(rctx, ar, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
-		if err != nil {
-			var shed *limiter.ShedError
-			switch {
-			case errors.Is(err, limiter.ErrStillDown):
-				// Another item's probe failed while this one waited: each
-				// such failure costs a try, so a run against a source that
-				// stays down ends (OutageBound).
-				deferred++
-				lastReason = "breaker open: the source is still down"
-				continue
-			case errors.As(err, &shed):
-				return nil, pageShed, string(shed.Gate)
-			case ctx.Err() != nil:
-				if ar.isCancelled() {
-					return nil, pageCancelled, "cancelled"
-				}
-				return nil, pageAbandon, ""
-			default:
-				return nil, pageFailed, "limiter: " + err.Error()
+		recordAdmission(batchEnds{l, rctx, ar, it, lastGood}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
+		switch end {
+		case admitDown:
+			var down *limiter.DownError
+			if errors.As(err, &down) && !fallback {
+				// Down through as many probes as an item may try: a source
+				// that stays down ends the run's items at once (OutageBound).
+				return nil, pageFailed, fmt.Sprintf("source down: %d probes failed in a row", down.Reopens)
 			}
+			return nil, pageFailed, "breaker open"
+		case admitStillDown:
+			// Another item's probe failed while this one waited: each
+			// such failure costs a try, so a run against a source that
+			// stays down ends (OutageBound).
+			deferred++
+			lastReason = "breaker open: the source is still down"
+			continue
+		case admitShed:
+			var shed *limiter.ShedError
+			errors.As(err, &shed)
+			return nil, pageShed, string(shed.Gate)
+		case admitGone:
+			if ar.isCancelled() {
+				return nil, pageCancelled, "cancelled"
+			}
+			return nil, pageAbandon, ""
+		case admitFailed:
+			return nil, pageFailed, "limiter: " + err.Error()
 		}
 
 		a := &attempt{page: pg.index, n: it.attempts.next(pg.index), permit: p}
-		err = l.dispatch(rctx, ar, it.Item, a, path)
+		err = l.dispatch(rctx, ar, it.Item, a, path, nil, nil)
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
 			continue
@@ -279,6 +275,7 @@ type exchange struct {
 	latency    time.Duration // from dispatch to the whole body
 	err        error         // a transport error, its text redacted (scrubError)
 	n          int64         // the body's size when body does not hold it (a proxied response streamed on)
+	rewritten  int           // occurrences of the source's base URL rewritten in what the client got (proxy, rewrite_urls)
 }
 
 // size is the size of the response's body.
@@ -321,6 +318,9 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 			out = auditd.OutcomeThrottled
 		} else {
 			e.Type, e.Outcome, e.BodyError = auditd.EventResponse, out, bodyErr
+			if x.rewritten > 0 {
+				e.Detail = fmt.Sprintf(`{"urls_rewritten":%d}`, x.rewritten)
+			}
 			l.post(ar, buf, 1, nil, nil)
 		}
 	}
@@ -337,15 +337,26 @@ var (
 	errPausedMeanwhile = errors.New("source paused before dispatch")
 )
 
-// dispatch records the dispatch of a of item it, with the recorded path, and sets
-// a.sent to its recorded time once it is durable, unless the source's
-// breaker opened or a throttle paused it since the admission (then it
-// releases the permit and says which).
-func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *attempt, path string) error {
+// dispatch records the dispatch of a of item it, with the recorded path,
+// after lead when there is one (events that go in the dispatch's commit: a
+// proxied request's item.queued), and sets a.sent to its recorded time
+// once it is durable, unless the source's breaker opened or a throttle
+// paused it since the admission (then it releases the permit and says
+// which). It waits for the record until ctx ends. When that comes first
+// and late is set (a proxied request, whose wait its deadline bounds),
+// late is handed the record's future, and dispatch returns
+// errDispatchLate: the request was not sent, and late ends it once the
+// ledger has decided the record.
+func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *attempt, path string, lead *auditd.Event, late func(auditd.Future)) error {
 	buf := l.eventBuf()
-	buf[0] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
+	n := 0
+	if lead != nil {
+		buf[n] = *lead
+		n++
+	}
+	buf[n] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
-	e := buf[:1]
+	e := buf[:n+1]
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
 		l.freeEventBuf(buf)
@@ -353,10 +364,15 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	}
 	if err := f.Wait(ctx); err != nil {
 		a.permit.Release()
-		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err) // buf stays out of the pool: the ledger may still hold it
+		// buf stays out of the pool: the ledger may still hold it.
+		if late != nil {
+			late(f)
+			return errDispatchLate
+		}
+		return fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
 	}
 	ar.live.Count(e...)
-	a.sent, a.seq = e[0].Time, e[0].Seq
+	a.sent, a.seq = e[n].Time, e[n].Seq
 	// The request leaves now, after its record: every window counts it
 	// at the time on record (its commit group, or a disk that refused it,
 	// may have held it long after the gates admitted it).
@@ -530,30 +546,6 @@ type scrubbed struct {
 func (e *scrubbed) Error() string { return e.text }
 func (e *scrubbed) Unwrap() error { return e.wrapped }
 
-// recordAdmission records what the gates did before admitting a page's
-// request (p; empty when Acquire failed): breaker transitions, then the
-// waits, each with the attempt it held back.
-//
-// A request a throttle answered (throttled) waits out the pause the
-// throttle asked for before it goes again, and its retry records that
-// wait (R4). When the gates had nothing left to hold it back for, the
-// pause having run out while the loop recorded what came back (a busy
-// machine, a slow disk), the wait was spent all the same between the
-// throttle's record and now: it is recorded as the pause's, planned as
-// the throttle asked and as long as it actually was.
-func (l *Loop) recordAdmission(ctx context.Context, ar *activeRun, it *auditd.Item, page int, attempt uint32, p *limiter.Permit, throttled *attempt) {
-	l.recordTransitions(ctx, ar, it, p.Breaker)
-	for _, w := range p.Waits {
-		l.mustRecord(ctx, ar, waitEvent(it, page, attempt, w))
-	}
-	if throttled == nil || throttled.throttledAt.IsZero() || len(p.Waits) > 0 || p.Admitted.IsZero() {
-		return
-	}
-	l.mustRecord(ctx, ar, waitEvent(it, page, attempt, limiter.Wait{
-		Gate: limiter.GatePause, Planned: throttled.pause, Actual: p.Admitted.Sub(throttled.throttledAt),
-	}))
-}
-
 func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
 	for _, t := range ts {
 		l.mustRecord(ctx, ar, breakerEvent(it, t))
@@ -587,19 +579,12 @@ func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) au
 // failOrServe ends an item that could not be fetched: from the last good
 // copy when there is one, as failed otherwise.
 func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) {
-	if l.serveCached(ctx, ar, it, lastGoodKey, reason) {
-		return
-	}
-	l.endItem(ar, it, auditd.ItemFailed, reason, nil, "", nil)
+	endUnanswered(batchEnds{l, ctx, ar, it, lastGoodKey}, reason, auditd.ItemFailed, reason)
 }
 
 // shed ends an item the gates could not admit before the run's deadline.
 func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, gate string) {
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventShed, SourceID: it.SourceID, ItemKey: it.Key, Gate: gate})
-	if l.serveCached(ctx, ar, it, lastGoodKey, "shed at "+gate) {
-		return
-	}
-	l.endItem(ar, it, auditd.ItemShed, "deadline", nil, "", nil)
+	endShed(batchEnds{l, ctx, ar, it, lastGoodKey}, it.Item, gate)
 }
 
 // serveCached serves an item from its last good staged payload, if one
@@ -611,10 +596,7 @@ func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGood
 	if !ok {
 		return false
 	}
-	cp := l.cachedCopy(c, c.Run)
-	l.mustRecord(ctx, ar, auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key,
-		PayloadHash: c.Sum, Reason: reason, Detail: cp.CacheDetail()})
-	l.endItem(ar, it, auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
+	l.endCached(batchEnds{l, ctx, ar, it, lastGoodKey}, it.Item, c, reason)
 	return true
 }
 
@@ -657,7 +639,8 @@ func (l *Loop) endItem(ar *activeRun, it *job, out auditd.Outcome, reason string
 			puts = append(puts, rec)
 		}
 		if lastGood != "" {
-			puts = append(puts, l.cfg.Staging.LastGoodRecord(lastGood, staging.Copy{Sum: payload.Sum, FetchedAt: l.cfg.Clock.Now().UTC(), Run: ar.id}))
+			puts = append(puts, l.cfg.Staging.LastGoodRecord(lastGood, staging.Copy{Sum: payload.Sum, FetchedAt: l.cfg.Clock.Now().UTC(), Run: ar.id,
+				ContentType: it.contentType, ContentEncoding: it.contentEncoding}))
 		}
 		buf[n] = auditd.Event{Type: auditd.EventPayloadStaged, SourceID: it.SourceID, ItemKey: it.Key,
 			PayloadHash: payload.Sum, Bytes: payload.N}

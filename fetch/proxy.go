@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -108,6 +109,11 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	rule := redact.New(append(slices.Clone(src.SecretQuery), slices.Sorted(maps.Keys(query))...))
 	p := &proxied{l: l, ar: ar, src: src, req: req, out: out, meta: &meta, headers: headers, query: query,
 		rule: rule, path: rule.URL(req.Path)}
+	if src.Proxy.Rewrites() {
+		if origin := proxyOrigin(ctx, req); origin != "" {
+			p.proxyURL = origin + "/proxy/" + url.PathEscape(src.ID)
+		}
+	}
 	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path}
 	var detail string
 	if req.Method == http.MethodPost {
@@ -224,9 +230,12 @@ type proxied struct {
 	lastGood string            // the request's key in the last-good index
 	headers  map[string]string // the source's secret headers
 	query    map[string]string // the source's secret query parameters
+	proxyURL string            // the source's proxy URL, its base URL's rewrite; "" when not rewritten
 
 	retryable  bool      // a 429, 5xx or transport error may be retried (run)
+	noCopy     bool      // its last good copy did not verify: wait as a request without one
 	retryAt    time.Time // own backoff after a 5xx or transport error
+	throttled  *attempt  // the attempt a throttle answered, until the next dispatch
 	lastReason string
 	// queued is the item's item.queued until it is added to the ledger:
 	// with the first dispatch, or before any other record of the item.
@@ -278,13 +287,6 @@ func (p *proxied) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return p.gone()
 		}
-		if src.Proxy.ServeStale {
-			// A source that is down is answered from its last good copy
-			// at once rather than waited for.
-			if st, err := l.cfg.Limiter.State(src.ID); err == nil && st.Breaker == limiter.BreakerOpen && p.serveStale("breaker open") {
-				return nil
-			}
-		}
 		if _, err := l.cfg.Ledger.Stalled(); err != nil {
 			// Nothing leaves unrecorded, and nothing is recorded while the
 			// ledger's writes fail: the client hears so now rather than at
@@ -293,29 +295,43 @@ func (p *proxied) run(ctx context.Context) error {
 			p.meta.RetryAfter = stallRetryAfter
 			return auditd.Errorf(auditd.EUNAVAILABLE, "auditd cannot write its ledger for now, so nothing was sent; retry.")
 		}
-		perm, err := l.cfg.Limiter.Acquire(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt, StopAtReopen: true})
+		// A source that is down is answered from the last good copy at
+		// once rather than waited for, when the source serves copies
+		// (admit).
+		fallback := src.Proxy.ServeStale && !p.noCopy && l.hasCopy(p.lastGood)
+		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
 		// The waits held back the request's next dispatch: they carry its attempt.
-		p.recordAdmission(uint32(it.attempts.spent(0)+1), perm)
+		recordAdmission(p, it.Item, 0, uint32(it.attempts.spent(0)+1), perm, p.throttled)
 		for _, w := range perm.Waits {
 			p.meta.Waited += w.Actual
 		}
-		if err != nil {
-			var shed *limiter.ShedError
-			switch {
-			case errors.Is(err, limiter.ErrStillDown):
-				deferred++
-				p.lastReason = "breaker open: the source is still down"
-				if it.attempts.spent(0)+deferred >= maxAttempts {
-					return p.giveUp(fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
-				}
-				continue
-			case errors.As(err, &shed):
-				return p.shed(shed)
-			case ctx.Err() != nil:
-				return p.gone()
-			default:
-				return p.giveUp("limiter: "+err.Error(), auditd.EINTERNAL)
+		switch end {
+		case admitDown:
+			if fallback && p.serveStale("breaker open") {
+				return nil
 			}
+			p.noCopy = fallback // it did not verify: wait as a request without one
+			var down *limiter.DownError
+			if errors.As(err, &down) && !fallback {
+				p.meta.RetryAfter = max(down.Wait, time.Second)
+				return p.giveUp(fmt.Sprintf("source down: %d probes failed in a row", down.Reopens), auditd.EUNAVAILABLE)
+			}
+			continue
+		case admitStillDown:
+			deferred++
+			p.lastReason = "breaker open: the source is still down"
+			if it.attempts.spent(0)+deferred >= maxAttempts {
+				return p.giveUp(fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
+			}
+			continue
+		case admitShed:
+			var shed *limiter.ShedError
+			errors.As(err, &shed)
+			return p.shed(shed)
+		case admitGone:
+			return p.gone()
+		case admitFailed:
+			return p.giveUp("limiter: "+err.Error(), auditd.EINTERNAL)
 		}
 		a := &attempt{page: 0, n: it.attempts.next(0), permit: perm}
 		err = p.dispatch(ctx, a, deadline)
@@ -335,6 +351,7 @@ func (p *proxied) run(ctx context.Context) error {
 			return auditd.Errorf(auditd.EUNAVAILABLE, "The dispatch could not be recorded, so nothing was sent; retry.")
 		}
 		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
+		p.throttled = nil
 		final := !p.retryable || it.attempts.spent(0)+deferred >= maxAttempts
 		if done, err := p.exchange(ctx, rctx, a, final); done {
 			return err
@@ -355,19 +372,6 @@ func (p *proxied) note(e auditd.Event) {
 	p.l.post(p.ar, buf, 1, nil, nil)
 }
 
-// recordAdmission records what the gates did before admitting the
-// request's attempt (perm; empty when Acquire failed), as
-// Loop.recordAdmission does, without waiting (note).
-func (p *proxied) recordAdmission(attempt uint32, perm *limiter.Permit) {
-	it := p.job.Item
-	for _, t := range perm.Breaker {
-		p.note(breakerEvent(it, t))
-	}
-	for _, w := range perm.Waits {
-		p.note(waitEvent(it, 0, attempt, w))
-	}
-}
-
 // stallRetryAfter is the Retry-After of a request refused because the
 // ledger cannot write: as long as a worker waits between tries of a
 // record the disk refused (maxRecordBackoff).
@@ -378,33 +382,21 @@ const stallRetryAfter = maxRecordBackoff
 // client went away: the request was not sent.
 var errDispatchLate = errors.New("dispatch not durable in time")
 
-// dispatch records the dispatch of a, as Loop.dispatch does, but waits for
-// it only until the request's deadline or the client's going away: a
-// client is not held past its deadline while the ledger's writes fail.
-// The record may still land after that (errDispatchLate): once the ledger
-// decides it, the request's item ends, failed, closing the dispatch, if
-// it landed, with dispatch.interrupted (the request was never sent), so
-// that the run has no dispatch without an outcome.
+// dispatch records the dispatch of a (Loop.dispatch), with the item's
+// item.queued when it is not on its way yet, but waits for it only until
+// the request's deadline or the client's going away: a client is not held
+// past its deadline while the ledger's writes fail. The record may still
+// land after that (errDispatchLate): once the ledger decides it, the
+// request's item ends, failed, closing the dispatch, if it landed, with
+// dispatch.interrupted (the request was never sent), so that the run has
+// no dispatch without an outcome.
 func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) error {
-	l, ar, it := p.l, p.ar, p.job.Item
-	e := make([]auditd.Event, 0, 2)
-	if p.queued != nil {
-		e = append(e, *p.queued) // the item's first record, in the dispatch's commit
-	}
-	e = append(e, auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: p.path, Probe: a.permit.Probe})
-	f, err := l.queueDispatch(it.SourceID, a.permit, e)
-	if err != nil {
-		return err
-	}
+	l, ar, it, job := p.l, p.ar, p.job.Item, p.job
 	queued := p.queued
-	p.queued = nil
 	// deadline is on the loop's clock; a context's is on the wall's.
 	wctx, cancel := context.WithTimeout(ctx, deadline.Sub(l.cfg.Clock.Now()))
 	defer cancel()
-	if err := f.Wait(wctx); err != nil {
-		a.permit.Release()
-		job := p.job
+	err := l.dispatch(wctx, ar, it, a, p.path, queued, func(f auditd.Future) {
 		ar.posts.Add(1) // the run's end waits for the item's
 		f.Then(func(stored []auditd.Event, err error) {
 			defer ar.posts.Done()
@@ -432,13 +424,11 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 			buf[1] = finishedEvent(it, res)
 			l.post(ar, buf, 2, nil, res)
 		})
-		return errDispatchLate
+	})
+	if err == nil || errors.Is(err, errDispatchLate) {
+		p.queued = nil // on record, or on its way with the dispatch
 	}
-	ar.live.Count(e...)
-	d := &e[len(e)-1]
-	a.sent, a.seq = d.Time, d.Seq
-	a.permit.Sent(a.sent) // as in Loop.dispatch
-	return nil
+	return err
 }
 
 // exchange sends the dispatched request a. A response that will be
@@ -481,6 +471,7 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		out, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
 		if out == auditd.OutcomeThrottled {
 			p.lastReason = fmt.Sprintf("throttled (%d)", x.status)
+			p.throttled = a
 		} else {
 			p.lastReason = fmt.Sprintf("server error (%d)", x.status)
 			p.retryAt = l.cfg.Clock.Now().Add(wait)
@@ -518,7 +509,12 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 	if success && p.src.BodyError != auditd.BodyErrorNone {
 		keep = &bytes.Buffer{}
 	}
-	body := p.out.Start(resp.StatusCode, responseHeader(resp.Header), p.meta)
+	h := responseHeader(resp.Header)
+	rw := p.rewriter(h, nil)
+	var body io.Writer = p.out.Start(resp.StatusCode, h, p.meta)
+	if rw != nil {
+		rw.w, body = body, rw
+	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
@@ -550,6 +546,9 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 			break
 		}
 	}
+	if rw != nil && writeErr == nil && readErr == nil {
+		writeErr = rw.Close()
+	}
 	now := l.cfg.Clock.Now()
 	if readErr == nil && writeErr == nil && resp.ContentLength >= 0 {
 		// The whole body is the client's now, before the outcome is
@@ -558,6 +557,9 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		p.out.Flush()
 	}
 	x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
+	if rw != nil && rw.n > 0 {
+		x.rewritten = rw.n
+	}
 	if keep != nil {
 		x.body = keep.Bytes()
 	}
@@ -589,6 +591,7 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		return nil
 	}
 	res := &auditd.ItemResult{Advertised: -1, Pages: 1, PayloadHash: payload.Sum, Bytes: payload.N}
+	p.job.contentType, p.job.contentEncoding = resp.Header.Get("Content-Type"), resp.Header.Get("Content-Encoding")
 	p.end(auditd.ItemSucceeded, "", res, p.lastGood, &payload)
 	return nil
 }
@@ -681,10 +684,9 @@ func (p *proxied) gone() error {
 // copy when the source allows it and there is one, as failed otherwise
 // (an error of code for the client).
 func (p *proxied) giveUp(reason, code string) error {
-	if p.serveStale(reason) {
+	if endUnanswered(p, reason, auditd.ItemFailed, reason) {
 		return nil
 	}
-	p.end(auditd.ItemFailed, reason, nil, "", nil)
 	if code == auditd.EUNAVAILABLE && p.meta.RetryAfter == 0 {
 		p.meta.RetryAfter = time.Second
 	}
@@ -696,11 +698,9 @@ func (p *proxied) giveUp(reason, code string) error {
 // allows it, or the client is told when the gates expect to admit it.
 func (p *proxied) shed(shed *limiter.ShedError) error {
 	gate := string(shed.Gate)
-	p.note(auditd.Event{Type: auditd.EventShed, SourceID: p.src.ID, ItemKey: p.job.Key, Gate: gate})
-	if p.serveStale("shed at " + gate) {
+	if endShed(p, p.job.Item, gate) {
 		return nil
 	}
-	p.end(auditd.ItemShed, "deadline", nil, "", nil)
 	p.meta.RetryAfter = max(shed.Wait, time.Second)
 	why := ""
 	if p.lastReason != "" {
@@ -736,25 +736,60 @@ func (p *proxied) serveCopy(c staging.Copy, reason string) bool {
 		return false
 	}
 	defer rc.Close()
-	origin := c.Run
-	if origin == "" { // indexed before the index recorded runs
-		origin = l.originRun(c.Sum, c.FetchedAt)
-	}
-	cp := l.cachedCopy(c, origin)
-	p.note(auditd.Event{Type: auditd.EventCacheServed, SourceID: p.src.ID, ItemKey: p.job.Key, PayloadHash: c.Sum, Reason: reason,
-		Detail: cp.CacheDetail()})
-	p.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
-	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: time.Duration(cp.Age), RunID: origin}
+	cp := l.endCached(p, p.job.Item, c, reason)
+	p.meta.Stale = &auditd.StaleCopy{PayloadHash: c.Sum, FetchedAt: c.FetchedAt.UTC(), Age: time.Duration(cp.Age), RunID: cp.OriginRun}
 	br := bufio.NewReader(rc)
-	head, _ := br.Peek(512)
 	h := http.Header{}
-	h.Set("Content-Type", http.DetectContentType(head))
+	if c.ContentType != "" {
+		h.Set("Content-Type", c.ContentType)
+	} else { // a batch run's copy, or one kept before copies kept headers
+		head, _ := br.Peek(512)
+		h.Set("Content-Type", http.DetectContentType(head))
+	}
+	if c.ContentEncoding != "" {
+		h.Set("Content-Encoding", c.ContentEncoding)
+	}
 	if p.req.Method == http.MethodHead {
 		p.out.Start(http.StatusOK, h, p.meta)
 		return true
 	}
-	_, _ = io.Copy(p.out.Start(http.StatusOK, h, p.meta), br)
+	rw := p.rewriter(h, nil)
+	var body io.Writer = p.out.Start(http.StatusOK, h, p.meta)
+	if rw != nil {
+		rw.w, body = body, rw
+	}
+	if _, err := io.Copy(body, br); err == nil && rw != nil {
+		_ = rw.Close()
+	}
 	return true
+}
+
+// rewriter returns the rewriter of the source's base URL into its proxy
+// URL for a response with header h, when its links are rewritten (a text
+// type, the source's rewrite_urls), and takes Content-Length out of h:
+// the rewritten body's length differs. Its writer is w, set by the caller
+// when nil.
+func (p *proxied) rewriter(h http.Header, w io.Writer) *urlRewriter {
+	if p.proxyURL == "" || h.Get("Content-Encoding") != "" || !rewritable(h.Get("Content-Type")) {
+		return nil
+	}
+	rw := newURLRewriter(w, p.src.BaseURL, p.proxyURL)
+	if rw != nil {
+		h.Del("Content-Length")
+	}
+	return rw
+}
+
+// proxyOrigin is the scheme and host the client reached auditd at:
+// req.Origin, or the address its connection came in at.
+func proxyOrigin(ctx context.Context, req *auditd.ProxyRequest) string {
+	if req.Origin != "" {
+		return strings.TrimRight(req.Origin, "/")
+	}
+	if addr, ok := ctx.Value(http.LocalAddrContextKey).(net.Addr); ok {
+		return "http://" + addr.String()
+	}
+	return ""
 }
 
 // errFound ends a scan that found what it looked for.

@@ -41,6 +41,7 @@ type proxyEnv struct {
 	stage  *staging.Store
 	store  *runs.Store
 	loop   *fetch.Loop
+	lim    *limiter.Limiter
 	srv    *httptest.Server
 	token  string // an operator's
 	admin  string
@@ -99,7 +100,8 @@ func newProxyEnvWith(tb testing.TB, o proxyEnvOptions, maxBody int64) *proxyEnv 
 		tb.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(e.logs, nil))
-	if e.loop, err = fetch.New(fetch.Config{Ledger: e.ledger, Runs: e.store, Registry: e.reg, Limiter: limiter.New(clk),
+	e.lim = limiter.New(clk)
+	if e.loop, err = fetch.New(fetch.Config{Ledger: e.ledger, Runs: e.store, Registry: e.reg, Limiter: e.lim,
 		Staging: e.stage, Clock: clk, Logger: log, MaxAttempts: o.maxAttempts, Client: o.client, MaxBodyBytes: maxBody}); err != nil {
 		tb.Fatal(err)
 	}

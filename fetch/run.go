@@ -42,6 +42,10 @@ type activeRun struct {
 type job struct {
 	*auditd.Item
 	attempts *itemAttempts
+	// contentType and contentEncoding are the headers its payload goes
+	// with: kept with its last good copy, which is served with them
+	// (a proxied request's; empty for a batch item, whose copy is sniffed).
+	contentType, contentEncoding string
 }
 
 // itemAttempts counts an item's dispatches: the last attempt number of each

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,6 +25,16 @@ type Request struct {
 	// Verdict's Wait after a 5xx or transport error); the wait is reported
 	// under GateBackoff.
 	NotBefore time.Time
+	// Fallback says the caller has another answer (a last good copy):
+	// when the breaker would hold the request (open, or half-open with
+	// every probe out), Acquire returns a *DownError at once, also while
+	// the request waits out its own backoff, rather than wait for a source
+	// known to be down. Past the cooldown the request is a probe like any.
+	Fallback bool
+	// DownAfter, when above zero, makes Acquire return a *DownError at
+	// once while the breaker is open after that many failed probes in a
+	// row: a source that stays down ends its requests without a wait.
+	DownAfter int
 }
 
 // Wait is one spell a request spent held at one gate: a wait event.
@@ -64,6 +75,11 @@ type Permit struct {
 	gen     uint64  // breaker generation at admission
 	once    sync.Once
 	started time.Time // when the current wait spell began
+	// arrival orders the request among those waiting at its source's
+	// concurrency gate and its budget's queue: stamped when it first
+	// reaches the concurrency gate, kept when it has to go back.
+	arrival uint64
+	waiting bool // its arrival is in src.waiting
 }
 
 // Acquire waits until source id may send a request of req.Cost, passing, in
@@ -110,6 +126,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			queued = nil
 		}
 		s.mu.Lock()
+		s.unqueue(p)
 		p.releaseLocked()
 		s.mu.Unlock()
 	}
@@ -134,6 +151,14 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			// Another probe decided the breaker while this one queued; this
 			// request is no longer a probe and must pass the breaker afresh.
 			p.probe = false
+		}
+		if !p.probe && (req.Fallback || req.DownAfter > 0) {
+			if err := s.down(now, req, p); err != nil {
+				s.mu.Unlock()
+				leave()
+				p.endWait(now)
+				return p, err
+			}
 		}
 		if now.Before(req.NotBefore) {
 			gate, wait = GateBackoff, req.NotBefore.Sub(now)
@@ -161,14 +186,16 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			}
 		}
 		if gate == "" && !p.slot {
-			if s.inFlight >= s.cfg.Concurrency {
+			// Slots go in arrival order: a slot that frees wakes every
+			// waiter, and only the first in line may take it.
+			if p.arrival == 0 {
+				p.arrival = l.arrivals.Add(1)
+			}
+			if !s.slotFor(p) {
 				gate = GateConcurrency
-			} else {
-				s.inFlight++
-				p.slot = true
 			}
 		}
-		if gate != "" && (p.slot || p.probe || queued != nil) && gate != GateConcurrency {
+		if gate != "" && (p.slot || p.probe || queued != nil || p.waiting) && gate != GateConcurrency {
 			// Blocked at a source gate: hold nothing that others could use.
 			s.mu.Unlock()
 			leave()
@@ -183,7 +210,8 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 					queued.dequeue(ticket)
 					queued.mu.Unlock()
 				}
-				queued, ticket = b, b.enqueue()
+				queued, ticket = b, p.arrival
+				b.enqueue(ticket)
 			}
 			bnow := b.now()
 			at, g := b.earliest(bnow, int64(req.Cost))
@@ -240,6 +268,53 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			timer.Stop()
 		}
 	}
+}
+
+// slotFor gives p a concurrency slot when one is free and no request that
+// arrived before p waits for one; otherwise it queues p in arrival order.
+// The caller holds s.mu.
+func (s *source) slotFor(p *Permit) bool {
+	if !p.waiting {
+		s.waiting = insertSorted(s.waiting, p.arrival)
+		p.waiting = true
+	}
+	ahead, _ := slices.BinarySearch(s.waiting, p.arrival)
+	if s.inFlight+ahead >= s.cfg.Concurrency {
+		return false
+	}
+	s.unqueue(p)
+	s.inFlight++
+	p.slot = true
+	return true
+}
+
+// unqueue takes p out of the concurrency gate's queue; those behind it
+// move up. The caller holds s.mu.
+func (s *source) unqueue(p *Permit) {
+	if !p.waiting {
+		return
+	}
+	p.waiting = false
+	if i, found := slices.BinarySearch(s.waiting, p.arrival); found {
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+		s.broadcast()
+	}
+}
+
+// down moves the breaker on its clock and returns a *DownError when it
+// holds the request and req asks not to wait there (Request.Fallback,
+// Request.DownAfter). The caller holds s.mu.
+func (s *source) down(now time.Time, req Request, p *Permit) error {
+	pass, wait, t := s.breaker.check(now, s.cfg, s.id)
+	if t != nil {
+		p.Breaker = append(p.Breaker, *t)
+		s.broadcast()
+	}
+	b := &s.breaker
+	if pass || !req.Fallback && (b.state != BreakerOpen || b.reopens < req.DownAfter) {
+		return nil
+	}
+	return &DownError{State: b.state, Reopens: b.reopens, Wait: wait}
 }
 
 // beginWait opens or extends a wait spell at gate.

@@ -42,7 +42,7 @@ type breaker struct {
 	reopens   int           // failed probes since it last closed
 }
 
-// admit reports whether a request may pass now; when the breaker is open
+// check reports whether a request may pass now; when the breaker is open
 // past its cooldown it moves to half-open first and returns the transition.
 // wait is how long until it might pass (0 when unknown).
 func (b *breaker) check(now time.Time, c Config, id string) (pass bool, wait time.Duration, t *Transition) {

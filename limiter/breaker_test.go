@@ -203,3 +203,90 @@ func equalDurations(a, b []time.Duration) bool {
 	}
 	return true
 }
+
+// A request with a fallback is not held at a breaker that is down: inside
+// the cooldown, or while the probe is out, it hears so at once; past the
+// cooldown it moves the breaker to half-open and is the probe, whose
+// success closes it. Without its Acquire the breaker would stay open.
+func TestBreakerFallbackStillProbes(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1000, Window: time.Second, Burst: 100, BreakerThreshold: 1}})
+	ctx := context.Background()
+	fallback := limiter.Request{Fallback: true}
+	v := mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 502, Attempt: 1})
+	if len(v.Breaker) != 1 || v.Breaker[0].Cooldown != limiter.DefaultBreakerCooldown {
+		t.Fatalf("opening: %+v, want a cooldown of %v", v.Breaker, limiter.DefaultBreakerCooldown)
+	}
+	var down *limiter.DownError
+	if _, err := l.Acquire(ctx, "s", fallback); !errors.As(err, &down) || down.State != limiter.BreakerOpen || down.Wait != limiter.DefaultBreakerCooldown {
+		t.Fatalf("inside the cooldown: %v, want DownError(open, %v)", err, limiter.DefaultBreakerCooldown)
+	}
+	c.Advance(limiter.DefaultBreakerCooldown)
+	probe, err := l.Acquire(ctx, "s", fallback)
+	if err != nil || !probe.Probe || len(probe.Breaker) != 1 || probe.Breaker[0].To != limiter.BreakerHalfOpen {
+		t.Fatalf("past the cooldown: %+v, %v; want the probe, having moved the breaker to half_open", probe, err)
+	}
+	if _, err := l.Acquire(ctx, "s", fallback); !errors.As(err, &down) || down.State != limiter.BreakerHalfOpen {
+		t.Fatalf("while the probe is out: %v, want DownError(half_open)", err)
+	}
+	if v := probe.Observe(limiter.Outcome{Status: 200, Attempt: 1}); len(v.Breaker) != 1 || v.Breaker[0].To != limiter.BreakerClosed {
+		t.Fatalf("probe success: %+v, want closed", v.Breaker)
+	}
+	p, err := l.Acquire(ctx, "s", fallback)
+	if err != nil || p.Probe {
+		t.Fatalf("closed: %+v, %v", p, err)
+	}
+	p.Release()
+}
+
+// A request with a fallback waiting out its own backoff hears at once that
+// the breaker opened meanwhile: it does not retry a source known to be down.
+func TestBreakerFallbackLeavesBackoff(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1000, Window: time.Second, Burst: 100, BreakerThreshold: 1}})
+	ctx := context.Background()
+	ch := acquireAsync(ctx, c, l, "s", limiter.Request{Fallback: true, NotBefore: c.Now().Add(8 * time.Second)}, 1)
+	mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 503, Attempt: 1})
+	r := <-ch
+	if !errors.Is(r.err, limiter.ErrSourceDown) {
+		t.Fatalf("backing off when the breaker opened: %v, want ErrSourceDown without the clock moving", r.err)
+	}
+}
+
+// DownAfter ends requests at an open breaker once that many probes failed
+// in a row, without a wait; past the cooldown one is the probe all the same.
+func TestBreakerDownAfterFailedProbes(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1000, Window: time.Second, Burst: 100,
+		BreakerThreshold: 1, BreakerCooldown: time.Second, BreakerBackoff: 4}})
+	ctx := context.Background()
+	req := limiter.Request{DownAfter: 2}
+	mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 502, Attempt: 1})
+	var cooldowns []time.Duration
+	for range 2 {
+		st, _ := l.State("s")
+		if st.Breaker != limiter.BreakerOpen {
+			t.Fatalf("state %+v", st)
+		}
+		c.Set(c.Now().Add(time.Hour)) // past any cooldown
+		p, err := l.Acquire(ctx, "s", req)
+		if err != nil || !p.Probe {
+			t.Fatalf("past the cooldown: %+v, %v; want a probe", p, err)
+		}
+		v := p.Observe(limiter.Outcome{Status: 502, Attempt: 1})
+		cooldowns = append(cooldowns, v.Breaker[0].Cooldown)
+	}
+	if want := []time.Duration{2 * time.Second, 4 * time.Second}; !equalDurations(cooldowns, want) {
+		t.Fatalf("cooldowns %v, want %v", cooldowns, want)
+	}
+	var down *limiter.DownError
+	if _, err := l.Acquire(ctx, "s", req); !errors.As(err, &down) || down.Reopens != 2 || down.Wait != 4*time.Second {
+		t.Fatalf("after 2 failed probes: %v, want DownError with 2 reopens and 4s to wait", err)
+	}
+	// One failed probe fewer than DownAfter waits (and sheds at its deadline).
+	var shed *limiter.ShedError
+	if _, err := l.Acquire(ctx, "s", limiter.Request{DownAfter: 3, Deadline: c.Now().Add(time.Second)}); !errors.As(err, &shed) {
+		t.Fatalf("DownAfter 3: %v, want a shed at the breaker", err)
+	}
+	c.Advance(4 * time.Second)
+	if p, err := l.Acquire(ctx, "s", req); err != nil || !p.Probe {
+		t.Fatalf("past the cooldown: %+v, %v; want a probe", p, err)
+	}
+}

@@ -54,11 +54,11 @@ type Budget struct {
 
 	pauseUntil int64 // no admission before this; 0 when not paused
 
-	// Waiters of Limiter.Acquire queue here in FIFO order, so a large cost
-	// is not starved by a stream of small ones, and Allow does not jump the
-	// queue.
+	// Waiters of Limiter.Acquire queue here in the order they arrived at
+	// their source's gates (Permit arrival stamps, which a group's members
+	// share), so a large cost is not starved by a stream of small ones, a
+	// member's request by another's, and Allow does not jump the queue.
 	queue   []uint64
-	tickets uint64
 	changed chan struct{} // closed on any change a waiter could care about; nil when nobody waits
 }
 
@@ -502,10 +502,18 @@ func (b *Budget) watch() <-chan struct{} {
 	return b.changed
 }
 
-func (b *Budget) enqueue() uint64 {
-	b.tickets++
-	b.queue = append(b.queue, b.tickets)
-	return b.tickets
+// enqueue adds the waiter of arrival stamp ticket in arrival order.
+func (b *Budget) enqueue(ticket uint64) {
+	b.queue = insertSorted(b.queue, ticket)
+}
+
+// insertSorted adds v to the ascending q, unless q holds it.
+func insertSorted(q []uint64, v uint64) []uint64 {
+	i, found := slices.BinarySearch(q, v)
+	if found {
+		return q
+	}
+	return slices.Insert(q, i, v)
 }
 
 func (b *Budget) dequeue(ticket uint64) {

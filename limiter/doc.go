@@ -38,11 +38,21 @@
 //     the caller knows to be a refusal (Outcome.Refused), pauses instead.
 //     Failures reset only on a success; transitions are closed→open,
 //     open→half_open, half_open→closed and half_open→open, each reported.
-//     A failed probe doubles the cooldown, up to BreakerBackoff times the
-//     first: a blip costs seconds, a long outage few probes.
+//     The first cooldown is short and each failed probe doubles it, up to
+//     BreakerBackoff times the first: a blip costs seconds, the end of an
+//     outage is seen within one cooldown of it.
+//   - The breaker's clock moves whoever asks: every Acquire moves an open
+//     breaker whose cooldown has passed to half-open, a request with a
+//     Fallback included, so a source is probed again however its callers
+//     answer while it is down.
 //   - A permit's concurrency slot is returned exactly once, by Observe or
 //     Release; Acquire returns none on shed, error or cancellation.
-//   - Blocking waiters of one budget are admitted first in, first out.
+//   - Waiters are admitted in arrival order at every gate: a source's
+//     concurrency slots go to the request that reached the gate first,
+//     and a budget's queue (pause and rate, shared by a group's members)
+//     keeps the same order, a request keeping its place when it has to go
+//     back through the gates. So a request is shed at its deadline only
+//     when those ahead of it could not be admitted either.
 //
 // Caveats: time arithmetic uses differences of Clock.Now, which carry the
 // monotonic reading on the real clock; Permit.Sent's time, a ledger stamp

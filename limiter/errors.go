@@ -48,3 +48,24 @@ func (e *ShedError) Error() string {
 
 // Is makes errors.Is(err, ErrShed) true.
 func (e *ShedError) Is(target error) bool { return target == ErrShed }
+
+// ErrSourceDown is matched (errors.Is) by every *DownError.
+var ErrSourceDown = errors.New("limiter: source down")
+
+// DownError reports that the breaker held a request that asked not to wait
+// for it (Request.Fallback, Request.DownAfter). The request was not
+// admitted.
+type DownError struct {
+	State   BreakerState // open, or half_open with every probe out
+	Reopens int          // probes that failed since the breaker last closed
+	// Wait is how long until the breaker lets a probe through; 0 when a
+	// probe is out and its outcome decides.
+	Wait time.Duration
+}
+
+func (e *DownError) Error() string {
+	return fmt.Sprintf("limiter: source down (breaker %s, %d failed probes)", e.State, e.Reopens)
+}
+
+// Is makes errors.Is(err, ErrSourceDown) true.
+func (e *DownError) Is(target error) bool { return target == ErrSourceDown }

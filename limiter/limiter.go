@@ -30,10 +30,11 @@ type Limiter struct {
 	// Tests replace it to make backoff deterministic.
 	Jitter func(n time.Duration) time.Duration
 
-	clock   clock.Clock
-	mu      sync.Mutex                         // serialises Configure
-	sources atomic.Pointer[map[string]*source] // copy on write: lookups take no lock
-	groups  map[string]*groupBudget
+	clock    clock.Clock
+	arrivals atomic.Uint64                      // stamps requests in arrival order (Permit.arrival)
+	mu       sync.Mutex                         // serialises Configure
+	sources  atomic.Pointer[map[string]*source] // copy on write: lookups take no lock
+	groups   map[string]*groupBudget
 }
 
 type groupBudget struct {
@@ -166,6 +167,7 @@ type State struct {
 	Failures    int
 	Reopens     int // probes that failed since the breaker last closed
 	InFlight    int
+	Waiting     int // Acquire calls waiting for a concurrency slot
 	Queued      int // Acquire calls waiting at the budget's rate queue (the group's, when shared)
 	Tokens      float64
 	PausedUntil time.Time
@@ -178,7 +180,7 @@ func (l *Limiter) State(id string) (State, error) {
 		return State{}, err
 	}
 	s.mu.Lock()
-	st := State{Breaker: s.breaker.state, Failures: s.breaker.failures, Reopens: s.breaker.reopens, InFlight: s.inFlight}
+	st := State{Breaker: s.breaker.state, Failures: s.breaker.failures, Reopens: s.breaker.reopens, InFlight: s.inFlight, Waiting: len(s.waiting)}
 	b := s.budget
 	s.mu.Unlock()
 	st.Tokens, st.PausedUntil = b.Tokens(), b.PausedUntil()
@@ -206,7 +208,8 @@ type source struct {
 	breaker breaker
 
 	inFlight int
-	changed  chan struct{} // closed when a slot frees or the breaker moves
+	waiting  []uint64      // arrival stamps of requests waiting for a slot, oldest first
+	changed  chan struct{} // closed when a slot frees, a waiter leaves or the breaker moves
 }
 
 func (s *source) broadcast() {

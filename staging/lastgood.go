@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -30,6 +31,11 @@ type Copy struct {
 	// Run is the run that fetched it; empty for a copy indexed before
 	// the index recorded runs.
 	Run string
+	// ContentType and ContentEncoding are the response's headers as the
+	// client got them, so that the copy is served as it was fetched; empty
+	// when not kept (a batch run's copy, or one indexed before).
+	ContentType     string
+	ContentEncoding string
 }
 
 // recentCopies are the copies recorded in the recent bucket since the
@@ -103,7 +109,7 @@ func (s *Store) LastGoodRecord(requestKey string, c Copy) auditd.Put {
 	s.mu.Unlock()
 	// Key and value in one array: bbolt copies the key, and keeps the
 	// value until the transaction ends.
-	b := make([]byte, 8, 8+binary.MaxVarintLen64+len(requestKey)+8+len(c.Sum)+1+len(c.Run))
+	b := make([]byte, 8, 8+binary.MaxVarintLen64+len(requestKey)+8+len(c.Sum)+3+len(c.Run)+len(c.ContentType)+len(c.ContentEncoding))
 	binary.BigEndian.PutUint64(b, key)
 	b = binary.AppendUvarint(b, uint64(len(requestKey)))
 	b = append(b, requestKey...)
@@ -250,31 +256,34 @@ func splitRecent(k, v []byte) (key uint64, requestKey, entry []byte, ok bool) {
 }
 
 // appendLastGood appends c as a last-good entry: the time its payload was
-// fetched (8 bytes, Unix nanoseconds, big-endian), the payload's hash, and
-// a zero byte and the run that fetched it when there is one.
+// fetched (8 bytes, Unix nanoseconds, big-endian), the payload's hash,
+// then, each after a zero byte and as far as the last one set, the run
+// that fetched it, its content type and its content encoding (none holds
+// a zero byte: run ids are ULIDs, and header values cannot).
 func appendLastGood(b []byte, c Copy) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(c.FetchedAt.UnixNano()))
 	b = append(b, c.Sum...)
-	if c.Run != "" {
-		b = append(append(b, 0), c.Run...)
+	tail := []string{c.Run, c.ContentType, c.ContentEncoding}
+	for len(tail) > 0 && tail[len(tail)-1] == "" {
+		tail = tail[:len(tail)-1]
+	}
+	for _, f := range tail {
+		b = append(append(b, 0), f...)
 	}
 	return b
 }
 
 // decodeLastGood reads a last-good entry (appendLastGood). Entries written
-// before the index recorded runs end with the hash.
+// before the index recorded runs end with the hash, and those written
+// before it kept headers with the run.
 func decodeLastGood(v []byte) (c Copy, ok bool) {
 	at, ok := lastGoodAt(v)
 	if !ok {
 		return Copy{}, false
 	}
 	c.FetchedAt = at.UTC()
-	rest := v[8:]
-	if i := bytes.IndexByte(rest, 0); i >= 0 {
-		c.Sum, c.Run = string(rest[:i]), string(rest[i+1:])
-	} else {
-		c.Sum = string(rest)
-	}
+	f := append(strings.SplitN(string(v[8:]), "\x00", 4), "", "", "")
+	c.Sum, c.Run, c.ContentType, c.ContentEncoding = f[0], f[1], f[2], f[3]
 	return c, c.Sum != ""
 }
 

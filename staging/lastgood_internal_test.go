@@ -25,6 +25,16 @@ func TestDecodeLastGoodBothFormats(t *testing.T) {
 	if c, ok := decodeLastGood(appendLastGood(nil, want)); !ok || c != want {
 		t.Errorf("new entry: %+v %v, want %+v", c, ok, want)
 	}
+	for _, h := range []Copy{
+		{Sum: sum, FetchedAt: at, Run: "01JRUN", ContentType: "application/json; charset=utf-8"},
+		{Sum: sum, FetchedAt: at, ContentType: "text/xml", ContentEncoding: "br"},
+		{Sum: sum, FetchedAt: at, Run: "01JRUN", ContentEncoding: "gzip"},
+	} {
+		if c, ok := decodeLastGood(appendLastGood(nil, h)); !ok || c != h {
+			t.Errorf("entry with headers: %+v %v, want %+v", c, ok, h)
+		}
+	}
+	want.ContentType = "application/geo+json"
 	s := &Store{recent: newRecentCopies()}
 	rec := s.LastGoodRecord("req", want)
 	if key, rk, c, ok := decodeRecent(rec.Key, rec.Value); !ok || key != 1 || rk != "req" || c != want {

@@ -25,10 +25,13 @@ import (
 
 // Config chooses a template in testdata/nginx and the limits it fills in.
 type Config struct {
-	Template string // the template's file name; "" is nginx.conf.tmpl
-	Rate     int    // limit_req's requests a second
-	Burst    int    // limit_req's burst
-	Status   int    // the status limit_req refuses with
+	// Template is the template's file name in testdata/nginx, or its path
+	// from the module's root when it holds a slash
+	// ("testdata/proxy/services.conf.tmpl"); "" is nginx.conf.tmpl.
+	Template string
+	Rate     int // limit_req's requests a second
+	Burst    int // limit_req's burst
+	Status   int // the status limit_req refuses with
 }
 
 // templateData is what a template sees.
@@ -69,7 +72,11 @@ func Start(tb testing.TB, cfg Config) *Server {
 	if cfg.Template == "" {
 		cfg.Template = "nginx.conf.tmpl"
 	}
-	tmpl, err := template.ParseFiles(filepath.Join(root, cfg.Template))
+	path := filepath.Join(root, cfg.Template)
+	if strings.Contains(cfg.Template, "/") {
+		path = filepath.Join(moduleRoot(tb), filepath.FromSlash(cfg.Template))
+	}
+	tmpl, err := template.ParseFiles(path)
 	if err != nil {
 		tb.Fatal(err)
 	}

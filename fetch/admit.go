@@ -1,0 +1,57 @@
+package fetch
+
+import (
+	"context"
+	"errors"
+
+	"github.com/auditd/auditd/limiter"
+)
+
+// admitEnd says how asking the gates for an attempt ended.
+type admitEnd int
+
+const (
+	admitted       admitEnd = iota // the permit holds the attempt's admission
+	admitDown                      // the breaker holds a source known to be down (limiter.DownError)
+	admitStillDown                 // a probe failed while the request waited at the breaker: a try spent
+	admitShed                      // not admitted by the deadline (limiter.ShedError)
+	admitGone                      // ctx ended first
+	admitFailed                    // the limiter refused the request (unknown source, cost)
+)
+
+// admit is the gates' step of every attempt, a batch item's page and a
+// proxied request alike: one call, so that both move the breaker's clock
+// the same way. A request with a fallback (its last good copy, which the
+// caller answers with when the source is down) is not held at an open
+// breaker, nor in its backoff once the breaker opens: it is told at once
+// (admitDown). Past the cooldown it may be the probe like any other, so a
+// source whose callers answer from copies is still probed, and closes
+// again. A source whose breaker failed maxAttempts probes in a row ends
+// every request finding it open at once (OutageBound); a request waiting
+// at the breaker when a probe fails is told (admitStillDown), and counts
+// it as a try.
+func (l *Loop) admit(ctx context.Context, sourceID string, req limiter.Request, fallback bool, maxAttempts int) (*limiter.Permit, admitEnd, error) {
+	req.StopAtReopen, req.Fallback, req.DownAfter = true, fallback, maxAttempts
+	p, err := l.cfg.Limiter.Acquire(ctx, sourceID, req)
+	var shed *limiter.ShedError
+	switch {
+	case err == nil:
+		return p, admitted, nil
+	case errors.Is(err, limiter.ErrSourceDown):
+		return p, admitDown, err
+	case errors.Is(err, limiter.ErrStillDown):
+		return p, admitStillDown, err
+	case errors.As(err, &shed):
+		return p, admitShed, err
+	case ctx.Err() != nil:
+		return p, admitGone, err
+	}
+	return p, admitFailed, err
+}
+
+// hasCopy reports whether the last-good index holds a copy of the request
+// key names; whether it still verifies is checked when it is served.
+func (l *Loop) hasCopy(key string) bool {
+	_, ok, err := l.cfg.Staging.LastGood(key)
+	return ok && err == nil
+}
