@@ -504,20 +504,20 @@ type benchTotals struct {
 	groups, grouped        uint64
 }
 
-func (t *benchTotals) add(r benchResult) {
-	t.runs++
-	t.dispatches += r.dispatches
-	t.conns += r.upConns
-	t.allocs += r.allocs
-	t.wall += r.wall
-	t.cpu += r.cpu
-	t.gcCycles += uint64(r.gcCycles)
-	t.submit += r.submit
-	t.rtt += r.rtt
-	t.groups += r.groups
-	t.grouped += r.grouped
-	t.heapAfter = max(t.heapAfter, r.heapAfter)
-	t.livePeak = max(t.livePeak, r.livePeak)
+func (sum *benchTotals) add(r benchResult) {
+	sum.runs++
+	sum.dispatches += r.dispatches
+	sum.conns += r.upConns
+	sum.allocs += r.allocs
+	sum.wall += r.wall
+	sum.cpu += r.cpu
+	sum.gcCycles += uint64(r.gcCycles)
+	sum.submit += r.submit
+	sum.rtt += r.rtt
+	sum.groups += r.groups
+	sum.grouped += r.grouped
+	sum.heapAfter = max(sum.heapAfter, r.heapAfter)
+	sum.livePeak = max(sum.livePeak, r.livePeak)
 }
 
 // cpuTime is the CPU time, user and system, this process has used.
