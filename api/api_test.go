@@ -224,6 +224,21 @@ func TestSourcesRedactHeaders(t *testing.T) {
 	}
 }
 
+// TestSourceProxyRewriteURLs: a source's proxy.rewrite_urls is taken over
+// the API and shown back, as the contract declares it.
+func TestSourceProxyRewriteURLs(t *testing.T) {
+	e := newEnv(t)
+	admin := e.secret[auth.RoleAdmin]
+	r := e.do(request{method: "PUT", path: "/v1/sources/wfs", secret: admin, body: `{"base_url":"https://gis.example.gov","proxy":{"serve_stale":true,"rewrite_urls":false}}`})
+	if r.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	r = e.do(request{path: "/v1/sources/wfs", secret: e.secret[auth.RoleAuditor]})
+	if r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`"rewrite_urls":false`)) {
+		t.Fatalf("GET: %d %s, want proxy.rewrite_urls false", r.status, r.body)
+	}
+}
+
 // TestUIFallback: paths the API does not claim go to the UI handler; /v1
 // paths never do.
 func TestUIFallback(t *testing.T) {

@@ -143,6 +143,22 @@ func idHeader(h http.Header, name string) (string, bool) {
 	return v[0], true
 }
 
+// proxyOrigin is the scheme and host the client reached auditd at, for
+// the links a rewritten response names: the Host it asked for, over https
+// when the connection is TLS or a reverse proxy in front says so
+// (X-Forwarded-Proto). Trusting that header costs nothing: it only shapes
+// the links in the answer to the same client.
+func proxyOrigin(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil || strings.EqualFold(strings.TrimSpace(strings.Split(r.Header.Get("X-Forwarded-Proto"), ",")[0]), "https") {
+		scheme = "https"
+	}
+	if r.Host == "" {
+		return ""
+	}
+	return scheme + "://" + r.Host
+}
+
 // proxyRequest reads and checks a proxied request.
 func (s *Server) proxyRequest(c echo.Context) (*auditd.ProxyRequest, error) {
 	r := c.Request()
@@ -154,7 +170,7 @@ func (s *Server) proxyRequest(c echo.Context) (*auditd.ProxyRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := &auditd.ProxyRequest{SourceID: source, Method: r.Method, Path: path}
+	req := &auditd.ProxyRequest{SourceID: source, Method: r.Method, Path: path, Origin: proxyOrigin(r)}
 
 	req.RunID = r.Header.Get(ProxyRunHeader)
 	if req.RunID == "" {

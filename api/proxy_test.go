@@ -80,3 +80,40 @@ func TestProxyAnswersSayWhose(t *testing.T) {
 		t.Errorf("unauthenticated: %d Auditd-Answer %q, want 401 auditd", r.status, r.header.Get("Auditd-Answer"))
 	}
 }
+
+// originProxy answers with the origin auditd passed to the fetch loop.
+type originProxy struct{}
+
+func (originProxy) Proxy(_ context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (auditd.ProxyMeta, error) {
+	meta := auditd.ProxyMeta{RunID: req.RunID, ItemKey: "k", Attempts: 1}
+	io.WriteString(out.Start(200, http.Header{"Content-Type": {"text/plain"}}, &meta), req.Origin)
+	return meta, nil
+}
+
+// TestProxyOriginIsWhatTheClientReached: the links a rewritten response
+// names point where the client reached auditd, so the proxy route tells
+// the fetch loop the Host asked for, over https behind a TLS-terminating
+// reverse proxy.
+func TestProxyOriginIsWhatTheClientReached(t *testing.T) {
+	e := newEnv(t)
+	e.srv.Proxy = originProxy{}
+	host := strings.TrimPrefix(e.url, "http://")
+	for _, tc := range []struct {
+		name, proto, want string
+	}{
+		{"Plain", "", "http://" + host},
+		{"BehindTLS", "https", "https://" + host},
+		{"BehindTLSList", "HTTPS, http", "https://" + host},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			header := map[string]string{"Auditd-Run": "01J00000000000000000000001"}
+			if tc.proto != "" {
+				header["X-Forwarded-Proto"] = tc.proto
+			}
+			r := e.do(request{path: "/proxy/county/layer/0", secret: e.secret[auth.RoleOperator], header: header})
+			if r.status != 200 || string(r.body) != tc.want {
+				t.Fatalf("status %d, origin %q; want 200, %q", r.status, r.body, tc.want)
+			}
+		})
+	}
+}

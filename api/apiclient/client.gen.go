@@ -999,6 +999,9 @@ type Source struct {
 		// RetryPost Retry a POST without an Idempotency-Key (its POSTs change nothing).
 		RetryPost *bool `json:"retry_post,omitempty"`
 
+		// RewriteUrls Rewrite the source's base URL, wherever a proxied XML, JSON or HTML answer names it, into the source's proxy URL, so a client following a service document's links stays on auditd; what is staged and hashed is the upstream's body (docs/PROXY.md).
+		RewriteUrls *bool `json:"rewrite_urls,omitempty"`
+
 		// ServeStale Answer from the last good copy when a request cannot be fetched by its deadline or the source is down.
 		ServeStale *bool `json:"serve_stale,omitempty"`
 	} `json:"proxy,omitempty"`
@@ -1066,6 +1069,9 @@ type SourceState struct {
 
 		// RetryPost Retry a POST without an Idempotency-Key (its POSTs change nothing).
 		RetryPost *bool `json:"retry_post,omitempty"`
+
+		// RewriteUrls Rewrite the source's base URL, wherever a proxied XML, JSON or HTML answer names it, into the source's proxy URL, so a client following a service document's links stays on auditd; what is staged and hashed is the upstream's body (docs/PROXY.md).
+		RewriteUrls *bool `json:"rewrite_urls,omitempty"`
 
 		// ServeStale Answer from the last good copy when a request cannot be fetched by its deadline or the source is down.
 		ServeStale *bool `json:"serve_stale,omitempty"`
