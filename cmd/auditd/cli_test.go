@@ -140,11 +140,14 @@ func TestRetentionStatusReadsPlainly(t *testing.T) {
 		t.Errorf("mistyped FAIN: exit %d, want 1 saying so\nstdout: %s\nstderr: %s", code, out, errOut)
 	}
 
-	if code, out, errOut := runCmd(t, "retention", "hold", "--data", data, "--award", fain, "--reason", "single audit FY2024", "--by", "admin:test"); code != 0 {
-		t.Fatalf("hold: exit %d\n%s%s", code, out, errOut)
+	// set and hold say what they recorded in sentences, not JSON.
+	if code, out, errOut := runCmd(t, "retention", "hold", "--data", data, "--award", fain, "--reason", "single audit FY2024", "--by", "admin:test"); code != 0 ||
+		!strings.Contains(out, "award "+fain+": legal hold h") || !strings.Contains(out, `placed by admin:test: "single audit FY2024"`) || strings.Contains(out, "{") {
+		t.Fatalf("hold: exit %d, want 0 saying what it placed\n%s%s", code, out, errOut)
 	}
-	if code, out, errOut := runCmd(t, "retention", "set", "--data", data, "--award", fain, "--final-report", "2024-09-30", "--by", "admin:test"); code != 0 {
-		t.Fatalf("set: exit %d\n%s%s", code, out, errOut)
+	if code, out, errOut := runCmd(t, "retention", "set", "--data", data, "--award", fain, "--final-report", "2024-09-30", "--by", "admin:test"); code != 0 ||
+		!strings.Contains(out, "award "+fain+": records kept until 2027-09-30 (final financial report 2024-09-30); recorded in event") {
+		t.Fatalf("set: exit %d, want 0 saying what it recorded\n%s%s", code, out, errOut)
 	}
 	_, out, _ = runCmd(t, "retention", "status", "--data", data, "--award", fain)
 	for _, want := range []string{"records kept until 2027-09-30 (final financial report 2024-09-30", "legal holds: 1 active, 0 released",

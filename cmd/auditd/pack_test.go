@@ -303,7 +303,7 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	// the packs still verify, R6 still balances, and the pack's workbook
 	// shows the holds and the purge in its Retention and Access sheets.
 	retention := func(args ...string) (int, string) {
-		code, out, errOut := runCmd(t, append([]string{"retention", args[0], "--data", data, "--by", "admin:test"}, args[1:]...)...)
+		code, out, errOut := runCmd(t, append([]string{"retention", args[0], "--data", data, "--by", "admin:test", "--json"}, args[1:]...)...)
 		return code, out + errOut
 	}
 	if code, out := retention("set", "--award", "F-PACK", "--final-report", "2020-06-30"); code != 0 || !strings.Contains(out, `"retain_until": "2023-06-30T00:00:00Z"`) {

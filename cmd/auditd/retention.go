@@ -21,11 +21,11 @@ import (
 // retentionSubcommands are retention's subcommands, in the order help
 // lists them.
 var retentionSubcommands = []struct{ name, usage, summary string }{
-	{"set", "retention set --award FAIN --final-report DATE [--retain-until DATE]", "record an award's final financial report date and how long its records are kept"},
-	{"hold", "retention hold --award FAIN --reason TEXT", "place a legal hold: nothing of the award is purged until it is released"},
-	{"release", "retention release --award FAIN --hold ID --reason TEXT", "release a legal hold (retention status lists them)"},
+	{"set", "retention set --award FAIN --final-report DATE [--retain-until DATE] [--json]", "record an award's final financial report date and how long its records are kept"},
+	{"hold", "retention hold --award FAIN --reason TEXT [--json]", "place a legal hold: nothing of the award is purged until it is released"},
+	{"release", "retention release --award FAIN --hold ID --reason TEXT [--json]", "release a legal hold (retention status lists them)"},
 	{"status", "retention status --award FAIN [--json]", "show an award's retention date, its holds, and whether a purge is allowed now"},
-	{"purge", "retention purge [--award FAIN] [--dry-run]", "delete the staged payloads whose retention has passed (every eligible award unless --award)"},
+	{"purge", "retention purge [--award FAIN] [--dry-run] [--json]", "delete the staged payloads whose retention has passed (every eligible award unless --award)"},
 }
 
 func retentionUsage(w io.Writer) {
@@ -33,7 +33,7 @@ func retentionUsage(w io.Writer) {
 	for _, s := range retentionSubcommands {
 		fmt.Fprintf(w, "  %-8s %s\n", s.name, s.summary)
 	}
-	fmt.Fprintln(w, "\nauditd retention <subcommand> -h lists its flags. set, hold, release and purge print what they recorded as JSON.")
+	fmt.Fprintln(w, "\nauditd retention <subcommand> -h lists its flags. Each prints what it recorded in sentences; --json prints it as JSON, for a program to read.")
 }
 
 // runRetention is the admin's retention command, offline on a stopped
@@ -62,7 +62,8 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	award := fs.String("award", "", "the award's `FAIN`")
 	by := fs.String("by", "", "who is acting (recorded as the principal); default cli:$USER")
 	var finalReport, retainUntil, reason, hold *string
-	var dryRun, asJSON *bool
+	var dryRun *bool
+	asJSON := fs.Bool("json", false, "print the result as JSON, for a program to read")
 	switch sub {
 	case "set":
 		finalReport = fs.String("final-report", "", "`date` (YYYY-MM-DD) of the award's final financial report")
@@ -72,8 +73,6 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case "release":
 		hold = fs.String("hold", "", "the hold's `id` (retention status lists them)")
 		reason = fs.String("reason", "", "why the hold ends")
-	case "status":
-		asJSON = fs.Bool("json", false, "print the status as JSON, for a program to read")
 	case "purge":
 		dryRun = fs.Bool("dry-run", false, "say what would be purged; record and delete nothing")
 	}
@@ -179,12 +178,67 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		out = rep
 	}
+	if !*asJSON {
+		writeRetentionResult(stdout, out)
+		return 0
+	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(out); err != nil {
 		return fail(err)
 	}
 	return 0
+}
+
+// writeRetentionResult says in sentences what set, hold, release or purge
+// recorded (or, for a dry run, would delete).
+func writeRetentionResult(w io.Writer, out any) {
+	day := func(t time.Time) string { return t.UTC().Format(time.DateOnly) }
+	switch r := out.(type) {
+	case retention.Award:
+		fmt.Fprintf(w, "award %s: records kept until %s (final financial report %s); recorded in event %d\n",
+			r.FAIN, day(r.RetainUntil), day(r.FinalReport), r.Seq)
+	case retention.Hold:
+		if r.Active() {
+			fmt.Fprintf(w, "award %s: legal hold %s placed by %s: %q\nnothing of the award is purged until it is released (auditd retention release --award %s --hold %s --reason TEXT)\n",
+				r.Award, r.ID, r.PlacedBy, r.Reason, r.Award, r.ID)
+		} else {
+			fmt.Fprintf(w, "award %s: legal hold %s released by %s: %q\n", r.Award, r.ID, r.ReleasedBy, r.ReleaseReason)
+		}
+	case *retention.PurgeReport:
+		verb := "purged"
+		if r.DryRun {
+			verb = "would purge (dry run: nothing recorded or deleted)"
+		}
+		fmt.Fprintf(w, "%s %s (%s) of %s\n", verb, plural(int64(r.Payloads), "payload"), humanBytes(r.Bytes), plural(int64(len(r.Runs)), "run"))
+		for _, run := range r.Runs {
+			fmt.Fprintf(w, "  award %s run %s: %s (%s)\n", run.Award, run.Run, plural(int64(run.Payloads), "payload"), humanBytes(run.Bytes))
+		}
+		if r.Shared > 0 {
+			fmt.Fprintf(w, "kept %s that a run of a kept award uses too\n", plural(int64(r.Shared), "payload"))
+		}
+		if r.Already > 0 {
+			fmt.Fprintf(w, "%s already purged before\n", plural(int64(r.Already), "payload"))
+		}
+		for _, k := range r.Kept {
+			fmt.Fprintf(w, "kept: %s\n", k)
+		}
+	}
+}
+
+// humanBytes is a byte count in the largest unit that keeps it at least 1.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return plural(n, "byte")
+	}
+	f, units := float64(n), []string{"KiB", "MiB", "GiB", "TiB"}
+	i := -1
+	for f >= unit && i < len(units)-1 {
+		f /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %s", f, units[i])
 }
 
 // plainError words a domain error for a person at a terminal: its message,
