@@ -378,9 +378,7 @@ func (p *Permit) releaseLocked() {
 		s.broadcast()
 	}
 	if p.probe {
-		if s.breaker.gen == p.gen {
-			s.breaker.probes = max(s.breaker.probes-1, 0)
-		}
+		s.breaker.probes = max(s.breaker.probes-1, 0)
 		p.probe = false
 		s.broadcast()
 	}

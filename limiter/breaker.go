@@ -36,7 +36,7 @@ type breaker struct {
 	state     BreakerState
 	failures  int
 	openUntil time.Time
-	probes    int           // probes in flight while half-open
+	probes    int           // probes in flight, whichever half-open admitted them
 	gen       uint64        // bumped on every transition
 	cooldown  time.Duration // of the current or last opening; zero when closed
 	reopens   int           // failed probes since it last closed
@@ -97,8 +97,10 @@ func (b *breaker) move(to BreakerState, now time.Time, c Config, id string) *Tra
 	if to == BreakerHalfOpen {
 		t.Cooldown = 0
 	}
+	// probes stays: a probe still in flight from an earlier half-open
+	// is still a request testing the source, so a new half-open admits
+	// only what BreakerProbes leaves beside it.
 	b.state = to
-	b.probes = 0
 	b.gen++
 	if to == BreakerOpen {
 		b.openUntil = now.Add(b.cooldown)
