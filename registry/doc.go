@@ -36,10 +36,14 @@
 //     admitted in between, two seconds or more of it, is its rate). A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
 //     does not cut again; one after that, before a round proved the new
-//     pace, halves it. A refusal that says nothing of when to come back
-//     (no Retry-After) also pauses the source (Decision.Pause) for a second,
-//     or two intervals of the new pace up to five seconds, while the
-//     server's bucket drains.
+//     pace, halves it. Refusals with no success between them are one
+//     episode (a spent window refuses whatever the pace): only its first
+//     cuts, lowers the rate last refused or doubles the probe hold. A
+//     refusal that says nothing of when to come back (no Retry-After) also
+//     pauses the source (Decision.Pause) for a second, or two intervals of
+//     the new pace up to five seconds, while the server's bucket drains;
+//     each further refusal of the episode doubles that pause, up to 30
+//     seconds.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
 //     (or as many as the pace sends in ten seconds, if fewer) halves the
 //     distance back toward the rate last refused (or a step above what was
@@ -48,7 +52,8 @@
 //     the pace holds for Options.ProbeHold rounds, then probes
 //     Options.ProbeGain past it. A probe must hold as long, and ten seconds,
 //     to count (a gateway's burst hides a slightly fast pace for seconds);
-//     a refused probe doubles the hold, up to Options.MaxHold rounds.
+//     a refused probe doubles the hold, up to Options.MaxHold rounds. A
+//     probe the ceiling blocks is none: a refusal after it doubles nothing.
 //   - An advertised quota (RateLimit-Policy q and w, X-RateLimit-Limit and
 //     -Window) sets the pace and caps it. A limit advertised without a window
 //     learns its window from the longest Reset seen, rounded up to a common

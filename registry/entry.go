@@ -52,6 +52,8 @@ type entry struct {
 	doubling   bool          // the gain doubles with each clean probe: no refusal since a Reset's window
 	proven     bool          // a round has proved the pace since the last cut
 	missed     int           // refusals met recovering since a probe last held
+	episode    int           // refusals counted since the last success: one episode, cut once
+	episodeAt  time.Time     // the first refusal of the current or last episode
 	pacedSum   float64       // requests the pace allowed from the last cut to the last change
 	paused     time.Duration // waits the server asked for, and failing spells, since the last cut
 	hist       history       // recent successes, for the rate the server admits

@@ -127,6 +127,7 @@ func (r *Registry) onSuccess(ctx context.Context, e, g *entry, obs *Observation,
 		if x == nil {
 			continue
 		}
+		x.episode = 0
 		if x.streak > 0 && x.failSince.After(x.lastCut) {
 			// Time the source spent failing is not time it refused
 			// for rate: the admitted rate leaves it out.
@@ -221,6 +222,15 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	if !x.lastCut.IsZero() && sent.Before(x.lastCut.Add(max(settle, 2*x.interval()))) {
 		return false, nil
 	}
+	// Refusals with no success between them are one episode: a window or
+	// a bucket that stays full refuses whatever the pace, and the refusals
+	// after the first say nothing of the pace. The episode cuts once; the
+	// pause grows with each of its refusals instead (Observe).
+	x.episode++
+	if x.episode > 1 {
+		return false, nil
+	}
+	x.episodeAt = now
 	// The pace the refused request was sent at bounds the server's rate
 	// from above, and what it was found to admit, from below: recovery
 	// climbs back toward the lower of the refused pace and a step above
@@ -276,6 +286,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	c := change{cause: CauseThrottle, runID: obs.RunID, sourceID: obs.SourceID, status: obs.Status}
 	moved, err := r.move(ctx, x, old, l, w, c, now)
 	if err != nil {
+		x.episode = 0 // the cut did not happen
 		return false, err
 	}
 	if !moved {
@@ -363,13 +374,14 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 			return false, nil
 		}
 		// Held clean at the top: the margin below the refused rate can go.
-		x.held, x.probing, x.probedAt, x.missed = 0, true, now, 0
+		x.held, x.probing, x.missed = 0, true, 0
 		next = x.st.Refused * (1 + max(g, x.gain))
 	}
 	l, w := x.limitFor(next, o)
 	if !(rate{l, w}).faster(x.rate()) {
 		// At the cap, or too slow for a step to show in whole requests:
-		// take one request more per window.
+		// take one request more per window. A probe the cap blocks is no
+		// probe: a refusal after it doubles no hold.
 		if x.st.Limit >= x.cap().in(x.st.Window.D()) {
 			x.probing = false
 			return false, nil
@@ -379,6 +391,9 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 			x.probing = false
 			return false, nil
 		}
+	}
+	if x.probing && cause == CauseProbeUp {
+		x.probedAt = now
 	}
 	old := x.st
 	c := change{cause: cause, runID: obs.RunID, sourceID: obs.SourceID}
@@ -412,8 +427,12 @@ func (e *entry) risingAt(t time.Time) bool {
 // maxPause bounds one server-requested wait, as counted by admitted.
 const maxPause = 5 * time.Minute
 
-// maxDrain bounds the pause after a refusal without Retry-After.
-const maxDrain = 5 * time.Second
+// maxDrain bounds the pause after a refusal without Retry-After;
+// maxEpisodePause, the pause after the last of an episode's refusals.
+const (
+	maxDrain        = 5 * time.Second
+	maxEpisodePause = 30 * time.Second
+)
 
 // roundTime bounds the time of a round after the first refusal, in
 // successes at the pace.

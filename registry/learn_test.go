@@ -142,9 +142,63 @@ func TestLearnWithoutHeaders(t *testing.T) {
 		h := newHarness(t, registry.Options{DefaultLimit: 60})
 		h.put(t, auditd.Source{ID: "a"})
 		h.refuse(t, "a") // slow start ends: 60 -> 30 a minute
-		h.clk.Advance(5 * time.Second)
+		h.succeed(t, "a", 1, 2*time.Second)
+		h.clk.Advance(3 * time.Second)
 		if d := h.refuse(t, "a"); d.Limit != 15 || d.Window != time.Minute {
 			t.Fatalf("decision = %+v, want halved to 15 a minute", d)
+		}
+	})
+
+	t.Run("ACapThatBlocksAProbeIsNoProbe", func(t *testing.T) {
+		// At the ceiling, each hold ends in a probe the cap blocks. A
+		// refusal then is not a refused probe: the hold stays ProbeHold
+		// rounds, and the pace is back at the ceiling as soon as the
+		// recovery and one hold allow.
+		h := newHarness(t, registry.Options{})
+		h.put(t, auditd.Source{ID: "a", Limit: 120, Window: auditd.Duration(time.Minute)})
+		if _, err := h.reg.SetLimit(context.Background(), "op", "a", 120, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for range 2*registry.DefaultProbeHold + 2 {
+			h.round(t, "a", registry.DefaultProbeAfter)
+		}
+		h.refuse(t, "a")
+		rounds := 0
+		for ; perSecond(h.limits(t, "a")) < 2 && rounds < 100; rounds++ {
+			h.round(t, "a", registry.DefaultProbeAfter)
+		}
+		// Cut to 1.8 a second, just under the refused 2: held for
+		// ProbeHold rounds, then the probe, which the ceiling bounds.
+		if want := registry.DefaultProbeHold; rounds != want {
+			t.Fatalf("back at the ceiling after %d rounds, want %d", rounds, want)
+		}
+	})
+
+	t.Run("RefusalsWithoutASuccessAreOneEpisode", func(t *testing.T) {
+		// A spent window refuses every request until it resets: the
+		// first refusal cuts, the others neither cut, nor lower the rate
+		// last refused, nor double the probe hold; the pause grows.
+		h := newHarness(t, registry.Options{DefaultLimit: 60})
+		h.put(t, auditd.Source{ID: "a"})
+		first := h.refuse(t, "a") // slow start ends: 60 -> 30 a minute
+		before, _ := h.reg.State("a")
+		pause := first.Pause
+		for range 6 {
+			h.clk.Advance(pause)
+			d := h.refuse(t, "a")
+			if d.Changed || d.Limit != 30 {
+				t.Fatalf("a refusal within the episode moved the pace: %+v", d)
+			}
+			if d.Pause <= pause && d.Pause < 30*time.Second {
+				t.Fatalf("pause %v after %v, want it to grow up to 30s", d.Pause, pause)
+			}
+			pause = d.Pause
+		}
+		if s, _ := h.reg.State("a"); s.ThrottledAt != before.ThrottledAt {
+			t.Fatalf("refused rate %d per %v, want %d as after the first refusal", s.ThrottledAt, s.Window, before.ThrottledAt)
+		}
+		if n := len(h.led.ofType(auditd.EventRegistryChanged)); n != 1 {
+			t.Fatalf("%d registry.changed events, want the one cut", n)
 		}
 	})
 
@@ -625,6 +679,7 @@ func TestLearnInGroup(t *testing.T) {
 			t.Fatalf("group event = %+v", last)
 		}
 		h.clk.Advance(2 * time.Minute)
+		h.observe(t, auditd.OutcomeSuccess, "b") // the episode ends
 		if d := h.refuse(t, "b"); d.Changed || !d.GroupChanged || d.Limit != 15 || d.GroupLimit >= 7 {
 			t.Fatalf("another member's throttle: %+v", d)
 		}
