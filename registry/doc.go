@@ -57,15 +57,23 @@
 //   - An advertised quota (RateLimit-Policy q and w, X-RateLimit-Limit and
 //     -Window) sets the pace and caps it. A limit advertised without a window
 //     learns its window from the longest Reset seen, rounded up to a common
-//     window length: a pace to hold and probe past, not a cap; when
-//     Remaining has gone above the limit (a bucket whose Reset is its time to
-//     refill whole) it only seeds slow start; with no Reset at all, a minute
+//     window length. When the Reset counts down (two readings two seconds or
+//     more apart that differ by the time between them), it is a window's,
+//     and its quota spread evenly over it caps the pace as an advertised one
+//     does: a window never resets later than its length, so that is never
+//     more than the server allows. When Remaining has gone above the limit
+//     (a bucket whose Reset is its time to refill whole), or the Reset does
+//     not count down (a constant, a bucket's refill time), the quota only
+//     seeds slow start; with no Reset at all, a minute
 //     (Options.AssumedWindow) is assumed. The event says which
-//     (window_from: advertised, reset, bucket, assumed).
-//   - Remaining 0 with a reset asks the caller to pause (Decision.Pause): for
-//     one interval of the advertised quota when there is one, else until the
-//     reset. In slow start it also ends slow start, as a refusal would.
-//
+//     (window_from: advertised, reset, bucket, static, assumed).
+//   - Remaining 0 with a reset asks the caller to pause (Decision.Pause): on
+//     a success, for one interval of the advertised quota when there is
+//     one, else until the reset; on a refusal without Retry-After, until the
+//     reset, the first-class hint then. In slow start it also ends slow
+//     start, as a refusal would. Under a quota that caps the pace, such a
+//     refusal cuts nothing: the window is spent, the pace was not refused.
+
 // Learned paces are expressed over short windows (about 20 requests each,
 // the advertised window when the server gave one), and the limiter counts a
 // slower pace's window from the cut: so a cut never stalls a source for a

@@ -96,6 +96,12 @@ type state struct {
 	Bad int `json:"throttled_at,omitempty"`
 }
 
+// capped reports whether st's advertised quota caps the pace: its window
+// was advertised, or read off a Reset that counts down.
+func (st *state) capped() bool {
+	return st.AdvLimit > 0 && st.AdvWindow > 0 && (st.WindowFrom == WindowAdvertised || st.WindowFrom == WindowReset)
+}
+
 // refusedLimit is the rate last refused as a limit per st's window.
 func (st *state) refusedLimit() int {
 	return int(math.Round(st.Refused * st.Window.D().Seconds()))
@@ -173,7 +179,7 @@ func (e *entry) set(l int, w time.Duration, c change, now time.Time) {
 // cap is the most e may be raised to: its ceiling, and the quota its server
 // advertised with a window of its own, whichever is slower.
 func (e *entry) cap() rate {
-	if e.st.AdvLimit > 0 && e.st.WindowFrom == WindowAdvertised {
+	if e.st.capped() {
 		if adv := (rate{e.st.AdvLimit, e.st.AdvWindow.D()}); e.ceil.limit == 0 || e.ceil.faster(adv) {
 			return adv
 		}

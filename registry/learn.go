@@ -91,6 +91,18 @@ func (r *Registry) onRefusal(ctx context.Context, e, g *entry, obs *Observation,
 	if g != nil {
 		x = g
 	}
+	if quotaSpent(&obs.Hint) && x.st.capped() {
+		// The quota the server advertised is spent until its Reset, which
+		// Observe waits out: a window to wait for, not a pace refused.
+		if x.episode++; x.episode == 1 {
+			x.episodeAt = now
+		}
+		e.streak, e.suspect = 0, time.Time{}
+		if g != nil {
+			g.streak = 0
+		}
+		return nil
+	}
 	plain := obs.Status == http.StatusServiceUnavailable && !obs.Hint.HasRetryAfter
 	before, hold := x.st, x.hold
 	moved, err := r.refuse(ctx, x, obs, obs.Sent, now, &r.opts)
@@ -185,17 +197,12 @@ func (r *Registry) advertised(ctx context.Context, x *entry, obs *Observation, n
 	x.st.Base = auditd.Duration(w)
 	l, nw := clamp(h.Limit, w, x.ceil)
 	switch from {
-	case WindowAdvertised:
-		// The server said what it allows: that is the pace, and the cap.
+	case WindowAdvertised, WindowReset:
+		// The server said what it allows: that is the pace, and the cap. A
+		// Reset that counts down is a window's: no window resets later than
+		// its length, so the quota over the longest Reset seen, spread
+		// evenly over it, is never more than the server allows.
 		x.st.Phase, x.st.Refused, x.probing, x.held = PhaseSteady, 0, false, 0
-	case WindowReset:
-		// A fixed or sliding window's Reset is never longer than the window:
-		// the quota over the longest Reset seen is a pace to hold, and to
-		// probe past with care, not a cap.
-		if x.st.Phase != PhaseSteady {
-			x.st.Phase, x.st.Refused, x.probing, x.held = PhaseSteady, 0, false, 0
-			x.doubling = true
-		}
 	default:
 		// An assumed window, a bucket's, or one read off a Reset that does
 		// not move is only a starting point: where

@@ -536,7 +536,8 @@ func TestLearnFromHeaders(t *testing.T) {
 		}{
 			// A fixed window: the longest Reset, rounded up to a common
 			// length, is its length.
-			{"FromReset", []hints.Hint{withLeft(adv(120, 0), 119, 58*time.Second), withLeft(adv(120, 0), 118, 57*time.Second)}, 120, time.Minute, registry.WindowReset, false},
+			// A Reset that counts down is a window's, whose quota caps the pace.
+			{"FromReset", []hints.Hint{withLeft(adv(120, 0), 119, 58*time.Second), withLeft(adv(120, 0), 118, 57*time.Second), withLeft(adv(120, 0), 117, 56*time.Second)}, 120, time.Minute, registry.WindowReset, false},
 			// One Reset, or one that does not move, seeds slow start.
 			{"FromOneReset", []hints.Hint{withLeft(adv(120, 0), 119, 58*time.Second)}, 120, time.Minute, registry.WindowStatic, true},
 			// The demo geocoder: 5 with a bucket of 10; Reset is the time to
@@ -621,6 +622,34 @@ func TestLearnFromHeaders(t *testing.T) {
 		}
 	})
 
+	t.Run("CountdownQuotaIsACap", func(t *testing.T) {
+		// 1000 per two minutes, read off a Reset that counts down: the
+		// pace is the quota spread over its window, never probed past; a
+		// 429 with nothing left waits for the Reset and cuts nothing.
+		h := newHarness(t, registry.Options{})
+		h.put(t, auditd.Source{ID: "a"})
+		for i := range 3 {
+			h.clk.Advance(time.Second)
+			h.observeWith(t, registry.Observation{SourceID: "a", Status: 200,
+				Hint: withLeft(adv(1000, 0), 999-i, time.Duration(119-i)*time.Second)})
+		}
+		want := 1000 / 120.0
+		if got := perSecond(h.limits(t, "a")); math.Abs(got-want) > 0.01 {
+			t.Fatalf("pace %.3g/s, want the quota over its window, %.3g/s", got, want)
+		}
+		for range 30 {
+			h.round(t, "a", registry.DefaultProbeAfter)
+		}
+		if got := perSecond(h.limits(t, "a")); got > want+0.01 {
+			t.Fatalf("pace %.3g/s after clean rounds, want at most %.3g/s", got, want)
+		}
+		d := h.observeWith(t, registry.Observation{SourceID: "a", Status: 429, Sent: h.clk.Now(),
+			Hint: withLeft(adv(1000, 0), 0, 14*time.Second)})
+		if d.Changed || d.Pause != 14*time.Second {
+			t.Fatalf("decision = %+v, want no cut and a pause until the Reset", d)
+		}
+	})
+
 	t.Run("RemainingOnlySlowsDown", func(t *testing.T) {
 		for _, tc := range []struct {
 			name      string
@@ -628,7 +657,10 @@ func TestLearnFromHeaders(t *testing.T) {
 			wantPause time.Duration
 		}{
 			{"ZeroPausesUntilReset", registry.Observation{Hint: left(0, 30*time.Second)}, 30 * time.Second},
-			{"ZeroOnAThrottle", registry.Observation{Outcome: auditd.OutcomeThrottled, Hint: left(0, 4*time.Second)}, 5 * time.Second},
+			// A refusal with nothing left and no Retry-After waits until the
+			// Reset, with the quota known or not.
+			{"ZeroOnAThrottle", registry.Observation{Outcome: auditd.OutcomeThrottled, Hint: left(0, 4*time.Second)}, 4 * time.Second},
+			{"ZeroOnAThrottleWithKnownQuota", registry.Observation{Status: 429, Outcome: auditd.OutcomeThrottled, Hint: withQuota(left(0, 14*time.Second), 1000, 2*time.Minute)}, 14 * time.Second},
 			// A refusal that says nothing of when to come back: two
 			// intervals of the new pace, at most five seconds, for the
 			// server's bucket to drain a little.

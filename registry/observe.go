@@ -35,6 +35,12 @@ type Observation struct {
 	Hint hints.Hint
 }
 
+// quotaSpent reports whether h says nothing is left of the quota until a
+// Reset.
+func quotaSpent(h *hints.Hint) bool {
+	return h.HasRemaining && h.Remaining <= 0 && h.HasReset && h.Reset > 0
+}
+
 // refused reports whether o is the server saying "too many".
 func (o *Observation) refused() bool {
 	return o.Outcome == auditd.OutcomeThrottled || o.Status == http.StatusTooManyRequests ||
@@ -146,13 +152,17 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 	err := r.learn(ctx, e, g, &obs, now, &d)
 
 	h := &obs.Hint
-	if h.HasRemaining && h.Remaining <= 0 && h.HasReset && h.Reset > 0 {
+	// A refusal with nothing left and no Retry-After: the Reset is when
+	// to come back.
+	untilReset := obs.refused() && quotaSpent(h) && !h.HasRetryAfter
+	if quotaSpent(h) {
 		d.Pause = h.Reset
 		// Reset is when the quota is whole again; a bucket or a sliding
 		// window frees one request long before that. With the quota known,
-		// wait one interval of it: a fixed window that is truly spent answers
-		// the next request with a 429 and the Retry-After to honour.
-		if e.st.AdvLimit > 0 {
+		// a success that leaves nothing waits one interval of it: a window
+		// that is truly spent refuses the next request, and its Reset (or
+		// Retry-After) is the wait.
+		if e.st.AdvLimit > 0 && !untilReset {
 			d.Pause = min(d.Pause, e.st.AdvWindow.D()/time.Duration(e.st.AdvLimit))
 		}
 	}
@@ -171,6 +181,8 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 		}
 		drain := max(settle, min(2*x.interval(), maxDrain))
 		switch {
+		case untilReset:
+			// The pause is the Reset.
 		case obs.Hint.HasRetryAfter:
 			wait = max(wait, min(obs.Hint.RetryAfter, maxPause)-drain)
 		case x.episode > 0 && (x.episode > 1 || d.Changed || d.GroupChanged):

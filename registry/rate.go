@@ -20,13 +20,13 @@ const paceRequests = 20
 
 // limitFor expresses per (requests per second) as a limit per window,
 // rounded down so the pace never exceeds it, within e's cap. The window is
-// the advertised one when the server gave it (so the quota is kept exactly),
+// the advertised one when it caps the pace (so the quota is kept exactly),
 // else the shortest of paceWindows that holds paceRequests at that pace.
 // Below one request a minute, the window stretches instead, up to MaxWindow.
 func (e *entry) limitFor(per float64, o *Options) (int, time.Duration) {
 	per = max(min(per, e.cap().perSecond()), 1/o.MaxWindow.Seconds())
 	w := paceWindows[len(paceWindows)-1]
-	if e.st.WindowFrom == WindowAdvertised && e.st.AdvWindow > 0 {
+	if e.st.capped() {
 		w = e.st.AdvWindow.D()
 	} else {
 		for _, pw := range paceWindows {
