@@ -20,7 +20,10 @@ const (
 	CauseRecover   = "recover"    // a clean round on the way back toward the rate last refused
 	CauseProbeUp   = "probe_up"   // a probe past the rate last refused
 	CauseOutage    = "outage"     // a plain 503's cut undone: an outage followed
-	CauseOperator  = "operator"
+	// CauseWindowSpent: a window that refused whatever the pace until it
+	// reset, its quota spread evenly over its length.
+	CauseWindowSpent = "window_spent"
+	CauseOperator    = "operator"
 )
 
 // Scopes of a registry.changed event, in its Detail.

@@ -42,8 +42,18 @@
 //     refusal that says nothing of when to come back (no Retry-After) also
 //     pauses the source (Decision.Pause) for a second, or two intervals of
 //     the new pace up to five seconds, while the server's bucket drains;
-//     each further refusal of the episode doubles that pause, up to 30
-//     seconds.
+//     each further refusal of the episode doubles that pause, up to an
+//     eighth of the time the episode has lasted and a minute.
+//   - Fixed windows: an episode of three refusals or more that ends in a
+//     success refused whatever the pace until a boundary: a spent window.
+//     From then on the source's refusals cut nothing; each episode's end
+//     sets the pace to what the server admitted from the last boundary seen
+//     to this one (boundaries taken at the middle of the last pause), the
+//     window's quota spread evenly over its length (cause window_spent);
+//     over several windows, the pace that spent the last one, spread over
+//     the window. The first refusal of a later episode pauses until the
+//     next boundary the last window's length and end predict; a probe past
+//     the pace must hold a whole window to count.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
 //     (or as many as the pace sends in ten seconds, if fewer) halves the
 //     distance back toward the rate last refused (or a step above what was

@@ -54,6 +54,12 @@ type entry struct {
 	missed     int           // refusals met recovering since a probe last held
 	episode    int           // refusals counted since the last success: one episode, cut once
 	episodeAt  time.Time     // the first refusal of the current or last episode
+	windowed   bool          // an episode showed a spent window: refusals end no pace, its end sets it
+	cycleFrom  time.Time     // when the current window began, as far as seen: the end of the last episode
+	bounded    bool          // cycleFrom is a window's boundary, not the first success
+	lastPause  time.Duration // the pause after the latest refusal of an episode
+	cycleOK    int           // successes since cycleFrom
+	cycleLen   time.Duration // the last window seen spent, from boundary to boundary
 	pacedSum   float64       // requests the pace allowed from the last cut to the last change
 	paused     time.Duration // waits the server asked for, and failing spells, since the last cut
 	hist       history       // recent successes, for the rate the server admits

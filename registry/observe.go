@@ -185,14 +185,16 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 			// The pause is the Reset.
 		case obs.Hint.HasRetryAfter:
 			wait = max(wait, min(obs.Hint.RetryAfter, maxPause)-drain)
-		case x.episode > 0 && (x.episode > 1 || d.Changed || d.GroupChanged):
+		case x.episode > 0:
 			// A refusal that says nothing of when to come back (a 429 or
 			// a plain 503 without Retry-After) means the server's bucket
 			// or window is full: pause the source while it drains a
 			// little, so the next request tests the new pace rather than
 			// the old one's backlog. Each further refusal of the episode
-			// doubles the pause: a spent window refuses until it resets.
-			d.Pause = max(d.Pause, min(drain<<min(x.episode-1, 16), max(maxDrain, maxEpisodePause)))
+			// doubles the pause, within a share of the episode's age: a
+			// spent window refuses until it resets, and a pause that runs
+			// far past its boundary wastes the next window.
+			d.Pause = max(d.Pause, x.episodePause(drain, now))
 		}
 	}
 	e.paused += wait

@@ -27,6 +27,9 @@ func (r *Registry) fail(ctx context.Context, e, g *entry, obs *Observation, now 
 			continue
 		}
 		x.down = true
+		// Refusals before it were the outage's, and what was admitted
+		// around it says nothing of a window.
+		x.episode, x.cycleFrom, x.cycleOK = 0, time.Time{}, 0
 		if x.undo != nil {
 			moved, err := r.revert(ctx, x, obs, now)
 			if err != nil {
