@@ -64,6 +64,14 @@
 //     to count (a gateway's burst hides a slightly fast pace for seconds);
 //     a refused probe doubles the hold, up to Options.MaxHold rounds. A
 //     probe the ceiling blocks is none: a refusal after it doubles nothing.
+//     Whatever the hold in rounds, a pace holds no longer than two minutes
+//     (or 60 of its intervals, or two windows of a spent window) before it
+//     probes, nor must a probe hold longer to count.
+//   - Rising limits: after two probes in a row have held, with nothing
+//     refused for as long as a hold may last, the limit has risen: slow
+//     start resumes from the last clean pace, within the ceiling. Its first
+//     refusal cuts back to the pace of its last clean round, and takes the
+//     limit for a step above that pace rather than near the one refused.
 //   - An advertised quota (RateLimit-Policy q and w, X-RateLimit-Limit and
 //     -Window) sets the pace and caps it. A limit advertised without a window
 //     learns its window from the longest Reset seen, rounded up to a common

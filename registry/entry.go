@@ -49,7 +49,8 @@ type entry struct {
 	probing    bool          // the pace is a probe above the refused rate
 	probedAt   time.Time     // when the last probe began
 	gain       float64       // share above the refused rate the next probe tries
-	doubling   bool          // the gain doubles with each clean probe: no refusal since a Reset's window
+	clean      int           // probes in a row that held
+	resumed    bool          // slow start resumed after clean probes; until a refusal
 	proven     bool          // a round has proved the pace since the last cut
 	missed     int           // refusals met recovering since a probe last held
 	episode    int           // refusals counted since the last success: one episode, cut once

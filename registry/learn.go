@@ -266,6 +266,11 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// was admitted before is slow start's, and says nothing yet.
 		next = bad / o.Growth
 		x.hist = history{}
+		if x.resumed {
+			// Slow start resumed from a pace proven clean: the limit is
+			// a step past that pace, not near the one refused.
+			refused = min(bad, next*(1+o.ProbeGain))
+		}
 	default:
 		// What the server admitted since the last cut bounds its rate from
 		// above only where it fell short of the pace in force meanwhile
@@ -295,7 +300,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	} else if x.st.Phase == PhaseSteady && x.st.Refused > 0 {
 		x.missed++ // refused on the way back up
 	}
-	x.probing, x.held, x.proven, x.gain, x.doubling = false, 0, false, o.ProbeGain, false
+	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed = false, 0, false, o.ProbeGain, 0, false
 	x.lastCut, x.pacedSum, x.paused = now, 0, 0
 	x.st.Refused = refused
 	x.st.Phase = PhaseSteady
@@ -372,19 +377,21 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		// while, and a round or two proves nothing.
 		// A spent window's probe holds for a whole window: a window
 		// refuses the pace that overspends it only at its end.
-		if x.held++; x.held < max(x.hold, o.ProbeHold) || now.Sub(x.probedAt) < max(probeProof, x.cycleLen) {
+		// Neither waits longer than maxHoldTime, or two windows.
+		held := now.Sub(x.probedAt)
+		if x.held++; (x.held < max(x.hold, o.ProbeHold) && held < x.holdTime()) || held < max(probeProof, x.cycleLen) {
 			return false, nil
 		}
 		x.missed = 0
-		// The server allows this pace now: hold here, then probe again;
-		// twice as far when the pace came from a window read off a Reset
-		// and nothing was refused since (the window may have been read
-		// long, by a second of rounding).
+		// The server allows this pace now: hold here, then probe again.
+		// After resumeAfter clean probes in a row, with nothing refused
+		// for as long as a hold may last, the limit has risen: slow start
+		// resumes from this pace, within the cap.
 		x.probing, x.held, x.hold = false, 0, o.ProbeHold
-		if x.doubling {
-			x.gain = min(2*x.gain, o.Growth-1)
-		}
 		x.st.Refused = cur / (1 - g)
+		if x.clean++; x.clean >= resumeAfter && now.Sub(x.lastCut) >= x.holdTime() {
+			x.st.Phase, x.clean, x.resumed = PhaseStart, 0, true
+		}
 		return false, r.persist(x)
 	case cur < (top-g)*x.st.Refused && x.faster(min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2)), o):
 		// Recovering after a cut: halve the distance each round, up to
@@ -394,7 +401,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	default:
 		// Just under the rate refused (as near as whole requests per
 		// window go): hold, then probe past it.
-		if x.held++; x.held < max(x.hold, o.ProbeHold) {
+		if x.held++; x.held < max(x.hold, o.ProbeHold) && now.Sub(x.changed) < x.holdTime() {
 			return false, nil
 		}
 		// Held clean at the top: the margin below the refused rate can go.
@@ -489,6 +496,26 @@ func (r *Registry) windowSpent(ctx context.Context, x *entry, obs *Observation, 
 	}
 	return moved, err
 }
+
+// resumeAfter is how many probes in a row must hold for slow start to
+// resume: a limit that has risen lets every probe through.
+const resumeAfter = 2
+
+// maxHoldTime bounds the time a pace holds under the rate last refused
+// before it probes, and a probe must hold to count, whatever the hold in
+// rounds: a limit that rose is found within a few of it.
+const maxHoldTime = 2 * time.Minute
+
+// holdTime is the longest x holds before a probe: maxHoldTime, two windows
+// of a spent window, or holdRequests intervals of the pace, whichever is
+// longest (a probe refused every holdRequests requests is refusal enough).
+func (x *entry) holdTime() time.Duration {
+	return max(maxHoldTime, 2*x.cycleLen, holdRequests*x.interval())
+}
+
+// holdRequests is the fewest requests between two probes that maxHoldTime
+// lets go.
+const holdRequests = 60
 
 // rateAt returns the pace in force at t, in requests per second.
 func (e *entry) rateAt(t time.Time) float64 {
