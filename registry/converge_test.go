@@ -537,6 +537,36 @@ func TestRisingLimitIsFound(t *testing.T) {
 	}
 }
 
+// TestLearnedIsWhatIsPaced: the demo's keyed geocoder, a bucket of 10 at 5
+// a second that advertises its quota and says when nothing remains. The
+// pauses Remaining 0 asks for hold the source to 5 a second; the pace the
+// registry shows (and the limiter is set to) must be that, within 20%, not
+// a faster one it never sends at.
+func TestLearnedIsWhatIsPaced(t *testing.T) {
+	sc, err := sim.ParseScenario([]byte(`
+name: geocoder
+seed: 1
+upstreams:
+  - name: county-geocoder
+    limit: {shape: token_bucket, requests: 5, window: 1s, burst: 10}
+    reject: {status: 429, retry_after: delta, advertise: x_ratelimit_unix}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPacer(t, sc, 600) // the demo's ceiling, 10 a second
+	p.runUntil(2 * time.Minute)
+	sent := p.between(time.Minute, 2*time.Minute).rate()
+	// The pace in force over the last minute, on average.
+	var shown float64
+	for d := time.Minute; d < 2*time.Minute; d += time.Second {
+		shown += p.paceAt(d) / 60
+	}
+	if shown > 1.2*sent || shown < 0.8*sent || shown > 1.2*5 {
+		t.Fatalf("learned %.3g/s on average over the last minute, sent %.3g/s, allowed 5/s\n%s", shown, sent, p.trace())
+	}
+}
+
 // reached is how long after from the successes first came at 90% of hidden
 // or more, over a span of ten seconds or two windows; -1 when never.
 func (p *pacer) reached(from time.Duration, hidden float64, window time.Duration) time.Duration {

@@ -91,6 +91,11 @@
 //     reset, the first-class hint then. In slow start it also ends slow
 //     start, as a refusal would. Under a quota that caps the pace, such a
 //     refusal cuts nothing: the window is spent, the pace was not refused.
+//     After slow start, a success that leaves nothing of a quota that does
+//     not cap the pace (a bucket's), at a pace well above the source's
+//     successes of the last ten seconds, brings the pace down to that rate
+//     (cause header): the pauses Remaining 0 asks for hold the source
+//     there anyway, and the pace shown is the pace sent.
 
 // Learned paces are expressed over short windows (about 20 requests each,
 // the advertised window when the server gave one), and the limiter counts a

@@ -65,14 +65,19 @@ func (r *Registry) learnQuota(ctx context.Context, e, g *entry, obs *Observation
 		}
 	}
 
-	// Remaining 0 in slow start: the pace has used up what the server
-	// allows, which ends slow start as a refusal would, without one.
+	// Remaining 0: the pace has used up what the server allows. In slow
+	// start that ends slow start as a refusal would, without one; after
+	// it, a pace above the advertised quota comes down to it.
 	if h := &obs.Hint; h.HasRemaining && h.Remaining <= 0 && !obs.refused() {
 		for _, x := range []*entry{e, g} {
-			if x == nil || x.st.Phase == PhaseSteady {
+			if x == nil {
 				continue
 			}
-			moved, err := r.spent(ctx, x, obs, now, &r.opts)
+			spent := r.spent
+			if x.st.Phase == PhaseSteady {
+				spent = r.overQuota
+			}
+			moved, err := spent(ctx, x, obs, now, &r.opts)
 			if err != nil {
 				return err
 			}
@@ -80,6 +85,43 @@ func (r *Registry) learnQuota(ctx context.Context, e, g *entry, obs *Observation
 		}
 	}
 	return nil
+}
+
+// overQuota brings entry x, after slow start, down to what the server
+// admits when a response left nothing of its quota at a faster pace: the
+// pauses Remaining 0 asks for hold the source to that rate anyway, and the
+// pace on record is then the pace it is sent at. What it admits is the
+// rate of its successes over the last ten seconds (or paceRequests
+// intervals) at the pace in force. The pace holds just under it, and a probe past it that met this
+// doubles the hold.
+func (r *Registry) overQuota(ctx context.Context, x *entry, obs *Observation, now time.Time, o *Options) (bool, error) {
+	if x.st.capped() {
+		return false, nil // paced at the quota: nothing left at its end is the window spent
+	}
+	since := now.Add(-max(roundTime, paceRequests*x.interval()))
+	if x.changed.After(since) {
+		since = x.changed
+	}
+	per, ok := x.hist.admitted(now, since, 0)
+	if !ok {
+		return false, nil // too soon after the pace changed to tell
+	}
+	if x.rate().perSecond() <= (1+2*o.ProbeGain)*per {
+		return false, nil // near enough: the pace is what is sent
+	}
+	if x.probing || now.Sub(x.probedAt) < probeMemory {
+		x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
+	}
+	x.probing, x.held, x.clean = false, 0, 0
+	old := x.st
+	x.st.Refused = per * (1 + o.ProbeGain)
+	l, w := x.limitFor(per, o)
+	c := change{cause: CauseHeader, runID: obs.RunID, sourceID: obs.SourceID, remaining: true}
+	moved, err := r.move(ctx, x, old, l, w, c, now)
+	if err == nil && !moved {
+		err = r.persist(x)
+	}
+	return moved, err
 }
 
 // onRefusal learns from a refusal of source e's request.
