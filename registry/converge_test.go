@@ -94,6 +94,9 @@ func TestConvergence(t *testing.T) {
 					t.Errorf("refused %.1f%% after the deadline, want at most 2%%", 100*share)
 				}
 				if tc.pending {
+					if testing.Verbose() {
+						t.Log(p.trace())
+					}
 					return // the targets below are not met yet: the table shows where it stands
 				}
 				if after.rate() < want*hidden {

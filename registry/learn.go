@@ -5,8 +5,6 @@ import (
 	"math"
 	"net/http"
 	"time"
-
-	"github.com/auditd/auditd"
 )
 
 // learn applies the lessons of obs to source e and its group g (nil when
@@ -44,84 +42,6 @@ func (d *Decision) note(x, e *entry, moved bool) {
 	default:
 		d.GroupChanged = true
 	}
-}
-
-// learnQuota learns what obs advertises of the server's quota, for source e
-// and its group g.
-func (r *Registry) learnQuota(ctx context.Context, e, g *entry, obs *Observation, now time.Time, d *Decision) error {
-	// An advertised quota first: a 429 that ships X-RateLimit-Limit corrects
-	// the limit at once instead of merely cutting it. Members of a group
-	// sit behind one gateway: its advertised quota is the one they share.
-	if h := &obs.Hint; h.HasLimit && h.Limit > 0 {
-		for _, x := range []*entry{e, g} {
-			if x == nil {
-				continue
-			}
-			moved, err := r.advertised(ctx, x, obs, now)
-			if err != nil {
-				return err
-			}
-			d.note(x, e, moved)
-		}
-	}
-
-	// Remaining 0: the pace has used up what the server allows. In slow
-	// start that ends slow start as a refusal would, without one; after
-	// it, a pace above the advertised quota comes down to it.
-	if h := &obs.Hint; h.HasRemaining && h.Remaining <= 0 && !obs.refused() {
-		for _, x := range []*entry{e, g} {
-			if x == nil {
-				continue
-			}
-			spent := r.spent
-			if x.st.Phase == PhaseSteady {
-				spent = r.overQuota
-			}
-			moved, err := spent(ctx, x, obs, now, &r.opts)
-			if err != nil {
-				return err
-			}
-			d.note(x, e, moved)
-		}
-	}
-	return nil
-}
-
-// overQuota brings entry x, after slow start, down to what the server
-// admits when a response left nothing of its quota at a faster pace: the
-// pauses Remaining 0 asks for hold the source to that rate anyway, and the
-// pace on record is then the pace it is sent at. What it admits is the
-// rate of its successes over the last ten seconds (or paceRequests
-// intervals) at the pace in force. The pace holds just under it, and a probe past it that met this
-// doubles the hold.
-func (r *Registry) overQuota(ctx context.Context, x *entry, obs *Observation, now time.Time, o *Options) (bool, error) {
-	if x.st.capped() {
-		return false, nil // paced at the quota: nothing left at its end is the window spent
-	}
-	since := now.Add(-max(roundTime, paceRequests*x.interval()))
-	if x.changed.After(since) {
-		since = x.changed
-	}
-	per, ok := x.hist.admitted(now, since, 0)
-	if !ok {
-		return false, nil // too soon after the pace changed to tell
-	}
-	if x.rate().perSecond() <= (1+2*o.ProbeGain)*per {
-		return false, nil // near enough: the pace is what is sent
-	}
-	if x.probing || now.Sub(x.probedAt) < probeMemory {
-		x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
-	}
-	x.probing, x.held, x.clean = false, 0, 0
-	old := x.st
-	x.st.Refused = per * (1 + o.ProbeGain)
-	l, w := x.limitFor(per, o)
-	c := change{cause: CauseHeader, runID: obs.RunID, sourceID: obs.SourceID, remaining: true}
-	moved, err := r.move(ctx, x, old, l, w, c, now)
-	if err == nil && !moved {
-		err = r.persist(x)
-	}
-	return moved, err
 }
 
 // onRefusal learns from a refusal of source e's request.
@@ -236,38 +156,6 @@ func (r *Registry) onSuccess(ctx context.Context, e, g *entry, obs *Observation,
 	return nil
 }
 
-// advertised learns from an advertised quota in obs for entry x (a source,
-// or the group it belongs to), and reports whether x's limit moved.
-func (r *Registry) advertised(ctx context.Context, x *entry, obs *Observation, now time.Time) (bool, error) {
-	h := &obs.Hint
-	w, from := x.win.window(h, now, &r.opts)
-	if x.st.AdvLimit == h.Limit && x.st.AdvWindow.D() == w && x.st.WindowFrom == from {
-		return false, nil // an unchanged advertisement teaches nothing new
-	}
-	old := x.st
-	x.st.AdvLimit, x.st.AdvWindow, x.st.WindowFrom = h.Limit, auditd.Duration(w), from
-	x.st.Base = auditd.Duration(w)
-	l, nw := clamp(h.Limit, w, x.ceil)
-	switch from {
-	case WindowAdvertised, WindowReset:
-		// The server said what it allows: that is the pace, and the cap. A
-		// Reset that counts down is a window's: no window resets later than
-		// its length, so the quota over the longest Reset seen, spread
-		// evenly over it, is never more than the server allows.
-		x.st.Phase, x.st.Refused, x.probing, x.held = PhaseSteady, 0, false, 0
-	default:
-		// An assumed window, a bucket's, or one read off a Reset that does
-		// not move is only a starting point: where
-		// slow start is still under way it goes on from the faster of the
-		// two, until a refusal or a Remaining of 0 ends it.
-		if x.st.Phase != PhaseSteady && x.rate().faster(rate{l, nw}) {
-			l, nw = x.st.Limit, x.st.Window.D()
-		}
-	}
-	c := change{cause: CauseHeader, runID: obs.RunID, sourceID: obs.SourceID, window: from}
-	return r.move(ctx, x, old, l, nw, c, now)
-}
-
 // refuse cuts entry x after a refusal of a request sent at sent, unless the
 // request left before x's last cut (it was paced at the old rate). The cut
 // goes to Decrease times the lower of the pace the request was sent at and
@@ -362,23 +250,6 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		return false, r.persist(x) // the phase and the refused rate changed
 	}
 	return true, nil
-}
-
-// spent ends entry x's slow start on a response that said nothing remains
-// of the server's quota: back to the pace of the last clean round, with the
-// pace that spent it taken as refused.
-func (r *Registry) spent(ctx context.Context, x *entry, obs *Observation, now time.Time, o *Options) (bool, error) {
-	cur := x.rate()
-	x.st.Phase, x.st.Refused = PhaseSteady, cur.perSecond()
-	x.lastCut, x.hist, x.roundCount, x.held, x.probing = now, history{}, 0, 0, false
-	l, w := x.limitFor(cur.perSecond()/o.Growth, o)
-	old := x.st
-	c := change{cause: CauseHeader, runID: obs.RunID, sourceID: obs.SourceID, remaining: true}
-	moved, err := r.move(ctx, x, old, l, w, c, now)
-	if err == nil && !moved {
-		err = r.persist(x)
-	}
-	return moved, err
 }
 
 // round counts a success toward entry x's current round, and when the round
@@ -477,68 +348,6 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	return moved, err
 }
 
-// spentRefusals is how many refusals with no success between them show a
-// spent window rather than a pace too fast: a bucket admits again within a
-// drain pause or two, a spent window not before it resets.
-const spentRefusals = 3
-
-// windowSpent ends x's refusal episode on a success. One of spentRefusals
-// refusals or more, or any once a spent window was seen, ends at a window's
-// boundary: the server refused whatever the pace until it reset. The pace
-// is then what the server admitted from the last boundary seen to this
-// one, its quota spread evenly over its length; a refused probe doubles the
-// hold, as in refuse.
-func (r *Registry) windowSpent(ctx context.Context, x *entry, obs *Observation, now time.Time) (bool, error) {
-	o := &r.opts
-	n := x.episode
-	x.episode = 0
-	if n < spentRefusals && !x.windowed {
-		return false, nil
-	}
-	x.windowed = true
-	// The boundary lies within the last pause: its middle errs least.
-	end := now.Add(-x.lastPause / 2)
-	from, count, bounded := x.cycleFrom, x.cycleOK, x.bounded
-	x.cycleFrom, x.cycleOK, x.bounded = end, 0, true
-	span := end.Sub(from)
-	if from.IsZero() || count < minAdmitted || span < minSpan {
-		return false, nil
-	}
-	per := float64(count) / span.Seconds()
-	// Windows since the last boundary seen: one, unless the last window's
-	// length says more went by unspent.
-	m := 1.0
-	if x.cycleLen > 0 {
-		m = max(1, math.Round(span.Seconds()/x.cycleLen.Seconds()))
-	}
-	win := span.Seconds() / m
-	if m > 1 {
-		// What was admitted over several windows is the pace sent, not the
-		// quota. The pace that spent the last one, spread over the whole
-		// window, is.
-		per = max(per, x.rateAt(x.episodeAt)*max(0, win-end.Sub(x.episodeAt).Seconds())/win)
-	}
-	if bounded || x.cycleLen == 0 {
-		// From boundary to boundary, the window's length; from the first
-		// success, a first guess of it.
-		x.cycleLen = time.Duration(win * float64(time.Second))
-	}
-	if x.probing || now.Sub(x.probedAt) < max(probeMemory, 2*x.cycleLen) {
-		x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
-	}
-	x.probing, x.held, x.proven, x.gain = false, 0, true, o.ProbeGain
-	x.lastCut, x.pacedSum, x.paused = now, 0, 0
-	old := x.st
-	x.st.Phase, x.st.Refused = PhaseSteady, per
-	l, w := x.limitFor(per, o)
-	c := change{cause: CauseWindowSpent, runID: obs.RunID, sourceID: obs.SourceID}
-	moved, err := r.move(ctx, x, old, l, w, c, now)
-	if err == nil && !moved {
-		err = r.persist(x)
-	}
-	return moved, err
-}
-
 // resumeAfter is how many probes in a row must hold for slow start to
 // resume: a limit that has risen lets every probe through.
 const resumeAfter = 2
@@ -584,33 +393,6 @@ const maxPause = 5 * time.Minute
 
 // maxDrain bounds the pause after a refusal without Retry-After.
 const maxDrain = 5 * time.Second
-
-// The pause after a further refusal of an episode doubles, up to
-// 1/episodeShare of the time the episode has lasted and maxEpisodePause.
-const (
-	episodeShare    = 8
-	maxEpisodePause = time.Minute
-)
-
-// episodePause is the pause after the latest refusal of x's episode, the
-// first's being drain. For the first refusal of a window seen spent
-// before, it is the time to the window's next boundary, as the last
-// window's length and end tell it, and a second, unless that says a
-// boundary just went by.
-func (x *entry) episodePause(drain time.Duration, now time.Time) time.Duration {
-	if x.episode == 1 && x.cycleLen > 0 && !x.cycleFrom.IsZero() {
-		n := now.Sub(x.cycleFrom)/x.cycleLen + 1
-		// Unless a boundary was due just now: the estimate ran ahead
-		// of the window, whose boundary is near.
-		if wait := x.cycleFrom.Add(n * x.cycleLen).Sub(now); 10*wait < 9*x.cycleLen {
-			x.lastPause = wait + settle
-			return x.lastPause
-		}
-	}
-	grown := drain << min(x.episode-1, 16)
-	x.lastPause = max(drain, min(grown, now.Sub(x.episodeAt)/episodeShare, maxEpisodePause))
-	return x.lastPause
-}
 
 // roundTime bounds the time of a round after the first refusal, in
 // successes at the pace.
