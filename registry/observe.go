@@ -205,8 +205,10 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 		g.setMember(e.id, e.rate())
 	}
 	d.Limits = e.limitsWith(g)
-	seen := d.Limits
-	e.seen.Store(&seen)
+	if last := e.seen.Load(); last == nil || *last != d.Limits {
+		seen := d.Limits // only a change allocates
+		e.seen.Store(&seen)
+	}
 	d.Retune = d.Changed || d.GroupChanged
 	return d, err
 }

@@ -34,11 +34,13 @@ func (r *Registry) learnQuota(ctx context.Context, e, g *entry, obs *Observation
 			if x == nil {
 				continue
 			}
-			spent := r.spent
+			var moved bool
+			var err error
 			if x.st.Phase == PhaseSteady {
-				spent = r.overQuota
+				moved, err = r.overQuota(ctx, x, obs, now, &r.opts)
+			} else {
+				moved, err = r.spent(ctx, x, obs, now, &r.opts)
 			}
-			moved, err := spent(ctx, x, obs, now, &r.opts)
 			if err != nil {
 				return err
 			}
