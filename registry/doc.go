@@ -42,8 +42,9 @@
 //     refusal that says nothing of when to come back (no Retry-After) also
 //     pauses the source (Decision.Pause) for a second, or two intervals of
 //     the new pace up to five seconds, while the server's bucket drains;
-//     each further refusal of the episode doubles that pause, up to an
-//     eighth of the time the episode has lasted and a minute.
+//     each further refusal of the episode doubles that pause, up to four
+//     times it or, longer, an eighth of the time the episode has lasted,
+//     and a minute.
 //   - Fixed windows: an episode of three refusals or more that ends in a
 //     success refused whatever the pace until a boundary: a spent window.
 //     From then on the source's refusals cut nothing; each episode's end

@@ -68,8 +68,10 @@ func (r *Registry) windowSpent(ctx context.Context, x *entry, obs *Observation, 
 	return moved, err
 }
 
-// The pause after a further refusal of an episode doubles, up to
-// 1/episodeShare of the time the episode has lasted and maxEpisodePause.
+// The pause after a further refusal of an episode doubles, up to four
+// drain pauses or 1/episodeShare of the time the episode has lasted,
+// whichever is longer, and maxEpisodePause: a spent window is found soon
+// after its boundary, with few refusals before it.
 const (
 	episodeShare    = 8
 	maxEpisodePause = time.Minute
@@ -91,6 +93,6 @@ func (x *entry) episodePause(drain time.Duration, now time.Time) time.Duration {
 		}
 	}
 	grown := drain << min(x.episode-1, 16)
-	x.lastPause = max(drain, min(grown, now.Sub(x.episodeAt)/episodeShare, maxEpisodePause))
+	x.lastPause = max(drain, min(grown, max(now.Sub(x.episodeAt)/episodeShare, 4*drain), maxEpisodePause))
 	return x.lastPause
 }
