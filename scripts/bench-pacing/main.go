@@ -163,25 +163,11 @@ func run(args []string, out io.Writer) error {
 			}
 		}
 	}
-	var ngCases []*bcase
-	for _, c := range cases {
-		if c.shape.Go == nil {
-			ngCases = append(ngCases, c)
-		} else {
-			stop, err := c.serveSim()
-			if err != nil {
-				return err
-			}
-			defer stop()
-		}
+	ng, ngCases, stop, err := startServers(*nginxBin, dir, cases)
+	if err != nil {
+		return err
 	}
-	var ng *nginx
-	if len(ngCases) > 0 {
-		if ng, err = startNginx(*nginxBin, dir, ngCases); err != nil {
-			return err
-		}
-		defer ng.stop()
-	}
+	defer stop()
 	ad, err := startAuditd(*auditdBin, filepath.Join(dir, "auditd"))
 	if err != nil {
 		return err
@@ -219,6 +205,38 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// startServers serves every case: one nginx for the nginx shapes (ng, nil
+// when none; ngCases, its cases), a simulator each for the Go shapes. stop
+// ends them all.
+func startServers(nginxBin, dir string, cases []*bcase) (ng *nginx, ngCases []*bcase, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range stops {
+			f()
+		}
+	}
+	for _, c := range cases {
+		if c.shape.Go == nil {
+			ngCases = append(ngCases, c)
+			continue
+		}
+		f, err := c.serveSim()
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, f)
+	}
+	if len(ngCases) > 0 {
+		if ng, err = startNginx(nginxBin, dir, ngCases); err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, ng.stop)
+	}
+	return ng, ngCases, stop, nil
 }
 
 // bcase is one client fetching n items from its own server of one shape.
