@@ -36,10 +36,25 @@
 //     admitted in between, two seconds or more of it, is its rate). A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
 //     does not cut again; one after that, before a round proved the new
-//     pace, halves it. A refusal that says nothing of when to come back
-//     (no Retry-After) also pauses the source (Decision.Pause) for a second,
-//     or two intervals of the new pace up to five seconds, while the
-//     server's bucket drains.
+//     pace, halves it. Refusals with no success between them are one
+//     episode (a spent window refuses whatever the pace): only its first
+//     cuts, lowers the rate last refused or doubles the probe hold. A
+//     refusal that says nothing of when to come back (no Retry-After) also
+//     pauses the source (Decision.Pause) for a second, or two intervals of
+//     the new pace up to five seconds, while the server's bucket drains;
+//     each further refusal of the episode doubles that pause, up to four
+//     times it or, longer, an eighth of the time the episode has lasted,
+//     and a minute.
+//   - Fixed windows: an episode of three refusals or more that ends in a
+//     success refused whatever the pace until a boundary: a spent window.
+//     From then on the source's refusals cut nothing; each episode's end
+//     sets the pace to what the server admitted from the last boundary seen
+//     to this one (boundaries taken at the middle of the last pause), the
+//     window's quota spread evenly over its length (cause window_spent);
+//     over several windows, the pace that spent the last one, spread over
+//     the window. The first refusal of a later episode pauses until the
+//     next boundary the last window's length and end predict; a probe past
+//     the pace must hold a whole window to count.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
 //     (or as many as the pace sends in ten seconds, if fewer) halves the
 //     distance back toward the rate last refused (or a step above what was
@@ -48,19 +63,41 @@
 //     the pace holds for Options.ProbeHold rounds, then probes
 //     Options.ProbeGain past it. A probe must hold as long, and ten seconds,
 //     to count (a gateway's burst hides a slightly fast pace for seconds);
-//     a refused probe doubles the hold, up to Options.MaxHold rounds.
+//     a refused probe doubles the hold, up to Options.MaxHold rounds. A
+//     probe the ceiling blocks is none: a refusal after it doubles nothing.
+//     Whatever the hold in rounds, a pace holds no longer than two minutes
+//     (or 60 of its intervals, or two windows of a spent window) before it
+//     probes, nor must a probe hold longer to count.
+//   - Rising limits: after two probes in a row have held, with nothing
+//     refused for as long as a hold may last, the limit has risen: slow
+//     start resumes from the last clean pace, within the ceiling. Its first
+//     refusal cuts back to the pace of its last clean round, and takes the
+//     limit for a step above that pace rather than near the one refused.
 //   - An advertised quota (RateLimit-Policy q and w, X-RateLimit-Limit and
 //     -Window) sets the pace and caps it. A limit advertised without a window
 //     learns its window from the longest Reset seen, rounded up to a common
-//     window length: a pace to hold and probe past, not a cap; when
-//     Remaining has gone above the limit (a bucket whose Reset is its time to
-//     refill whole) it only seeds slow start; with no Reset at all, a minute
+//     window length. When the Reset counts down (two readings two seconds or
+//     more apart that differ by the time between them), it is a window's,
+//     and its quota spread evenly over it caps the pace as an advertised one
+//     does: a window never resets later than its length, so that is never
+//     more than the server allows. When Remaining has gone above the limit
+//     (a bucket whose Reset is its time to refill whole), or the Reset does
+//     not count down (a constant, a bucket's refill time), the quota only
+//     seeds slow start; with no Reset at all, a minute
 //     (Options.AssumedWindow) is assumed. The event says which
-//     (window_from: advertised, reset, bucket, assumed).
-//   - Remaining 0 with a reset asks the caller to pause (Decision.Pause): for
-//     one interval of the advertised quota when there is one, else until the
-//     reset. In slow start it also ends slow start, as a refusal would.
-//
+//     (window_from: advertised, reset, bucket, static, assumed).
+//   - Remaining 0 with a reset asks the caller to pause (Decision.Pause): on
+//     a success, for one interval of the advertised quota when there is
+//     one, else until the reset; on a refusal without Retry-After, until the
+//     reset, the first-class hint then. In slow start it also ends slow
+//     start, as a refusal would. Under a quota that caps the pace, such a
+//     refusal cuts nothing: the window is spent, the pace was not refused.
+//     After slow start, a success that leaves nothing of a quota that does
+//     not cap the pace (a bucket's), at a pace well above the source's
+//     successes of the last ten seconds, brings the pace down to that rate
+//     (cause header): the pauses Remaining 0 asks for hold the source
+//     there anyway, and the pace shown is the pace sent.
+
 // Learned paces are expressed over short windows (about 20 requests each,
 // the advertised window when the server gave one), and the limiter counts a
 // slower pace's window from the cut: so a cut never stalls a source for a

@@ -93,8 +93,8 @@ const (
 	// WindowAdvertised: the server said it (RateLimit-Policy w,
 	// X-RateLimit-Window). The quota then caps the pace.
 	WindowAdvertised = "advertised"
-	// WindowReset: the longest Reset seen, rounded up to a common window
-	// length (roundWindow), among the
+	// WindowReset: for a Reset seen to count down, the longest Reset seen,
+	// rounded up to a common window length (roundWindow), among the
 	// responses whose Remaining left no more than one window's quota
 	// missing. No window resets later than its length, and a bucket that has
 	// lost at most one window's quota refills within a window; a bucket
@@ -105,9 +105,10 @@ const (
 	// above the limit: a token bucket with a burst larger than its rate per
 	// window, whose Reset (time to refill whole) says little of the window.
 	WindowBucket = "bucket"
-	// WindowStatic: as WindowReset, for a Reset not yet seen to move: one
-	// response, or a header the server sends as a constant (nginx
-	// add_header). It says little of the window either.
+	// WindowStatic: as WindowReset, for a Reset not yet seen to count down:
+	// one response, a header the server sends as a constant (nginx
+	// add_header), or a bucket's time to refill whole. It says little of
+	// the window either.
 	WindowStatic = "static"
 	// WindowAssumed: nothing said; Options.AssumedWindow, recorded as an
 	// assumption.
@@ -141,12 +142,23 @@ type windowGuess struct {
 	limit    int           // the advertised limit this guess is for
 	maxLeft  int           // most Remaining seen
 	maxReset time.Duration // longest Reset seen with at most a window's quota missing
-	// The first Reset seen, when, and whether one since has differed from
-	// it: a window's Reset counts down, a header sent as a constant does not.
-	firstReset time.Duration
-	firstAt    time.Time
-	moves      bool
+	// A Reset seen, and when: a later one that has counted down from it by
+	// the time between them shows a window's Reset (countsDown); one that
+	// has not is a new anchor. A header sent as a constant does not count
+	// down, nor does a bucket's time to refill whole, under a steady pace.
+	anchorReset time.Duration
+	anchorAt    time.Time
+	countsDown  bool
 }
+
+// countdownSpan is the least time between two Resets that show a countdown;
+// countdownSlack, how far from the elapsed time the countdown may be (a
+// Reset in whole seconds is up to a second off), and never more than half
+// of it.
+const (
+	countdownSpan  = 2 * time.Second
+	countdownSlack = 1100 * time.Millisecond
+)
 
 // window returns the window of the quota h advertises and how it is known,
 // learning from h's Remaining and Reset first.
@@ -161,10 +173,16 @@ func (g *windowGuess) window(h *hints.Hint, now time.Time, o *Options) (time.Dur
 		g.maxLeft = max(g.maxLeft, h.Remaining)
 	}
 	if h.HasReset && h.Reset > 0 {
-		if g.firstAt.IsZero() {
-			g.firstReset, g.firstAt = h.Reset, now
-		} else if h.Reset.Round(time.Second) != g.firstReset.Round(time.Second) {
-			g.moves = true
+		if g.anchorAt.IsZero() {
+			g.anchorReset, g.anchorAt = h.Reset, now
+		} else if gone := now.Sub(g.anchorAt); gone >= countdownSpan && gone < g.anchorReset {
+			if d := g.anchorReset - gone - h.Reset; d.Abs() <= min(countdownSlack, gone/2) {
+				g.countsDown = true
+			} else {
+				g.anchorReset, g.anchorAt = h.Reset, now
+			}
+		} else if gone >= g.anchorReset {
+			g.anchorReset, g.anchorAt = h.Reset, now // a new window, or a new bucket reading
 		}
 		// What is missing from the bucket or window: its capacity is at
 		// least the limit, and at least one more than the most ever left.
@@ -178,7 +196,7 @@ func (g *windowGuess) window(h *hints.Hint, now time.Time, o *Options) (time.Dur
 		switch {
 		case g.maxLeft >= h.Limit:
 			return w, WindowBucket
-		case !g.moves:
+		case !g.countsDown:
 			return w, WindowStatic
 		}
 		return w, WindowReset

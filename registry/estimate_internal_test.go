@@ -99,21 +99,24 @@ func TestWindowGuess(t *testing.T) {
 	}{
 		{"Advertised", []*hints.Hint{{Limit: 10, HasLimit: true, Window: 10 * time.Second, HasWindow: true}}, 10 * time.Second, WindowAdvertised},
 		{"Assumed", []*hints.Hint{hint(10, -1, 0)}, time.Minute, WindowAssumed},
-		{"ResetRoundedUp", []*hints.Hint{hint(60, 59, 41*time.Second), hint(60, 58, 40*time.Second)}, time.Minute, WindowReset},
+		{"ResetRoundedUp", []*hints.Hint{hint(60, 59, 41*time.Second), hint(60, 58, 39*time.Second)}, time.Minute, WindowReset},
 		{"OneReset", []*hints.Hint{hint(60, 59, 41*time.Second)}, time.Minute, WindowStatic},
-		{"LongestReset", []*hints.Hint{hint(60, 10, 3*time.Second), hint(60, 59, 9*time.Second)}, 10 * time.Second, WindowReset},
+		{"LongestReset", []*hints.Hint{hint(60, 10, 3*time.Second), hint(60, 59, 9*time.Second), hint(60, 58, 7*time.Second)}, 10 * time.Second, WindowReset},
+		// A Reset that moves without counting down (a bucket's time to
+		// refill whole, read in whole seconds) is no window's.
+		{"MovesWithoutCountingDown", []*hints.Hint{hint(20, 19, time.Second), hint(20, 18, 2*time.Second), hint(20, 19, time.Second), hint(20, 18, 2*time.Second)}, 2 * time.Second, WindowStatic},
 		// A bucket of 20 at 5 a second: a Reset of 4s with 20 missing says
 		// nothing of the window; one with at most 5 missing does.
 		{"Bucket", []*hints.Hint{hint(5, 19, time.Second), hint(5, 0, 4*time.Second)}, time.Second, WindowBucket},
-		{"NewLimitStartsOver", []*hints.Hint{hint(60, 59, 50*time.Second), hint(30, 29, 4*time.Second), hint(30, 28, 3*time.Second)}, 5 * time.Second, WindowReset},
-		{"PastAnHour", []*hints.Hint{hint(5000, 4999, 90*time.Minute), hint(5000, 4998, 89*time.Minute)}, time.Hour, WindowReset},
+		{"NewLimitStartsOver", []*hints.Hint{hint(60, 59, 50*time.Second), hint(30, 29, 4*time.Second), hint(30, 28, 2*time.Second)}, 5 * time.Second, WindowReset},
+		{"PastAnHour", []*hints.Hint{hint(5000, 4999, 90*time.Minute), hint(5000, 4998, 90*time.Minute-2*time.Second)}, time.Hour, WindowReset},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var g windowGuess
 			var w time.Duration
 			var how string
 			for i, h := range tc.seen {
-				w, how = g.window(h, t0.Add(time.Duration(i)*time.Second), &o)
+				w, how = g.window(h, t0.Add(time.Duration(i)*countdownSpan), &o)
 			}
 			if w != tc.want || how != tc.howTo {
 				t.Fatalf("window = %v from %s, want %v from %s", w, how, tc.want, tc.howTo)

@@ -142,9 +142,66 @@ func TestLearnWithoutHeaders(t *testing.T) {
 		h := newHarness(t, registry.Options{DefaultLimit: 60})
 		h.put(t, auditd.Source{ID: "a"})
 		h.refuse(t, "a") // slow start ends: 60 -> 30 a minute
-		h.clk.Advance(5 * time.Second)
+		h.succeed(t, "a", 1, 2*time.Second)
+		h.clk.Advance(3 * time.Second)
 		if d := h.refuse(t, "a"); d.Limit != 15 || d.Window != time.Minute {
 			t.Fatalf("decision = %+v, want halved to 15 a minute", d)
+		}
+	})
+
+	t.Run("ACapThatBlocksAProbeIsNoProbe", func(t *testing.T) {
+		// At the ceiling, each hold ends in a probe the cap blocks. A
+		// refusal then is not a refused probe: the hold stays ProbeHold
+		// rounds, and the pace is back at the ceiling as soon as the
+		// recovery and one hold allow.
+		h := newHarness(t, registry.Options{})
+		h.put(t, auditd.Source{ID: "a", Limit: 120, Window: auditd.Duration(time.Minute)})
+		if _, err := h.reg.SetLimit(context.Background(), "op", "a", 120, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for range 2*registry.DefaultProbeHold + 2 {
+			h.round(t, "a", registry.DefaultProbeAfter)
+		}
+		h.refuse(t, "a")
+		rounds := 0
+		for ; perSecond(h.limits(t, "a")) < 2 && rounds < 100; rounds++ {
+			h.round(t, "a", registry.DefaultProbeAfter)
+		}
+		// Cut to 1.8 a second, just under the refused 2: held for
+		// ProbeHold rounds, then the probe, which the ceiling bounds.
+		if want := registry.DefaultProbeHold; rounds != want {
+			t.Fatalf("back at the ceiling after %d rounds, want %d", rounds, want)
+		}
+	})
+
+	t.Run("RefusalsWithoutASuccessAreOneEpisode", func(t *testing.T) {
+		// A spent window refuses every request until it resets: the
+		// first refusal cuts, the others neither cut, nor lower the rate
+		// last refused, nor double the probe hold; the pause grows.
+		h := newHarness(t, registry.Options{DefaultLimit: 60})
+		h.put(t, auditd.Source{ID: "a"})
+		first := h.refuse(t, "a") // slow start ends: 60 -> 30 a minute
+		before, _ := h.reg.State("a")
+		pause := first.Pause
+		for range 12 {
+			h.clk.Advance(pause)
+			d := h.refuse(t, "a")
+			if d.Changed || d.Limit != 30 {
+				t.Fatalf("a refusal within the episode moved the pace: %+v", d)
+			}
+			if d.Pause < pause {
+				t.Fatalf("pause %v after %v, want it never to shrink", d.Pause, pause)
+			}
+			pause = d.Pause
+		}
+		if pause <= first.Pause {
+			t.Fatalf("pause %v after a long episode, want longer than the first, %v", pause, first.Pause)
+		}
+		if s, _ := h.reg.State("a"); s.ThrottledAt != before.ThrottledAt {
+			t.Fatalf("refused rate %d per %v, want %d as after the first refusal", s.ThrottledAt, s.Window, before.ThrottledAt)
+		}
+		if n := len(h.led.ofType(auditd.EventRegistryChanged)); n != 1 {
+			t.Fatalf("%d registry.changed events, want the one cut", n)
 		}
 	})
 
@@ -482,7 +539,8 @@ func TestLearnFromHeaders(t *testing.T) {
 		}{
 			// A fixed window: the longest Reset, rounded up to a common
 			// length, is its length.
-			{"FromReset", []hints.Hint{withLeft(adv(120, 0), 119, 58*time.Second), withLeft(adv(120, 0), 118, 57*time.Second)}, 120, time.Minute, registry.WindowReset, false},
+			// A Reset that counts down is a window's, whose quota caps the pace.
+			{"FromReset", []hints.Hint{withLeft(adv(120, 0), 119, 58*time.Second), withLeft(adv(120, 0), 118, 57*time.Second), withLeft(adv(120, 0), 117, 56*time.Second)}, 120, time.Minute, registry.WindowReset, false},
 			// One Reset, or one that does not move, seeds slow start.
 			{"FromOneReset", []hints.Hint{withLeft(adv(120, 0), 119, 58*time.Second)}, 120, time.Minute, registry.WindowStatic, true},
 			// The demo geocoder: 5 with a bucket of 10; Reset is the time to
@@ -567,6 +625,34 @@ func TestLearnFromHeaders(t *testing.T) {
 		}
 	})
 
+	t.Run("CountdownQuotaIsACap", func(t *testing.T) {
+		// 1000 per two minutes, read off a Reset that counts down: the
+		// pace is the quota spread over its window, never probed past; a
+		// 429 with nothing left waits for the Reset and cuts nothing.
+		h := newHarness(t, registry.Options{})
+		h.put(t, auditd.Source{ID: "a"})
+		for i := range 3 {
+			h.clk.Advance(time.Second)
+			h.observeWith(t, registry.Observation{SourceID: "a", Status: 200,
+				Hint: withLeft(adv(1000, 0), 999-i, time.Duration(119-i)*time.Second)})
+		}
+		want := 1000 / 120.0
+		if got := perSecond(h.limits(t, "a")); math.Abs(got-want) > 0.01 {
+			t.Fatalf("pace %.3g/s, want the quota over its window, %.3g/s", got, want)
+		}
+		for range 30 {
+			h.round(t, "a", registry.DefaultProbeAfter)
+		}
+		if got := perSecond(h.limits(t, "a")); got > want+0.01 {
+			t.Fatalf("pace %.3g/s after clean rounds, want at most %.3g/s", got, want)
+		}
+		d := h.observeWith(t, registry.Observation{SourceID: "a", Status: 429, Sent: h.clk.Now(),
+			Hint: withLeft(adv(1000, 0), 0, 14*time.Second)})
+		if d.Changed || d.Pause != 14*time.Second {
+			t.Fatalf("decision = %+v, want no cut and a pause until the Reset", d)
+		}
+	})
+
 	t.Run("RemainingOnlySlowsDown", func(t *testing.T) {
 		for _, tc := range []struct {
 			name      string
@@ -574,7 +660,10 @@ func TestLearnFromHeaders(t *testing.T) {
 			wantPause time.Duration
 		}{
 			{"ZeroPausesUntilReset", registry.Observation{Hint: left(0, 30*time.Second)}, 30 * time.Second},
-			{"ZeroOnAThrottle", registry.Observation{Outcome: auditd.OutcomeThrottled, Hint: left(0, 4*time.Second)}, 5 * time.Second},
+			// A refusal with nothing left and no Retry-After waits until the
+			// Reset, with the quota known or not.
+			{"ZeroOnAThrottle", registry.Observation{Outcome: auditd.OutcomeThrottled, Hint: left(0, 4*time.Second)}, 4 * time.Second},
+			{"ZeroOnAThrottleWithKnownQuota", registry.Observation{Status: 429, Outcome: auditd.OutcomeThrottled, Hint: withQuota(left(0, 14*time.Second), 1000, 2*time.Minute)}, 14 * time.Second},
 			// A refusal that says nothing of when to come back: two
 			// intervals of the new pace, at most five seconds, for the
 			// server's bucket to drain a little.
@@ -625,6 +714,7 @@ func TestLearnInGroup(t *testing.T) {
 			t.Fatalf("group event = %+v", last)
 		}
 		h.clk.Advance(2 * time.Minute)
+		h.observe(t, auditd.OutcomeSuccess, "b") // the episode ends
 		if d := h.refuse(t, "b"); d.Changed || !d.GroupChanged || d.Limit != 15 || d.GroupLimit >= 7 {
 			t.Fatalf("another member's throttle: %+v", d)
 		}

@@ -1,9 +1,12 @@
 // Command bench-pacing measures how close auditd's learning comes to a
 // client told the exact limit, against real nginx limit_req servers whose
-// limits auditd is not told (make bench-pacing; docs/BENCHMARKS.md).
+// limits auditd is not told (make bench-pacing; docs/BENCHMARKS.md), and,
+// for the shapes nginx cannot express (fixed windows, quotas that count
+// down to a reset, limits that rise), against package sim's upstreams on
+// loopback, on the real clock.
 //
-// For each shape it starts three nginx servers with the same limit, each
-// with its zone of its own, and fetches n items from each with one client:
+// For each shape it starts three servers with the same limit, each with its
+// own count, and fetches n items from each with one client:
 //
 //   - auditd: the real binary (auditd serve, default options, the source
 //     registered with a base URL only, plus an operator ceiling where the
@@ -22,8 +25,8 @@
 //
 // It prints, per shape and size: the time to fetch n items against the
 // oracle's, the share of requests refused for rate, and how many requests
-// each server received (from nginx's access log), which for auditd must
-// equal the dispatches its ledger holds.
+// each server received (nginx's access log, or the simulator's count),
+// which for auditd must equal the dispatches its ledger holds.
 package main
 
 import (
@@ -47,6 +50,9 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/sim"
 )
 
 // shape is one hidden limit, as nginx limit_req enforces it.
@@ -66,6 +72,12 @@ type shape struct {
 	// Outage, when set, is a maintenance before the measured fetch: every
 	// request answered a plain 503 for this long.
 	Outage time.Duration
+	// Go, when set, serves the shape from package sim instead of nginx:
+	// this limit, refused with a plain 429 (no Retry-After), advertised as
+	// Advertise says. Rate and Burst are then the oracle's: the limit's
+	// rate before any change, one request at a time.
+	Go        *sim.Limit
+	Advertise sim.Advertise
 }
 
 // shapes are the issue's: what a new user met with default options.
@@ -76,6 +88,13 @@ var shapes = []shape{
 	{Name: "outage-then-120m", Rate: 2, Burst: 5, Status: 429, Outage: 20 * time.Second},
 	{Name: "x-ratelimit-5-reset-2", Rate: 5, Burst: 10, Status: 429, RetryAfter: "1",
 		Headers: map[string]string{"X-RateLimit-Limit": "5", "X-RateLimit-Reset": "2"}},
+	{Name: "fixed-window-100m", Rate: 100.0 / 60, Burst: 1, Status: 429,
+		Go: &sim.Limit{Shape: sim.ShapeFixedWindow, Requests: 100, Window: time.Minute}},
+	{Name: "quota-1000-per-2m", Rate: 1000.0 / 120, Burst: 1, Status: 429, Advertise: sim.AdvertiseXRate,
+		Go: &sim.Limit{Shape: sim.ShapeFixedWindow, Requests: 1000, Window: 2 * time.Minute}},
+	{Name: "rising-0.5s-to-4s", Rate: 0.5, Burst: 1, Status: 429,
+		Go: &sim.Limit{Shape: sim.ShapeSlidingWindow, Requests: 1, Window: 2 * time.Second,
+			Changes: []sim.Change{{After: 2 * time.Minute, Requests: 8}}}},
 }
 
 var clients = []string{"auditd", "oracle", "retry"}
@@ -144,11 +163,11 @@ func run(args []string, out io.Writer) error {
 			}
 		}
 	}
-	ng, err := startNginx(*nginxBin, dir, cases)
+	ng, ngCases, stop, err := startServers(*nginxBin, dir, cases)
 	if err != nil {
 		return err
 	}
-	defer ng.stop()
+	defer stop()
 	ad, err := startAuditd(*auditdBin, filepath.Join(dir, "auditd"))
 	if err != nil {
 		return err
@@ -168,8 +187,15 @@ func run(args []string, out io.Writer) error {
 		}()
 	}
 	wg.Wait()
-	if err := ng.count(cases); err != nil {
-		return err
+	if ng != nil {
+		if err := ng.count(ngCases); err != nil {
+			return err
+		}
+	}
+	for _, c := range cases {
+		if c.sim != nil {
+			c.received = c.sim.Stats(simUpstream).Received
+		}
 	}
 	report(out, cases, ns)
 	fmt.Fprintf(out, "took %v\n", time.Since(start).Round(time.Second))
@@ -179,6 +205,38 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// startServers serves every case: one nginx for the nginx shapes (ng, nil
+// when none; ngCases, its cases), a simulator each for the Go shapes. stop
+// ends them all.
+func startServers(nginxBin, dir string, cases []*bcase) (ng *nginx, ngCases []*bcase, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range stops {
+			f()
+		}
+	}
+	for _, c := range cases {
+		if c.shape.Go == nil {
+			ngCases = append(ngCases, c)
+			continue
+		}
+		f, err := c.serveSim()
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, f)
+	}
+	if len(ngCases) > 0 {
+		if ng, err = startNginx(nginxBin, dir, ngCases); err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, ng.stop)
+	}
+	return ng, ngCases, stop, nil
 }
 
 // bcase is one client fetching n items from its own server of one shape.
@@ -192,9 +250,42 @@ type bcase struct {
 	elapsed  time.Duration // first request (or the outage's end) to the nth success
 	sent     int           // requests the client counted (auditd: dispatches)
 	refused  int           // refusals for rate (429, a plain 503 outside maintenance)
-	received int           // what nginx logged, maintenance included
+	received int           // what the server counted (nginx's log), maintenance included
 	note     string
 	err      error
+
+	sim      *sim.Sim  // the shape's Go upstream, when it has one
+	simStart time.Time // when its limit's changes count from
+}
+
+// goMargin is the share of a Go shape's rate its oracle paces at.
+const goMargin = 0.98
+
+// simUpstream names the one upstream of a case's simulator.
+const simUpstream = "upstream"
+
+// serveSim serves the case's Go shape on its port, on the real clock.
+func (c *bcase) serveSim() (stop func(), err error) {
+	lim := *c.shape.Go
+	sc := &sim.Scenario{Name: c.shape.Name, Seed: 1, Upstreams: []sim.Upstream{{
+		Name: simUpstream, Limit: &lim,
+		Reject: sim.Reject{Status: c.shape.Status, RetryAfter: sim.RetryAfterNone, Advertise: c.shape.Advertise},
+	}}}
+	s, err := sim.New(sc, clock.Real{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.shape.Name, err)
+	}
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", c.port))
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: s.Handler(simUpstream), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	c.sim, c.simStart = s, time.Now()
+	return func() {
+		srv.Close()
+		s.Close(context.Background())
+	}, nil
 }
 
 func (c *bcase) base() string { return fmt.Sprintf("http://127.0.0.1:%d", c.port) }
@@ -265,6 +356,22 @@ func refusal(status int) bool { return status == 429 || status == 503 }
 // rate and burst.
 func (c *bcase) oracle(ctx context.Context, n int, prefix string) (sent, refused int, err error) {
 	lim := rate.NewLimiter(rate.Limit(c.shape.Rate), c.shape.Burst)
+	if c.shape.Go != nil {
+		// Told the limit's changes too: each takes effect on time. A Go
+		// shape has no burst to absorb a request's latency jitter, so the
+		// oracle paces 2% under the rate, as a careful client would.
+		lim.SetLimit(rate.Limit(goMargin * c.shape.Rate))
+		for _, ch := range c.shape.Go.Changes {
+			w := c.shape.Go.Window
+			if ch.Window != nil {
+				w = *ch.Window
+			}
+			t := time.AfterFunc(time.Until(c.simStart.Add(ch.After)), func() {
+				lim.SetLimit(rate.Limit(goMargin * float64(ch.Requests) / w.Seconds()))
+			})
+			defer t.Stop()
+		}
+	}
 	for i := 0; i < n; {
 		if err := lim.Wait(ctx); err != nil {
 			return sent, refused, err
@@ -697,7 +804,7 @@ func report(out io.Writer, cases []*bcase, ns []int) {
 		}
 	}
 	tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "shape\tn\tclient\ttime\tx oracle\trefused\trequests sent\tnginx received\t\t")
+	fmt.Fprintln(tw, "shape\tn\tclient\ttime\tx oracle\trefused\trequests sent\tserver received\t\t")
 	for _, c := range cases {
 		o := oracle[fmt.Sprintf("%s/%d", c.shape.Name, c.n)]
 		ratio := "-"

@@ -1,0 +1,149 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/go-playground/validator/v10"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/redact"
+)
+
+// newValidator returns a validator that names fields by their JSON names, so
+// an error's Field is what the client sent.
+func newValidator() *validator.Validate {
+	v := validator.New(validator.WithRequiredStructEnabled())
+	v.RegisterTagNameFunc(func(f reflect.StructField) string {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			return ""
+		}
+		return name
+	})
+	return v
+}
+
+// validateSource checks src's tags and the rules the tags cannot say.
+func (r *Registry) validateSource(src auditd.Source) error {
+	if err := r.validate.Struct(src); err != nil {
+		var verrs validator.ValidationErrors
+		if errors.As(err, &verrs) && len(verrs) > 0 {
+			fe := verrs[0]
+			field := strings.TrimPrefix(fe.Namespace(), "Source.")
+			return &auditd.Error{Code: auditd.EINVALID, Field: field,
+				Message: fmt.Sprintf("Invalid %s: fails %q.", field, fe.Tag())}
+		}
+		return &auditd.Error{Code: auditd.EINVALID, Message: "Invalid source."}
+	}
+	if src.Window < 0 {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: "Window must not be negative."}
+	} else if src.Window > 0 && src.Limit == 0 {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "limit", Message: "A window needs a limit."}
+	}
+	if err := checkBaseURL(src.BaseURL); err != nil {
+		return err
+	}
+	for name, value := range src.Headers {
+		if !validHeaderName(name) {
+			return &auditd.Error{Code: auditd.EINVALID, Field: "headers", Message: "Invalid header name."}
+		}
+		if strings.ContainsAny(value, "\r\n\x00") {
+			return &auditd.Error{Code: auditd.EINVALID, Field: "headers[" + name + "]", Message: fmt.Sprintf("The value of header %s must not contain CR, LF or NUL.", name)}
+		}
+	}
+	for name := range src.Query {
+		if !validHeaderName(name) { // a token: nothing a query string would need to escape
+			return &auditd.Error{Code: auditd.EINVALID, Field: "query", Message: "Invalid query parameter name."}
+		}
+	}
+	return nil
+}
+
+// checkBaseURL refuses a base URL that is not http or https with a host,
+// that carries a query or a fragment, or that carries credentials: those
+// belong in headers (stored sealed, never recorded) or in item paths under
+// a parameter named in secret_query (redacted before anything is stored).
+// A host written as a number in another form than dotted decimal
+// ("0x7f000001", "2130706433", "127.1") is refused too: resolvers disagree
+// about what it names.
+func checkBaseURL(raw string) error {
+	bad := func(format string, args ...any) error {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "base_url", Message: fmt.Sprintf(format, args...)}
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return bad("base_url is not a URL.")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return bad("base_url must be an http or https URL.")
+	}
+	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
+		return bad("base_url must name a host (http://host or https://host).")
+	}
+	if u.User != nil || redact.New(nil).URL(raw) != raw {
+		return bad("base_url must not carry credentials; put them in headers, or in item paths under a parameter named in secret_query.")
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.ContainsAny(raw, "?#") {
+		return bad("base_url must not have a query or a fragment; parameters belong in item paths.")
+	}
+	if host := u.Hostname(); !strings.Contains(host, ":") && numericHost(host) {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return bad("base_url's host %q is a number but not a dotted-decimal IPv4 address; write the address in full.", host)
+		}
+	}
+	return nil
+}
+
+// numericHost reports whether host is made of digits, dots and hex
+// notation only: an address in some form, not a name.
+func numericHost(host string) bool {
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	if h == "" {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" {
+			return false
+		}
+		if strings.HasPrefix(label, "0x") {
+			label = strings.TrimLeft(label[2:], "0123456789abcdef")
+		} else {
+			label = strings.TrimLeft(label, "0123456789")
+		}
+		if label != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckSource checks src as PutSource would, without a registry and
+// storing nothing: a configuration file is checked whole before anything is
+// opened or created for it.
+func CheckSource(src auditd.Source) error {
+	return checker().validateSource(src)
+}
+
+// checker is the Registry CheckSource validates with, its validator built
+// once (a config file checks every source it lists).
+var checker = sync.OnceValue(func() *Registry { return &Registry{validate: newValidator()} })
