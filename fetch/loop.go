@@ -528,7 +528,7 @@ func (l *Loop) runConfigHash(items []auditd.Item) string {
 // maxAttempts probes in a row have failed every item finding the breaker
 // open ends at once (failed, or from its last good copy), and the cooldown
 // doubles from cooldown up to backoff times it. For the defaults (5
-// attempts, 2s, 4) it is 30s.
+// attempts, 30s, 4) it is 7m30s.
 func OutageBound(maxAttempts int, cooldown time.Duration, backoff int) time.Duration {
 	var total time.Duration
 	for i, c := 0, cooldown; i < maxAttempts; i++ {

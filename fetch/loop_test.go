@@ -763,7 +763,7 @@ upstreams:
 		t.Fatalf("run ended %s with %+v, want partial with 20 failed", v.Status, v.Counts)
 	}
 	// The bound (fetch package doc): the breaker's cooldowns over
-	// max_attempts failed probes, 2s+4s+8s+8s+8s for the defaults,
+	// max_attempts failed probes, 30s+60s+120s+120s+120s for the defaults,
 	// after the few seconds of failures that open it.
 	if bound := fetch.OutageBound(fetch.DefaultMaxAttempts, limiter.DefaultBreakerCooldown, limiter.DefaultBreakerBackoff); took > bound+time.Minute {
 		t.Fatalf("the run took %v of fake time, over the bound of %v", took, bound)

@@ -18,8 +18,8 @@ const (
 	DefaultBackoffBase      = time.Second
 	DefaultBackoffMax       = time.Minute
 	DefaultBreakerThreshold = 5
-	DefaultBreakerCooldown  = 2 * time.Second // the first: an outage's end is seen soon after it; it doubles after each failed probe
-	DefaultBreakerBackoff   = 4               // the longest cooldown is this many times the first
+	DefaultBreakerCooldown  = 30 * time.Second // the first; it doubles after each failed probe
+	DefaultBreakerBackoff   = 4                // the longest cooldown is this many times the first
 	DefaultBreakerProbes    = 1
 )
 
@@ -44,9 +44,9 @@ type Config struct {
 	BackoffMax  time.Duration
 	// Breaker: Threshold consecutive failures (5xx, transport) open it for
 	// Cooldown, then up to Probes requests at once test the source. Each
-	// failed probe doubles the cooldown, up to Backoff times Cooldown, so a
-	// blip costs seconds, the end of an outage is seen within one cooldown
-	// of it, and a long one costs a probe a cooldown; closing resets it.
+	// failed probe doubles the cooldown, up to Backoff times Cooldown, so
+	// the end of an outage is seen within one cooldown of it and a long one
+	// costs a probe a cooldown; closing resets it.
 	// Default DefaultBreakerThreshold, DefaultBreakerCooldown,
 	// DefaultBreakerProbes, DefaultBreakerBackoff.
 	BreakerThreshold int

@@ -38,9 +38,11 @@
 //     the caller knows to be a refusal (Outcome.Refused), pauses instead.
 //     Failures reset only on a success; transitions are closed→open,
 //     open→half_open, half_open→closed and half_open→open, each reported.
-//     The first cooldown is short and each failed probe doubles it, up to
-//     BreakerBackoff times the first: a blip costs seconds, the end of an
-//     outage is seen within one cooldown of it.
+//     Each failed probe doubles the cooldown, up to BreakerBackoff times
+//     the first: the end of an outage is seen within one cooldown of it,
+//     and a long one costs a probe a cooldown. The count of probes in flight
+//     lives across transitions: a probe still in flight from an earlier
+//     half-open counts against BreakerProbes.
 //   - The breaker's clock moves whoever asks: every Acquire moves an open
 //     breaker whose cooldown has passed to half-open, a request with a
 //     Fallback included, so a source is probed again however its callers

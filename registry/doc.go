@@ -97,7 +97,7 @@
 //     successes of the last ten seconds, brings the pace down to that rate
 //     (cause header): the pauses Remaining 0 asks for hold the source
 //     there anyway, and the pace shown is the pace sent.
-
+//
 // Learned paces are expressed over short windows (about 20 requests each,
 // the advertised window when the server gave one), and the limiter counts a
 // slower pace's window from the cut: so a cut never stalls a source for a

@@ -134,32 +134,32 @@ func (e *entry) unit() float64 {
 	return 1 / e.st.Window.D().Seconds()
 }
 
-// setMember records member id's own limit in group g.
-func (g *entry) setMember(id string, r rate) {
-	if g.members == nil {
-		g.members = make(map[string]rate)
+// setMember records member id's own limit in group e.
+func (e *entry) setMember(id string, r rate) {
+	if e.members == nil {
+		e.members = make(map[string]rate)
 	}
-	g.members[id] = r
-	g.resum()
+	e.members[id] = r
+	e.resum()
 }
 
-// dropMember forgets a member that left group g.
-func (g *entry) dropMember(id string) {
-	delete(g.members, id)
-	g.resum()
+// dropMember forgets a member that left group e.
+func (e *entry) dropMember(id string) {
+	delete(e.members, id)
+	e.resum()
 }
 
 // resum recomputes the sum of the members' limits per group window.
-func (g *entry) resum() {
-	w := g.st.Window.D()
+func (e *entry) resum() {
+	w := e.st.Window.D()
 	if w <= 0 {
 		return
 	}
 	var sum float64
-	for _, m := range g.members {
+	for _, m := range e.members {
 		sum += float64(m.limit) * float64(w) / float64(m.window)
 	}
-	g.membersLimit = max(1, int(sum))
+	e.membersLimit = max(1, int(sum))
 }
 
 // set moves e to l per w, recording what taught it.

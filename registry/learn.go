@@ -360,8 +360,8 @@ const maxHoldTime = 2 * time.Minute
 // holdTime is the longest x holds before a probe: maxHoldTime, two windows
 // of a spent window, or holdRequests intervals of the pace, whichever is
 // longest (a probe refused every holdRequests requests is refusal enough).
-func (x *entry) holdTime() time.Duration {
-	return max(maxHoldTime, 2*x.cycleLen, holdRequests*x.interval())
+func (e *entry) holdTime() time.Duration {
+	return max(maxHoldTime, 2*e.cycleLen, holdRequests*e.interval())
 }
 
 // holdRequests is the fewest requests between two probes that maxHoldTime

@@ -82,17 +82,17 @@ const (
 // before, it is the time to the window's next boundary, as the last
 // window's length and end tell it, and a second, unless that says a
 // boundary just went by.
-func (x *entry) episodePause(drain time.Duration, now time.Time) time.Duration {
-	if x.episode == 1 && x.cycleLen > 0 && !x.cycleFrom.IsZero() {
-		n := now.Sub(x.cycleFrom)/x.cycleLen + 1
+func (e *entry) episodePause(drain time.Duration, now time.Time) time.Duration {
+	if e.episode == 1 && e.cycleLen > 0 && !e.cycleFrom.IsZero() {
+		n := now.Sub(e.cycleFrom)/e.cycleLen + 1
 		// Unless a boundary was due just now: the estimate ran ahead
 		// of the window, whose boundary is near.
-		if wait := x.cycleFrom.Add(n * x.cycleLen).Sub(now); 10*wait < 9*x.cycleLen {
-			x.lastPause = wait + settle
-			return x.lastPause
+		if wait := e.cycleFrom.Add(n * e.cycleLen).Sub(now); 10*wait < 9*e.cycleLen {
+			e.lastPause = wait + settle
+			return e.lastPause
 		}
 	}
-	grown := drain << min(x.episode-1, 16)
-	x.lastPause = max(drain, min(grown, max(now.Sub(x.episodeAt)/episodeShare, 4*drain), maxEpisodePause))
-	return x.lastPause
+	grown := drain << min(e.episode-1, 16)
+	e.lastPause = max(drain, min(grown, max(now.Sub(e.episodeAt)/episodeShare, 4*drain), maxEpisodePause))
+	return e.lastPause
 }

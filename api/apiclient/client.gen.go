@@ -1050,7 +1050,7 @@ type SourceState struct {
 	Headers *map[string]string `json:"headers,omitempty"`
 	Id      string             `json:"id"`
 	Learned struct {
-		// Cause What taught it: header, 429, probe_up, operator, config.
+		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers; docs/EVENTS.md).
 		Cause     *string    `json:"cause,omitempty"`
 		ChangedAt *time.Time `json:"changed_at,omitempty"`
 		Limit     int        `json:"limit"`
@@ -1117,7 +1117,7 @@ type SourceTimeline struct {
 
 	// LimitChanges The source's registry.changed events in the range, in order (its learned-limit history).
 	LimitChanges []struct {
-		// Cause What taught it: header, 429, probe_up, operator.
+		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers; docs/EVENTS.md).
 		Cause    string `json:"cause"`
 		NewLimit int    `json:"new_limit"`
 
