@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -83,54 +82,4 @@ func joinSeqs(s []uint64) string {
 		parts[i] = strconv.FormatUint(v, 10)
 	}
 	return strings.Join(parts, " ")
-}
-
-// WriteTable writes rep as a table for a terminal: the verdict, then the
-// checks in total, then a line per source that does not balance.
-func WriteTable(w io.Writer, rep *Report) error {
-	verdict := "BALANCED"
-	if !rep.Balanced {
-		verdict = "NOT BALANCED: failed " + strings.Join(rep.Failed(), ", ")
-	}
-	fmt.Fprintf(w, "run %s  seq %d..%d  status %s\n%s\n\n", rep.Run.ID, rep.Run.FirstSeq, rep.Run.LastSeq, rep.Run.Status, verdict)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CHECK\tSTATUS\tEXPECTED\tACTUAL\tDIFF\tFIRST OFFENDING\tNOTE")
-	for _, c := range rep.Checks {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%+d\t%s\t%s\n", c.ID, c.Status, c.Expected, c.Actual, c.Difference, joinSeqs(c.Offending), c.Note)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for _, s := range rep.Sources {
-		if s.Balanced {
-			continue
-		}
-		var failed []string
-		for _, c := range s.Checks {
-			if c.Status == StatusFail {
-				failed = append(failed, c.ID)
-			}
-		}
-		fmt.Fprintf(w, "source %s: failed %s\n", s.SourceID, strings.Join(failed, ", "))
-	}
-	if len(rep.Cached) > 0 {
-		fmt.Fprintf(w, "\nserved from cache: %d\n", len(rep.Cached))
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "SEQ\tSOURCE\tITEM\tAGE\tFETCHED AT\tBY RUN\tREASON")
-		for _, c := range rep.Cached {
-			age, at, by := "unknown", "-", c.OriginRun
-			if c.AgeKnown() {
-				age, at = c.Age.D().String(), c.FetchedAt.UTC().Format(timeLayout)
-			}
-			if by == "" {
-				by = "-"
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Seq, c.SourceID, c.ItemKey, age, at, by, c.Reason)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	_, err := fmt.Fprintln(w)
-	return err
 }

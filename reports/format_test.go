@@ -40,30 +40,6 @@ func TestWriteCSV(t *testing.T) {
 	}
 }
 
-func TestWriteTable(t *testing.T) {
-	tests := []struct {
-		name string
-		m    mutation
-		want []string
-	}{
-		{"Balanced", mutation{Live: cleanLive()}, []string{"BALANCED", "R10"}},
-		{"NotBalanced", mutation{Before: drop(27)}, []string{"NOT BALANCED: failed R4", "source gis: failed R4", "R7     n/a"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var buf bytes.Buffer
-			if err := reports.WriteTable(&buf, reconcile(t, tt.m)); err != nil {
-				t.Fatal(err)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(buf.String(), w) {
-					t.Errorf("table lacks %q:\n%s", w, buf.String())
-				}
-			}
-		})
-	}
-}
-
 func TestWriteXLSX(t *testing.T) {
 	rep := reconcile(t, mutation{Before: drop(27), Live: cleanLive()}) // R4 fails
 	var a, b bytes.Buffer
