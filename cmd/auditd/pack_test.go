@@ -590,14 +590,9 @@ func TestPackDownloadedFromServeVerifies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts auditd serve")
 	}
-	up := packUpstream(t)
 	dir := t.TempDir()
-	config := filepath.Join(dir, "sources.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf("sources:\n  - id: county\n    base_url: %s\n    limit: 100\n    window: 1s\n", up.URL)), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	const token = "pack-live-test-admin-token-0123456789"
-	srv := startServe(t, filepath.Join(dir, "data"), config, token)
+	srv := serveCounty(t, dir, token)
 	v := newContractCheck(t)
 	submit := func(name, fain string, n int) string {
 		var items []map[string]any

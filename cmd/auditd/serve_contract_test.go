@@ -18,6 +18,18 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 )
 
+// serveCounty starts auditd serve on dir/data with one source, county,
+// in front of packUpstream, 100 a second.
+func serveCounty(t *testing.T, dir, token string) *child {
+	t.Helper()
+	up := packUpstream(t)
+	config := filepath.Join(dir, "sources.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf("sources:\n  - id: county\n    base_url: %s\n    limit: 100\n    window: 1s\n", up.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return startServe(t, filepath.Join(dir, "data"), config, token)
+}
+
 // TestServeAnswersMatchTheContract: the real service (auditd serve, its
 // run store, registry, limiter, ledger and reports), not the API tests'
 // fakes, answers as openapi.yaml says: a finished run's items page by
@@ -28,14 +40,8 @@ func TestServeAnswersMatchTheContract(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts auditd serve")
 	}
-	up := packUpstream(t)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "sources.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf("sources:\n  - id: county\n    base_url: %s\n    limit: 100\n    window: 1s\n", up.URL)), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	const token = "contract-test-admin-token-0123456789"
-	srv := startServe(t, filepath.Join(dir, "data"), config, token)
+	srv := serveCounty(t, t.TempDir(), token)
 	v := newContractCheck(t)
 	get := func(path string) []byte {
 		t.Helper()
