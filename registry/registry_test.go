@@ -192,14 +192,17 @@ func TestPutSource(t *testing.T) {
 			name  string
 			src   auditd.Source
 			field string
+			want  string // in the message, when set
 		}{
-			{"MissingID", auditd.Source{BaseURL: "https://x.gov"}, "id"},
-			{"BadURL", auditd.Source{ID: "a", BaseURL: "ftp//x"}, "base_url"},
-			{"BadTier", auditd.Source{ID: "a", BaseURL: "https://x.gov", Tier: "lax"}, "tier"},
-			{"ZeroLimitWithWindow", auditd.Source{ID: "a", BaseURL: "https://x.gov", Window: auditd.Duration(time.Minute)}, "limit"},
-			{"BadHeaderName", auditd.Source{ID: "a", BaseURL: "https://x.gov", Headers: map[string]string{"X Key": "v"}}, "headers"},
-			{"GroupNamedLikeSource", auditd.Source{ID: "a", BaseURL: "https://x.gov", Group: "a"}, "group"},
-			{"BreakerThreshold", auditd.Source{ID: "a", BaseURL: "https://x.gov", Breaker: auditd.BreakerPolicy{Threshold: -1}}, "breaker.threshold"},
+			{"MissingID", auditd.Source{BaseURL: "https://x.gov"}, "id", "id is required."},
+			{"BadURL", auditd.Source{ID: "a", BaseURL: "ftp//x"}, "base_url", "base_url must be an http:// or https:// URL."},
+			{"BadTier", auditd.Source{ID: "a", BaseURL: "https://x.gov", Tier: "lax"}, "tier", "tier must be one of strict, standard, relaxed."},
+			{"LimitTooHigh", auditd.Source{ID: "a", BaseURL: "https://x.gov", Limit: 2000000, Window: auditd.Duration(time.Second)}, "limit", "limit must be at most 1000000."},
+			{"IDTooLong", auditd.Source{ID: strings.Repeat("a", 101), BaseURL: "https://x.gov"}, "id", "id must be at most 100 characters."},
+			{"ZeroLimitWithWindow", auditd.Source{ID: "a", BaseURL: "https://x.gov", Window: auditd.Duration(time.Minute)}, "limit", ""},
+			{"BadHeaderName", auditd.Source{ID: "a", BaseURL: "https://x.gov", Headers: map[string]string{"X Key": "v"}}, "headers", ""},
+			{"GroupNamedLikeSource", auditd.Source{ID: "a", BaseURL: "https://x.gov", Group: "a"}, "group", ""},
+			{"BreakerThreshold", auditd.Source{ID: "a", BaseURL: "https://x.gov", Breaker: auditd.BreakerPolicy{Threshold: -1}}, "breaker.threshold", ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				h := newHarness(t, registry.Options{})
@@ -207,6 +210,9 @@ func TestPutSource(t *testing.T) {
 				var aerr *auditd.Error
 				if !errors.As(err, &aerr) || aerr.Code != auditd.EINVALID || aerr.Field != tc.field {
 					t.Fatalf("err = %v, want invalid %s", err, tc.field)
+				}
+				if tc.want != "" && aerr.Message != tc.want {
+					t.Errorf("message %q, want %q", aerr.Message, tc.want)
 				}
 				if n := len(h.led.all()); n != 0 {
 					t.Fatalf("%d events appended for an invalid source", n)

@@ -29,6 +29,35 @@ func newValidator() *validator.Validate {
 	return v
 }
 
+// ruleMessage says in words which rule of a source's field a value broke,
+// as a person who wrote the configuration reads it (not the tag's name).
+func ruleMessage(field string, fe validator.FieldError) string {
+	unit := ""
+	switch fe.Kind() {
+	case reflect.String:
+		unit = " characters"
+	case reflect.Slice, reflect.Map:
+		unit = " entries"
+	}
+	switch fe.Tag() {
+	case "required":
+		return fmt.Sprintf("%s is required.", field)
+	case "min":
+		return fmt.Sprintf("%s must be at least %s%s.", field, fe.Param(), unit)
+	case "max":
+		return fmt.Sprintf("%s must be at most %s%s.", field, fe.Param(), unit)
+	case "oneof":
+		return fmt.Sprintf("%s must be one of %s.", field, strings.ReplaceAll(fe.Param(), " ", ", "))
+	case "url", "startswith":
+		return fmt.Sprintf("%s must be an http:// or https:// URL.", field)
+	case "printascii":
+		return fmt.Sprintf("%s must be printable ASCII.", field)
+	case "excludesall":
+		return fmt.Sprintf("%s must not contain CR, LF or NUL.", field)
+	}
+	return fmt.Sprintf("%s is not valid.", field)
+}
+
 // validateSource checks src's tags and the rules the tags cannot say.
 func (r *Registry) validateSource(src auditd.Source) error {
 	if err := r.validate.Struct(src); err != nil {
@@ -36,8 +65,7 @@ func (r *Registry) validateSource(src auditd.Source) error {
 		if errors.As(err, &verrs) && len(verrs) > 0 {
 			fe := verrs[0]
 			field := strings.TrimPrefix(fe.Namespace(), "Source.")
-			return &auditd.Error{Code: auditd.EINVALID, Field: field,
-				Message: fmt.Sprintf("Invalid %s: fails %q.", field, fe.Tag())}
+			return &auditd.Error{Code: auditd.EINVALID, Field: field, Message: ruleMessage(field, fe)}
 		}
 		return &auditd.Error{Code: auditd.EINVALID, Message: "Invalid source."}
 	}
