@@ -481,6 +481,9 @@ func (p *Pack) verifyWorkbook(feed *leafFeed, derived func() ([]*reports.Report,
 		r.fail("%s: %v", FileWorkbook, err)
 		return nil
 	}
+	if err := b.checkParts(); err != nil {
+		r.fail("%s: %v", FileWorkbook, err)
+	}
 	stated, fields, ok := p.checkManifestSheet(b, r)
 	if !ok {
 		return nil

@@ -95,6 +95,31 @@ func openBook(zr *zip.Reader) (*book, error) {
 	return b, nil
 }
 
+// checkParts reads every part of the workbook to its end, so that damage
+// anywhere in it (a part no check reads, the tail of a sheet after its
+// last row, styles) fails the part's inflate or its zip checksum and is
+// named, with the sheet when the part is one.
+func (b *book) checkParts() error {
+	sheetOf := map[string]string{}
+	for name, part := range b.sheets {
+		sheetOf[part] = name
+	}
+	for _, f := range b.zr.File {
+		rc, err := f.Open()
+		if err == nil {
+			_, err = io.Copy(io.Discard, rc)
+			rc.Close()
+		}
+		if err != nil {
+			if name, ok := sheetOf[f.Name]; ok {
+				return fmt.Errorf("sheet %q (part %s) is damaged: %w", name, f.Name, err)
+			}
+			return fmt.Errorf("part %s is damaged: %w", f.Name, err)
+		}
+	}
+	return nil
+}
+
 func (b *book) decodeXML(name string, v any) error {
 	f, ok := b.files[name]
 	if !ok {

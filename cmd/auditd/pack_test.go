@@ -640,15 +640,67 @@ func TestPackDownloadedFromServeVerifies(t *testing.T) {
 			t.Errorf("GET %s: runs %+v, access events %v; want run %s and its download", path, p.Manifest.Runs, p.Manifest.Access, run1)
 		}
 
-		bad := bytes.Clone(body)
-		bad[len(bad)/2] ^= 0x01
-		if err := os.WriteFile(file, bad, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if code, out, errOut := runCmd(t, "verify", "--pack", file, "--key", strings.TrimSpace(string(key))); code == 0 {
-			t.Errorf("verify --pack of GET %s with byte %d changed: exit 0\n%s%s", path, len(bad)/2, out, errOut)
+		// A byte of the evidence changed: one in the middle of each entry's
+		// stored data, and one in the middle of each of the workbook's
+		// sheets. VERIFY.md (instructions for a person) and the workbook's
+		// formatting are no evidence: docs/EVIDENCE-PACK.md says so.
+		for _, at := range evidenceBytes(t, body) {
+			bad := bytes.Clone(body)
+			bad[at.offset] ^= 0x01
+			if err := os.WriteFile(file, bad, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if code, out, errOut := runCmd(t, "verify", "--pack", file, "--key", strings.TrimSpace(string(key))); code == 0 {
+				t.Errorf("verify --pack of GET %s with byte %d (in %s) changed: exit 0\n%s%s", path, at.offset, at.name, out, errOut)
+			}
 		}
 	}
+}
+
+// evidenceByte is a byte of a pack that holds evidence, and where it is.
+type evidenceByte struct {
+	offset int64
+	name   string
+}
+
+// evidenceBytes are the middle byte of each entry of the pack zip but
+// VERIFY.md, and of each worksheet inside evidence.xlsx (stored, so its
+// bytes are the workbook's own).
+func evidenceBytes(t *testing.T, body []byte) []evidenceByte {
+	t.Helper()
+	zr, err := zip.NewReader(bytes.NewReader(body), int64(len(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []evidenceByte
+	for _, zf := range zr.File {
+		at, err := zf.DataOffset()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case zf.Name == pack.FileVerify || zf.CompressedSize64 == 0:
+		case zf.Name == "evidence.xlsx" && zf.Method == zip.Store:
+			book := body[at : at+int64(zf.CompressedSize64)]
+			br, err := zip.NewReader(bytes.NewReader(book), int64(len(book)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sf := range br.File {
+				if !strings.HasPrefix(sf.Name, "xl/worksheets/") || sf.CompressedSize64 == 0 {
+					continue
+				}
+				in, err := sf.DataOffset()
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, evidenceByte{at + in + int64(sf.CompressedSize64/2), zf.Name + ":" + sf.Name})
+			}
+		default:
+			out = append(out, evidenceByte{at + int64(zf.CompressedSize64/2), zf.Name})
+		}
+	}
+	return out
 }
 
 // TestPackLedgerAtHidesLaterEvents: the live pack's view of the ledger
