@@ -57,13 +57,31 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		retentionUsage(stderr)
 		return 2
 	}
-	fs := newFlags("retention "+sub, retentionSubcommands[i].usage, stdout, stderr)
+	c, code, ok := parseRetention(sub, retentionSubcommands[i].usage, args[1:], stdout, stderr)
+	if !ok {
+		return code
+	}
+	return c.run(ctx, stdout, stderr)
+}
+
+// retentionCall is one retention subcommand, its flags parsed and checked.
+type retentionCall struct {
+	sub, data, award, principal string
+	reason, hold                string
+	finalReport, retainUntil    time.Time // set
+	dryRun, asJSON              bool
+}
+
+// parseRetention reads and checks sub's flags; ok is false, with the exit
+// code, when they are wrong or asked for help.
+func parseRetention(sub, usage string, args []string, stdout, stderr io.Writer) (c *retentionCall, code int, ok bool) {
+	fs := newFlags("retention "+sub, usage, stdout, stderr)
 	data := fs.String("data", "./data", "data `directory` of a stopped auditd")
 	award := fs.String("award", "", "the award's `FAIN`")
 	by := fs.String("by", "", "who is acting (recorded as the principal); default cli:$USER")
-	var finalReport, retainUntil, reason, hold *string
-	var dryRun *bool
 	asJSON := fs.Bool("json", false, "print the result as JSON, for a program to read")
+	var finalReport, retainUntil, reason, hold *string
+	dryRun := new(bool)
 	switch sub {
 	case "set":
 		finalReport = fs.String("final-report", "", "`date` (YYYY-MM-DD) of the award's final financial report")
@@ -76,109 +94,96 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case "purge":
 		dryRun = fs.Bool("dry-run", false, "say what would be purged; record and delete nothing")
 	}
-	if code, ok := fs.parse(args[1:]); !ok {
-		return code
+	if code, ok := fs.parse(args); !ok {
+		return nil, code, false
 	}
 	switch {
 	case *award == "" && sub != "purge":
-		return fs.fail("--award is required: the award's FAIN")
+		return nil, fs.fail("--award is required: the award's FAIN"), false
 	case sub == "set" && *finalReport == "":
-		return fs.fail("--final-report is required: the date (YYYY-MM-DD) of the award's final financial report")
+		return nil, fs.fail("--final-report is required: the date (YYYY-MM-DD) of the award's final financial report"), false
 	case sub == "release" && *hold == "":
-		return fs.fail("--hold is required: the hold's id, as auditd retention status --award %s lists it", *award)
+		return nil, fs.fail("--hold is required: the hold's id, as auditd retention status --award %s lists it", *award), false
 	case reason != nil && strings.TrimSpace(*reason) == "":
-		return fs.fail("--reason is required: say why (the litigation, claim, audit or written notice); it is recorded in the ledger")
+		return nil, fs.fail("--reason is required: say why (the litigation, claim, audit or written notice); it is recorded in the ledger"), false
 	}
-	principal := *by
-	if principal == "" {
-		principal = "cli:" + os.Getenv("USER")
+	c = &retentionCall{sub: sub, data: *data, award: *award, principal: *by, dryRun: *dryRun, asJSON: *asJSON}
+	if c.principal == "" {
+		c.principal = "cli:" + os.Getenv("USER")
 	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "auditd retention %s: %s\n", sub, plainError(err))
-		return 2
+	if reason != nil {
+		c.reason = *reason
 	}
-	var fr, ru time.Time
+	if hold != nil {
+		c.hold = *hold
+	}
 	if sub == "set" {
 		for _, d := range []struct {
 			name, text string
 			t          *time.Time
-		}{{"final-report", *finalReport, &fr}, {"retain-until", *retainUntil, &ru}} {
+		}{{"final-report", *finalReport, &c.finalReport}, {"retain-until", *retainUntil, &c.retainUntil}} {
 			if d.text == "" {
 				continue
 			}
 			t, err := time.Parse(time.DateOnly, d.text)
 			if err != nil {
-				return fs.fail("--%s %q: want a date as YYYY-MM-DD", d.name, d.text)
+				return nil, fs.fail("--%s %q: want a date as YYYY-MM-DD", d.name, d.text), false
 			}
 			*d.t = t
 		}
 	}
+	return c, 0, true
+}
 
-	if _, err := os.Stat(filepath.Join(*data, dbFile)); err != nil {
-		return fail(fmt.Errorf("--data %s holds no auditd database: %w", *data, err))
+// run opens the data directory and carries the call out.
+func (c *retentionCall) run(ctx context.Context, stdout, stderr io.Writer) int {
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "auditd retention %s: %s\n", c.sub, plainError(err))
+		return 2
 	}
-	db, err := openDB(*data, false)
+	if _, err := os.Stat(filepath.Join(c.data, dbFile)); err != nil {
+		return fail(fmt.Errorf("--data %s holds no auditd database: %w", c.data, err))
+	}
+	db, err := openDB(c.data, false)
 	if err != nil {
 		return fail(err)
 	}
 	defer db.Close()
-	led, err := ledger.Open(db, ledger.Options{KeyDir: *data})
+	led, err := ledger.Open(db, ledger.Options{KeyDir: c.data})
 	if err != nil {
 		return fail(err)
 	}
 	defer led.Close(context.Background())
-	stage, err := staging.Open(db, filepath.Join(*data, payloadsDir))
+	stage, err := staging.Open(db, filepath.Join(c.data, payloadsDir))
 	if err != nil {
 		return fail(err)
 	}
 	k := retention.New(led, stage)
 
 	var out any
-	switch sub {
+	switch c.sub {
 	case "set":
-		out, err = k.SetRetention(ctx, principal, *award, fr, ru)
-		if err != nil {
-			return fail(err)
-		}
+		out, err = k.SetRetention(ctx, c.principal, c.award, c.finalReport, c.retainUntil)
 	case "hold":
-		if out, err = k.PlaceHold(ctx, principal, *award, *reason); err != nil {
-			return fail(err)
-		}
+		out, err = k.PlaceHold(ctx, c.principal, c.award, c.reason)
 	case "release":
-		if out, err = k.ReleaseHold(ctx, principal, *award, *hold, *reason); err != nil {
-			return fail(err)
-		}
+		out, err = k.ReleaseHold(ctx, c.principal, c.award, c.hold, c.reason)
 	case "status":
-		st, err := k.Status(*award)
-		if err != nil {
-			return fail(err)
+		if !c.asJSON {
+			return c.status(k, led, stdout, stderr, fail)
 		}
-		if *asJSON {
-			out = st
-			break
-		}
-		runs, err := awardRunCount(led, *award)
-		if err != nil {
-			return fail(err)
-		}
-		if !st.Set && len(st.Holds) == 0 && runs == 0 {
-			fmt.Fprintf(stderr, "auditd retention status: no run, retention date or legal hold names award %q: is the FAIN mistyped?\n", *award)
-			return 1
-		}
-		writeRetentionStatus(stdout, st, runs, time.Now())
-		return 0
+		out, err = k.Status(c.award)
 	case "purge":
-		rep, err := k.Purge(ctx, principal, *award, *dryRun)
+		out, err = k.Purge(ctx, c.principal, c.award, c.dryRun)
 		if errors.Is(err, retention.ErrHeld) || errors.Is(err, retention.ErrRetained) || errors.Is(err, retention.ErrNoRetention) {
 			fmt.Fprintf(stderr, "auditd retention: purge refused: %v\n", err)
 			return 1
 		}
-		if err != nil {
-			return fail(err)
-		}
-		out = rep
 	}
-	if !*asJSON {
+	if err != nil {
+		return fail(err)
+	}
+	if !c.asJSON {
 		writeRetentionResult(stdout, out)
 		return 0
 	}
@@ -187,6 +192,25 @@ func runRetention(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := enc.Encode(out); err != nil {
 		return fail(err)
 	}
+	return 0
+}
+
+// status prints an award's retention in sentences, or says plainly that
+// nothing in the ledger names the award.
+func (c *retentionCall) status(k *retention.Keeper, led *ledger.Ledger, stdout, stderr io.Writer, fail func(error) int) int {
+	st, err := k.Status(c.award)
+	if err != nil {
+		return fail(err)
+	}
+	runs, err := awardRunCount(led, c.award)
+	if err != nil {
+		return fail(err)
+	}
+	if !st.Set && len(st.Holds) == 0 && runs == 0 {
+		fmt.Fprintf(stderr, "auditd retention status: no run, retention date or legal hold names award %q: is the FAIN mistyped?\n", c.award)
+		return 1
+	}
+	writeRetentionStatus(stdout, st, runs, time.Now())
 	return 0
 }
 
