@@ -37,9 +37,7 @@ func (l Limits) Pace() (limit int, window time.Duration) {
 
 // Limits returns the current limits of source id.
 func (r *Registry) Limits(id string) (Limits, error) {
-	r.mu.RLock()
-	e := r.sources[id]
-	r.mu.RUnlock()
+	e := r.lookup(id)
 	if e == nil {
 		return Limits{}, ErrSourceNotFound
 	}
@@ -56,9 +54,7 @@ func (r *Registry) Limits(id string) (Limits, error) {
 // so for as long as a stalled ledger refuses writes). It returns the
 // limits now when no change is in progress, else those last read.
 func (r *Registry) Peek(id string) (Limits, error) {
-	r.mu.RLock()
-	e := r.sources[id]
-	r.mu.RUnlock()
+	e := r.lookup(id)
 	if e == nil {
 		return Limits{}, ErrSourceNotFound
 	}
@@ -130,9 +126,7 @@ type State struct {
 
 // State returns what the registry holds about source id.
 func (r *Registry) State(id string) (State, error) {
-	r.mu.RLock()
-	e := r.sources[id]
-	r.mu.RUnlock()
+	e := r.lookup(id)
 	if e == nil {
 		return State{}, ErrSourceNotFound
 	}
@@ -198,9 +192,7 @@ func (e *entry) tryHold() (release func(), ok bool) {
 // never waits for a change in progress (one held by a stalled ledger),
 // answering with the state last read instead.
 func (r *Registry) PeekState(id string) (State, error) {
-	r.mu.RLock()
-	e := r.sources[id]
-	r.mu.RUnlock()
+	e := r.lookup(id)
 	if e == nil {
 		return State{}, ErrSourceNotFound
 	}

@@ -33,9 +33,7 @@ func (r *Registry) RequestHeaders(id string) (map[string]string, error) {
 // HeaderNames returns the names of source id's request headers, sorted,
 // without their values: what the API shows of them.
 func (r *Registry) HeaderNames(id string) ([]string, error) {
-	r.mu.RLock()
-	e := r.sources[id]
-	r.mu.RUnlock()
+	e := r.lookup(id)
 	if e == nil {
 		return nil, ErrSourceNotFound
 	}

@@ -25,13 +25,18 @@ func (e *entry) setConfig(src auditd.Source, headers map[string]string) {
 // GetSource returns the configuration of source id without its secret
 // headers (Headers is nil).
 func (r *Registry) GetSource(id string) (auditd.Source, error) {
-	r.mu.RLock()
-	e := r.sources[id]
-	r.mu.RUnlock()
+	e := r.lookup(id)
 	if e == nil {
 		return auditd.Source{}, ErrSourceNotFound
 	}
 	return e.config.Load().src, nil
+}
+
+// lookup returns source id's entry, or nil when there is none.
+func (r *Registry) lookup(id string) *entry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.sources[id]
 }
 
 // ListSources returns every source's configuration, without secret headers,
@@ -260,9 +265,7 @@ func (r *Registry) SetLimit(ctx context.Context, principal, id string, limit int
 	} else if window <= 0 {
 		return Limits{}, &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: "Window must be positive."}
 	}
-	r.mu.RLock()
-	e := r.sources[id]
-	r.mu.RUnlock()
+	e := r.lookup(id)
 	if e == nil {
 		return Limits{}, ErrSourceNotFound
 	}
