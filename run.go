@@ -1,6 +1,7 @@
 package auditd
 
 import (
+	"context"
 	"encoding/json"
 	"net/url"
 	"strings"
@@ -238,4 +239,42 @@ type RunFilter struct {
 	To     time.Time // created before
 	After  string    // cursor: the id of the last run of the previous page
 	Limit  int
+}
+
+// AwardPeriod says in words which runs of an award an export or pack of
+// the period covers, as they name their filters: "award=F from=T to=T",
+// each time RFC 3339 UTC or "-" when open.
+func (f RunFilter) AwardPeriod() string {
+	stamp := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	return "award=" + f.FAIN + " from=" + stamp(f.From) + " to=" + stamp(f.To)
+}
+
+// RunLister pages through runs (the run store).
+type RunLister interface {
+	Runs(ctx context.Context, f RunFilter) (runs []RunView, next string, err error)
+}
+
+// EachRun calls fn for every run f selects, page after page, newest first
+// as the store lists them; an error from fn ends the walk.
+func EachRun(ctx context.Context, l RunLister, f RunFilter, fn func(RunView) error) error {
+	for {
+		runs, next, err := l.Runs(ctx, f)
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if err := fn(r); err != nil {
+				return err
+			}
+		}
+		if next == "" {
+			return nil
+		}
+		f.After = next
+	}
 }

@@ -120,18 +120,6 @@ func (a awardPeriod) detail(what, format string) map[string]string {
 	return d
 }
 
-// filters says in words which runs the award's pack covers, as auditd
-// pack --award does.
-func (a awardPeriod) filters() string {
-	stamp := func(t time.Time) string {
-		if t.IsZero() {
-			return "-"
-		}
-		return t.UTC().Format(time.RFC3339)
-	}
-	return fmt.Sprintf("award=%s from=%s to=%s", a.fain, stamp(a.from), stamp(a.to))
-}
-
 func (s *Server) handleRunPack(c echo.Context) error {
 	if s.Packs == nil {
 		return errNoPacks
@@ -161,21 +149,15 @@ func (s *Server) handleAwardPack(c echo.Context) error {
 	}
 	var ids []string
 	f := auditd.RunFilter{FAIN: a.fain, From: a.from, To: a.to, Limit: 500}
-	for {
-		runs, next, err := s.Runs.Runs(c.Request().Context(), f)
-		if err != nil {
+	err = auditd.EachRun(c.Request().Context(), s.Runs, f, func(r auditd.RunView) error {
+		if err := packable(r); err != nil {
 			return err
 		}
-		for _, r := range runs {
-			if err := packable(r); err != nil {
-				return err
-			}
-			ids = append(ids, r.ID)
-		}
-		if next == "" {
-			break
-		}
-		f.After = next
+		ids = append(ids, r.ID)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if len(ids) == 0 {
 		return auditd.Errorf(auditd.ENOTFOUND, "No run of award %q in that period.", a.fain)
@@ -185,7 +167,7 @@ func (s *Server) handleAwardPack(c echo.Context) error {
 		return err
 	}
 	s.startDownload(c, MIMEZIP, "evidence-pack-"+sanitizeFilename(a.fain)+".zip", true)
-	return s.Packs.WritePack(c.Request().Context(), c.Response(), ids, a.filters())
+	return s.Packs.WritePack(c.Request().Context(), c.Response(), ids, f.AwardPeriod())
 }
 
 var errNoPacks = auditd.Errorf(auditd.EUNAVAILABLE, "Evidence packs are not configured on this server.")

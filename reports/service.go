@@ -6,7 +6,6 @@ import (
 	"io"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
@@ -157,25 +156,18 @@ func (s *Service) WriteRunEvidence(ctx context.Context, w io.Writer, runID strin
 func (s *Service) WriteAwardEvidence(ctx context.Context, w io.Writer, f auditd.RunFilter) error {
 	var ids []string
 	q := auditd.RunFilter{FAIN: f.FAIN, From: f.From, To: f.To, Limit: 500}
-	for {
-		runs, next, err := s.runs.Runs(ctx, q)
-		if err != nil {
-			return err
-		}
-		for _, r := range runs {
-			ids = append(ids, r.ID)
-		}
-		if next == "" {
-			break
-		}
-		q.After = next
+	err := auditd.EachRun(ctx, s.runs, q, func(r auditd.RunView) error {
+		ids = append(ids, r.ID)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if len(ids) == 0 {
 		return auditd.Errorf(auditd.ENOTFOUND, "no run of award %q in that period", f.FAIN)
 	}
 	slices.Reverse(ids) // oldest first, as an auditor reads a period
-	filters := fmt.Sprintf("award=%s from=%s to=%s", f.FAIN, stamp(f.From), stamp(f.To))
-	return s.export(ctx, w, ids, filters)
+	return s.export(ctx, w, ids, q.AwardPeriod())
 }
 
 func (s *Service) export(ctx context.Context, w io.Writer, runIDs []string, filters string) error {
@@ -201,11 +193,4 @@ func (s *Service) export(ctx context.Context, w io.Writer, runIDs []string, filt
 		_, err := x.Export(ctx, w, req)
 		return err
 	})
-}
-
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format(time.RFC3339)
 }

@@ -79,7 +79,7 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if len(runs) == 0 {
 			return fail(fmt.Errorf("no run of award %q started in that period", *award))
 		}
-		filters = fmt.Sprintf("award=%s from=%s to=%s", *award, stamp(fromT), stamp(toT))
+		filters = auditd.RunFilter{FAIN: *award, From: fromT, To: toT}.AwardPeriod()
 	}
 	req := pack.Request{Request: reports.Request{ExportID: *exportID, RunIDs: runs, Filters: filters}}
 	if req.ExportID == "" {
@@ -191,14 +191,6 @@ func (l *listFlag) Set(s string) error {
 	}
 	*l = append(*l, s)
 	return nil
-}
-
-// stamp is a time as a filter names it: RFC 3339 UTC, "-" when unset.
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format(time.RFC3339)
 }
 
 // livePacks builds evidence packs for the API from the serving ledger,
