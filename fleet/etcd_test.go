@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"strings"
@@ -30,14 +31,37 @@ type member struct {
 }
 
 // startCluster starts n etcd members and waits until they serve; they stop
-// when the test ends.
+// when the test ends. A cluster that does not come up (a port taken
+// between freeAddr and etcd's bind) is stopped and started again on other
+// ports, up to three times.
 func startCluster(tb testing.TB, n int) *cluster {
 	tb.Helper()
+	var err error
+	for range 3 {
+		var c *cluster
+		if c, err = tryCluster(tb, n); err == nil {
+			for _, m := range c.members {
+				tb.Cleanup(m.stop)
+			}
+			return c
+		}
+		tb.Logf("etcd cluster did not start, trying other ports: %v", err)
+	}
+	tb.Fatalf("etcd cluster: %v", err)
+	return nil
+}
+
+func tryCluster(tb testing.TB, n int) (*cluster, error) {
 	c := &cluster{}
 	peers := make([]string, n)
 	for i := range n {
 		c.members = append(c.members, &member{name: fmt.Sprintf("m%d", i), client: "http://" + freeAddr(tb)})
 		peers[i] = fmt.Sprintf("m%d=http://%s", i, freeAddr(tb))
+	}
+	stopAll := func() {
+		for _, m := range c.members {
+			m.stop()
+		}
 	}
 	for i, m := range c.members {
 		cfg := embed.NewConfig()
@@ -55,27 +79,40 @@ func startCluster(tb testing.TB, n int) *cluster {
 		cfg.UnsafeNoFsync = true
 		e, err := embed.StartEtcd(cfg)
 		if err != nil {
-			tb.Fatalf("start %s: %v", m.name, err)
+			stopAll()
+			return nil, fmt.Errorf("start %s: %w", m.name, err)
 		}
 		m.etcd = e
-		tb.Cleanup(m.stop)
 	}
 	for _, m := range c.members {
 		select {
 		case <-m.etcd.Server.ReadyNotify():
 		case <-time.After(30 * time.Second): // a guard against a hang, not a timing assertion
-			tb.Fatalf("%s not ready", m.name)
+			stopAll()
+			return nil, fmt.Errorf("%s not ready", m.name)
 		}
 	}
-	return c
+	return c, nil
 }
 
+// stop stops the member. A member that never joined its cluster can block
+// in Close for good; past a bound the test goes on without it.
 func (m *member) stop() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.etcd != nil {
-		m.etcd.Close()
-		m.etcd = nil
+	e := m.etcd
+	m.etcd = nil
+	m.mu.Unlock()
+	if e == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		e.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second): // a guard against a hang, not a timing assertion
 	}
 }
 
@@ -122,12 +159,19 @@ func newClient(tb testing.TB, endpoints ...string) *clientv3.Client {
 
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	// Below Linux's ephemeral range (32768 and up): a port the kernel
+	// hands an outgoing connection of another test between this check
+	// and etcd's bind would keep a member from starting.
+	for range 100 {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+		if err != nil {
+			continue
+		}
+		defer ln.Close()
+		return ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	tb.Fatal("no free port below the ephemeral range")
+	return ""
 }
 
 func mustURL(tb testing.TB, s string) url.URL {
