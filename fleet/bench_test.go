@@ -10,6 +10,7 @@ import (
 
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/internal/etcdtest"
 )
 
 // BenchmarkTake is the cost of a local slot hand-out: Earliest and Take on
@@ -61,14 +62,14 @@ func BenchmarkTake(b *testing.B) {
 // (granted reservations) per second and per second of the rate; the target
 // is at most rate/10 plus a constant.
 func BenchmarkWritesAtFullPace(b *testing.B) {
-	c := startCluster(b, 1)
+	c := etcdtest.Start(b, 1)
 	rate := fleet.Rate{Limit: 1000, Window: time.Second}
 	for _, nodes := range []int{1, 3} {
 		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
 			key := fmt.Sprintf("k%d-%d", nodes, b.N) // a fresh key per run
 			var all []*fleet.Slots
 			for range nodes {
-				st := fleet.NewStore(newClient(b, c.endpoints()...), clock.Real{}, "")
+				st := fleet.NewStore(etcdtest.NewClient(b, c.Endpoints()...), clock.Real{}, "")
 				s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: key, Rate: rate})
 				if err != nil {
 					b.Fatal(err)
@@ -113,8 +114,8 @@ func BenchmarkWritesAtFullPace(b *testing.B) {
 // transaction on a one-member cluster, from a Store that knows the key's
 // last revision.
 func BenchmarkReserve(b *testing.B) {
-	c := startCluster(b, 1)
-	st := fleet.NewStore(newClient(b, c.endpoints()...), clock.Real{}, "")
+	c := etcdtest.Start(b, 1)
+	st := fleet.NewStore(etcdtest.NewClient(b, c.Endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
 	for b.Loop() {
 		if _, err := st.Reserve(ctx, "k", time.Now(), 1, time.Nanosecond); err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/internal/etcdtest"
 )
 
 // TestPartitionedNodeStopsAtItsBlock cuts one node's connection to etcd (a
@@ -14,8 +15,8 @@ import (
 // its own: the cut node hands out the slots it holds and then none, reports
 // the cut, and resumes once the proxy heals; the other never stops.
 func TestPartitionedNodeStopsAtItsBlock(t *testing.T) {
-	c := startCluster(t, 1)
-	px := startProxy(t, c.endpoints()[0])
+	c := etcdtest.Start(t, 1)
+	px := etcdtest.StartProxy(t, c.Endpoints()[0])
 	events := make(chan fleet.Event, 256)
 	cfg := fleet.Config{Key: "geo", Rate: fleet.Rate{Limit: 100, Window: time.Second}, Block: 200 * time.Millisecond,
 		Timeout: 300 * time.Millisecond, Retry: 50 * time.Millisecond,
@@ -24,12 +25,12 @@ func TestPartitionedNodeStopsAtItsBlock(t *testing.T) {
 				events <- e
 			}
 		}}
-	cut, err := fleet.NewSlots(fleet.NewStore(newClient(t, px.url()), clock.Real{}, ""), clock.Real{}, cfg)
+	cut, err := fleet.NewSlots(fleet.NewStore(etcdtest.NewClient(t, px.URL()), clock.Real{}, ""), clock.Real{}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Notify = nil
-	other, err := fleet.NewSlots(fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, ""), clock.Real{}, cfg)
+	other, err := fleet.NewSlots(fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, ""), clock.Real{}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

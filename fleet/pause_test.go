@@ -8,6 +8,7 @@ import (
 
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/internal/etcdtest"
 )
 
 // TestPauseReachesEveryNode has one of three nodes pause a key and reports
@@ -15,7 +16,7 @@ import (
 // the writer included, drops its held slots before the pause, and every
 // block granted afterwards starts after it.
 func TestPauseReachesEveryNode(t *testing.T) {
-	c := startCluster(t, 3)
+	c := etcdtest.Start(t, 3)
 	const nodes, rounds = 3, 10
 	type seen struct {
 		node int
@@ -26,7 +27,7 @@ func TestPauseReachesEveryNode(t *testing.T) {
 	var all []*fleet.Slots
 	var stores []*fleet.Store
 	for n := range nodes {
-		st := fleet.NewStore(newClient(t, c.endpoints()[n]), clock.Real{}, "")
+		st := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()[n]), clock.Real{}, "")
 		s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: "geo", Rate: fleet.Rate{Limit: 100, Window: time.Second},
 			Notify: func(e fleet.Event) {
 				if e.Kind == fleet.EventPaused {

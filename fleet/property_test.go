@@ -9,6 +9,7 @@ import (
 
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/internal/etcdtest"
 )
 
 // demand is one node's takers: how many, how long each rests after a take,
@@ -24,7 +25,7 @@ type demand struct {
 // checks the union of every take against the told limit in every sliding
 // window. It reports utilisation: takes over what the limit allowed.
 func TestFleetNeverExceedsTheLimit(t *testing.T) {
-	c := startCluster(t, 3)
+	c := etcdtest.Start(t, 3)
 	for _, tc := range []struct {
 		name  string
 		nodes []demand
@@ -36,7 +37,7 @@ func TestFleetNeverExceedsTheLimit(t *testing.T) {
 	}
 }
 
-func checkFleet(t *testing.T, c *cluster, key string, nodes []demand) {
+func checkFleet(t *testing.T, c *etcdtest.Cluster, key string, nodes []demand) {
 	rate := fleet.Rate{Limit: 200, Window: time.Second}
 	const run = 3 * time.Second
 
@@ -57,7 +58,7 @@ func checkFleet(t *testing.T, c *cluster, key string, nodes []demand) {
 	var wg sync.WaitGroup
 	var all []*fleet.Slots
 	for n, d := range nodes {
-		st := fleet.NewStore(newClient(t, c.endpoints()[n%len(c.members)]), clock.Real{}, "")
+		st := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()[n%len(c.Members)]), clock.Real{}, "")
 		s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: key, Rate: rate, Notify: record})
 		if err != nil {
 			t.Fatal(err)

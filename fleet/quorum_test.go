@@ -7,14 +7,15 @@ import (
 
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/internal/etcdtest"
 )
 
 // TestReservationsNeedAQuorum stops one member of three, the leader, and
 // reservations go on; stops a second and they fail, granting nothing, and
 // the slots granted before stay disjoint.
 func TestReservationsNeedAQuorum(t *testing.T) {
-	c := startCluster(t, 3)
-	st := fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, "")
+	c := etcdtest.Start(t, 3)
+	st := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
 	var blocks []fleet.Block
 	reserve := func(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -28,18 +29,18 @@ func TestReservationsNeedAQuorum(t *testing.T) {
 	if err := reserve(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	lead := c.leader()
+	lead := c.Leader()
 	if lead < 0 {
 		t.Fatal("no leader")
 	}
-	c.members[lead].stop()
+	c.Members[lead].Stop()
 	for i := range 5 {
 		if err := reserve(10 * time.Second); err != nil { // a new leader is elected meanwhile
 			t.Fatalf("reservation %d with two of three members: %v", i, err)
 		}
 	}
 	second := (lead + 1) % 3
-	c.members[second].stop()
+	c.Members[second].Stop()
 	for i := range 2 {
 		if err := reserve(time.Second); err == nil {
 			t.Fatalf("reservation %d granted with one member of three", i)

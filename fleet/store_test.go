@@ -9,13 +9,14 @@ import (
 
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/internal/etcdtest"
 )
 
 // TestReserveNeverGrantsASlotTwice has several nodes, each its own etcd
 // client on its own member, reserve blocks of one key at once: every grant
 // has its own revision and no two grants overlap.
 func TestReserveNeverGrantsASlotTwice(t *testing.T) {
-	c := startCluster(t, 3)
+	c := etcdtest.Start(t, 3)
 	const nodes, each = 6, 25
 	interval := time.Millisecond
 	var (
@@ -24,7 +25,7 @@ func TestReserveNeverGrantsASlotTwice(t *testing.T) {
 		wg     sync.WaitGroup
 	)
 	for n := range nodes {
-		st := fleet.NewStore(newClient(t, c.endpoints()[n%3]), clock.Real{}, "")
+		st := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()[n%3]), clock.Real{}, "")
 		wg.Go(func() {
 			for i := range each {
 				b, err := st.Reserve(context.Background(), "geo", time.Now(), 1+(n+i)%7, interval)
@@ -63,9 +64,9 @@ func assertDisjoint(t *testing.T, blocks []fleet.Block) {
 }
 
 func TestReserveStartsAtFromAfterIdle(t *testing.T) {
-	c := startCluster(t, 1)
+	c := etcdtest.Start(t, 1)
 	fc := clock.NewFake(t0)
-	st := fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, "")
+	st := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
 	b1, err := st.Reserve(ctx, "k", fc.Now(), 3, time.Second)
 	if err != nil {
@@ -89,7 +90,7 @@ func TestReserveStartsAtFromAfterIdle(t *testing.T) {
 		t.Fatalf("after idle block at %v, want now %v", b3.First, fc.Now())
 	}
 	// Another node's Store, with no cached state, still continues after.
-	other := fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, "")
+	other := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
 	b4, err := other.Reserve(ctx, "k", fc.Now(), 1, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +104,7 @@ func TestReserveStartsAtFromAfterIdle(t *testing.T) {
 // the same key: every block granted at a later revision than a pause starts
 // at or after the pause's end.
 func TestNoGrantAfterAPauseFallsInsideIt(t *testing.T) {
-	c := startCluster(t, 1)
+	c := etcdtest.Start(t, 1)
 	var (
 		mu     sync.Mutex
 		blocks []fleet.Block
@@ -111,7 +112,7 @@ func TestNoGrantAfterAPauseFallsInsideIt(t *testing.T) {
 		wg     sync.WaitGroup
 	)
 	for n := range 4 {
-		st := fleet.NewStore(newClient(t, c.endpoints()...), clock.Real{}, "")
+		st := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
 		wg.Go(func() {
 			for i := range 30 {
 				ctx := context.Background()

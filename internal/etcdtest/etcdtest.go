@@ -1,4 +1,8 @@
-package fleet_test
+// Package etcdtest starts real etcd members in the test's process, on
+// loopback ports, for tests of the fleet: a cluster of n members, a client
+// that reconnects quickly, and a TCP proxy the test can cut and heal to
+// partition one node from etcd.
+package etcdtest
 
 import (
 	"fmt"
@@ -18,30 +22,30 @@ import (
 	"google.golang.org/grpc/backoff"
 )
 
-// cluster is an in-process etcd cluster on loopback ports.
-type cluster struct {
-	members []*member
+// Cluster is an in-process etcd cluster on loopback ports.
+type Cluster struct {
+	Members []*Member
 }
 
-type member struct {
+type Member struct {
 	name   string
-	client string // client URL
+	Client string // client URL
 	mu     sync.Mutex
 	etcd   *embed.Etcd // nil once stopped
 }
 
-// startCluster starts n etcd members and waits until they serve; they stop
+// Start starts n etcd members and waits until they serve; they stop
 // when the test ends. A cluster that does not come up (a port taken
 // between freeAddr and etcd's bind) is stopped and started again on other
 // ports, up to three times.
-func startCluster(tb testing.TB, n int) *cluster {
+func Start(tb testing.TB, n int) *Cluster {
 	tb.Helper()
 	var err error
 	for range 3 {
-		var c *cluster
+		var c *Cluster
 		if c, err = tryCluster(tb, n); err == nil {
-			for _, m := range c.members {
-				tb.Cleanup(m.stop)
+			for _, m := range c.Members {
+				tb.Cleanup(m.Stop)
 			}
 			return c
 		}
@@ -51,25 +55,25 @@ func startCluster(tb testing.TB, n int) *cluster {
 	return nil
 }
 
-func tryCluster(tb testing.TB, n int) (*cluster, error) {
-	c := &cluster{}
+func tryCluster(tb testing.TB, n int) (*Cluster, error) {
+	c := &Cluster{}
 	peers := make([]string, n)
 	for i := range n {
-		c.members = append(c.members, &member{name: fmt.Sprintf("m%d", i), client: "http://" + freeAddr(tb)})
-		peers[i] = fmt.Sprintf("m%d=http://%s", i, freeAddr(tb))
+		c.Members = append(c.Members, &Member{name: fmt.Sprintf("m%d", i), Client: "http://" + FreeAddr(tb)})
+		peers[i] = fmt.Sprintf("m%d=http://%s", i, FreeAddr(tb))
 	}
 	stopAll := func() {
-		for _, m := range c.members {
-			m.stop()
+		for _, m := range c.Members {
+			m.Stop()
 		}
 	}
-	for i, m := range c.members {
+	for i, m := range c.Members {
 		cfg := embed.NewConfig()
 		cfg.Name = m.name
 		cfg.Dir = tb.TempDir()
 		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 		peer := mustURL(tb, strings.SplitN(peers[i], "=", 2)[1])
-		client := mustURL(tb, m.client)
+		client := mustURL(tb, m.Client)
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.InitialCluster = strings.Join(peers, ",")
@@ -84,7 +88,7 @@ func tryCluster(tb testing.TB, n int) (*cluster, error) {
 		}
 		m.etcd = e
 	}
-	for _, m := range c.members {
+	for _, m := range c.Members {
 		select {
 		case <-m.etcd.Server.ReadyNotify():
 		case <-time.After(30 * time.Second): // a guard against a hang, not a timing assertion
@@ -95,9 +99,9 @@ func tryCluster(tb testing.TB, n int) (*cluster, error) {
 	return c, nil
 }
 
-// stop stops the member. A member that never joined its cluster can block
+// Stop stops the member. A member that never joined its cluster can block
 // in Close for good; past a bound the test goes on without it.
-func (m *member) stop() {
+func (m *Member) Stop() {
 	m.mu.Lock()
 	e := m.etcd
 	m.etcd = nil
@@ -116,9 +120,9 @@ func (m *member) stop() {
 	}
 }
 
-// leader returns the index of the member that leads, or -1.
-func (c *cluster) leader() int {
-	for i, m := range c.members {
+// Leader returns the index of the member that leads, or -1.
+func (c *Cluster) Leader() int {
+	for i, m := range c.Members {
 		m.mu.Lock()
 		e := m.etcd
 		m.mu.Unlock()
@@ -129,17 +133,18 @@ func (c *cluster) leader() int {
 	return -1
 }
 
-func (c *cluster) endpoints() []string {
+// Endpoints returns the members' client URLs.
+func (c *Cluster) Endpoints() []string {
 	var eps []string
-	for _, m := range c.members {
-		eps = append(eps, m.client)
+	for _, m := range c.Members {
+		eps = append(eps, m.Client)
 	}
 	return eps
 }
 
-// newClient returns an etcd client of endpoints that closes when the test
+// NewClient returns an etcd client of endpoints that closes when the test
 // ends. It reconnects quickly, so that a test healing a cut sees it soon.
-func newClient(tb testing.TB, endpoints ...string) *clientv3.Client {
+func NewClient(tb testing.TB, endpoints ...string) *clientv3.Client {
 	tb.Helper()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
@@ -157,7 +162,8 @@ func newClient(tb testing.TB, endpoints ...string) *clientv3.Client {
 	return cli
 }
 
-func freeAddr(tb testing.TB) string {
+// FreeAddr returns a loopback address with a port below the ephemeral range.
+func FreeAddr(tb testing.TB) string {
 	tb.Helper()
 	// Below Linux's ephemeral range (32768 and up): a port the kernel
 	// hands an outgoing connection of another test between this check
@@ -182,9 +188,9 @@ func mustURL(tb testing.TB, s string) url.URL {
 	return *u
 }
 
-// proxy is a TCP proxy between a node's client and an etcd member that the
+// Proxy is a TCP proxy between a node's client and an etcd member that the
 // test can cut (every connection closed, new ones refused) and heal.
-type proxy struct {
+type Proxy struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
@@ -192,13 +198,14 @@ type proxy struct {
 	conns  map[net.Conn]struct{}
 }
 
-func startProxy(tb testing.TB, targetURL string) *proxy {
+// StartProxy starts a Proxy to targetURL that closes when the test ends.
+func StartProxy(tb testing.TB, targetURL string) *Proxy {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &proxy{ln: ln, target: strings.TrimPrefix(targetURL, "http://"), conns: make(map[net.Conn]struct{})}
+	p := &Proxy{ln: ln, target: strings.TrimPrefix(targetURL, "http://"), conns: make(map[net.Conn]struct{})}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -218,9 +225,10 @@ func startProxy(tb testing.TB, targetURL string) *proxy {
 	return p
 }
 
-func (p *proxy) url() string { return "http://" + p.ln.Addr().String() }
+// URL is the proxy's client URL.
+func (p *Proxy) URL() string { return "http://" + p.ln.Addr().String() }
 
-func (p *proxy) serve(c net.Conn) {
+func (p *Proxy) serve(c net.Conn) {
 	if !p.track(c) {
 		c.Close()
 		return
@@ -239,7 +247,7 @@ func (p *proxy) serve(c net.Conn) {
 }
 
 // track registers conn unless the proxy is cut.
-func (p *proxy) track(conn net.Conn) bool {
+func (p *Proxy) track(conn net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cut {
@@ -250,7 +258,7 @@ func (p *proxy) track(conn net.Conn) bool {
 }
 
 // Cut closes every connection and refuses new ones until Heal.
-func (p *proxy) Cut() {
+func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = true
@@ -261,7 +269,7 @@ func (p *proxy) Cut() {
 }
 
 // Heal lets connections through again.
-func (p *proxy) Heal() {
+func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = false
