@@ -117,113 +117,128 @@ func (b *batch) reset() {
 // run is the writer. It prepares queued appends into the pending batch and
 // commits one batch at a time, until Close; appends queued before Close are
 // committed first.
+// writer is the state of the goroutine that writes the ledger's commit
+// groups (Ledger.run): the batch being filled, the one being written, and
+// the timers that make a batch wait to grow or a refused one wait to be
+// written again.
+type writer struct {
+	pending  *batch
+	inflight *batch     // being written
+	spare    *batch     // written, kept for its buffers
+	written  chan error // the outcome of writing inflight
+	closed   bool
+
+	sealed  time.Time        // when the last batch was sealed
+	took    time.Duration    // from then until it was written
+	busy    bool             // it held at least busyRequests requests
+	linger  *time.Timer      // armed while a batch waits to grow
+	lingerC <-chan time.Time // linger's channel while armed
+
+	backoff time.Duration    // since the last write the disk refused; 0 when writing
+	retry   *time.Timer      // armed while a refused batch waits to be written again
+	retryC  <-chan time.Time // retry's channel while armed
+}
+
 func (l *Ledger) run() {
 	defer close(l.done)
-	var (
-		pending  = &batch{}
-		inflight *batch             // being written
-		spare    = &batch{}         // written, kept for its buffers
-		written  = make(chan error) // the outcome of writing inflight
-		group    []*request
-		closed   bool
-
-		sealed  time.Time        // when the last batch was sealed
-		took    time.Duration    // from then until it was written
-		busy    bool             // it held at least busyRequests requests
-		linger  *time.Timer      // armed while a batch waits to grow
-		lingerC <-chan time.Time // linger's channel while armed
-
-		backoff time.Duration    // since the last write the disk refused; 0 when writing
-		retry   *time.Timer      // armed while a refused batch waits to be written again
-		retryC  <-chan time.Time // retry's channel while armed
-	)
+	w := &writer{pending: &batch{}, spare: &batch{}, written: make(chan error)}
+	var group []*request
 	for {
-		group, closed = l.take(group[:0], l.maxGroup-pending.events, len(pending.reqs) == 0)
+		group, w.closed = l.take(group[:0], l.maxGroup-w.pending.events, len(w.pending.reqs) == 0)
 		for _, r := range group {
-			l.prepare(pending, r, inflight)
+			l.prepare(w.pending, r, w.inflight)
 		}
 		clear(group)
-		if closed && retryC != nil {
-			retry.Stop()
-			retryC = nil // closing: one last try, then the appends fail
+		if w.closed && w.retryC != nil {
+			w.retry.Stop()
+			w.retryC = nil // closing: one last try, then the appends fail
 		}
-		if inflight == nil && retryC == nil && len(pending.reqs) > 0 {
-			wait := l.lingerFor(pending, busy, sealed, took, closed)
-			if wait <= 0 {
-				if lingerC != nil {
-					linger.Stop()
-					lingerC = nil
-				}
-				l.seal(pending)
-				sealed, busy = time.Now(), len(pending.reqs) >= busyRequests
-				inflight, pending, spare = pending, spare, nil
-				go func(b *batch) { written <- l.write(b) }(inflight)
-				continue
-			}
-			if lingerC == nil {
-				if linger == nil {
-					linger = time.NewTimer(wait)
-				} else {
-					linger.Reset(wait)
-				}
-				lingerC = linger.C
-			}
+		if w.inflight == nil && w.retryC == nil && len(w.pending.reqs) > 0 && l.sealOrLinger(w) {
+			continue
 		}
-		if inflight == nil && closed && len(pending.reqs) == 0 {
+		if w.inflight == nil && w.closed && len(w.pending.reqs) == 0 {
 			return // and the queue is empty: take had room for all of it
 		}
 		select {
 		case <-l.wake:
-		case <-lingerC:
-			lingerC = nil
-		case <-retryC:
-			retryC = nil
-		case err := <-written:
-			took = time.Since(sealed)
-			var failed *writeError
-			switch {
-			case err == nil:
-				if backoff > 0 {
-					backoff = 0
-					l.stalled(nil)
-				}
-			case errors.As(err, &failed) && !closed:
-				// The disk refused the write (full, say): put the batch
-				// and the one prepared on top of it back at the head of
-				// the queue, to be prepared again (stamped anew) and
-				// written once the backoff has passed. Nothing is
-				// answered, so appenders wait, and nothing added later
-				// can be stored before them.
-				l.tip = inflight.before
-				l.requeue(inflight.reqs, pending.reqs)
-				pending.reset()
-				backoff = min(max(2*backoff, minRetry), maxRetry)
-				if retry == nil {
-					retry = time.NewTimer(backoff)
-				} else {
-					retry.Reset(backoff)
-				}
-				retryC = retry.C
-				l.stalled(failed.err)
-				inflight.reset()
-				spare, inflight = inflight, nil
-				continue
-			default:
-				// The batch could not be built in a transaction, or the
-				// ledger is closing: it fails, and pending, prepared on
-				// top of it, with it.
-				l.tip = inflight.before
-				if failed != nil {
-					err = failed.err
-				}
-				l.answer(inflight.reqs, err)
-				l.answer(pending.reqs, fmt.Errorf("previous commit group failed: %w", err))
-				pending.reset()
-			}
-			inflight.reset()
-			spare, inflight = inflight, nil
+		case <-w.lingerC:
+			w.lingerC = nil
+		case <-w.retryC:
+			w.retryC = nil
+		case err := <-w.written:
+			l.wrote(w, err)
 		}
 	}
+}
+
+// sealOrLinger starts writing the pending batch when it has waited long
+// enough to grow, and reports whether it did; otherwise it arms the linger
+// timer.
+func (l *Ledger) sealOrLinger(w *writer) bool {
+	wait := l.lingerFor(w.pending, w.busy, w.sealed, w.took, w.closed)
+	if wait <= 0 {
+		if w.lingerC != nil {
+			w.linger.Stop()
+			w.lingerC = nil
+		}
+		l.seal(w.pending)
+		w.sealed, w.busy = time.Now(), len(w.pending.reqs) >= busyRequests
+		w.inflight, w.pending, w.spare = w.pending, w.spare, nil
+		go func(b *batch) { w.written <- l.write(b) }(w.inflight)
+		return true
+	}
+	if w.lingerC == nil {
+		w.linger = resetTimer(w.linger, wait)
+		w.lingerC = w.linger.C
+	}
+	return false
+}
+
+// wrote takes the outcome of writing the inflight batch.
+func (l *Ledger) wrote(w *writer, err error) {
+	w.took = time.Since(w.sealed)
+	var failed *writeError
+	switch {
+	case err == nil:
+		if w.backoff > 0 {
+			w.backoff = 0
+			l.stalled(nil)
+		}
+	case errors.As(err, &failed) && !w.closed:
+		// The disk refused the write (full, say): put the batch and the
+		// one prepared on top of it back at the head of the queue, to be
+		// prepared again (stamped anew) and written once the backoff has
+		// passed. Nothing is answered, so appenders wait, and nothing
+		// added later can be stored before them.
+		l.tip = w.inflight.before
+		l.requeue(w.inflight.reqs, w.pending.reqs)
+		w.pending.reset()
+		w.backoff = min(max(2*w.backoff, minRetry), maxRetry)
+		w.retry = resetTimer(w.retry, w.backoff)
+		w.retryC = w.retry.C
+		l.stalled(failed.err)
+	default:
+		// The batch could not be built in a transaction, or the ledger is
+		// closing: it fails, and pending, prepared on top of it, with it.
+		l.tip = w.inflight.before
+		if failed != nil {
+			err = failed.err
+		}
+		l.answer(w.inflight.reqs, err)
+		l.answer(w.pending.reqs, fmt.Errorf("previous commit group failed: %w", err))
+		w.pending.reset()
+	}
+	w.inflight.reset()
+	w.spare, w.inflight = w.inflight, nil
+}
+
+// resetTimer arms t (made on first use) to fire after d.
+func resetTimer(t *time.Timer, d time.Duration) *time.Timer {
+	if t == nil {
+		return time.NewTimer(d)
+	}
+	t.Reset(d)
+	return t
 }
 
 // Retries of a commit group the disk refused start at minRetry apart and
