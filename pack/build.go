@@ -111,11 +111,48 @@ func (b *Builder) Build(ctx context.Context, w io.Writer, req Request) (*Manifes
 	if root, err := b.Ledger.TreeHash(tree.Size); err != nil || root != tree.Root {
 		return nil, fmt.Errorf("pack checkpoint of size %d is not this ledger's tree (%v)", tree.Size, err)
 	}
+	m, proof, err := b.manifest(req, bm, tree)
+	if err != nil {
+		return nil, err
+	}
+	var cons *Consistency
+	if req.Previous != nil {
+		if cons, err = b.consistency(req.Previous, tree); err != nil {
+			return nil, err
+		}
+	}
+	z := newPackZip(w)
+	z.put(FileVerify, verifyText(m))
+	z.put(FileCheckpoint, cp.note)
+	z.put(FilePublicKey, []byte(b.PublicKey+"\n"))
+	if cons != nil {
+		z.put(FilePreviousCheckpoint, req.Previous)
+		z.putJSON(FileConsistency, cons)
+	}
+	z.putJSON(FileProof, proof)
+	if z.err != nil {
+		return nil, z.err
+	}
+	if err := b.leaves(ctx, z.zw, m); err != nil {
+		return nil, err
+	}
+	z.putStored(FileWorkbook, book)
+	z.putJSON(FileManifest, m)
+	if z.err != nil {
+		return nil, z.err
+	}
+	return m, z.zw.Close()
+}
+
+// manifest lists what the pack holds (its runs, retention and access
+// records, the ranges of leaves that cover them) and proves each range
+// against the checkpoint's tree.
+func (b *Builder) manifest(req Request, bm *reports.Manifest, tree ledger.SignedTree) (*Manifest, Proof, error) {
 	m := &Manifest{Format: Format, ExportID: req.ExportID, Filters: req.Filters, Origin: tree.Origin, TreeSize: tree.Size}
 	for _, rep := range bm.Reports {
 		r := Run{ID: rep.Run.ID, First: rep.Run.FirstSeq, Last: rep.Run.LastSeq}
 		if r.Last > tree.Size {
-			return nil, fmt.Errorf("run %s ends at event %d, after the checkpoint's %d events", r.ID, r.Last, tree.Size)
+			return nil, Proof{}, fmt.Errorf("run %s ends at event %d, after the checkpoint's %d events", r.ID, r.Last, tree.Size)
 		}
 		m.Runs = append(m.Runs, r)
 	}
@@ -125,76 +162,64 @@ func (b *Builder) Build(ctx context.Context, w io.Writer, req Request) (*Manifes
 	for _, rg := range m.Ranges {
 		p, err := b.Ledger.ProveRange(rg.First, rg.Last, tree.Size)
 		if err != nil {
-			return nil, err
+			return nil, Proof{}, err
 		}
 		proof.Ranges = append(proof.Ranges, RangeProof{First: rg.First, Last: rg.Last, Left: b64(p.Left), Right: b64(p.Right)})
 		m.Leaves += rg.Last - rg.First + 1
 	}
-	var cons *Consistency
-	if req.Previous != nil {
-		if cons, err = b.consistency(req.Previous, tree); err != nil {
-			return nil, err
-		}
-	}
+	return m, proof, nil
+}
 
+// packZip writes a pack's files; the first error sticks and later writes
+// are skipped.
+type packZip struct {
+	zw  *zip.Writer
+	err error
+}
+
+func newPackZip(w io.Writer) *packZip {
 	zw := zip.NewWriter(w)
 	zw.RegisterCompressor(zip.Deflate, func(w io.Writer) (io.WriteCloser, error) {
 		return flate.NewWriter(w, flate.BestSpeed)
 	})
-	put := func(name string, data []byte) error {
-		f, err := zw.CreateHeader(&zip.FileHeader{Name: name, Method: zip.Deflate, Modified: zipTime})
-		if err != nil {
-			return err
-		}
-		_, err = f.Write(data)
-		return err
+	return &packZip{zw: zw}
+}
+
+func (z *packZip) put(name string, data []byte) {
+	if z.err != nil {
+		return
 	}
-	putJSON := func(name string, v any) error {
-		j, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
-		}
-		return put(name, append(j, '\n'))
+	var f io.Writer
+	if f, z.err = z.zw.CreateHeader(&zip.FileHeader{Name: name, Method: zip.Deflate, Modified: zipTime}); z.err == nil {
+		_, z.err = f.Write(data)
 	}
-	if err := put(FileVerify, verifyText(m)); err != nil {
-		return nil, err
+}
+
+func (z *packZip) putJSON(name string, v any) {
+	if z.err != nil {
+		return
 	}
-	if err := put(FileCheckpoint, cp.note); err != nil {
-		return nil, err
-	}
-	if err := put(FilePublicKey, []byte(b.PublicKey+"\n")); err != nil {
-		return nil, err
-	}
-	if cons != nil {
-		if err := put(FilePreviousCheckpoint, req.Previous); err != nil {
-			return nil, err
-		}
-		if err := putJSON(FileConsistency, cons); err != nil {
-			return nil, err
-		}
-	}
-	if err := putJSON(FileProof, proof); err != nil {
-		return nil, err
-	}
-	if err := b.leaves(ctx, zw, m); err != nil {
-		return nil, err
-	}
-	// The workbook is stored, not compressed again: it is a ZIP itself,
-	// and stored bytes can be read in place (Pack.Workbook).
-	if _, err := book.Seek(0, io.SeekStart); err != nil {
-		return nil, err
-	}
-	f, err := zw.CreateHeader(&zip.FileHeader{Name: FileWorkbook, Method: zip.Store, Modified: zipTime})
+	j, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return nil, err
+		z.err = err
+		return
 	}
-	if _, err := io.Copy(f, book); err != nil {
-		return nil, err
+	z.put(name, append(j, '\n'))
+}
+
+// putStored copies the workbook in stored, not compressed again: it is a
+// ZIP itself, and stored bytes can be read in place (Pack.Workbook).
+func (z *packZip) putStored(name string, book *os.File) {
+	if z.err != nil {
+		return
 	}
-	if err := putJSON(FileManifest, m); err != nil {
-		return nil, err
+	if _, z.err = book.Seek(0, io.SeekStart); z.err != nil {
+		return
 	}
-	return m, zw.Close()
+	var f io.Writer
+	if f, z.err = z.zw.CreateHeader(&zip.FileHeader{Name: name, Method: zip.Store, Modified: zipTime}); z.err == nil {
+		_, z.err = io.Copy(f, book)
+	}
 }
 
 func (b *Builder) consistency(previous []byte, tree ledger.SignedTree) (*Consistency, error) {
