@@ -155,7 +155,8 @@ func UnmarshalCanonical(b []byte, e *auditd.Event) error {
 	}
 	d := decoder{b: b, i: 1}
 	last := byte(0)
-	var shared sharedFields
+	var attempt uint32 // the fields shared across types (auditd.Event.SetShared)
+	var cause string
 	for d.i < len(d.b) {
 		tag := d.b[d.i]
 		d.i++
@@ -163,102 +164,90 @@ func UnmarshalCanonical(b []byte, e *auditd.Event) error {
 			return fmt.Errorf("%w: field tag %d at offset %d out of order or unknown", ErrCorrupt, tag, d.i-1)
 		}
 		last = tag
-		d.field(tag, e, &shared)
+		switch tag {
+		case tagSeq:
+			e.Seq = d.uint()
+		case tagType:
+			e.Type = auditd.EventType(d.string())
+		case tagRunID:
+			e.RunID = d.string()
+		case tagSourceID:
+			e.SourceID = d.string()
+		case tagItemKey:
+			e.ItemKey = d.string()
+		case tagPage:
+			e.Page = d.uint32()
+		case tagAttempt:
+			attempt = d.uint32()
+		case tagTime:
+			e.Time = time.Unix(0, d.varint(true)).UTC()
+		case tagMono:
+			e.Mono = time.Duration(d.int())
+		case tagIdempotencyKey:
+			e.IdempotencyKey = d.string()
+		case tagMethod:
+			e.Method = d.string()
+		case tagPath:
+			e.Path = d.string()
+		case tagStatus:
+			e.Status = int(d.int())
+		case tagBytes:
+			e.Bytes = d.int()
+		case tagLatency:
+			e.Latency = time.Duration(d.int())
+		case tagWait:
+			e.Wait = time.Duration(d.int())
+		case tagActual:
+			e.Actual = time.Duration(d.int())
+		case tagRetryAfterRaw:
+			e.RetryAfterRaw = d.string()
+		case tagRetryAfter:
+			e.RetryAfter = time.Duration(d.int())
+		case tagClamped:
+			e.Clamped = true
+		case tagBackoff:
+			e.Backoff = time.Duration(d.int())
+		case tagFrom:
+			e.From = d.string()
+		case tagTo:
+			e.To = d.string()
+		case tagFailures:
+			e.Failures = int(d.int())
+		case tagThreshold:
+			e.Threshold = int(d.int())
+		case tagCooldown:
+			e.Cooldown = time.Duration(d.int())
+		case tagOldLimit:
+			e.OldLimit = int(d.int())
+		case tagNewLimit:
+			e.NewLimit = int(d.int())
+		case tagOldWindow:
+			e.OldWindow = time.Duration(d.int())
+		case tagNewWindow:
+			e.NewWindow = time.Duration(d.int())
+		case tagGroup:
+			e.Group = d.string()
+		case tagOutcome:
+			e.Outcome = auditd.Outcome(d.string())
+		case tagBodyError:
+			e.BodyError = d.string()
+		case tagPayloadHash:
+			e.PayloadHash = d.string()
+		case tagCause:
+			cause = d.string()
+		case tagPrincipal:
+			e.Principal = d.string()
+		case tagDetail:
+			e.Detail = d.string()
+		}
 		if d.err != "" {
 			return fmt.Errorf("%w: field tag %d: %s", ErrCorrupt, tag, d.err)
 		}
 	}
-	if err := e.SetShared(shared.attempt, shared.cause); err != nil {
+	if err := e.SetShared(attempt, cause); err != nil {
 		return fmt.Errorf("%w: %s", ErrCorrupt, auditd.ErrorMessage(err))
 	}
 	return nil
-}
-
-// sharedFields are the fields an event's types share (auditd.Event.SetShared),
-// set once the whole event is read.
-type sharedFields struct {
-	attempt uint32
-	cause   string
-}
-
-// field decodes the value of one tagged field into e (or sh).
-func (d *decoder) field(tag byte, e *auditd.Event, sh *sharedFields) {
-	switch tag {
-	case tagSeq:
-		e.Seq = d.uint()
-	case tagType:
-		e.Type = auditd.EventType(d.string())
-	case tagRunID:
-		e.RunID = d.string()
-	case tagSourceID:
-		e.SourceID = d.string()
-	case tagItemKey:
-		e.ItemKey = d.string()
-	case tagPage:
-		e.Page = d.uint32()
-	case tagAttempt:
-		sh.attempt = d.uint32()
-	case tagTime:
-		e.Time = time.Unix(0, d.varint(true)).UTC()
-	case tagMono:
-		e.Mono = time.Duration(d.int())
-	case tagIdempotencyKey:
-		e.IdempotencyKey = d.string()
-	case tagMethod:
-		e.Method = d.string()
-	case tagPath:
-		e.Path = d.string()
-	case tagStatus:
-		e.Status = int(d.int())
-	case tagBytes:
-		e.Bytes = d.int()
-	case tagLatency:
-		e.Latency = time.Duration(d.int())
-	case tagWait:
-		e.Wait = time.Duration(d.int())
-	case tagActual:
-		e.Actual = time.Duration(d.int())
-	case tagRetryAfterRaw:
-		e.RetryAfterRaw = d.string()
-	case tagRetryAfter:
-		e.RetryAfter = time.Duration(d.int())
-	case tagClamped:
-		e.Clamped = true
-	case tagBackoff:
-		e.Backoff = time.Duration(d.int())
-	case tagFrom:
-		e.From = d.string()
-	case tagTo:
-		e.To = d.string()
-	case tagFailures:
-		e.Failures = int(d.int())
-	case tagThreshold:
-		e.Threshold = int(d.int())
-	case tagCooldown:
-		e.Cooldown = time.Duration(d.int())
-	case tagOldLimit:
-		e.OldLimit = int(d.int())
-	case tagNewLimit:
-		e.NewLimit = int(d.int())
-	case tagOldWindow:
-		e.OldWindow = time.Duration(d.int())
-	case tagNewWindow:
-		e.NewWindow = time.Duration(d.int())
-	case tagGroup:
-		e.Group = d.string()
-	case tagOutcome:
-		e.Outcome = auditd.Outcome(d.string())
-	case tagBodyError:
-		e.BodyError = d.string()
-	case tagPayloadHash:
-		e.PayloadHash = d.string()
-	case tagCause:
-		sh.cause = d.string()
-	case tagPrincipal:
-		e.Principal = d.string()
-	case tagDetail:
-		e.Detail = d.string()
-	}
 }
 
 // decoder reads one field value at a time; the first problem sticks in err
