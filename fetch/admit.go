@@ -30,9 +30,9 @@ const (
 // every request finding it open at once (OutageBound); a request waiting
 // at the breaker when a probe fails is told (admitStillDown), and counts
 // it as a try.
-func (l *Loop) admit(ctx context.Context, sourceID string, req limiter.Request, fallback bool, maxAttempts int) (*limiter.Permit, admitEnd, error) {
+func (g *gates) admit(ctx context.Context, sourceID string, req limiter.Request, fallback bool, maxAttempts int) (*limiter.Permit, admitEnd, error) {
 	req.StopAtReopen, req.Fallback, req.DownAfter = true, fallback, maxAttempts
-	p, err := l.cfg.Limiter.Acquire(ctx, sourceID, req)
+	p, err := g.limiter.Acquire(ctx, sourceID, req)
 	var shed *limiter.ShedError
 	switch {
 	case err == nil:
@@ -47,11 +47,4 @@ func (l *Loop) admit(ctx context.Context, sourceID string, req limiter.Request, 
 		return p, admitGone, err
 	}
 	return p, admitFailed, err
-}
-
-// hasCopy reports whether the last-good index holds a copy of the request
-// key names; whether it still verifies is checked when it is served.
-func (l *Loop) hasCopy(key string) bool {
-	_, ok, err := l.cfg.Staging.LastGood(key)
-	return ok && err == nil
 }

@@ -50,8 +50,9 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		return
 	}
 	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
+	ends := batchEnds{l, rctx, ar, it, lastGoodKey}
 	if ar.replay {
-		if l.serveCached(rctx, ar, it, lastGoodKey, "replay") {
+		if ends.fallBack("replay") {
 			return
 		}
 	}
@@ -76,7 +77,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 	records := 0
 	for p := 0; ; p++ {
 		if p >= maxPages {
-			l.failOrServe(rctx, ar, it, lastGoodKey, fmt.Sprintf("more than %d pages", maxPages))
+			ends.failOrServe(fmt.Sprintf("more than %d pages", maxPages))
 			return
 		}
 		pg, err := pageRequest(sendable, p)
@@ -92,17 +93,17 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 			l.endItem(ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
 			return
 		case pageShed:
-			l.shed(rctx, ar, it, lastGoodKey, reason)
+			ends.shed(reason)
 			return
 		case pageFailed:
-			l.failOrServe(rctx, ar, it, lastGoodKey, reason)
+			ends.failOrServe(reason)
 			return
 		}
 		if p > 0 {
 			w.Write([]byte("\n"))
 		}
 		if _, err := w.Write(body); err != nil {
-			l.failOrServe(rctx, ar, it, lastGoodKey, "staging: "+err.Error())
+			ends.failOrServe("staging: " + err.Error())
 			return
 		}
 		res.Pages++
@@ -111,7 +112,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		}
 		info, err := parsePage(it.Paging, body, records)
 		if err != nil {
-			l.failOrServe(rctx, ar, it, lastGoodKey, err.Error())
+			ends.failOrServe(err.Error())
 			return
 		}
 		records += info.records
@@ -124,7 +125,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 	}
 	payload, err := w.Finish()
 	if err != nil {
-		l.failOrServe(rctx, ar, it, lastGoodKey, "staging: "+err.Error())
+		ends.failOrServe("staging: " + err.Error())
 		return
 	}
 	res.PayloadHash, res.Bytes, res.Records = payload.Sum, payload.N, records
@@ -381,81 +382,6 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	return nil
 }
 
-// queueDispatch checks, under the source's send lock, that the request p
-// admitted may still go, and adds its dispatch record, e, to the ledger. The send lock
-// orders dispatch records against breaker and throttle records: a dispatch
-// is on record either before a throttle or after its pause is in force.
-// Holding it while the dispatch is added is enough for that, since the
-// ledger stores e before anything added after it; the wait for e's commit
-// group, the longest part of a dispatch, is the caller's, outside the
-// lock, so that the source's other requests can share the group.
-func (l *Loop) queueDispatch(sourceID string, p *limiter.Permit, e []auditd.Event) (auditd.Future, error) {
-	mu := l.sendLock(sourceID)
-	mu.Lock()
-	defer mu.Unlock()
-	if st, err := l.cfg.Limiter.State(sourceID); err == nil {
-		if !p.Probe && st.Breaker != limiter.BreakerClosed {
-			p.Release()
-			return nil, errBreakerOpened
-		}
-		if st.PausedUntil.After(l.cfg.Clock.Now()) {
-			p.Release()
-			return nil, errPausedMeanwhile
-		}
-	}
-	f, err := l.cfg.Ledger.Add(e)
-	if err != nil {
-		p.Release()
-		return nil, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)
-	}
-	return f, nil
-}
-
-// recordThrottle records a throttle and pauses the source from that record
-// on, under the source's send lock, so no dispatch recorded after it can
-// carry a time inside [throttle.Time, throttle.Time+Wait). It returns the
-// throttle's recorded time (zero when it could not be recorded).
-func (l *Loop) recordThrottle(ctx context.Context, ar *activeRun, e auditd.Event) time.Time {
-	mu := l.sendLock(e.SourceID)
-	mu.Lock()
-	defer mu.Unlock()
-	ev := l.mustRecord(ctx, ar, e)
-	l.cfg.Limiter.Pause(e.SourceID, ev.Time.Add(e.Wait))
-	return ev.Time
-}
-
-// recordBreaker records breaker transitions under the source's send lock.
-func (l *Loop) recordBreaker(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
-	if len(ts) == 0 {
-		return
-	}
-	mu := l.sendLock(it.SourceID)
-	mu.Lock()
-	defer mu.Unlock()
-	l.recordTransitions(ctx, ar, it, ts)
-}
-
-// learn hands a response to the registry and applies what it decided: a new
-// pace for the source's gates, or a pause the server asked for.
-func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
-	d, err := l.cfg.Registry.Observe(ctx, registry.Observation{
-		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
-	})
-	if err != nil {
-		l.log.Error("registry observe", "source", sourceID, "err", err)
-		return
-	}
-	if d.Retune {
-		limit, window := d.Pace()
-		if err := l.cfg.Limiter.SetLimit(sourceID, limit, window); err != nil {
-			l.log.Error("retune limiter", "source", sourceID, "err", err)
-		}
-	}
-	if d.Pause > 0 {
-		l.cfg.Limiter.Pause(sourceID, l.cfg.Clock.Now().Add(d.Pause))
-	}
-}
-
 // send performs one request with the source's secret headers and reads a
 // capped body.
 func (l *Loop) send(ctx context.Context, src *auditd.Source, rule redact.Rule, it *auditd.Item, pg page) exchange {
@@ -546,12 +472,6 @@ type scrubbed struct {
 func (e *scrubbed) Error() string { return e.text }
 func (e *scrubbed) Unwrap() error { return e.wrapped }
 
-func (l *Loop) recordTransitions(ctx context.Context, ar *activeRun, it *auditd.Item, ts []limiter.Transition) {
-	for _, t := range ts {
-		l.mustRecord(ctx, ar, breakerEvent(it, t))
-	}
-}
-
 // waitEvent is the record of w, a spell the gates held an attempt of
 // page of item it at.
 func waitEvent(it *auditd.Item, page int, attempt uint32, w limiter.Wait) auditd.Event {
@@ -563,57 +483,6 @@ func waitEvent(it *auditd.Item, page int, attempt uint32, w limiter.Wait) auditd
 func breakerEvent(it *auditd.Item, t limiter.Transition) auditd.Event {
 	return auditd.Event{Type: auditd.EventBreaker, SourceID: it.SourceID, ItemKey: it.Key,
 		From: string(t.From), To: string(t.To), Failures: t.Failures, Threshold: t.Threshold, Cooldown: t.Cooldown}
-}
-
-// mustRecord appends an event that describes something that already
-// happened. If the ledger cannot take it the service cannot keep its
-// promise, so the error is logged loudly; the reconciliation will show the gap.
-func (l *Loop) mustRecord(ctx context.Context, ar *activeRun, e auditd.Event) auditd.Event {
-	got, err := l.record(ctx, ar, e)
-	if err != nil {
-		l.log.Error("ledger append failed", "run", ar.id, "type", e.Type, "err", err)
-	}
-	return got
-}
-
-// failOrServe ends an item that could not be fetched: from the last good
-// copy when there is one, as failed otherwise.
-func (l *Loop) failOrServe(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) {
-	endUnanswered(batchEnds{l, ctx, ar, it, lastGoodKey}, reason, auditd.ItemFailed, reason)
-}
-
-// shed ends an item the gates could not admit before the run's deadline.
-func (l *Loop) shed(ctx context.Context, ar *activeRun, it *job, lastGoodKey, gate string) {
-	endShed(batchEnds{l, ctx, ar, it, lastGoodKey}, it.Item, gate)
-}
-
-// serveCached serves an item from its last good staged payload, if one
-// exists and still verifies: a copy staged by any run, this one or
-// another still running, once the ledger holds it. cache.served and the
-// item's result say which run fetched it, when, and how old it is.
-func (l *Loop) serveCached(ctx context.Context, ar *activeRun, it *job, lastGoodKey, reason string) bool {
-	c, ok := l.lastGoodCopy(lastGoodKey)
-	if !ok {
-		return false
-	}
-	l.endCached(batchEnds{l, ctx, ar, it, lastGoodKey}, it.Item, c, reason)
-	return true
-}
-
-// lastGoodCopy returns the last good copy the index holds under key, if
-// it still verifies against its hash.
-func (l *Loop) lastGoodCopy(key string) (staging.Copy, bool) {
-	c, ok, err := l.cfg.Staging.LastGood(key)
-	if err != nil || !ok || l.cfg.Staging.VerifyPayload(c.Sum) != nil {
-		return staging.Copy{}, false
-	}
-	return c, true
-}
-
-// cachedCopy describes c, the copy an item is answered from, fetched by
-// run origin: that run, when it fetched the copy, and the copy's age now.
-func (l *Loop) cachedCopy(c staging.Copy, origin string) *auditd.CachedCopy {
-	return &auditd.CachedCopy{OriginRun: origin, FetchedAt: c.FetchedAt, Age: auditd.Duration(max(0, l.cfg.Clock.Now().Sub(c.FetchedAt)))}
 }
 
 // endItem ends an item: item.finished (preceded, for a success, by

@@ -39,8 +39,28 @@ func (b batchEnds) end(out auditd.Outcome, reason string, res *auditd.ItemResult
 	b.l.endItem(b.ar, b.it, out, reason, res, lastGood, payload)
 }
 
+// fallBack serves the item from its last good staged payload, if one
+// exists and still verifies: a copy staged by any run, this one or another
+// still running, once the ledger holds it. cache.served and the item's
+// result say which run fetched it, when, and how old it is.
 func (b batchEnds) fallBack(reason string) bool {
-	return b.l.serveCached(b.ctx, b.ar, b.it, b.lastGood, reason)
+	c, ok := b.l.lastGoodCopy(b.lastGood)
+	if !ok {
+		return false
+	}
+	b.l.endCached(b, b.it.Item, c, reason)
+	return true
+}
+
+// failOrServe ends an item that could not be fetched: from the last good
+// copy when there is one, as failed otherwise.
+func (b batchEnds) failOrServe(reason string) {
+	endUnanswered(b, reason, auditd.ItemFailed, reason)
+}
+
+// shed ends an item the gates could not admit before the run's deadline.
+func (b batchEnds) shed(gate string) {
+	endShed(b, b.it.Item, gate)
 }
 
 func (p *proxied) record(e auditd.Event)       { p.note(e) }
@@ -88,20 +108,4 @@ func recordAdmission(to itemEnds, it *auditd.Item, page int, attempt uint32, p *
 	to.record(waitEvent(it, page, attempt, limiter.Wait{
 		Gate: limiter.GatePause, Planned: throttled.pause, Actual: p.Admitted.Sub(throttled.throttledAt),
 	}))
-}
-
-// endCached ends item it from c, its last good copy: cache.served, then
-// the item's end, cached, both saying which run fetched the copy (looked
-// up in the ledger for a copy indexed before the index kept runs), when,
-// and how old it is. It returns that description.
-func (l *Loop) endCached(to itemEnds, it *auditd.Item, c staging.Copy, reason string) *auditd.CachedCopy {
-	origin := c.Run
-	if origin == "" {
-		origin = l.originRun(c.Sum, c.FetchedAt)
-	}
-	cp := l.cachedCopy(c, origin)
-	to.record(auditd.Event{Type: auditd.EventCacheServed, SourceID: it.SourceID, ItemKey: it.Key,
-		PayloadHash: c.Sum, Reason: reason, Detail: cp.CacheDetail()})
-	to.end(auditd.ItemCached, reason, &auditd.ItemResult{PayloadHash: c.Sum, Advertised: -1, Cached: cp}, "", nil)
-	return cp
 }

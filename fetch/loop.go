@@ -91,35 +91,17 @@ type Config struct {
 type Loop struct {
 	cfg Config
 	log *slog.Logger
+	recorder
+	copies
+	gates
 
 	ctx    context.Context // ends when Close starts draining
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex
-	active    map[string]*activeRun
-	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
-	closed    bool
-
-	// eventBufs hold a request's records (*[2]auditd.Event) until the
-	// ledger has told their outcome: a dispatch, a response and an item's
-	// end are allocations of nearly 600 bytes each otherwise
-	// (BenchmarkLoopInMemory: 2.4 allocs/req and 2 GC cycles a run fewer).
-	eventBufs sync.Pool
-}
-
-// eventBuf returns a buffer for up to two events.
-func (l *Loop) eventBuf() *[2]auditd.Event {
-	if b, ok := l.eventBufs.Get().(*[2]auditd.Event); ok {
-		return b
-	}
-	return new([2]auditd.Event)
-}
-
-// freeEventBuf returns b, whose events the ledger is done with, to the
-// pool. Whoever takes it next sets each event it uses whole.
-func (l *Loop) freeEventBuf(b *[2]auditd.Event) {
-	l.eventBufs.Put(b)
+	mu     sync.Mutex
+	active map[string]*activeRun
+	closed bool
 }
 
 // New returns a Loop; it starts nothing.
@@ -156,7 +138,12 @@ func New(cfg Config) (*Loop, error) {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{}}, nil
+	l := &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}}
+	l.recorder = recorder{ledger: cfg.Ledger, staging: cfg.Staging, limiter: cfg.Limiter, registry: cfg.Registry, clock: cfg.Clock, log: cfg.Logger,
+		sendLocks: map[string]*sync.Mutex{}}
+	l.gates = gates{registry: cfg.Registry, limiter: cfg.Limiter, ledger: cfg.Ledger, clock: cfg.Clock, log: cfg.Logger}
+	l.copies = copies{staging: cfg.Staging, ledger: cfg.Ledger, clock: cfg.Clock}
+	return l, nil
 }
 
 // Start configures the gates of every registered source and resumes every
@@ -236,9 +223,6 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 			return auditd.RunView{}, false, err
 		}
 	}
-	if nr.Mode == auditd.RunProxy {
-		return l.submitProxy(ctx, nr)
-	}
 	if err := l.validate(nr); err != nil {
 		return auditd.RunView{}, false, err
 	}
@@ -252,18 +236,24 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 	for i := range nr.Items {
 		nr.Items[i].Method = itemMethod(nr.Items[i].Method)
 	}
-	live, err := l.cfg.Runs.Create(auditd.Run{
+	now := l.cfg.Clock.Now()
+	run := auditd.Run{
 		Name:        nr.Name,
 		Award:       nr.Award,
 		Status:      auditd.RunRunning,
 		InitiatedBy: nr.Principal,
 		ConfigHash:  l.runConfigHash(nr.Items),
 		CodeVersion: l.cfg.CodeVersion,
-		CreatedAt:   l.cfg.Clock.Now().UTC(),
+		CreatedAt:   now.UTC(),
 		Deadline:    nr.Deadline,
-		Replay:      nr.Replay,
-		ItemCount:   len(nr.Items),
-	}, nr)
+		Mode:        nr.Mode,
+	}
+	if nr.Mode == auditd.RunProxy {
+		run.IdleTimeout = auditd.Duration(nr.IdleTimeout)
+	} else {
+		run.Replay, run.ItemCount = nr.Replay, len(nr.Items)
+	}
+	live, err := l.cfg.Runs.Create(run, nr)
 	if errors.Is(err, runs.ErrKeyTaken) {
 		return l.Submit(ctx, nr)
 	} else if err != nil {
@@ -271,10 +261,17 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 	}
 
 	ar := newActiveRun(live)
+	if nr.Mode == auditd.RunProxy {
+		ar.proxy = newProxyRun(live.Run(), now)
+	}
 	if err := l.begin(ctx, ar, nr.Items); err != nil {
 		return auditd.RunView{}, false, err
 	}
-	l.launch(ar, nr.Items)
+	if ar.proxy != nil {
+		l.launchProxy(ar)
+	} else {
+		l.launch(ar, nr.Items)
+	}
 	v, err := l.cfg.Runs.Run(ctx, live.ID())
 	return v, true, err
 }
@@ -308,7 +305,16 @@ func itemMethod(m string) string {
 	return m
 }
 
+// validate checks a run's request before anything is stored: a proxy-mode
+// run has no items, a batch run's items each name a known source, a
+// sendable path and a key no other item of the run has.
 func (l *Loop) validate(req auditd.NewRun) error {
+	if req.Mode == auditd.RunProxy && len(req.Items) > 0 {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "A proxy-mode run takes no items: each proxied request becomes one."}
+	}
+	if req.Mode == auditd.RunProxy {
+		return nil
+	}
 	if len(req.Items) == 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "a run needs at least one item"}
 	}
@@ -374,104 +380,6 @@ func (l *Loop) begin(ctx context.Context, ar *activeRun, items []auditd.Item) er
 	return l.cfg.Runs.Start(ar.live)
 }
 
-// recordBatch records events for run ar in one commit group and counts
-// them. It returns once all are durable, and leaves them as stored.
-func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.Event) error {
-	for i := range events {
-		events[i].RunID = ar.id
-	}
-	f, err := l.cfg.Ledger.Add(events)
-	if err == nil {
-		err = f.Wait(ctx)
-	}
-	if err != nil {
-		return fmt.Errorf("append %d events: %w", len(events), err)
-	}
-	ar.live.Count(events...)
-	return nil
-}
-
-// post records the first n events of buf for run ar, with puts in the same
-// transaction, without waiting for them to be durable: for what has
-// already happened when nothing the caller does next depends on the record
-// (a response, an item's end). It takes buf over, and frees it once the
-// ledger has told the outcome. Whatever the run records after post
-// returns is stored after them; a run's run.finished therefore waits for
-// all of them. Once they are durable they are counted. When they end an
-// item (res is not nil, and the last event is its item.finished), the run
-// then keeps res as the item's result (runs.Live.Finished), and staging
-// learns that the puts are stored (a last-good record among them makes its
-// copy usable by every run). A failure is logged,
-// as mustRecord logs it: the record describes something that happened,
-// and the reconciliation will show the gap.
-func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Put, res *auditd.ItemResult) {
-	events := buf[:n]
-	for i := range events {
-		events[i].RunID = ar.id
-	}
-	typ, item := events[0].Type, events[0].ItemKey
-	f, err := l.cfg.Ledger.Add(events, puts...)
-	if err != nil {
-		l.freeEventBuf(buf)
-		l.postFailed(ar, typ, item, puts, err)
-		return
-	}
-	ar.posts.Add(1)
-	f.Then(func(stored []auditd.Event, err error) {
-		defer ar.posts.Done()
-		defer l.freeEventBuf(buf)
-		if err != nil {
-			l.postFailed(ar, typ, item, puts, err)
-			return
-		}
-		ar.live.Count(stored...)
-		if len(puts) > 0 {
-			l.cfg.Staging.Stored(puts) // a new last good copy is usable from now on
-		}
-		if res != nil {
-			ar.live.Finished(item, res)
-		}
-	})
-}
-
-// postFailed logs a post that failed, and tells staging that its puts were
-// never stored: a payload's spool entry among them is not to be looked for.
-func (l *Loop) postFailed(ar *activeRun, typ auditd.EventType, item string, puts []auditd.Put, err error) {
-	l.log.Error("ledger append failed", "run", ar.id, "type", typ, "item", item, "err", err)
-	for _, p := range puts {
-		l.cfg.Staging.Unspool(p)
-	}
-}
-
-// queueItems records item.queued for items, a commit group at a time.
-func (l *Loop) queueItems(ctx context.Context, ar *activeRun, items []auditd.Item) error {
-	batch := make([]auditd.Event, 0, min(len(items), queueBatch))
-	flush := func() error {
-		if err := l.recordBatch(ctx, ar, batch); err != nil {
-			return err
-		}
-		batch = batch[:0]
-		return nil
-	}
-	for i := range items {
-		it := &items[i]
-		// Path is redacted already (Submit), or was when stored (resume).
-		batch = append(batch, auditd.Event{
-			Type: auditd.EventItemQueued, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-			Method: it.Method, Path: it.Path,
-		})
-		if len(batch) == queueBatch {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-	}
-	if len(batch) > 0 {
-		return flush()
-	}
-	return nil
-}
-
 func sourcesOf(items []auditd.Item) []string {
 	var ids []string
 	seen := map[string]bool{}
@@ -482,22 +390,6 @@ func sourcesOf(items []auditd.Item) []string {
 		}
 	}
 	return ids
-}
-
-// record records e for run ar and counts it. It returns once e is durable,
-// with e as stored.
-func (l *Loop) record(ctx context.Context, ar *activeRun, e auditd.Event) (auditd.Event, error) {
-	events := []auditd.Event{e}
-	events[0].RunID = ar.id
-	f, err := l.cfg.Ledger.Add(events)
-	if err == nil {
-		err = f.Wait(ctx)
-	}
-	if err != nil {
-		return auditd.Event{}, fmt.Errorf("append %s: %w", e.Type, err)
-	}
-	ar.live.Count(events...)
-	return events[0], nil
 }
 
 // runConfigHash is the hash recorded with a run of the configuration it

@@ -72,7 +72,7 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	meta := auditd.ProxyMeta{RunID: req.RunID}
 	ar := l.activeRun(req.RunID)
 	if ar == nil || ar.proxy == nil {
-		return meta, l.notProxyRun(ctx, req.RunID)
+		return meta, notProxyRun(ctx, l.cfg.Runs, req.RunID)
 	}
 	src, err := l.cfg.Registry.GetSource(req.SourceID)
 	if err != nil {
@@ -100,7 +100,7 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	defer context.AfterFunc(ar.proxy.ctx, stop)()
-	if err := l.snapshotSource(ctx, ar, src.ID); err != nil {
+	if err := ar.snapshotSource(ctx, l.cfg.Registry, src.ID); err != nil {
 		return meta, err
 	}
 
@@ -122,7 +122,7 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 		d, _ := json.Marshal(proxiedDetail{BodySHA256: p.bodySum, BodyBytes: len(req.Body)})
 		detail = string(d)
 	}
-	if err := l.addProxyItem(ar, it, req.ItemKey); err != nil {
+	if err := ar.addProxyItem(it, req.ItemKey); err != nil {
 		return meta, err
 	}
 	meta.ItemKey = it.Key
@@ -140,8 +140,8 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 }
 
 // notProxyRun says why run id takes no proxied requests.
-func (l *Loop) notProxyRun(ctx context.Context, id string) error {
-	v, err := l.cfg.Runs.Run(ctx, id)
+func notProxyRun(ctx context.Context, store Runs, id string) error {
+	v, err := store.Run(ctx, id)
 	switch {
 	case auditd.ErrorCode(err) == auditd.ENOTFOUND:
 		return &auditd.Error{Code: auditd.ENOTFOUND, Field: "Auditd-Run", Message: fmt.Sprintf("No run %q; create one with POST /v1/runs {\"mode\":\"proxy\"}.", id)}
@@ -158,7 +158,7 @@ func (l *Loop) notProxyRun(ctx context.Context, id string) error {
 // addProxyItem adds it to the run under key, or under a key derived from
 // its method and path when key is "": the same request sent again gets
 // " #2", " #3" and so on. A key the run has is ECONFLICT.
-func (l *Loop) addProxyItem(ar *activeRun, it *auditd.Item, key string) error {
+func (ar *activeRun) addProxyItem(it *auditd.Item, key string) error {
 	if ar.live.Run().ItemCount >= DefaultMaxItemsInRun {
 		return auditd.Errorf(auditd.ECONFLICT, "Run %s holds %d items, the most a run may; finish it and create another.", ar.id, DefaultMaxItemsInRun)
 	}
@@ -790,31 +790,6 @@ func proxyOrigin(ctx context.Context, req *auditd.ProxyRequest) string {
 		return "http://" + addr.String()
 	}
 	return ""
-}
-
-// errFound ends a scan that found what it looked for.
-var errFound = errors.New("found")
-
-// originRun finds the run that fetched the payload sum whose item finished
-// at at, from the ledger: the last-good index keeps the time, and the
-// item.finished is among the first events recorded from then on.
-func (l *Loop) originRun(sum string, at time.Time) string {
-	from, err := l.cfg.Ledger.SeqAt(at.Add(-time.Second))
-	if err != nil || from == 0 {
-		return ""
-	}
-	run := ""
-	_ = l.cfg.Ledger.Scan(from, from+20_000, func(e *auditd.Event) error {
-		if e.Type == auditd.EventItemFinished && e.PayloadHash == sum && e.Time.Sub(at).Abs() < time.Millisecond {
-			run = e.RunID
-			return errFound
-		}
-		if e.Time.After(at.Add(time.Second)) {
-			return errFound
-		}
-		return nil
-	})
-	return run
 }
 
 func upperFirst(s string) string {

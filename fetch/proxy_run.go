@@ -2,13 +2,13 @@ package fetch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/runs"
 )
 
@@ -94,7 +94,7 @@ func (l *Loop) leaveProxy(ar *activeRun) {
 // snapshotSource records the run.start registry snapshot of a source the
 // first time a request of the run uses it (a batch run takes them all at
 // its start); other requests of the source wait for it.
-func (l *Loop) snapshotSource(ctx context.Context, ar *activeRun, sourceID string) error {
+func (ar *activeRun) snapshotSource(ctx context.Context, reg *registry.Registry, sourceID string) error {
 	pr := ar.proxy
 	pr.mu.Lock()
 	if pr.sources[sourceID] {
@@ -105,7 +105,7 @@ func (l *Loop) snapshotSource(ctx context.Context, ar *activeRun, sourceID strin
 		pr.mu.Unlock()
 		select {
 		case <-ch:
-			return l.snapshotSource(ctx, ar, sourceID)
+			return ar.snapshotSource(ctx, reg, sourceID)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -113,7 +113,7 @@ func (l *Loop) snapshotSource(ctx context.Context, ar *activeRun, sourceID strin
 	ch := make(chan struct{})
 	pr.snapshots[sourceID] = ch
 	pr.mu.Unlock()
-	err := l.cfg.Registry.StartRun(ctx, ar.id, []string{sourceID})
+	err := reg.StartRun(ctx, ar.id, []string{sourceID})
 	pr.mu.Lock()
 	delete(pr.snapshots, sourceID)
 	pr.sources[sourceID] = err == nil
@@ -123,45 +123,6 @@ func (l *Loop) snapshotSource(ctx context.Context, ar *activeRun, sourceID strin
 		return fmt.Errorf("snapshot registry: %w", err)
 	}
 	return nil
-}
-
-// submitProxy creates and starts a proxy-mode run.
-func (l *Loop) submitProxy(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
-	if len(nr.Items) > 0 {
-		return auditd.RunView{}, false, &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "A proxy-mode run takes no items: each proxied request becomes one."}
-	}
-	l.mu.Lock()
-	closed := l.closed
-	l.mu.Unlock()
-	if closed {
-		return auditd.RunView{}, false, auditd.Errorf(auditd.EUNAVAILABLE, "shutting down")
-	}
-	now := l.cfg.Clock.Now()
-	live, err := l.cfg.Runs.Create(auditd.Run{
-		Name:        nr.Name,
-		Award:       nr.Award,
-		Status:      auditd.RunRunning,
-		InitiatedBy: nr.Principal,
-		ConfigHash:  l.runConfigHash(nil),
-		CodeVersion: l.cfg.CodeVersion,
-		CreatedAt:   now.UTC(),
-		Deadline:    nr.Deadline,
-		Mode:        auditd.RunProxy,
-		IdleTimeout: auditd.Duration(nr.IdleTimeout),
-	}, nr)
-	if errors.Is(err, runs.ErrKeyTaken) {
-		return l.Submit(ctx, nr)
-	} else if err != nil {
-		return auditd.RunView{}, false, err
-	}
-	ar := newActiveRun(live)
-	ar.proxy = newProxyRun(live.Run(), now)
-	if err := l.begin(ctx, ar, nil); err != nil {
-		return auditd.RunView{}, false, err
-	}
-	l.launchProxy(ar)
-	v, err := l.cfg.Runs.Run(ctx, live.ID())
-	return v, true, err
 }
 
 // launchProxy makes a proxy-mode run active and starts the goroutine that
@@ -274,7 +235,7 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 	items := map[string]*auditd.Item{}
 	var order []string
 	dispatched := map[string]int{}
-	rp, err := l.replay(live, func(key string) *auditd.Item { return items[key] }, func(e *auditd.Event) error {
+	rp, err := replay(l.cfg.Ledger, live, func(key string) *auditd.Item { return items[key] }, func(e *auditd.Event) error {
 		switch e.Type {
 		case auditd.EventRegistrySnapshot:
 			if e.Snapshot == "run.start" {
@@ -295,18 +256,10 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 	if err != nil {
 		return nil, err
 	}
-	if rp.fin != nil {
-		l.log.Info("storing the end of a finished run", "run", id)
-		return nil, l.storeEnd(ar, rp.fin)
+	if cont, err := l.pickUp(ctx, ar, rp, nil); !cont || err != nil {
+		return nil, err
 	}
-	if !rp.started {
-		if err := l.begin(ctx, ar, nil); err != nil {
-			return nil, err
-		}
-	} else {
-		if err := l.recordRestart(ctx, ar, rp.open); err != nil {
-			return nil, err
-		}
+	if rp.started {
 		lost := 0
 		for _, key := range order {
 			if rp.finished[key] {

@@ -36,7 +36,7 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 		byKey[items[i].Key] = &items[i]
 	}
 	queued := map[string]bool{}
-	rp, err := l.replay(live, func(key string) *auditd.Item { return byKey[key] }, func(e *auditd.Event) error {
+	rp, err := replay(l.cfg.Ledger, live, func(key string) *auditd.Item { return byKey[key] }, func(e *auditd.Event) error {
 		switch e.Type {
 		case auditd.EventItemQueued:
 			queued[e.ItemKey] = true
@@ -50,22 +50,10 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	if err != nil {
 		return nil, err
 	}
-	if rp.fin != nil {
-		// The crash came after run.finished, before the store had the
-		// run's end: store it, and record nothing new.
-		l.log.Info("storing the end of a finished run", "run", id)
-		return nil, l.storeEnd(ar, rp.fin)
+	if cont, err := l.pickUp(ctx, ar, rp, items); !cont || err != nil {
+		return nil, err
 	}
-
-	if !rp.started {
-		// The crash came between storing the run and recording its start.
-		if err := l.begin(ctx, ar, items); err != nil {
-			return nil, err
-		}
-	} else {
-		if err := l.recordRestart(ctx, ar, rp.open); err != nil {
-			return nil, err
-		}
+	if rp.started {
 		var unqueued []auditd.Item
 		for _, it := range items {
 			if !queued[it.Key] {
@@ -89,6 +77,25 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	return func() { l.launch(ar, todo) }, nil
 }
 
+// pickUp does what resuming a run of either mode starts with, once its
+// events are replayed (rp): a run the ledger shows finished has its end
+// stored and no more (cont is false); a run whose start was never recorded
+// starts now, with items; a started one records its restart. The caller
+// then does what its mode does for a started run.
+func (l *Loop) pickUp(ctx context.Context, ar *activeRun, rp *replayed, items []auditd.Item) (cont bool, err error) {
+	switch {
+	case rp.fin != nil:
+		// The crash came after run.finished, before the store had the
+		// run's end: store it, and record nothing new.
+		l.log.Info("storing the end of a finished run", "run", ar.id)
+		return false, l.storeEnd(ar, rp.fin)
+	case !rp.started:
+		// The crash came between storing the run and recording its start.
+		return true, l.begin(ctx, ar, items)
+	}
+	return true, l.recordRestart(ctx, ar, rp.open)
+}
+
 // replayed is what a run's events say of it at a restart.
 type replayed struct {
 	started  bool
@@ -102,10 +109,10 @@ type replayed struct {
 // resolves its key; a copy it was served from comes from its
 // cache.served). Each event goes to each first, for what the run's mode
 // keeps of it.
-func (l *Loop) replay(live *runs.Live, item func(key string) *auditd.Item, each func(e *auditd.Event) error) (*replayed, error) {
+func replay(ledger Ledger, live *runs.Live, item func(key string) *auditd.Item, each func(e *auditd.Event) error) (*replayed, error) {
 	rp := &replayed{finished: map[string]bool{}, open: map[request]auditd.Event{}}
 	cached := map[string]*auditd.CachedCopy{}
-	err := l.cfg.Ledger.ScanRun(live.ID(), 0, func(e *auditd.Event) error {
+	err := ledger.ScanRun(live.ID(), 0, func(e *auditd.Event) error {
 		live.Count(*e)
 		if err := each(e); err != nil {
 			return err
@@ -160,21 +167,21 @@ func (l *Loop) replay(live *runs.Live, item func(key string) *auditd.Item, each 
 // before a restart used the same windows as one submitted just after it.
 // The ledger is read back as far as the longest window, Retry-After cap or
 // backoff of any source (seedHorizon).
-func (l *Loop) seedGates() error {
-	now := l.cfg.Clock.Now()
-	from, err := l.cfg.Ledger.SeqAt(now.Add(-l.seedHorizon()))
+func (g *gates) seedGates() error {
+	now := g.clock.Now()
+	from, err := g.ledger.SeqAt(now.Add(-g.seedHorizon()))
 	if err != nil {
 		return fmt.Errorf("find the events to seed the gates from: %w", err)
 	}
-	return l.cfg.Ledger.Scan(from, 0, func(e *auditd.Event) error {
+	return g.ledger.Scan(from, 0, func(e *auditd.Event) error {
 		switch e.Type {
 		case auditd.EventDispatch:
-			if b, err := l.cfg.Limiter.Budget(e.SourceID); err == nil {
+			if b, err := g.limiter.Budget(e.SourceID); err == nil {
 				b.Record(e.Time, 1)
 			}
 		case auditd.EventThrottle:
 			if until := e.Time.Add(e.Wait); until.After(now) {
-				l.cfg.Limiter.Pause(e.SourceID, until)
+				g.limiter.Pause(e.SourceID, until)
 			}
 		}
 		return nil
@@ -184,15 +191,15 @@ func (l *Loop) seedGates() error {
 // seedHorizon is how far back a dispatch or a throttle can still hold a
 // gate: the longest window (configured or learned) and Retry-After cap of
 // the registered sources, and the own backoff's longest wait.
-func (l *Loop) seedHorizon() time.Duration {
+func (g *gates) seedHorizon() time.Duration {
 	horizon := limiter.DefaultBackoffMax
-	for _, src := range l.cfg.Registry.ListSources() {
+	for _, src := range g.registry.ListSources() {
 		retryCap := src.RetryCap.D()
 		if retryCap == 0 {
 			retryCap = limiter.DefaultRetryCap
 		}
 		horizon = max(horizon, retryCap)
-		if b, err := l.cfg.Limiter.Budget(src.ID); err == nil {
+		if b, err := g.limiter.Budget(src.ID); err == nil {
 			_, window, _, ceilingWindow := b.Limits()
 			horizon = max(horizon, window, ceilingWindow)
 		}
@@ -207,22 +214,4 @@ func sortedDispatches(m map[request]auditd.Event) []auditd.Event {
 	}
 	slices.SortFunc(out, func(a, b auditd.Event) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out
-}
-
-// recordRestart records that a started run resumes after a restart: its
-// run.resumed, then a dispatch.interrupted for each dispatch in open, which
-// had no outcome recorded before the restart.
-func (l *Loop) recordRestart(ctx context.Context, ar *activeRun, open map[request]auditd.Event) error {
-	if _, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunResumed, Reason: "restart"}); err != nil {
-		return err
-	}
-	for _, d := range sortedDispatches(open) {
-		if _, err := l.record(ctx, ar, auditd.Event{
-			Type: auditd.EventInterrupted, SourceID: d.SourceID, ItemKey: d.ItemKey, Page: d.Page,
-			Attempt: d.Attempt, Method: d.Method, Path: d.Path, Reason: "no outcome recorded before the restart",
-		}); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -3,27 +3,41 @@ package fetch
 import (
 	"context"
 	"fmt"
-	"sync"
+	"log/slog"
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/hints"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 )
 
+// gates set each source's gates (package limiter) from the registry:
+// from its configuration when it is put, from what the registry learns
+// of each response, and from what the ledger shows was sent before a
+// start (seedGates).
+type gates struct {
+	registry *registry.Registry
+	limiter  *limiter.Limiter
+	ledger   Ledger
+	clock    clock.Clock
+	log      *slog.Logger
+}
+
 // PutSource creates or replaces a source on behalf of principal: the
 // registry validates and stores it (and records source.changed), and the
 // gates are reconfigured at once.
-func (l *Loop) PutSource(ctx context.Context, principal string, src auditd.Source) (created bool, err error) {
-	created, err = l.cfg.Registry.Put(ctx, principal, src)
+func (g *gates) PutSource(ctx context.Context, principal string, src auditd.Source) (created bool, err error) {
+	created, err = g.registry.Put(ctx, principal, src)
 	if err != nil {
 		return false, err
 	}
-	stored, err := l.cfg.Registry.GetSource(src.ID)
+	stored, err := g.registry.GetSource(src.ID)
 	if err != nil {
 		return false, err
 	}
-	return created, l.configureGates(stored)
+	return created, g.configureGates(stored)
 }
 
 // minBackoffBase is the shortest own backoff after a failure.
@@ -31,8 +45,8 @@ const minBackoffBase = 50 * time.Millisecond
 
 // configureGates sets a source's gates from its configuration (the ceiling)
 // and what the registry has learned (the pace).
-func (l *Loop) configureGates(src auditd.Source) error {
-	st, err := l.cfg.Registry.State(src.ID)
+func (g *gates) configureGates(src auditd.Source) error {
+	st, err := g.registry.State(src.ID)
 	if err != nil {
 		return err
 	}
@@ -49,45 +63,26 @@ func (l *Loop) configureGates(src auditd.Source) error {
 	if cfg.Limit > 0 && cfg.Window > 0 {
 		cfg.BackoffBase = min(max(cfg.Window/time.Duration(cfg.Limit), minBackoffBase), limiter.DefaultBackoffMax)
 	}
-	if err := l.cfg.Limiter.Configure(src.ID, cfg); err != nil {
+	if err := g.limiter.Configure(src.ID, cfg); err != nil {
 		return fmt.Errorf("configure limiter: %w", err)
 	}
-	lim, err := l.cfg.Registry.Limits(src.ID)
+	lim, err := g.registry.Limits(src.ID)
 	if err != nil {
 		return err
 	}
 	limit, window := lim.Pace()
-	return l.cfg.Limiter.SetLimit(src.ID, limit, window)
-}
-
-// sendLock returns the lock that orders a source's dispatch, throttle and
-// breaker records: a request admitted just before another worker opens the
-// breaker or pauses the source must not be recorded as dispatched after it.
-// Members of a gateway group share one lock, as they share one pause.
-func (l *Loop) sendLock(sourceID string) *sync.Mutex {
-	key := sourceID
-	if lim, err := l.cfg.Registry.Limits(sourceID); err == nil && lim.Group != "" {
-		key = "group:" + lim.Group
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := l.sendLocks[key]
-	if m == nil {
-		m = &sync.Mutex{}
-		l.sendLocks[key] = m
-	}
-	return m
+	return g.limiter.SetLimit(src.ID, limit, window)
 }
 
 // SetLimit sets a source's learned limit by hand on behalf of principal
 // (recorded as registry.changed, cause operator) and retunes its gates.
-func (l *Loop) SetLimit(ctx context.Context, principal, id string, limit int, window time.Duration) (registry.Limits, error) {
-	lim, err := l.cfg.Registry.SetLimit(ctx, principal, id, limit, window)
+func (g *gates) SetLimit(ctx context.Context, principal, id string, limit int, window time.Duration) (registry.Limits, error) {
+	lim, err := g.registry.SetLimit(ctx, principal, id, limit, window)
 	if err != nil {
 		return lim, err
 	}
 	pl, pw := lim.Pace()
-	return lim, l.cfg.Limiter.SetLimit(id, pl, pw)
+	return lim, g.limiter.SetLimit(id, pl, pw)
 }
 
 // Pace returns a function that reports the pace a source of reg runs at
@@ -101,5 +96,26 @@ func Pace(reg *registry.Registry) func(sourceID string) (limit int, window time.
 		}
 		limit, window := lim.Pace()
 		return limit, window, nil
+	}
+}
+
+// learn hands a response to the registry and applies what it decided: a new
+// pace for the source's gates, or a pause the server asked for.
+func (g *gates) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
+	d, err := g.registry.Observe(ctx, registry.Observation{
+		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
+	})
+	if err != nil {
+		g.log.Error("registry observe", "source", sourceID, "err", err)
+		return
+	}
+	if d.Retune {
+		limit, window := d.Pace()
+		if err := g.limiter.SetLimit(sourceID, limit, window); err != nil {
+			g.log.Error("retune limiter", "source", sourceID, "err", err)
+		}
+	}
+	if d.Pause > 0 {
+		g.limiter.Pause(sourceID, g.clock.Now().Add(d.Pause))
 	}
 }
