@@ -16,16 +16,29 @@
 // passes the same gates and is recorded the same way, and its answer is
 // streamed to the client while it is staged; a text answer has the
 // source's own URLs rewritten to point at the proxy (rewrite.go). Both ask
-// the gates through one step, Loop.admit, which moves the breaker's clock
+// the gates through one step, gates.admit, which moves the breaker's clock
 // alike for every caller and tells a request with a last good copy at once
 // when its source is down.
 //
-// Reading order for a newcomer: loop.go (Config, Submit, Start, Close),
+// Both kinds share one lifecycle: admit (the gates), dispatch (durable
+// first), send, settle (record the outcome, learn from it), then retry,
+// end, or answer from the last good copy. What differs is a small policy,
+// itemEnds (lifecycle.go): where a request's records go and what its final
+// failure means. A batch item's (batchEnds) waits for each record and
+// falls back on any copy that verifies; a proxied request's (proxied)
+// posts them and falls back only when its source serves stale copies.
+//
+// The Loop keeps runs and their workers. Three parts of it are types of
+// their own, embedded in it: recorder (recorder.go: the ledger's records
+// and the send locks that order them), copies (copies.go: last good
+// copies) and gates (sources.go: the limiter set from the registry).
+//
+// Reading order for a newcomer: loop.go (Config, Start, Close), submit.go,
 // run.go (workers per source, finishing a run), item.go (one item: pages,
-// attempts, recording, fallback), admit.go, resume.go, then proxy.go and
-// proxy_run.go (proxy mode), and the small files: paging, classify (status
-// and body-level errors, redaction), rewrite, sources (gates configured
-// from the registry), client.
+// attempts, settling), lifecycle.go, admit.go, recorder.go, copies.go,
+// resume.go, then proxy.go, proxy_exchange.go and proxy_run.go (proxy
+// mode), and the small files: paging, classify (status and body-level
+// errors, redaction), rewrite, sources, client.
 //
 // The ledger is the truth: run records and item results in bbolt are views
 // for the API. On resume the loop recounts a run from its events, records

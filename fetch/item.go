@@ -220,38 +220,53 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 
 		x := l.send(rctx, src, rule, it.Item, pg)
 		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, a, &x)
+		final, pe, reason, backoff := pageVerdict(&x, out, bodyErr, rule)
 		switch {
-		case x.err != nil && isDenied(x.err):
-			// Nothing left: the policy will refuse every try alike.
-			return nil, pageFailed, "transport error: " + x.err.Error()
-		case x.err != nil:
-			lastReason = "transport error: " + x.err.Error()
-			retryAt = l.cfg.Clock.Now().Add(wait)
-		case out == auditd.OutcomeSuccess:
+		case final && pe == pageOK:
 			return x.body, pageOK, ""
-		case out == auditd.OutcomeThrottled:
-			lastReason = fmt.Sprintf("throttled (%d)", x.status)
-			throttled = a
-		case out == auditd.OutcomeServerError:
-			lastReason = fmt.Sprintf("server error (%d)", x.status)
+		case final:
+			return nil, pe, reason
+		case backoff:
 			retryAt = l.cfg.Clock.Now().Add(wait)
-		case out == auditd.OutcomeBodyError:
-			// Grants.gov reports transient failures ("search is temporarily
-			// unavailable") inside a 200: try again, paced by the gates,
-			// until the attempts are spent.
-			lastReason = fmt.Sprintf("error in a %d body: %s", x.status, bodyErr)
-		case x.status >= 300 && x.status < 400:
-			// Not followed: the next hop would be a request no dispatch
-			// describes. Location is recorded redacted, as every path is.
-			reason := fmt.Sprintf("redirect (%d) not followed", x.status)
-			if loc := x.header.Get("Location"); loc != "" {
-				reason += ": Location " + strconv.Quote(rule.Text(rule.URL(loc)))
-			}
-			return nil, pageFailed, reason
-		default:
-			return nil, pageFailed, fmt.Sprintf("client error (%d)", x.status)
+		case out == auditd.OutcomeThrottled:
+			throttled = a
 		}
+		lastReason = reason
 	}
+}
+
+// pageVerdict says what the answer x to a dispatch of a page (its outcome
+// out, the error found in its body) means: the page's end (final), or
+// another try for reason, after the own backoff when backoff is set and
+// otherwise when the gates admit it.
+func pageVerdict(x *exchange, out auditd.Outcome, bodyErr string, rule redact.Rule) (final bool, end pageEnd, reason string, backoff bool) {
+	switch {
+	case x.err != nil && isDenied(x.err):
+		// Nothing left: the policy will refuse every try alike.
+		return true, pageFailed, "transport error: " + x.err.Error(), false
+	case x.err != nil:
+		return false, 0, "transport error: " + x.err.Error(), true
+	case out == auditd.OutcomeSuccess:
+		return true, pageOK, "", false
+	case out == auditd.OutcomeThrottled:
+		return false, 0, fmt.Sprintf("throttled (%d)", x.status), false
+	case out == auditd.OutcomeServerError:
+		return false, 0, fmt.Sprintf("server error (%d)", x.status), true
+	case out == auditd.OutcomeBodyError:
+		// Grants.gov reports transient failures ("search is temporarily
+		// unavailable") inside a 200: try again, paced by the gates,
+		// until the attempts are spent.
+		return false, 0, fmt.Sprintf("error in a %d body: %s", x.status, bodyErr), false
+	case x.status >= 300 && x.status < 400:
+		// Not followed: the next hop would be a request no dispatch
+		// describes. Location is recorded redacted, as every path is.
+		reason := fmt.Sprintf("redirect (%d) not followed", x.status)
+		if loc := x.header.Get("Location"); loc != "" {
+			reason += ": Location " + strconv.Quote(rule.Text(rule.URL(loc)))
+		}
+		return true, pageFailed, reason, false
+	}
+	return true, pageFailed, fmt.Sprintf("client error (%d)", x.status), false
 }
 
 // attempt is one dispatch of an item's page.

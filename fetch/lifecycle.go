@@ -10,7 +10,7 @@ import (
 
 // itemEnds is where a batch run's item and a proxied request differ when
 // the lifecycle they share records what happened and ends the item: a
-// batch worker waits for each record to be durable (Loop.mustRecord); a
+// batch worker waits for each record to be durable (recorder.mustRecord); a
 // proxied request posts them, so that a client is not held while the
 // ledger's writes fail, its item.queued first (proxied.note).
 type itemEnds interface {

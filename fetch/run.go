@@ -33,7 +33,7 @@ type activeRun struct {
 	// being cancelled or the loop drains (the events describe what already
 	// happened). launch sets it before any worker starts.
 	recordCtx context.Context
-	posts     sync.WaitGroup // records posted and not yet durable (Loop.post)
+	posts     sync.WaitGroup // records posted and not yet durable (recorder.post)
 	// proxy is a proxy-mode run's own state (proxy.go); nil for a batch run.
 	proxy *proxyRun
 }
