@@ -19,8 +19,10 @@
 //     nulls, empty query values, oversized bodies, bad cursors) is a 4xx,
 //     and is refused before any dependency is called with it: a rejected
 //     request writes nothing. Identifiers are printable ASCII without a
-//     leading or trailing space (validID); what the limiter would refuse
-//     in a source is refused here (CheckSource), before it is stored.
+//     leading or trailing space (package validation, whose rules the
+//     registry checks sources with too); a source's own rules, what the
+//     limiter would refuse among them, are the registry's, checked in
+//     Registry.Put before anything is stored or recorded.
 //   - On the proxy route every answer says whose it is (Auditd-Answer):
 //     auditd's own are problems, the upstream's pass through untouched
 //     and may carry any status; an upstream's Auditd-* headers are dropped.

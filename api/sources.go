@@ -6,7 +6,6 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
-	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/redact"
 	"github.com/labstack/echo/v4"
 )
@@ -129,23 +128,5 @@ func (s *Server) bindSource(c echo.Context, id string, src *auditd.Source) error
 	if err := s.validate.Struct(src); err != nil {
 		return validationError(err)
 	}
-	return CheckSource(*src)
-}
-
-// CheckSource checks what the API refuses in a source beyond the
-// registry's own rules (registry.CheckSource): an id or group with a
-// leading or trailing space (validID), and a pace the limiter could not
-// take, a window longer than limiter.MaxWindow. The limiter is configured
-// after the source is stored and recorded, so what it would refuse is
-// refused here, before anything is written.
-func CheckSource(src auditd.Source) error {
-	switch {
-	case !validID(src.ID):
-		return invalid("id", "The source id must be printable ASCII, without a leading or trailing space.")
-	case !validID(src.Group):
-		return invalid("group", "The group must be printable ASCII, without a leading or trailing space.")
-	case src.Window.D() > limiter.MaxWindow:
-		return invalid("window", "The window must be at most %s (366 days).", limiter.MaxWindow)
-	}
-	return nil
+	return nil // the rest of a source's rules are the registry's (Registry.Put)
 }

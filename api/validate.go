@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/internal/validation"
 	"github.com/go-playground/validator/v10"
 	"github.com/labstack/echo/v4"
 )
@@ -24,19 +25,11 @@ import (
 // listingPattern is an Assistance Listing number: two digits, a dot, three.
 var listingPattern = regexp.MustCompile(`^[0-9]{2}\.[0-9]{3}$`)
 
-// newValidator returns the validator for request bodies: fields are named by
-// their JSON names, and auditd's own tags are registered.
+// newValidator returns the validator for request bodies: package
+// validation's (fields named by their JSON names, the identifier rule),
+// with the API's own tags registered.
 func newValidator() *validator.Validate {
-	v := validator.New(validator.WithRequiredStructEnabled())
-	v.RegisterTagNameFunc(func(f reflect.StructField) string {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			return ""
-		} else if name == "" {
-			return f.Name
-		}
-		return name
-	})
+	v := validation.New()
 	// The tags are registered on a fresh validator, so they cannot collide.
 	_ = v.RegisterValidation("listing", func(fl validator.FieldLevel) bool {
 		return listingPattern.MatchString(fl.Field().String())
@@ -44,26 +37,7 @@ func newValidator() *validator.Validate {
 	_ = v.RegisterValidation("itempath", func(fl validator.FieldLevel) bool {
 		return auditd.ValidPath(fl.Field().String())
 	})
-	// printascii, the tag of every identifier (source ids, groups, item
-	// keys, FAINs, token names), is the API's rule for identifiers, which
-	// is stricter than the validator's own: no leading or trailing space
-	// either, so " county" cannot stand beside "county".
-	_ = v.RegisterValidation("printascii", func(fl validator.FieldLevel) bool {
-		return validID(fl.Field().String())
-	})
 	return v
-}
-
-// validID is the rule for identifiers the contract states: printable
-// ASCII (space to tilde), without a leading or trailing space. "" passes:
-// whether one is required is another rule.
-func validID(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < ' ' || s[i] > '~' {
-			return false
-		}
-	}
-	return s == "" || s[0] != ' ' && s[len(s)-1] != ' '
 }
 
 // bind decodes the JSON body of c into v and validates v. Nothing else

@@ -10,6 +10,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/internal/validation"
 )
 
 // Errors.
@@ -70,7 +71,7 @@ func Open(db *bolt.DB, opts Options) (*Registry, error) {
 	r := &Registry{
 		db:       db,
 		opts:     opts,
-		validate: newValidator(),
+		validate: validation.New(),
 		sources:  make(map[string]*entry),
 		groups:   make(map[string]*entry),
 		unopened: make(map[string]bool),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 )
 
@@ -203,6 +204,9 @@ func TestPutSource(t *testing.T) {
 			{"BadHeaderName", auditd.Source{ID: "a", BaseURL: "https://x.gov", Headers: map[string]string{"X Key": "v"}}, "headers", ""},
 			{"GroupNamedLikeSource", auditd.Source{ID: "a", BaseURL: "https://x.gov", Group: "a"}, "group", ""},
 			{"BreakerThreshold", auditd.Source{ID: "a", BaseURL: "https://x.gov", Breaker: auditd.BreakerPolicy{Threshold: -1}}, "breaker.threshold", ""},
+			{"WindowPastTheLimiters", auditd.Source{ID: "a", BaseURL: "https://x.gov", Limit: 1, Window: auditd.Duration(limiter.MaxWindow + time.Second)}, "window", "The window must be at most 8784h0m0s (366 days)."},
+			{"IDWithLeadingSpace", auditd.Source{ID: " a", BaseURL: "https://x.gov"}, "id", "id must be printable ASCII, without a leading or trailing space."},
+			{"GroupWithTrailingSpace", auditd.Source{ID: "a", BaseURL: "https://x.gov", Group: "g "}, "group", ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				h := newHarness(t, registry.Options{})

@@ -12,22 +12,10 @@ import (
 	"github.com/go-playground/validator/v10"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/internal/validation"
+	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/redact"
 )
-
-// newValidator returns a validator that names fields by their JSON names, so
-// an error's Field is what the client sent.
-func newValidator() *validator.Validate {
-	v := validator.New(validator.WithRequiredStructEnabled())
-	v.RegisterTagNameFunc(func(f reflect.StructField) string {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			return ""
-		}
-		return name
-	})
-	return v
-}
 
 // ruleMessage says in words which rule of a source's field a value broke,
 // as a person who wrote the configuration reads it (not the tag's name).
@@ -51,7 +39,7 @@ func ruleMessage(field string, fe validator.FieldError) string {
 	case "url", "startswith":
 		return fmt.Sprintf("%s must be an http:// or https:// URL.", field)
 	case "printascii":
-		return fmt.Sprintf("%s must be printable ASCII.", field)
+		return fmt.Sprintf("%s must be printable ASCII, without a leading or trailing space.", field)
 	case "excludesall":
 		return fmt.Sprintf("%s must not contain CR, LF or NUL.", field)
 	}
@@ -71,6 +59,10 @@ func (r *Registry) validateSource(src auditd.Source) error {
 	}
 	if src.Window < 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: "Window must not be negative."}
+	} else if src.Window.D() > limiter.MaxWindow {
+		// The limiter is configured after the source is stored and
+		// recorded: what it would refuse is refused here.
+		return &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: fmt.Sprintf("The window must be at most %s (366 days).", limiter.MaxWindow)}
 	} else if src.Window > 0 && src.Limit == 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "limit", Message: "A window needs a limit."}
 	}
@@ -174,4 +166,4 @@ func CheckSource(src auditd.Source) error {
 
 // checker is the Registry CheckSource validates with, its validator built
 // once (a config file checks every source it lists).
-var checker = sync.OnceValue(func() *Registry { return &Registry{validate: newValidator()} })
+var checker = sync.OnceValue(func() *Registry { return &Registry{validate: validation.New()} })

@@ -349,14 +349,11 @@ func nonNil(m map[string]string) map[string]string {
 	return m
 }
 
-// validateSource is the check a configuration file's sources get: the
-// registry's own validation and the API's own (ids, pace), reported as
-// field and message.
+// validateSource is the check a configuration file's sources get, the
+// registry's (the same as a source put over the API), reported as field
+// and message.
 func validateSource(src *auditd.Source) (field, msg string) {
 	err := registry.CheckSource(*src)
-	if err == nil {
-		err = api.CheckSource(*src)
-	}
 	if err == nil {
 		return "", ""
 	}
