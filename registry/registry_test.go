@@ -196,7 +196,7 @@ func TestPutSource(t *testing.T) {
 			want  string // in the message, when set
 		}{
 			{"MissingID", auditd.Source{BaseURL: "https://x.gov"}, "id", "id is required."},
-			{"BadURL", auditd.Source{ID: "a", BaseURL: "ftp//x"}, "base_url", "base_url must be an http:// or https:// URL."},
+			{"BadURL", auditd.Source{ID: "a", BaseURL: "ftp//x"}, "base_url", `"ftp//x" has no scheme: write it with http:// or https:// in front, such as https://ftp//x`},
 			{"BadTier", auditd.Source{ID: "a", BaseURL: "https://x.gov", Tier: "lax"}, "tier", "tier must be one of strict, standard, relaxed."},
 			{"LimitTooHigh", auditd.Source{ID: "a", BaseURL: "https://x.gov", Limit: 2000000, Window: auditd.Duration(time.Second)}, "limit", "limit must be at most 1000000."},
 			{"IDTooLong", auditd.Source{ID: strings.Repeat("a", 101), BaseURL: "https://x.gov"}, "id", "id must be at most 100 characters."},

@@ -48,6 +48,13 @@ func ruleMessage(field string, fe validator.FieldError) string {
 
 // validateSource checks src's tags and the rules the tags cannot say.
 func (r *Registry) validateSource(src auditd.Source) error {
+	// The base URL first: its own check says in words what is wrong and
+	// how to write it, where the struct's rule would only say "a URL".
+	if src.BaseURL != "" {
+		if err := checkBaseURL(src.BaseURL); err != nil {
+			return err
+		}
+	}
 	if err := r.validate.Struct(src); err != nil {
 		var verrs validator.ValidationErrors
 		if errors.As(err, &verrs) && len(verrs) > 0 {
@@ -65,9 +72,6 @@ func (r *Registry) validateSource(src auditd.Source) error {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: fmt.Sprintf("The window must be at most %s (366 days).", limiter.MaxWindow)}
 	} else if src.Window > 0 && src.Limit == 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "limit", Message: "A window needs a limit."}
-	}
-	if err := checkBaseURL(src.BaseURL); err != nil {
-		return err
 	}
 	for name, value := range src.Headers {
 		if !validHeaderName(name) {
@@ -96,15 +100,19 @@ func checkBaseURL(raw string) error {
 	bad := func(format string, args ...any) error {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "base_url", Message: fmt.Sprintf(format, args...)}
 	}
+	if strings.ContainsAny(raw, " \t") {
+		return bad("%q is not a URL (it holds a space): write it as https://host/path", raw)
+	}
 	u, err := url.Parse(raw)
-	if err != nil {
-		return bad("base_url is not a URL.")
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return bad("base_url must be an http or https URL.")
-	}
-	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
-		return bad("base_url must name a host (http://host or https://host).")
+	switch {
+	case err == nil && u.Scheme == "" || err != nil && !strings.Contains(raw, "://"):
+		return bad("%q has no scheme: write it with http:// or https:// in front, such as https://%s", raw, strings.TrimPrefix(raw, "//"))
+	case err != nil:
+		return bad("%q is not a URL: %v", raw, errors.Unwrap(err))
+	case u.Scheme != "http" && u.Scheme != "https":
+		return bad("%q has the scheme %s; a source is reached over http:// or https://", raw, u.Scheme)
+	case u.Opaque != "" || u.Host == "" || u.Hostname() == "":
+		return bad("%q has no host: write it as https://host/path", raw)
 	}
 	if u.User != nil || redact.New(nil).URL(raw) != raw {
 		return bad("base_url must not carry credentials; put them in headers, or in item paths under a parameter named in secret_query.")

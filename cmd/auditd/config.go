@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"reflect"
 	"strings"
@@ -104,9 +103,6 @@ func loadConfig(path string, validate func(*auditd.Source) (field, msg string)) 
 			return line
 		}
 		s := &cfg.Sources[i]
-		if msg := checkBaseURL(s.BaseURL); msg != "" {
-			return nil, &configError{Path: path, Line: fieldLine("base_url"), Field: fmt.Sprintf("sources[%d].base_url", i), Msg: msg}
-		}
 		if field, msg := validate(s); field != "" || msg != "" {
 			return nil, &configError{Path: path, Line: fieldLine(field), Field: fmt.Sprintf("sources[%d].%s", i, field), Msg: msg}
 		}
@@ -139,30 +135,6 @@ func sourceNodes(root *yaml.Node) []*yaml.Node {
 		}
 	}
 	return nil
-}
-
-// checkBaseURL says in words what is wrong with a base_url that is not an
-// http or https URL with a host; "" when it is one (or is empty, which the
-// source's validation refuses as missing).
-func checkBaseURL(s string) string {
-	if s == "" {
-		return ""
-	}
-	if strings.ContainsAny(s, " \t") {
-		return fmt.Sprintf("%q is not a URL (it holds a space): write it as https://host/path", s)
-	}
-	u, err := url.Parse(s)
-	switch {
-	case err == nil && u.Scheme == "" || err != nil && !strings.Contains(s, "://"):
-		return fmt.Sprintf("%q has no scheme: write it with http:// or https:// in front, such as https://%s", s, strings.TrimPrefix(s, "//"))
-	case err != nil:
-		return fmt.Sprintf("%q is not a URL: %v", s, errors.Unwrap(err))
-	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Sprintf("%q has the scheme %s; a source is reached over http:// or https://", s, u.Scheme)
-	case u.Host == "":
-		return fmt.Sprintf("%q has no host: write it as https://host/path", s)
-	}
-	return ""
 }
 
 var (
