@@ -403,7 +403,7 @@ func (l *Loop) queueDispatch(sourceID string, p *limiter.Permit, e []auditd.Even
 			return nil, errPausedMeanwhile
 		}
 	}
-	f, err := l.cfg.Ledger.Add(e)
+	f, err := l.cfg.Ledger.Add(e, l.queuedPuts(e)...)
 	if err != nil {
 		p.Release()
 		return nil, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)

@@ -24,11 +24,14 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultMaxAttempts   = 5                // dispatches (and breaker deferrals) per request
-	DefaultConcurrency   = 2                // workers per source and run
-	DefaultMaxBodyBytes  = 32 << 20         // a response body past this is a failure, not a payload
-	DefaultDrainTimeout  = 10 * time.Second // graceful shutdown waits this long for in-flight requests
-	DefaultMaxItemsInRun = 100_000
+	DefaultMaxAttempts  = 5                // dispatches (and breaker deferrals) per request
+	DefaultConcurrency  = 2                // workers per source and run
+	DefaultMaxBodyBytes = 32 << 20         // a response body past this is a failure, not a payload
+	DefaultDrainTimeout = 10 * time.Second // graceful shutdown waits this long for in-flight requests
+	// MaxItemsPerSubmit bounds one submit's items (a page of an open run,
+	// or a whole run submitted at once); a run holds up to
+	// runs.MaxItemsInRun, in pages.
+	MaxItemsPerSubmit = 100_000
 )
 
 // Ledger is what the loop needs of the ledger (*ledger.Ledger).
@@ -56,6 +59,13 @@ type Runs interface {
 	RunByIdempotencyKey(ctx context.Context, nr auditd.NewRun) (auditd.RunView, error)
 	// Run returns one run.
 	Run(ctx context.Context, id string) (auditd.RunView, error)
+	// AddItems stores a page of an open batch run's items; Close closes
+	// it: it takes no more.
+	AddItems(r *runs.Live, items []auditd.Item) error
+	Close(r *runs.Live) error
+	// Todo returns a chunk of a run's items not yet ended (the workers'
+	// feed), and the index after the last it looked at.
+	Todo(id, source string, from, upTo uint32, max int) ([]auditd.Item, uint32, error)
 	// Unfinished lists the runs to resume, and Resume loads one.
 	Unfinished() ([]string, error)
 	Resume(id string) (*runs.Live, []auditd.Item, error)
@@ -263,6 +273,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 		Deadline:    nr.Deadline,
 		Replay:      nr.Replay,
 		ItemCount:   len(nr.Items),
+		Open:        nr.Open,
 	}, nr)
 	if errors.Is(err, runs.ErrKeyTaken) {
 		return l.Submit(ctx, nr)
@@ -274,7 +285,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 	if err := l.begin(ctx, ar, nr.Items); err != nil {
 		return auditd.RunView{}, false, err
 	}
-	l.launch(ar, nr.Items)
+	l.launch(ar, sourcesOf(nr.Items))
 	v, err := l.cfg.Runs.Run(ctx, live.ID())
 	return v, true, err
 }
@@ -309,11 +320,11 @@ func itemMethod(m string) string {
 }
 
 func (l *Loop) validate(req auditd.NewRun) error {
-	if len(req.Items) == 0 {
+	if len(req.Items) == 0 && !req.Open {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "a run needs at least one item"}
 	}
-	if len(req.Items) > DefaultMaxItemsInRun {
-		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: fmt.Sprintf("a run holds at most %d items", DefaultMaxItemsInRun)}
+	if len(req.Items) > MaxItemsPerSubmit {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: fmt.Sprintf("a submit holds at most %d items; submit a larger run in pages (open, then POST /v1/runs/{id}/items)", MaxItemsPerSubmit)}
 	}
 	seen := make(map[string]bool, len(req.Items))
 	checked := map[string]bool{}
@@ -346,8 +357,8 @@ func (l *Loop) validate(req auditd.NewRun) error {
 }
 
 // itemField names a field of the i-th item in a validation error, such as
-// "items[3].key". It is built only for an error: a run can hold 100,000
-// items.
+// "items[3].key". It is built only for an error: a submit can hold
+// 100,000 items.
 func itemField(i int, field string) string {
 	return fmt.Sprintf("items[%d]%s", i, field)
 }
@@ -397,19 +408,23 @@ func (l *Loop) recordBatch(ctx context.Context, ar *activeRun, events []auditd.E
 // (a response, an item's end). It takes buf over, and frees it once the
 // ledger has told the outcome. Whatever the run records after post
 // returns is stored after them; a run's run.finished therefore waits for
-// all of them. Once they are durable they are counted. When they end an
-// item (res is not nil, and the last event is its item.finished), the run
-// then keeps res as the item's result (runs.Live.Finished), and staging
-// learns that the puts are stored (a last-good record among them makes its
-// copy usable by every run). A failure is logged,
-// as mustRecord logs it: the record describes something that happened,
+// all of them. When they end an item (res is not nil, and the last event
+// is its item.finished), res is stored as the item's result in the same
+// commit (runs.ResultPut); a proxied request's item is stored so with its
+// item.queued. Once they are durable they are counted, and staging learns
+// that the puts are stored (a last-good record among them makes its copy
+// usable by every run). A failure is logged, as mustRecord logs it: the record describes something that happened,
 // and the reconciliation will show the gap.
 func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Put, res *auditd.ItemResult) {
 	events := buf[:n]
 	for i := range events {
 		events[i].RunID = ar.id
 	}
+	puts = append(puts, l.queuedPuts(events)...)
 	typ, item := events[0].Type, events[0].ItemKey
+	if res != nil {
+		puts = append(puts, ar.live.ResultPut(item, res)) // stored with its item.finished
+	}
 	f, err := l.cfg.Ledger.Add(events, puts...)
 	if err != nil {
 		l.freeEventBuf(buf)
@@ -428,10 +443,22 @@ func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Pu
 		if len(puts) > 0 {
 			l.cfg.Staging.Stored(puts) // a new last good copy is usable from now on
 		}
-		if res != nil {
-			ar.live.Finished(item, res)
-		}
 	})
+}
+
+// queuedPuts are what store the proxied requests' items whose item.queued
+// is among events, for the ledger's commit of them (runs.Live.QueuedPuts).
+func (l *Loop) queuedPuts(events []auditd.Event) []auditd.Put {
+	var puts []auditd.Put
+	for i := range events {
+		if events[i].Type != auditd.EventItemQueued {
+			continue
+		}
+		if ar := l.activeRun(events[i].RunID); ar != nil && ar.proxy != nil {
+			puts = append(puts, ar.live.QueuedPuts(events[i].ItemKey)...)
+		}
+	}
+	return puts
 }
 
 // postFailed logs a post that failed, and tells staging that its puts were
