@@ -94,6 +94,9 @@ type Run struct {
 	// IdleTimeout then ends it after that long without one.
 	Mode        RunMode  `json:"mode,omitempty"`
 	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	// Open is true while a batch run takes more pages of items (POST
+	// /v1/runs/{id}/items); it ends once finished and its items have.
+	Open bool `json:"open,omitempty"`
 }
 
 // Paging names how an item expands into pages.
@@ -201,6 +204,7 @@ type NewRun struct {
 	Principal      string        // who submitted it
 	Mode           RunMode       // RunProxy: no Items; requests through the proxy route become them
 	IdleTimeout    time.Duration // a proxy run ends after this long without a request; 0: DefaultIdleTimeout
+	Open           bool          // a batch run that takes more pages of items until it is finished
 }
 
 // RunView is a run as its readers see it: the stored run, its counters

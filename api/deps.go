@@ -88,9 +88,15 @@ type Runs interface {
 	// already finished.
 	CancelRun(ctx context.Context, id, principal string) (auditd.RunView, error)
 	// FinishRun ends a proxy-mode run on behalf of principal once its
-	// requests in flight are answered, and returns it finished; ECONFLICT
-	// for a batch run or one that has ended.
+	// requests in flight are answered, and returns it finished; it closes
+	// an open batch run, which then ends once its items do; ECONFLICT for
+	// a batch run submitted whole or one that has ended.
 	FinishRun(ctx context.Context, id, principal string) (auditd.RunView, error)
+	// AddRunItems adds a page of items to an open batch run and returns
+	// the run. The caller has validated the page's shape; AddRunItems
+	// refuses (EINVALID with the field) a key the run has, storing
+	// nothing; ECONFLICT when the run is not an open batch run.
+	AddRunItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error)
 	// Acknowledge records that the downstream pipeline loaded the items
 	// with keys; it returns how many were newly acknowledged. A key that
 	// names no delivered item of the run is EINVALID with Field "items[i]",

@@ -570,7 +570,7 @@ func (f *fakeRuns) CreateRun(_ context.Context, nr auditd.NewRun) (auditd.RunVie
 		items[i] = auditd.ItemView{Item: nr.Items[i]}
 	}
 	id := f.addLocked(auditd.Run{Name: nr.Name, Award: nr.Award, Status: auditd.RunRunning, InitiatedBy: nr.Principal, Deadline: nr.Deadline, Replay: nr.Replay,
-		Mode: nr.Mode, IdleTimeout: auditd.Duration(nr.IdleTimeout)}, items)
+		Mode: nr.Mode, IdleTimeout: auditd.Duration(nr.IdleTimeout), Open: nr.Open}, items)
 	f.runs[id].req = nr
 	if nr.IdempotencyKey != "" {
 		f.idem[nr.IdempotencyKey] = id
@@ -644,12 +644,42 @@ func (f *fakeRuns) CancelRun(_ context.Context, id, _ string) (auditd.RunView, e
 	return r.state, nil
 }
 
+// AddRunItems adds a page to an open run, as the fetch loop does: a key
+// the run has is refused, naming it.
+func (f *fakeRuns) AddRunItems(_ context.Context, id string, items []auditd.Item) (auditd.RunView, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, err := f.get(id)
+	if err != nil {
+		return auditd.RunView{}, err
+	}
+	if !r.state.Run.Open {
+		return r.state, auditd.Errorf(auditd.ECONFLICT, "Run %s takes no more items.", id)
+	}
+	for i, it := range items {
+		for _, have := range r.items {
+			if have.Key == it.Key {
+				return auditd.RunView{}, &auditd.Error{Code: auditd.EINVALID, Field: fmt.Sprintf("items[%d].key", i), Message: "repeated"}
+			}
+		}
+	}
+	for _, it := range items {
+		r.items = append(r.items, auditd.ItemView{Item: it})
+	}
+	r.state.Run.ItemCount = len(r.items)
+	return r.state, nil
+}
+
 func (f *fakeRuns) FinishRun(_ context.Context, id, _ string) (auditd.RunView, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, err := f.get(id)
 	if err != nil {
 		return auditd.RunView{}, err
+	}
+	if r.state.Run.Open {
+		r.state.Run.Open = false
+		return r.state, nil
 	}
 	if r.state.Run.Mode != auditd.RunProxy || r.state.Run.Status.Terminal() {
 		return r.state, auditd.Errorf(auditd.ECONFLICT, "Run %s is not a running proxy-mode run.", id)

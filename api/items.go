@@ -10,9 +10,40 @@ import (
 )
 
 func (s *Server) registerItemRoutes(g *echo.Group) {
+	g.POST("/runs/:id/items", s.handleAddItems, s.allow(auth.RoleOperator, costInline))
 	g.GET("/runs/:id/items", s.handleListItems, s.allow(auth.RoleAuditor, costRequest))
 	g.GET("/runs/:id/items/:key", s.handleGetItem, s.allow(auth.RoleAuditor, costRequest))
 	g.GET("/runs/:id/items/:key/payload", s.handleGetPayload, s.allow(auth.RoleAuditor, costRequest))
+}
+
+// addItemsRequest is the body of POST /v1/runs/{id}/items: a page of an
+// open batch run's items.
+type addItemsRequest struct {
+	Items []auditd.Item `json:"items" validate:"required,min=1,max=100000,dive"`
+}
+
+// handleAddItems validates the page whole, charges the token one unit per
+// item, and adds the page to the open run.
+func (s *Server) handleAddItems(c echo.Context) error {
+	var req addItemsRequest
+	if err := s.bind(c, &req, s.MaxRunBodyBytes); err != nil {
+		return err
+	}
+	if err := s.checkItems(c, req.Items); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	if _, err := s.Runs.Run(ctx, c.Param("id")); err != nil {
+		return err
+	}
+	if err := s.charge(c, token(c), float64(costRequest+len(req.Items))); err != nil {
+		return err
+	}
+	st, err := s.Runs.AddRunItems(ctx, c.Param("id"), req.Items)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, st)
 }
 
 func (s *Server) handleListItems(c echo.Context) error {

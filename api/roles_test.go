@@ -65,6 +65,17 @@ func routeCases() []routeCase {
 		{"Acknowledge", auth.RoleOperator, 200, func(e *env) request {
 			return request{method: "POST", path: "/v1/runs/" + e.runID + "/acknowledgements", body: `{"items":["a"]}`}
 		}},
+		{"AddItems", auth.RoleOperator, 200, func(e *env) request {
+			r := request{method: "POST", path: "/v1/runs", body: `{"name":"paged","open":true,"items":[]}`}
+			r.secret = e.secret[auth.RoleOperator]
+			var run struct {
+				ID string `json:"id"`
+			}
+			if got := e.do(r); got.status != 201 || json.Unmarshal(got.body, &run) != nil {
+				e.t.Fatalf("create an open run: %d %s", got.status, got.body)
+			}
+			return request{method: "POST", path: "/v1/runs/" + run.ID + "/items", body: `{"items":[{"key":"k","source":"county","path":"/"}]}`}
+		}},
 		{"ListItems", auth.RoleAuditor, 200, runPath("/items")},
 		{"GetItem", auth.RoleAuditor, 200, runPath("/items/a")},
 		{"GetPayload", auth.RoleAuditor, 200, runPath("/items/a/payload")},

@@ -28,8 +28,11 @@ type createRunRequest struct {
 	Award auditd.Award `json:"award"`
 	// Mode "proxy" makes a run without items, which the requests sent
 	// through the proxy route become; "batch" (the default) takes items.
-	Mode     string        `json:"mode,omitempty" validate:"omitempty,oneof=batch proxy"`
-	Items    []auditd.Item `json:"items" validate:"required_unless=Mode proxy,max=100000,dive"`
+	Mode string `json:"mode,omitempty" validate:"omitempty,oneof=batch proxy"`
+	// Items are a batch run's, or, when Open, its first page (maybe none);
+	// a larger run comes in pages (POST /v1/runs/{id}/items).
+	Items    []auditd.Item `json:"items" validate:"max=100000,dive"`
+	Open     bool          `json:"open,omitempty"`
 	Deadline time.Time     `json:"deadline,omitzero"`
 	Replay   bool          `json:"replay,omitempty"`
 	// IdleTimeout ends a proxy-mode run after this long without a request.
@@ -71,6 +74,7 @@ func (s *Server) handleCreateRun(c echo.Context) error {
 		Replay:      req.Replay,
 		Principal:   tok.Principal(),
 		IdleTimeout: req.IdleTimeout.D(),
+		Open:        req.Open,
 	}
 	if req.Mode == string(auditd.RunProxy) {
 		nr.Mode = auditd.RunProxy
@@ -135,20 +139,28 @@ func (s *Server) checkRun(c echo.Context, req *createRunRequest) error {
 			return invalid("items", "A proxy-mode run takes no items: each request sent through /proxy/{source}/ becomes one.")
 		case req.Replay:
 			return invalid("replay", "A proxy-mode run cannot replay: its requests come from the client.")
+		case req.Open:
+			return invalid("open", "A proxy-mode run takes requests until it is finished: open is for batch runs.")
 		case req.IdleTimeout.D() > maxIdleTimeout:
 			return invalid("idle_timeout", "idle_timeout is at most %v.", maxIdleTimeout)
 		}
 		return nil
 	}
-	if len(req.Items) == 0 {
-		return invalid("items", "items must be at least 1 entries.")
+	if len(req.Items) == 0 && !req.Open {
+		return invalid("items", "items must be at least 1 entries (or the run open, to take its items in pages).")
 	}
 	if req.IdleTimeout != 0 {
 		return invalid("idle_timeout", "idle_timeout is for proxy-mode runs.")
 	}
-	seen := make(map[string]int, len(req.Items))
+	return s.checkItems(c, req.Items)
+}
+
+// checkItems checks what the tags cannot of a submit's items: keys unique
+// among them, known sources.
+func (s *Server) checkItems(c echo.Context, items []auditd.Item) error {
+	seen := make(map[string]int, len(items))
 	known := map[string]bool{}
-	for i, it := range req.Items {
+	for i, it := range items {
 		if j, dup := seen[it.Key]; dup {
 			return invalid(fmt.Sprintf("items[%d].key", i), "Item key %q repeats items[%d].", it.Key, j)
 		}

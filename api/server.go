@@ -34,7 +34,7 @@ func Spec() []byte { return append([]byte(nil), spec...) }
 const (
 	DefaultAddr              = "127.0.0.1:8080"
 	DefaultReadHeaderTimeout = 5 * time.Second
-	DefaultReadTimeout       = time.Minute // a 100,000-item run is tens of megabytes
+	DefaultReadTimeout       = time.Minute // a 100,000-item page is tens of megabytes
 	DefaultWriteTimeout      = 5 * time.Minute
 	DefaultIdleTimeout       = 2 * time.Minute
 
@@ -42,8 +42,9 @@ const (
 	DefaultMaxBodyBytes = 64 << 10
 	// DefaultMaxRunBodyBytes caps POST /v1/runs.
 	DefaultMaxRunBodyBytes = 32 << 20
-	// DefaultMaxItems is the most items one run may hold (the fetch loop's
-	// own ceiling).
+	// DefaultMaxItems is the most items one request submits: a run, or a
+	// page of an open run's (the fetch loop's own bound per submit). A
+	// run holds far more, in pages.
 	DefaultMaxItems = 100_000
 	// DefaultPageLimit and MaxPageLimit size list pages.
 	DefaultPageLimit = 100

@@ -373,7 +373,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	buf[n] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
 		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
 	e := buf[:n+1]
-	f, err := l.queueDispatch(it.SourceID, a.permit, e)
+	f, err := l.queueDispatch(ar, it.SourceID, a.permit, e)
 	if err != nil {
 		l.freeEventBuf(buf)
 		return err

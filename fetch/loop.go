@@ -20,11 +20,14 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultMaxAttempts   = 5                // dispatches (and breaker deferrals) per request
-	DefaultConcurrency   = 2                // workers per source and run
-	DefaultMaxBodyBytes  = 32 << 20         // a response body past this is a failure, not a payload
-	DefaultDrainTimeout  = 10 * time.Second // graceful shutdown waits this long for in-flight requests
-	DefaultMaxItemsInRun = 100_000
+	DefaultMaxAttempts  = 5                // dispatches (and breaker deferrals) per request
+	DefaultConcurrency  = 2                // workers per source and run
+	DefaultMaxBodyBytes = 32 << 20         // a response body past this is a failure, not a payload
+	DefaultDrainTimeout = 10 * time.Second // graceful shutdown waits this long for in-flight requests
+	// MaxItemsPerSubmit bounds one submit's items (a page of an open run,
+	// or a whole run submitted at once); a run holds up to
+	// runs.MaxItemsInRun, in pages.
+	MaxItemsPerSubmit = 100_000
 )
 
 // Ledger is what the loop needs of the ledger (*ledger.Ledger).
@@ -52,6 +55,13 @@ type Runs interface {
 	RunByIdempotencyKey(ctx context.Context, nr auditd.NewRun) (auditd.RunView, error)
 	// Run returns one run.
 	Run(ctx context.Context, id string) (auditd.RunView, error)
+	// AddItems stores a page of an open batch run's items; Close closes
+	// it: it takes no more.
+	AddItems(r *runs.Live, items []auditd.Item) error
+	Close(r *runs.Live) error
+	// Todo returns a chunk of a run's items not yet ended (the workers'
+	// feed), and the index after the last it looked at.
+	Todo(id, source string, from, upTo uint32, max int) ([]auditd.Item, uint32, error)
 	// Unfinished lists the runs to resume, and Resume loads one.
 	Unfinished() ([]string, error)
 	Resume(id string) (*runs.Live, []auditd.Item, error)

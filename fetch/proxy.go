@@ -156,9 +156,6 @@ func notProxyRun(ctx context.Context, store Runs, id string) error {
 // its method and path when key is "": the same request sent again gets
 // " #2", " #3" and so on. A key the run has is ECONFLICT.
 func (ar *activeRun) addProxyItem(it *auditd.Item, key string) error {
-	if ar.live.Run().ItemCount >= DefaultMaxItemsInRun {
-		return auditd.Errorf(auditd.ECONFLICT, "Run %s holds %d items, the most a run may; finish it and create another.", ar.id, DefaultMaxItemsInRun)
-	}
 	if key != "" {
 		it.Key = key
 		return ar.live.AddItem(*it)

@@ -162,6 +162,10 @@ func (a proxyRunsAPI) FinishRun(ctx context.Context, id, principal string) (audi
 	return a.loop.Finish(ctx, id, principal)
 }
 
+func (a proxyRunsAPI) AddRunItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error) {
+	return a.loop.AddItems(ctx, id, items)
+}
+
 // proxySourcesAPI is as much of cmd/auditd's sourcesAPI as these tests
 // need: putting a source, and whether one exists.
 type proxySourcesAPI struct {

@@ -189,9 +189,13 @@ func (l *Loop) launchProxy(ar *activeRun) {
 // Finish ends proxy-mode run id on behalf of principal: it takes no more
 // requests, and once those in flight are answered its end is recorded
 // (run.finished, Reason naming who finished it). It returns the finished
-// run. A batch run, or a run that has ended, is a conflict.
+// run. An open batch run is closed instead (closeBatch). A batch run
+// submitted whole, or a run that has ended, is a conflict.
 func (l *Loop) Finish(ctx context.Context, id, principal string) (auditd.RunView, error) {
 	ar := l.activeRun(id)
+	if ar != nil && ar.feed != nil {
+		return l.closeBatch(ctx, ar)
+	}
 	if ar == nil || ar.proxy == nil {
 		v, err := l.cfg.Runs.Run(ctx, id)
 		if err != nil {
@@ -213,6 +217,27 @@ func (l *Loop) Finish(ctx context.Context, id, principal string) (auditd.RunView
 	pr.mu.Unlock()
 	pr.poke()
 	return l.Wait(ctx, id)
+}
+
+// closeBatch closes open batch run ar: it takes no more pages, and ends
+// once the items it has end. It returns the run as it is then, still
+// running.
+func (l *Loop) closeBatch(ctx context.Context, ar *activeRun) (auditd.RunView, error) {
+	ar.adding.Lock() // a page being added is fed first
+	defer ar.adding.Unlock()
+	if !ar.live.Run().Open {
+		return auditd.RunView{}, auditd.Errorf(auditd.ECONFLICT, "Run %s is a batch run submitted whole, or finished already: it ends when its items do (cancel stops it).", ar.id)
+	}
+	if err := l.cfg.Runs.Close(ar.live); err != nil {
+		return auditd.RunView{}, err
+	}
+	f := ar.feed
+	f.mu.Lock()
+	f.open = false
+	close(f.closed)
+	f.poke()
+	f.mu.Unlock()
+	return l.cfg.Runs.Run(ctx, ar.id)
 }
 
 // proxiedDetail is the Detail of a proxied request's item.queued: the
@@ -245,7 +270,7 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 			it := &auditd.Item{Key: e.ItemKey, SourceID: e.SourceID, Method: e.Method, Path: e.Path}
 			items[e.ItemKey] = it
 			order = append(order, e.ItemKey)
-			if err := live.AddItem(*it); err != nil {
+			if err := live.RestoreItem(*it); err != nil {
 				return fmt.Errorf("item.queued %d: %w", e.Seq, err)
 			}
 		case auditd.EventDispatch:

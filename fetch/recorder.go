@@ -74,19 +74,24 @@ func (r *recorder) recordBatch(ctx context.Context, ar *activeRun, events []audi
 // (a response, an item's end). It takes buf over, and frees it once the
 // ledger has told the outcome. Whatever the run records after post
 // returns is stored after them; a run's run.finished therefore waits for
-// all of them. Once they are durable they are counted. When they end an
-// item (res is not nil, and the last event is its item.finished), the run
-// then keeps res as the item's result (runs.Live.Finished), and staging
-// learns that the puts are stored (a last-good record among them makes its
-// copy usable by every run). A failure is logged,
-// as mustRecord logs it: the record describes something that happened,
-// and the reconciliation will show the gap.
+// all of them. When they end an item (res is not nil, and the last event
+// is its item.finished), res is stored as the item's result in the same
+// commit (runs.ResultPut); a proxied request's item is stored so with its
+// item.queued. Once they are durable they are counted, and staging learns
+// that the puts are stored (a last-good record among them makes its copy
+// usable by every run). A failure is logged, as mustRecord logs it: the
+// record describes something that happened, and the reconciliation will
+// show the gap.
 func (r *recorder) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Put, res *auditd.ItemResult) {
 	events := buf[:n]
 	for i := range events {
 		events[i].RunID = ar.id
 	}
+	puts = append(puts, queuedPuts(ar, events)...)
 	typ, item := events[0].Type, events[0].ItemKey
+	if res != nil {
+		puts = append(puts, ar.live.ResultPut(item, res)) // stored with its item.finished
+	}
 	f, err := r.ledger.Add(events, puts...)
 	if err != nil {
 		r.freeEventBuf(buf)
@@ -105,10 +110,23 @@ func (r *recorder) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []audit
 		if len(puts) > 0 {
 			r.staging.Stored(puts) // a new last good copy is usable from now on
 		}
-		if res != nil {
-			ar.live.Finished(item, res)
-		}
 	})
+}
+
+// queuedPuts are what store the items of a proxy-mode run ar whose
+// item.queued is among events, for the ledger's commit of them
+// (runs.Live.QueuedPuts).
+func queuedPuts(ar *activeRun, events []auditd.Event) []auditd.Put {
+	if ar.proxy == nil {
+		return nil
+	}
+	var puts []auditd.Put
+	for i := range events {
+		if events[i].Type == auditd.EventItemQueued {
+			puts = append(puts, ar.live.QueuedPuts(events[i].ItemKey)...)
+		}
+	}
+	return puts
 }
 
 // postFailed logs a post that failed, and tells staging that its puts were
@@ -173,7 +191,7 @@ func (r *recorder) record(ctx context.Context, ar *activeRun, e auditd.Event) (a
 // ledger stores e before anything added after it; the wait for e's commit
 // group, the longest part of a dispatch, is the caller's, outside the
 // lock, so that the source's other requests can share the group.
-func (r *recorder) queueDispatch(sourceID string, p *limiter.Permit, e []auditd.Event) (auditd.Future, error) {
+func (r *recorder) queueDispatch(ar *activeRun, sourceID string, p *limiter.Permit, e []auditd.Event) (auditd.Future, error) {
 	mu := r.sendLock(sourceID)
 	mu.Lock()
 	defer mu.Unlock()
@@ -187,7 +205,7 @@ func (r *recorder) queueDispatch(sourceID string, p *limiter.Permit, e []auditd.
 			return nil, errPausedMeanwhile
 		}
 	}
-	f, err := r.ledger.Add(e)
+	f, err := r.ledger.Add(e, queuedPuts(ar, e)...)
 	if err != nil {
 		p.Release()
 		return nil, fmt.Errorf("append %s: %w", auditd.EventDispatch, err)

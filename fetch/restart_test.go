@@ -83,8 +83,9 @@ func TestRestartRebuildsResults(t *testing.T) {
 }
 
 // A crash after run.finished is durable but before the store has the run's
-// end leaves the run "running" there with no results. The next start
-// stores its end from the ledger and records nothing new.
+// end leaves the run "running" there, with its results (each stored with
+// its item.finished). The next start stores its end from the ledger and
+// records nothing new.
 func TestRestartAfterRunFinishedStoresItsEnd(t *testing.T) {
 	h := newHarness(t, mixedScenario)
 	mixedSources(t, h)
@@ -115,21 +116,16 @@ func TestRestartAfterRunFinishedStoresItsEnd(t *testing.T) {
 		if err := runs.Put([]byte(v.ID), b); err != nil {
 			return err
 		}
-		// The run's results, in chunks keyed by the run id, 0, a key.
-		res := tx.Bucket([]byte("fetch.resultchunks"))
+		// The run's results, one per item keyed by the run id, 0, its key:
+		// stored as the items ended, before run.finished.
 		prefix := append([]byte(v.ID), 0)
-		var chunks [][]byte
-		c := res.Cursor()
+		n := 0
+		c := tx.Bucket([]byte("runs.itemresults")).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			chunks = append(chunks, bytes.Clone(k))
+			n++
 		}
-		if len(chunks) == 0 {
-			return fmt.Errorf("run %s stored no results", v.ID)
-		}
-		for _, k := range chunks {
-			if err := res.Delete(k); err != nil {
-				return err
-			}
+		if n != 4 {
+			return fmt.Errorf("run %s stored %d results before its end, want 4", v.ID, n)
 		}
 		return nil
 	})

@@ -64,17 +64,18 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			return nil, err
 		}
 	}
-	var todo []auditd.Item
+	left := 0
 	for _, it := range items {
 		if !rp.finished[it.Key] {
-			todo = append(todo, it)
+			left++
 		}
 	}
 	if err := l.cfg.Runs.Start(live); err != nil {
 		return nil, err
 	}
-	l.log.Info("resuming run", "run", id, "items_left", len(todo), "interrupted", len(rp.open))
-	return func() { l.launch(ar, todo) }, nil
+	l.log.Info("resuming run", "run", id, "items_left", left, "interrupted", len(rp.open))
+	// The feeders skip the items that ended: their results are stored.
+	return func() { l.launch(ar, sourcesOf(items)) }, nil
 }
 
 // pickUp does what resuming a run of either mode starts with, once its
@@ -143,7 +144,7 @@ func replay(ledger Ledger, live *runs.Live, item func(key string) *auditd.Item, 
 			if res.Outcome == auditd.ItemCached {
 				res.Cached = cached[e.ItemKey]
 			}
-			live.Finished(e.ItemKey, res)
+			live.Rebuilt(e.ItemKey, res)
 		case auditd.EventDispatch:
 			rp.open[r] = *e
 		case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:

@@ -2,6 +2,7 @@ package fetch
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -36,6 +37,18 @@ type activeRun struct {
 	posts     sync.WaitGroup // records posted and not yet durable (recorder.post)
 	// proxy is a proxy-mode run's own state (proxy.go); nil for a batch run.
 	proxy *proxyRun
+	// feed feeds a batch run's workers (launch); adding serialises the
+	// pages added to an open one (AddItems).
+	feed   *batchFeed
+	ctx    context.Context // the run's: ends when it is cancelled or the loop shuts down
+	adding sync.Mutex
+}
+
+// runCtx returns the run's context.
+func (ar *activeRun) runCtx() context.Context {
+	ar.mu.Lock()
+	defer ar.mu.Unlock()
+	return ar.ctx
 }
 
 // job is an item being done, with what its worker alone keeps of it.
@@ -128,62 +141,76 @@ func (ar *activeRun) seen(r request, attempt uint32) {
 	ia.seen(r.page, attempt)
 }
 
+// feedChunk is how many of a run's items a feeder reads from the store at
+// a time.
+const feedChunk = 256
+
+// batchFeed feeds a batch run's workers: per source, a feeder reads the
+// run's items from the store a chunk at a time (runs.Store.Todo), so that
+// what the loop holds of a run is bounded by the requests in flight, not
+// by the run's size. An open run's feeders wait for its next page.
+type batchFeed struct {
+	workers sync.WaitGroup // every worker of the run, and the open run's hold
+
+	mu      sync.Mutex
+	queued  uint32          // items with their item.queued recorded: the feeders read up to here
+	open    bool            // more pages may come
+	sources map[string]bool // sources with a feeder
+	wake    chan struct{}   // closed, and replaced, when items are queued or the run closes
+	closed  chan struct{}   // closed when the open run closes
+}
+
+// state returns how far the feeders may read, whether more may come, and
+// what tells them when either changes.
+func (f *batchFeed) state() (queued uint32, open bool, wake <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.queued, f.open, f.wake
+}
+
+// poke wakes the feeders; the caller holds f.mu.
+func (f *batchFeed) poke() {
+	close(f.wake)
+	f.wake = make(chan struct{})
+}
+
 // launch starts the run's workers: per source, as many as its concurrency
-// allows, each taking the source's items in submission order. Sources do not
-// wait for each other.
-func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
+// allows, each taking the source's items in submission order from the
+// source's feeder. Sources do not wait for each other. The run ends once
+// every item has, and, when it is open, once it is finished.
+func (l *Loop) launch(ar *activeRun, sources []string) {
 	ctx, cancel := context.WithCancel(l.ctx)
 	ar.recordCtx = context.WithoutCancel(ctx)
+	run := ar.live.Run()
+	feed := &batchFeed{queued: uint32(run.ItemCount), open: run.Open, sources: map[string]bool{},
+		wake: make(chan struct{}), closed: make(chan struct{})}
 	ar.mu.Lock()
-	ar.cancel = cancel
+	ar.cancel, ar.ctx, ar.feed = cancel, ctx, feed
 	ar.mu.Unlock()
 	l.mu.Lock()
 	l.active[ar.id] = ar
 	l.mu.Unlock()
 
-	perSource := map[string]int{}
-	var order []string
-	for _, it := range items {
-		if perSource[it.SourceID] == 0 {
-			order = append(order, it.SourceID)
-		}
-		perSource[it.SourceID]++
+	if feed.open {
+		feed.workers.Add(1)
+		go func() {
+			select {
+			case <-feed.closed:
+			case <-ctx.Done():
+			}
+			feed.workers.Done()
+		}()
 	}
-	queues := make(map[string]chan auditd.Item, len(order))
-	for _, id := range order {
-		queues[id] = make(chan auditd.Item, perSource[id])
+	feed.mu.Lock()
+	for _, id := range sources {
+		l.feedSource(ctx, ar, feed, id)
 	}
-	for _, it := range items {
-		queues[it.SourceID] <- it
-	}
-	var workers sync.WaitGroup
-	for _, id := range order {
-		close(queues[id])
-		n := l.cfg.Concurrency
-		if src, err := l.cfg.Registry.GetSource(id); err == nil && src.Concurrency > 0 {
-			n = src.Concurrency
-		}
-		n = min(n, len(queues[id]))
-		for range n {
-			workers.Add(1)
-			l.wg.Add(1)
-			go func(q <-chan auditd.Item) {
-				defer l.wg.Done()
-				defer workers.Done()
-				for it := range q {
-					if ctx.Err() != nil && !ar.isCancelled() {
-						return // shutting down: the item resumes at the next start
-					}
-					l.doItem(ctx, ar, &it)
-				}
-			}(queues[id])
-		}
-	}
+	feed.mu.Unlock()
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
 		defer cancel()
-		workers.Wait()
+		feed.workers.Wait()
 		if l.ctx.Err() != nil && !ar.isCancelled() {
 			return // shutdown, not the end of the run
 		}
@@ -191,6 +218,142 @@ func (l *Loop) launch(ar *activeRun, items []auditd.Item) {
 			l.log.Error("finish run", "run", ar.id, "err", err)
 		}
 	}()
+}
+
+// feedSource starts the feeder and the workers of a source of run ar, once;
+// the caller holds feed.mu.
+func (l *Loop) feedSource(ctx context.Context, ar *activeRun, feed *batchFeed, sourceID string) {
+	if feed.sources[sourceID] {
+		return
+	}
+	feed.sources[sourceID] = true
+	n := l.cfg.Concurrency
+	if src, err := l.cfg.Registry.GetSource(sourceID); err == nil && src.Concurrency > 0 {
+		n = src.Concurrency
+	}
+	q := make(chan auditd.Item, n)
+	for range n {
+		feed.workers.Add(1)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer feed.workers.Done()
+			for it := range q {
+				if ctx.Err() != nil && !ar.isCancelled() {
+					return // shutting down: the item resumes at the next start
+				}
+				l.doItem(ctx, ar, &it)
+			}
+		}()
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer close(q)
+		l.feed(ctx, ar, feed, sourceID, q)
+	}()
+}
+
+// feed sends q the items of source sourceID of run ar that have not ended,
+// in submission order, as they are queued, until there are no more: the
+// run is not open, or it was cancelled, and every item queued was sent. A
+// shutdown stops it at once; a cancelled run's items are all sent, each
+// to end cancelled.
+func (l *Loop) feed(ctx context.Context, ar *activeRun, feed *batchFeed, sourceID string, q chan<- auditd.Item) {
+	stopped := func() bool { return ctx.Err() != nil && !ar.isCancelled() }
+	from := uint32(0)
+	for failures := 0; !stopped(); {
+		upTo, open, wake := feed.state()
+		items, next, err := l.cfg.Runs.Todo(ar.id, sourceID, from, upTo, feedChunk)
+		if err != nil {
+			if !l.pauseAfter(l.ctx, ar, "read the run's items", &failures, err) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		for _, it := range items {
+			select {
+			case q <- it:
+			case <-ctx.Done():
+				if stopped() {
+					return // the workers have stopped too
+				}
+				q <- it // cancelled: the workers end every item
+			}
+		}
+		if next > from {
+			from = next
+			continue
+		}
+		if !open || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// AddItems adds a page of items to open batch run id, on behalf of
+// principal: validated as a submit's are (keys unique in the run, known
+// sources, paths), stored, each item.queued recorded, and then fed to the
+// run's workers. It returns the run. A run that is not an open batch run
+// is a conflict; nothing is stored or recorded when the page is refused.
+func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error) {
+	l.redactItems(items)
+	if err := l.validate(auditd.NewRun{Items: items}); err != nil {
+		return auditd.RunView{}, err
+	}
+	ar := l.activeRun(id)
+	if ar == nil || ar.proxy != nil {
+		v, err := l.cfg.Runs.Run(ctx, id)
+		if err != nil {
+			return v, err
+		}
+		if v.Mode == auditd.RunProxy || !v.Open || v.Status.Terminal() {
+			return v, auditd.Errorf(auditd.ECONFLICT, "Run %s takes no more items: only an open batch run does, until it is finished.", id)
+		}
+		return v, auditd.Errorf(auditd.EUNAVAILABLE, "Run %s is not active (auditd is starting or shutting down); retry.", id)
+	}
+	for i := range items {
+		items[i].Method = itemMethod(items[i].Method)
+	}
+	ar.mu.Lock()
+	feed := ar.feed
+	ar.mu.Unlock()
+	// One page at a time: the feeders read up to the last page queued.
+	ar.adding.Lock()
+	defer ar.adding.Unlock()
+	if err := l.cfg.Runs.AddItems(ar.live, items); err != nil {
+		return auditd.RunView{}, err
+	}
+	var fresh []string
+	feed.mu.Lock()
+	for _, src := range sourcesOf(items) {
+		if !feed.sources[src] {
+			fresh = append(fresh, src)
+		}
+	}
+	feed.mu.Unlock()
+	if len(fresh) > 0 {
+		if err := l.cfg.Registry.StartRun(ctx, ar.id, fresh); err != nil {
+			return auditd.RunView{}, fmt.Errorf("snapshot registry: %w", err)
+		}
+	}
+	if err := l.queueItems(ar.recordCtx, ar, items); err != nil {
+		return auditd.RunView{}, err
+	}
+	feed.mu.Lock()
+	feed.queued = uint32(ar.live.Run().ItemCount)
+	runCtx := ar.runCtx()
+	for _, src := range fresh {
+		l.feedSource(runCtx, ar, feed, src)
+	}
+	feed.poke()
+	feed.mu.Unlock()
+	return l.cfg.Runs.Run(ctx, id)
 }
 
 // Backoff between tries of a record or a store the disk refused.

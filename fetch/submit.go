@@ -65,7 +65,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 	if nr.Mode == auditd.RunProxy {
 		run.IdleTimeout = auditd.Duration(nr.IdleTimeout)
 	} else {
-		run.Replay, run.ItemCount = nr.Replay, len(nr.Items)
+		run.Replay, run.ItemCount, run.Open = nr.Replay, len(nr.Items), nr.Open
 	}
 	live, err := l.cfg.Runs.Create(run, nr)
 	if errors.Is(err, runs.ErrKeyTaken) {
@@ -84,7 +84,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 	if ar.proxy != nil {
 		l.launchProxy(ar)
 	} else {
-		l.launch(ar, nr.Items)
+		l.launch(ar, sourcesOf(nr.Items))
 	}
 	v, err := l.cfg.Runs.Run(ctx, live.ID())
 	return v, true, err
@@ -129,11 +129,11 @@ func (l *Loop) validate(req auditd.NewRun) error {
 	if req.Mode == auditd.RunProxy {
 		return nil
 	}
-	if len(req.Items) == 0 {
+	if len(req.Items) == 0 && !req.Open {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "a run needs at least one item"}
 	}
-	if len(req.Items) > DefaultMaxItemsInRun {
-		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: fmt.Sprintf("a run holds at most %d items", DefaultMaxItemsInRun)}
+	if len(req.Items) > MaxItemsPerSubmit {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: fmt.Sprintf("a submit holds at most %d items; submit a larger run in pages (open, then POST /v1/runs/{id}/items)", MaxItemsPerSubmit)}
 	}
 	seen := make(map[string]bool, len(req.Items))
 	checked := map[string]bool{}
@@ -166,8 +166,8 @@ func (l *Loop) validate(req auditd.NewRun) error {
 }
 
 // itemField names a field of the i-th item in a validation error, such as
-// "items[3].key". It is built only for an error: a run can hold 100,000
-// items.
+// "items[3].key". It is built only for an error: a submit can hold
+// 100,000 items.
 func itemField(i int, field string) string {
 	return fmt.Sprintf("items[%d]%s", i, field)
 }

@@ -8,26 +8,33 @@ import (
 )
 
 // Live is a run the fetch loop is working on: its record, with counters
-// that move as the run's events become durable, and how each finished item
-// ended, kept until the run's end is stored in one transaction (Store.End).
-// The ledger holds the same facts as they happen, so a restart rebuilds
-// both from it. It is safe for concurrent use.
+// that move as the run's events become durable. Its items and their
+// results are in the store as they come and end (pages.go); what the live
+// run keeps besides its record is bounded by the requests in flight. The
+// ledger holds the same facts as they happen, so a restart rebuilds the
+// counters from it. It is safe for concurrent use.
 type Live struct {
-	id string // never changes
+	id    string // never changes
+	store *Store
+	// legacy is true for a run an earlier build stored, which kept its
+	// items' results (and a proxy run its items) in memory until its end:
+	// a resume rebuilds them from the ledger (Rebuilt, RestoreItem).
+	legacy bool
+
+	// adding serialises the pages added to an open batch run.
+	adding sync.Mutex
 
 	mu      sync.Mutex
 	rec     record
-	results map[string]*auditd.ItemResult // item key -> how it ended
-	ended   chan struct{}                 // closed once the run's end is stored
-	proxied *proxiedItems                 // a proxy-mode run's items, as they come (proxy.go); nil for a batch run
+	ended   chan struct{} // closed once the run's end is stored
+	proxied *proxiedItems // a proxy-mode run's items not yet stored (proxy.go); nil for a batch run
+	rebuilt []result      // results a resume rebuilt that the store lacked: Start stores them
 }
 
-func newLive(rec *record) *Live {
-	r := &Live{id: rec.ID, rec: *rec, ended: make(chan struct{}),
-		results: make(map[string]*auditd.ItemResult, rec.ItemCount)}
+func (s *Store) newLive(rec *record) *Live {
+	r := &Live{id: rec.ID, store: s, rec: *rec, ended: make(chan struct{})}
 	if rec.Mode == auditd.RunProxy {
-		r.proxied = &proxiedItems{index: map[string]int{}}
-		r.rec.ItemCount = 0 // counted again as the items are added
+		r.proxied = &proxiedItems{pending: map[string]pendingItem{}}
 	}
 	return r
 }
@@ -63,35 +70,37 @@ func (r *Live) Started(first *auditd.Event) {
 
 // Count counts events of the run once they are durable. Events that
 // different workers recorded become durable in an order of their own, so
-// the run's LastSeq is the largest seen.
+// the run's LastSeq is the largest seen. A proxied request's item is
+// stored with its item.queued, and no longer kept here.
 func (r *Live) Count(events ...auditd.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i := range events {
 		r.rec.Counts.Count(&events[i])
 		r.rec.LastSeq = max(r.rec.LastSeq, events[i].Seq)
+		if r.proxied != nil && events[i].Type == auditd.EventItemQueued {
+			delete(r.proxied.pending, events[i].ItemKey)
+		}
 	}
 }
 
-// Finished keeps how the item with key ended, once its item.finished is
-// durable. (Its payload is the request's last good copy from then on: the
-// ledger stored its last-good record with it, staging.Store.LastGoodRecord.)
-func (r *Live) Finished(key string, res *auditd.ItemResult) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.results[key] = res
+// ResultPut is what stores how the item with key ended (the package's
+// ResultPut), for the ledger's commit of its item.finished.
+func (r *Live) ResultPut(key string, res *auditd.ItemResult) auditd.Put {
+	return ResultPut(r.id, key, res)
 }
 
-// result returns a copy of how an item of the run ended, if it has.
-func (r *Live) result(key string) (*auditd.ItemResult, bool) {
+// Rebuilt keeps how the item with key ended, as a resume rebuilt it from
+// its item.finished, when the store lacks it (a run an earlier build
+// kept its results of in memory): Start stores it. (It reads nothing from
+// the store: the resume calls it while it reads the ledger.)
+func (r *Live) Rebuilt(key string, res *auditd.ItemResult) {
+	if !r.legacy {
+		return // stored with its item.finished
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	res, ok := r.results[key]
-	if !ok {
-		return nil, false
-	}
-	c := *res
-	return &c, true
+	r.rebuilt = append(r.rebuilt, result{key, res})
 }
 
 // record returns a copy of the run's record.

@@ -1,101 +1,96 @@
 package runs
 
 import (
-	"slices"
-
 	"github.com/auditd/auditd"
 )
 
-// proxiedItems are the items of a proxy-mode run, in the order their
-// requests came. A batch run's items are stored when it is submitted; a
-// proxy run's arrive one request at a time, so they are kept here, with the
-// live run, and stored with its end (Store.End), as its results are. The
-// ledger's item.queued events hold the same facts, and the fetch loop adds
-// them back from there when it resumes the run.
+// proxiedItems are the items of a proxy-mode run that are not stored yet.
+// A batch run's items are stored as they are submitted; a proxy run's
+// arrive one request at a time, and each is stored with its item.queued,
+// in the ledger's commit (QueuedPuts). Until then it is kept here.
 type proxiedItems struct {
-	items []auditd.Item
-	index map[string]int // key -> position in items
+	pending map[string]pendingItem
+	// restored are items a resume found in the ledger and not in the
+	// store (a run an earlier build kept its items of in memory): Start
+	// stores them.
+	restored []string
+}
+
+// pendingItem is an item of a proxy-mode run, with its index.
+type pendingItem struct {
+	idx uint32
+	it  auditd.Item
 }
 
 // AddItem adds an item to a proxy-mode run, as its request arrives. A key
 // the run already has is ECONFLICT; a batch run takes no items (EINVALID).
 func (r *Live) AddItem(it auditd.Item) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.proxied == nil {
 		return auditd.Errorf(auditd.EINVALID, "run %s is not a proxy-mode run", r.id)
 	}
-	if _, dup := r.proxied.index[it.Key]; dup {
+	_, stored, err := r.store.pagedItem(r.id, it.Key)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.proxied.pending[it.Key]; dup || stored {
 		return auditd.Errorf(auditd.ECONFLICT, "run %s already has an item %q", r.id, it.Key)
 	}
-	r.proxied.index[it.Key] = len(r.proxied.items)
-	r.proxied.items = append(r.proxied.items, it)
+	if r.rec.ItemCount >= MaxItemsInRun {
+		// Not ECONFLICT, which would mean the key is taken (a repeated
+		// request's derived key then tries the next " #n").
+		return auditd.Errorf(auditd.EINVALID, "Run %s holds %d items, the most a run may; finish it and create another.", r.id, MaxItemsInRun)
+	}
+	r.proxied.pending[it.Key] = pendingItem{idx: uint32(r.rec.ItemCount), it: it}
 	r.rec.ItemCount++
+	return nil
+}
+
+// RestoreItem adds to a proxy-mode run being resumed an item its ledger
+// has queued: nothing when the store has it, as it has every item stored
+// with its item.queued. (It reads nothing from the store: the resume
+// calls it while it reads the ledger.)
+func (r *Live) RestoreItem(it auditd.Item) error {
+	if !r.legacy {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.proxied.pending[it.Key]; dup {
+		return auditd.Errorf(auditd.ECONFLICT, "run %s already has an item %q", r.id, it.Key)
+	}
+	r.proxied.pending[it.Key] = pendingItem{idx: uint32(r.rec.ItemCount), it: it}
+	r.rec.ItemCount++
+	r.proxied.restored = append(r.proxied.restored, it.Key)
 	return nil
 }
 
 // HasItem reports whether the run has an item with key.
 func (r *Live) HasItem(key string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proxied == nil {
-		return false
+	if _, ok := r.pendingItem(key); ok {
+		return true
 	}
-	_, ok := r.proxied.index[key]
-	return ok
+	_, stored, err := r.store.pagedItem(r.id, key)
+	return err == nil && stored
 }
 
-// proxiedItems returns a proxy-mode run's items, for its end; nil for a
-// batch run, whose items were stored when it was submitted.
-func (r *Live) proxiedItems() []auditd.Item {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proxied == nil {
+// QueuedPuts are what store the item with key of a proxy-mode run, for
+// the ledger's commit of its item.queued; nil when it is not pending.
+func (r *Live) QueuedPuts(key string) []auditd.Put {
+	p, ok := r.pendingItem(key)
+	if !ok {
 		return nil
 	}
-	return slices.Clone(r.proxied.items)
+	return itemPuts(r.id, p.idx, &p.it)
 }
 
-// listItems is Store.Items for a live proxy-mode run.
-func (r *Live) listItems(after string, limit int) ([]auditd.ItemView, string, error) {
+func (r *Live) pendingItem(key string) (pendingItem, bool) {
+	if r.proxied == nil {
+		return pendingItem{}, false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	from := 0
-	if after != "" {
-		i, ok := r.proxied.index[after]
-		if !ok {
-			return nil, "", &auditd.Error{Code: auditd.EINVALID, Field: "cursor", Message: "cursor names no item of this run"}
-		}
-		from = i + 1
-	}
-	var out []auditd.ItemView
-	next := ""
-	for _, it := range r.proxied.items[from:] {
-		if len(out) == limit {
-			next = out[len(out)-1].Key
-			break
-		}
-		out = append(out, r.viewLocked(it))
-	}
-	return out, next, nil
-}
-
-// item is Store.Item for a live proxy-mode run.
-func (r *Live) item(key string) (auditd.ItemView, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	i, ok := r.proxied.index[key]
-	if !ok {
-		return auditd.ItemView{}, auditd.Errorf(auditd.ENOTFOUND, "item %q not found in run %q", key, r.id)
-	}
-	return r.viewLocked(r.proxied.items[i]), nil
-}
-
-func (r *Live) viewLocked(it auditd.Item) auditd.ItemView {
-	v := auditd.ItemView{Item: it}
-	if res, ok := r.results[it.Key]; ok {
-		c := *res
-		v.Result = &c
-	}
-	return v
+	p, ok := r.proxied.pending[key]
+	return p, ok
 }

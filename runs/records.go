@@ -131,6 +131,9 @@ func putResults(tx *bolt.Tx, runID string, results []result) error {
 
 // forEachItem visits a run's items in submission order.
 func forEachItem(tx *bolt.Tx, runID string, fn func(it *auditd.Item) error) error {
+	if hasPages(tx, runID) {
+		return scanPages(tx, runID, 0, func(_ uint32, it *auditd.Item) error { return fn(it) })
+	}
 	prefix := append([]byte(runID), 0)
 	c := tx.Bucket(bucketItemChunks).Cursor()
 	k, v := c.Seek(prefix)
@@ -155,6 +158,13 @@ func forEachItem(tx *bolt.Tx, runID string, fn func(it *auditd.Item) error) erro
 // loadItem returns the item of a run with key.
 func loadItem(tx *bolt.Tx, runID, key string) (*auditd.Item, error) {
 	notFound := auditd.Errorf(auditd.ENOTFOUND, "item %q not found in run %q", key, runID)
+	if hasPages(tx, runID) {
+		idx, ok := pagedIndex(tx, runID, key)
+		if !ok {
+			return nil, notFound
+		}
+		return loadPagedItem(tx, runID, idx)
+	}
 	chunk, ok := seekChunk(tx.Bucket(bucketKeyChunks), runID, key)
 	if !ok {
 		return loadLegacyItem(tx, runID, key, notFound)
@@ -193,6 +203,7 @@ func findIndex(chunk []byte, key string) (idx uint32, found bool, err error) {
 type resultReader struct {
 	tx    *bolt.Tx
 	runID string
+	paged byte   // 0 not known yet, 1 not in pages, 2 in pages (pages.go)
 	first []byte // the key of the chunk in all
 	all   []keyedResult
 }
@@ -205,6 +216,18 @@ type keyedResult struct {
 
 // result returns the stored result of the item with key, if there is one.
 func (rr *resultReader) result(key string) (*auditd.ItemResult, bool, error) {
+	if res, ok, err := pagedResult(rr.tx, rr.runID, key); ok || err != nil {
+		return res, ok, err
+	}
+	if rr.paged == 0 {
+		rr.paged = 1
+		if hasPages(rr.tx, rr.runID) {
+			rr.paged = 2
+		}
+	}
+	if rr.paged == 2 {
+		return nil, false, nil // a run in pages has its results stored as they ended
+	}
 	b := rr.tx.Bucket(bucketResultChunks)
 	c := b.Cursor()
 	k, v := seekChunkCursor(c, rr.runID, key)

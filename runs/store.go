@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -107,7 +105,7 @@ func Open(db *bolt.DB, opts Options) (*Store, error) {
 		opts.Seal = seal.Ephemeral()
 	}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketIdem, bucketItemChunks, bucketKeyChunks, bucketResultChunks, bucketItems, bucketKeys, bucketResults, bucketSendPaths} {
+		for _, b := range [][]byte{bucketRuns, bucketIdem, bucketItemPages, bucketItemIndex, bucketItemResults, bucketItemChunks, bucketKeyChunks, bucketResultChunks, bucketItems, bucketKeys, bucketResults, bucketSendPaths} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -189,7 +187,7 @@ func (s *Store) Create(run auditd.Run, nr auditd.NewRun) (*Live, error) {
 		if err := saveRun(tx, rec); err != nil {
 			return err
 		}
-		if err := putItems(tx, rec.ID, nr.Items); err != nil {
+		if err := putPage(tx, rec.ID, 0, nr.Items, "items"); err != nil {
 			return err
 		}
 		if err := s.putSendPaths(tx, rec.ID, nr.Items); err != nil {
@@ -205,7 +203,63 @@ func (s *Store) Create(run auditd.Run, nr auditd.NewRun) (*Live, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("store run: %w", err)
 	}
-	return newLive(rec), nil
+	return s.newLive(rec), nil
+}
+
+// AddItems adds a page of items to r, an open batch run, after those it
+// has: stored, with their keys indexed and their paths as sent sealed, in
+// one transaction. A key the run has already is EINVALID naming the item,
+// and then nothing is stored. The caller records their item.queued.
+func (s *Store) AddItems(r *Live, items []auditd.Item) error {
+	r.adding.Lock()
+	defer r.adding.Unlock()
+	run := r.Run()
+	switch {
+	case run.Mode == auditd.RunProxy:
+		return auditd.Errorf(auditd.ECONFLICT, "Run %s is a proxy-mode run: its items are the requests sent through the proxy route.", r.id)
+	case !run.Open:
+		return auditd.Errorf(auditd.ECONFLICT, "Run %s takes no more items: it was submitted whole, or finished.", r.id)
+	case run.ItemCount+len(items) > MaxItemsInRun:
+		return auditd.Errorf(auditd.ECONFLICT, "Run %s would hold more than %d items, the most a run may; finish it and create another.", r.id, MaxItemsInRun)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := putPage(tx, r.id, uint32(run.ItemCount), items, "items"); err != nil {
+			return err
+		}
+		return s.putSendPaths(tx, r.id, items)
+	})
+	if auditd.ErrorCode(err) == auditd.EINVALID {
+		return err
+	} else if err != nil {
+		return fmt.Errorf("store items of run %s: %w", r.id, err)
+	}
+	r.mu.Lock()
+	r.rec.ItemCount += len(items)
+	r.mu.Unlock()
+	return nil
+}
+
+// Close closes r, an open batch run: it takes no more items, and ends once
+// those it has do. The stored record says so, for a restart.
+func (s *Store) Close(r *Live) error {
+	r.adding.Lock()
+	defer r.adding.Unlock()
+	r.mu.Lock()
+	r.rec.Open = false
+	rec := r.rec
+	rec.Counts = r.rec.Counts.Clone()
+	r.mu.Unlock()
+	return s.db.Update(func(tx *bolt.Tx) error { return saveRun(tx, &rec) })
+}
+
+// pagedItem reports the index of run runID's item with key, when the store
+// has it in pages.
+func (s *Store) pagedItem(runID, key string) (idx uint32, ok bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		idx, ok = pagedIndex(tx, runID, key)
+		return nil
+	})
+	return idx, ok, err
 }
 
 // Unfinished returns the ids of the runs that have not reached a terminal
@@ -232,9 +286,21 @@ func (s *Store) Unfinished() ([]string, error) {
 func (s *Store) Resume(id string) (*Live, []auditd.Item, error) {
 	var rec *record
 	var items []auditd.Item
+	legacy := false
 	err := s.db.View(func(tx *bolt.Tx) (err error) {
 		if rec, err = loadRun(tx, id); err != nil {
 			return err
+		}
+		legacy = !hasPages(tx, id)
+		if !legacy {
+			n, err := pagedCount(tx, id)
+			if err != nil {
+				return err
+			}
+			rec.ItemCount = int(n)
+		}
+		if rec.Mode == auditd.RunProxy {
+			return nil // the fetch loop rebuilds them from the ledger
 		}
 		sent := tx.Bucket(bucketSendPaths)
 		return forEachItem(tx, id, func(it *auditd.Item) error {
@@ -252,17 +318,60 @@ func (s *Store) Resume(id string) (*Live, []auditd.Item, error) {
 		return nil, nil, err
 	}
 	rec.Counts = auditd.Counts{}
-	return newLive(rec), items, nil
+	if legacy && rec.Mode == auditd.RunProxy {
+		rec.ItemCount = 0 // counted again as the ledger's items are restored
+	}
+	live := s.newLive(rec)
+	live.legacy = legacy
+	return live, items, nil
 }
 
 // Start stores r's record as it starts (once run.started is recorded, and
 // again when the loop resumes it) and makes it live: until its end is
 // stored (End), views read it and not the stored record.
+//
+// It stores too what a resume rebuilt that the store lacked (Rebuilt,
+// RestoreItem): results and items of a run an earlier build kept in
+// memory until the run's end.
 func (s *Store) Start(r *Live) error {
 	rec := r.record()
-	if err := s.db.Update(func(tx *bolt.Tx) error { return saveRun(tx, &rec) }); err != nil {
+	r.mu.Lock()
+	rebuilt := r.rebuilt
+	var restored []pendingItem
+	if r.proxied != nil {
+		for _, key := range r.proxied.restored {
+			restored = append(restored, r.proxied.pending[key])
+		}
+	}
+	r.mu.Unlock()
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, res := range rebuilt {
+			p := ResultPut(r.id, res.key, res.ItemResult)
+			if err := tx.Bucket(p.Bucket).Put(p.Key, p.Value); err != nil {
+				return err
+			}
+		}
+		for i := range restored {
+			for _, p := range itemPuts(r.id, restored[i].idx, &restored[i].it) {
+				if err := tx.Bucket(p.Bucket).Put(p.Key, p.Value); err != nil {
+					return err
+				}
+			}
+		}
+		return saveRun(tx, &rec)
+	})
+	if err != nil {
 		return err
 	}
+	r.mu.Lock()
+	r.rebuilt = nil
+	if r.proxied != nil {
+		for _, key := range r.proxied.restored {
+			delete(r.proxied.pending, key)
+		}
+		r.proxied.restored = nil
+	}
+	r.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.live[r.id] = r
@@ -275,12 +384,12 @@ func (s *Store) tracked(id string) *Live {
 	return s.live[id]
 }
 
-// End stores what a run leaves, in one transaction: every item's result,
-// in key order (a run's keys are new, so this appends), and its
-// terminal record, which run.finished (fin) completes. Then the run is no
-// longer live. A crash before this commits leaves the run unfinished in
-// the store; the fetch loop then finds run.finished in the ledger and
-// stores its end.
+// End stores a run's terminal record, which run.finished (fin)
+// completes, and forgets its items' sealed paths as sent. Its items and
+// their results are stored already, as they came and ended. Then the run
+// is no longer live. A crash before this commits leaves the run
+// unfinished in the store; the fetch loop then finds run.finished in the
+// ledger and stores its end.
 func (s *Store) End(r *Live, fin *auditd.Event) error {
 	defer s.lockRun(r.id)() // an acknowledgement counts in the live run or the stored record, not neither
 	r.mu.Lock()
@@ -289,21 +398,10 @@ func (s *Store) End(r *Live, fin *auditd.Event) error {
 	rec.Status = auditd.RunStatus(fin.Outcome)
 	rec.FinishedAt = fin.Time
 	rec.HeadAtEnd = hex.EncodeToString(fin.Hash[:])
-	results := make([]result, 0, len(r.results)) // stored once, never changed
-	for k, res := range r.results {
-		results = append(results, result{k, res})
-	}
+	rec.Open = false
 	r.mu.Unlock()
-	slices.SortFunc(results, func(a, b result) int { return strings.Compare(a.key, b.key) })
 
-	items := r.proxiedItems()
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		if err := putItems(tx, rec.ID, items); err != nil {
-			return err
-		}
-		if err := putResults(tx, rec.ID, results); err != nil {
-			return err
-		}
 		if err := deleteSendPaths(tx, rec.ID); err != nil {
 			return err
 		}
@@ -314,7 +412,7 @@ func (s *Store) End(r *Live, fin *auditd.Event) error {
 	}
 	// Views show the run ended only now that the store has all of its end.
 	r.mu.Lock()
-	r.rec.Status, r.rec.FinishedAt, r.rec.HeadAtEnd = rec.Status, rec.FinishedAt, rec.HeadAtEnd
+	r.rec.Status, r.rec.FinishedAt, r.rec.HeadAtEnd, r.rec.Open = rec.Status, rec.FinishedAt, rec.HeadAtEnd, false
 	r.mu.Unlock()
 	close(r.ended)
 	s.mu.Lock()
@@ -440,4 +538,54 @@ func deleteSendPaths(tx *bolt.Tx, runID string) error {
 		}
 	}
 	return nil
+}
+
+// Todo returns, among run id's items with indexes in [from, upTo), those
+// of source that have not ended (no result stored), in submission order,
+// with their paths as sent; it looks at up to max items, and returns the
+// index after the last it looked at. The fetch loop feeds a run's workers
+// from it a chunk at a time, so that a run's size costs no memory.
+func (s *Store) Todo(id, source string, from, upTo uint32, max int) ([]auditd.Item, uint32, error) {
+	var items []auditd.Item
+	next := from
+	err := s.db.View(func(tx *bolt.Tx) error {
+		sent := tx.Bucket(bucketSendPaths)
+		results := &resultReader{tx: tx, runID: id}
+		visit := func(idx uint32, it *auditd.Item) error {
+			if idx >= upTo || int(idx-from) >= max {
+				return errStop
+			}
+			next = idx + 1
+			if it.SourceID != source {
+				return nil
+			}
+			if _, done, err := results.result(it.Key); err != nil || done {
+				return err
+			}
+			if v := sent.Get(namedKey(id, it.Key)); v != nil {
+				it.SendPath = LostSendPath
+				if p, err := s.seal.Open(v, namedKey(id, it.Key)); err == nil {
+					it.SendPath = string(p)
+				}
+			}
+			items = append(items, *it)
+			return nil
+		}
+		if hasPages(tx, id) {
+			return scanPages(tx, id, from, visit)
+		}
+		idx := uint32(0)
+		err := forEachItem(tx, id, func(it *auditd.Item) error {
+			defer func() { idx++ }()
+			if idx < from {
+				return nil
+			}
+			return visit(idx, it)
+		})
+		if errors.Is(err, errStop) {
+			return nil
+		}
+		return err
+	})
+	return items, next, err
 }

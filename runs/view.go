@@ -135,42 +135,55 @@ var errStop = errors.New("stop")
 // Items lists a run's items in submission order after the item whose key is
 // after ("" for the start), a page of up to limit (100 by default, at most
 // 1,000) at a time. An after that names no item of the run is EINVALID
-// with Field "cursor".
+// with Field "cursor". A page costs the same wherever it is in the run:
+// the cursor is looked up, not scanned for. A proxy-mode run's item is
+// listed once its item.queued is stored.
 func (s *Store) Items(_ context.Context, runID, after string, limit int) (items []auditd.ItemView, next string, err error) {
 	if limit <= 0 || limit > 1000 {
 		limit = 100
 	}
-	live := s.tracked(runID)
-	if live != nil && live.proxied != nil {
-		return live.listItems(after, limit)
-	}
+	badCursor := &auditd.Error{Code: auditd.EINVALID, Field: "cursor", Message: "cursor names no item of this run"}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		if _, err := loadRun(tx, runID); err != nil {
 			return err
 		}
-		skipping := after != ""
 		results := &resultReader{tx: tx, runID: runID}
-		err := forEachItem(tx, runID, func(it *auditd.Item) error {
-			if skipping {
-				skipping = it.Key != after
-				return nil
-			}
+		add := func(it *auditd.Item) error {
 			if len(items) == limit {
 				next = items[len(items)-1].Key
 				return errStop
 			}
-			res, err := itemResult(live, results, it.Key)
+			res, _, err := results.result(it.Key)
 			if err != nil {
 				return err
 			}
 			items = append(items, auditd.ItemView{Item: *it, Result: res})
 			return nil
+		}
+		if hasPages(tx, runID) {
+			from := uint32(0)
+			if after != "" {
+				idx, ok := pagedIndex(tx, runID, after)
+				if !ok {
+					return badCursor
+				}
+				from = idx + 1
+			}
+			return scanPages(tx, runID, from, func(_ uint32, it *auditd.Item) error { return add(it) })
+		}
+		skipping := after != ""
+		err := forEachItem(tx, runID, func(it *auditd.Item) error {
+			if skipping {
+				skipping = it.Key != after
+				return nil
+			}
+			return add(it)
 		})
 		if errors.Is(err, errStop) {
 			return nil
 		}
 		if err == nil && skipping {
-			return &auditd.Error{Code: auditd.EINVALID, Field: "cursor", Message: "cursor names no item of this run"}
+			return badCursor
 		}
 		return err
 	})
@@ -181,34 +194,21 @@ func (s *Store) Items(_ context.Context, runID, after string, limit int) (items 
 // unknown.
 func (s *Store) Item(_ context.Context, runID, key string) (auditd.ItemView, error) {
 	var v auditd.ItemView
-	live := s.tracked(runID)
-	if live != nil && live.proxied != nil {
-		return live.item(key)
+	if live := s.tracked(runID); live != nil {
+		if p, ok := live.pendingItem(key); ok {
+			return auditd.ItemView{Item: p.it}, nil
+		}
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		it, err := loadItem(tx, runID, key)
 		if err != nil {
 			return err
 		}
-		res, err := itemResult(live, &resultReader{tx: tx, runID: runID}, key)
+		res, _, err := (&resultReader{tx: tx, runID: runID}).result(key)
 		v = auditd.ItemView{Item: *it, Result: res}
 		return err
 	})
 	return v, err
-}
-
-// itemResult returns how an item ended (nil while it is pending): kept
-// with its run while the run is live, stored once the run has ended. A run
-// that ends between the caller's look at the live runs and the stored
-// results' transaction has its results there.
-func itemResult(live *Live, stored *resultReader, key string) (*auditd.ItemResult, error) {
-	if live != nil {
-		if res, ok := live.result(key); ok {
-			return res, nil
-		}
-	}
-	res, _, err := stored.result(key)
-	return res, err
 }
 
 // Payload opens the staged payload an item ended with; ENOTFOUND when it
@@ -270,7 +270,8 @@ func requestHash(nr auditd.NewRun) string {
 		// Batch runs leave these out: their keys keep the hashes they had.
 		Mode        auditd.RunMode `json:"mode,omitempty"`
 		IdleTimeout time.Duration  `json:"idle_timeout,omitempty"`
-	}{nr.Name, nr.Award, items, nr.Deadline.UTC(), nr.Replay, nr.Mode, nr.IdleTimeout})
+		Open        bool           `json:"open,omitempty"`
+	}{nr.Name, nr.Award, items, nr.Deadline.UTC(), nr.Replay, nr.Mode, nr.IdleTimeout, nr.Open})
 	if err != nil {
 		panic(fmt.Sprintf("fingerprint a run request: %v", err)) // plain data: cannot fail
 	}

@@ -781,12 +781,15 @@ type NewRun struct {
 	// IdleTimeout A Go duration; a proxy-mode run ends after this long without a request (default 15m, at most 168h).
 	IdleTimeout *string `json:"idle_timeout,omitempty"`
 
-	// Items Required, at least one, for a batch run; absent for a proxy-mode run.
+	// Items Required, at least one, for a batch run submitted whole; an open run's first page (maybe none); absent for a proxy-mode run. A run larger than 100,000 items comes in pages (open).
 	Items *[]Item `json:"items,omitempty"`
 
 	// Mode batch (the default): the run's items come with it and auditd fetches them. proxy: no items; each request sent through /proxy/{source}/ naming the run in Auditd-Run becomes one, until the run is finished (POST /v1/runs/{id}/finish) or idle for idle_timeout.
 	Mode *RunMode `json:"mode,omitempty"`
 	Name string   `json:"name"`
+
+	// Open A batch run that takes its items in pages: items is the first, each further one comes with POST /v1/runs/{id}/items, and POST /v1/runs/{id}/finish closes it. It ends once closed and its items have ended.
+	Open *bool `json:"open,omitempty"`
 
 	// Replay Read staged payloads instead of re-fetching (batch runs).
 	Replay *bool `json:"replay,omitempty"`
@@ -954,6 +957,9 @@ type RunState struct {
 	// Mode Present for a proxy-mode run.
 	Mode *RunStateMode `json:"mode,omitempty"`
 	Name string        `json:"name"`
+
+	// Open Present, true, while a batch run takes more pages of items (POST /v1/runs/{id}/items).
+	Open *bool `json:"open,omitempty"`
 
 	// Paused Why, and since when, a running run dispatches nothing for now (its records cannot be written); absent otherwise.
 	Paused *struct {
@@ -1471,6 +1477,11 @@ type ListItemsParams struct {
 	Limit  *Limit      `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// AddItemsJSONBody defines parameters for AddItems.
+type AddItemsJSONBody struct {
+	Items []Item `json:"items"`
+}
+
 // GetReconciliationParams defines parameters for GetReconciliation.
 type GetReconciliationParams struct {
 	Format *GetReconciliationParamsFormat `form:"format,omitempty" json:"format,omitempty"`
@@ -1523,6 +1534,9 @@ type CreateRunJSONRequestBody = NewRun
 
 // AcknowledgeItemsJSONRequestBody defines body for AcknowledgeItems for application/json ContentType.
 type AcknowledgeItemsJSONRequestBody AcknowledgeItemsJSONBody
+
+// AddItemsJSONRequestBody defines body for AddItems for application/json ContentType.
+type AddItemsJSONRequestBody AddItemsJSONBody
 
 // PutSourceJSONRequestBody defines body for PutSource for application/json ContentType.
 type PutSourceJSONRequestBody = Source
@@ -1964,12 +1978,15 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/runs/{id}/evidence.xlsx (the `GetRunEvidence` operationId).
 	GetRunEvidence(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// FinishRun Finish a proxy-mode run.
+	// FinishRun Finish a proxy-mode run, or close an open batch run.
 	//
-	// The run takes no more requests; once those in flight are answered its
-	// end is recorded (run.finished, with the reason "finished by" the
-	// token's principal) and the finished run is returned. A batch run ends
-	// when its items do: finishing one, or a run that has ended, is a 409.
+	// A proxy-mode run takes no more requests; once those in flight are
+	// answered its end is recorded (run.finished, with the reason "finished
+	// by" the token's principal) and the finished run is returned. An open
+	// batch run takes no more pages: it is returned still running, with
+	// open false, and ends once its items do. A batch run submitted whole
+	// ends when its items do: finishing one, or a run that has ended, is a
+	// 409.
 	//
 	// Corresponds with POST /v1/runs/{id}/finish (the `FinishRun` operationId).
 	FinishRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1978,6 +1995,44 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/runs/{id}/items (the `ListItems` operationId).
 	ListItems(ctx context.Context, id RunID, params *ListItemsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// AddItemsWithBody Add a page of items to an open batch run.
+	//
+	// A run larger than one request comes in pages: create it with
+	// "open": true (and its first page, or none), add each further page
+	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+	// closed and its items have ended. A run holds up to 2,147,483,648
+	// items; a page up to 100,000. The page is validated whole, as a
+	// run's items are: keys unique in the page and in the run (a key the
+	// run has is a 400 naming the item), known sources. The token is
+	// charged 1 + (number of items) units. Each page is stored as it
+	// comes: what the service holds in memory is bounded by the page, not
+	// by the run. A run that is not an open batch run (a proxy-mode run,
+	// one submitted whole, one finished or ended) is a 409.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+	AddItemsWithBody(ctx context.Context, id RunID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// AddItems Add a page of items to an open batch run.
+	//
+	// A run larger than one request comes in pages: create it with
+	// "open": true (and its first page, or none), add each further page
+	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+	// closed and its items have ended. A run holds up to 2,147,483,648
+	// items; a page up to 100,000. The page is validated whole, as a
+	// run's items are: keys unique in the page and in the run (a key the
+	// run has is a 400 naming the item), known sources. The token is
+	// charged 1 + (number of items) units. Each page is stored as it
+	// comes: what the service holds in memory is bounded by the page, not
+	// by the run. A run that is not an open batch run (a proxy-mode run,
+	// one submitted whole, one finished or ended) is a 409.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+	AddItems(ctx context.Context, id RunID, body AddItemsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetItem One item and how it ended.
 	//
@@ -2833,12 +2888,15 @@ func (c *Client) GetRunEvidence(ctx context.Context, id RunID, reqEditors ...Req
 	return c.Client.Do(req)
 }
 
-// FinishRun Finish a proxy-mode run.
+// FinishRun Finish a proxy-mode run, or close an open batch run.
 //
-// The run takes no more requests; once those in flight are answered its
-// end is recorded (run.finished, with the reason "finished by" the
-// token's principal) and the finished run is returned. A batch run ends
-// when its items do: finishing one, or a run that has ended, is a 409.
+// A proxy-mode run takes no more requests; once those in flight are
+// answered its end is recorded (run.finished, with the reason "finished
+// by" the token's principal) and the finished run is returned. An open
+// batch run takes no more pages: it is returned still running, with
+// open false, and ends once its items do. A batch run submitted whole
+// ends when its items do: finishing one, or a run that has ended, is a
+// 409.
 //
 // Corresponds with POST /v1/runs/{id}/finish (the `FinishRun` operationId).
 func (c *Client) FinishRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2858,6 +2916,64 @@ func (c *Client) FinishRun(ctx context.Context, id RunID, reqEditors ...RequestE
 // Corresponds with GET /v1/runs/{id}/items (the `ListItems` operationId).
 func (c *Client) ListItems(ctx context.Context, id RunID, params *ListItemsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListItemsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// AddItemsWithBody Add a page of items to an open batch run.
+//
+// A run larger than one request comes in pages: create it with
+// "open": true (and its first page, or none), add each further page
+// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+// closed and its items have ended. A run holds up to 2,147,483,648
+// items; a page up to 100,000. The page is validated whole, as a
+// run's items are: keys unique in the page and in the run (a key the
+// run has is a 400 naming the item), known sources. The token is
+// charged 1 + (number of items) units. Each page is stored as it
+// comes: what the service holds in memory is bounded by the page, not
+// by the run. A run that is not an open batch run (a proxy-mode run,
+// one submitted whole, one finished or ended) is a 409.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+func (c *Client) AddItemsWithBody(ctx context.Context, id RunID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAddItemsRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// AddItems Add a page of items to an open batch run.
+//
+// A run larger than one request comes in pages: create it with
+// "open": true (and its first page, or none), add each further page
+// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+// closed and its items have ended. A run holds up to 2,147,483,648
+// items; a page up to 100,000. The page is validated whole, as a
+// run's items are: keys unique in the page and in the run (a key the
+// run has is a 400 naming the item), known sources. The token is
+// charged 1 + (number of items) units. Each page is stored as it
+// comes: what the service holds in memory is bounded by the page, not
+// by the run. A run that is not an open batch run (a proxy-mode run,
+// one submitted whole, one finished or ended) is a 409.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+func (c *Client) AddItems(ctx context.Context, id RunID, body AddItemsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAddItemsRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -5010,6 +5126,53 @@ func NewListItemsRequest(server string, id RunID, params *ListItemsParams) (*htt
 	return req, nil
 }
 
+// NewAddItemsRequest calls the generic AddItems builder with application/json body
+func NewAddItemsRequest(server string, id RunID, body AddItemsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewAddItemsRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewAddItemsRequestWithBody constructs an http.Request for the AddItems method, with any body, and a specified content type
+func NewAddItemsRequestWithBody(server string, id RunID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/runs/%s/items", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetItemRequest constructs an http.Request for the GetItem method
 func NewGetItemRequest(server string, id RunID, key ItemKey) (*http.Request, error) {
 	var err error
@@ -5974,12 +6137,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/runs/{id}/evidence.xlsx (the `GetRunEvidence` operationId).
 	GetRunEvidenceWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetRunEvidenceResponse, error)
 
-	// FinishRunWithResponse Finish a proxy-mode run.
+	// FinishRunWithResponse Finish a proxy-mode run, or close an open batch run.
 	//
-	// The run takes no more requests; once those in flight are answered its
-	// end is recorded (run.finished, with the reason "finished by" the
-	// token's principal) and the finished run is returned. A batch run ends
-	// when its items do: finishing one, or a run that has ended, is a 409.
+	// A proxy-mode run takes no more requests; once those in flight are
+	// answered its end is recorded (run.finished, with the reason "finished
+	// by" the token's principal) and the finished run is returned. An open
+	// batch run takes no more pages: it is returned still running, with
+	// open false, and ends once its items do. A batch run submitted whole
+	// ends when its items do: finishing one, or a run that has ended, is a
+	// 409.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5992,6 +6158,44 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/runs/{id}/items (the `ListItems` operationId).
 	ListItemsWithResponse(ctx context.Context, id RunID, params *ListItemsParams, reqEditors ...RequestEditorFn) (*ListItemsResponse, error)
+
+	// AddItemsWithBodyWithResponse Add a page of items to an open batch run.
+	//
+	// A run larger than one request comes in pages: create it with
+	// "open": true (and its first page, or none), add each further page
+	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+	// closed and its items have ended. A run holds up to 2,147,483,648
+	// items; a page up to 100,000. The page is validated whole, as a
+	// run's items are: keys unique in the page and in the run (a key the
+	// run has is a 400 naming the item), known sources. The token is
+	// charged 1 + (number of items) units. Each page is stored as it
+	// comes: what the service holds in memory is bounded by the page, not
+	// by the run. A run that is not an open batch run (a proxy-mode run,
+	// one submitted whole, one finished or ended) is a 409.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+	AddItemsWithBodyWithResponse(ctx context.Context, id RunID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AddItemsResponse, error)
+
+	// AddItemsWithResponse Add a page of items to an open batch run.
+	//
+	// A run larger than one request comes in pages: create it with
+	// "open": true (and its first page, or none), add each further page
+	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+	// closed and its items have ended. A run holds up to 2,147,483,648
+	// items; a page up to 100,000. The page is validated whole, as a
+	// run's items are: keys unique in the page and in the run (a key the
+	// run has is a 400 naming the item), known sources. The token is
+	// charged 1 + (number of items) units. Each page is stored as it
+	// comes: what the service holds in memory is bounded by the page, not
+	// by the run. A run that is not an open batch run (a proxy-mode run,
+	// one submitted whole, one finished or ended) is a 409.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+	AddItemsWithResponse(ctx context.Context, id RunID, body AddItemsJSONRequestBody, reqEditors ...RequestEditorFn) (*AddItemsResponse, error)
 
 	// GetItemWithResponse One item and how it ended.
 	//
@@ -9882,6 +10086,175 @@ func (r ListItemsResponse) ContentType() string {
 	return ""
 }
 
+// AddItemsResponse400Headers the declared response headers of an HTTP 400 response for AddItems
+type AddItemsResponse400Headers struct {
+	XRequestId *string
+}
+
+// AddItemsResponse401Headers the declared response headers of an HTTP 401 response for AddItems
+type AddItemsResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// AddItemsResponse403Headers the declared response headers of an HTTP 403 response for AddItems
+type AddItemsResponse403Headers struct {
+	XRequestId *string
+}
+
+// AddItemsResponse404Headers the declared response headers of an HTTP 404 response for AddItems
+type AddItemsResponse404Headers struct {
+	XRequestId *string
+}
+
+// AddItemsResponse409Headers the declared response headers of an HTTP 409 response for AddItems
+type AddItemsResponse409Headers struct {
+	XRequestId *string
+}
+
+// AddItemsResponse413Headers the declared response headers of an HTTP 413 response for AddItems
+type AddItemsResponse413Headers struct {
+	XRequestId *string
+}
+
+// AddItemsResponse415Headers the declared response headers of an HTTP 415 response for AddItems
+type AddItemsResponse415Headers struct {
+	XRequestId *string
+}
+
+// AddItemsResponse429Headers the declared response headers of an HTTP 429 response for AddItems
+type AddItemsResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// AddItemsResponseDefaultHeaders the declared response headers of an HTTP default response for AddItems
+type AddItemsResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type AddItemsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RunState
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *TooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *AddItemsResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *AddItemsResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *AddItemsResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *AddItemsResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *AddItemsResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *AddItemsResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *AddItemsResponse415Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *AddItemsResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *AddItemsResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r AddItemsResponse) GetJSON200() *RunState {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON413() *TooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r AddItemsResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r AddItemsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r AddItemsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r AddItemsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r AddItemsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetItemResponse401Headers the declared response headers of an HTTP 401 response for GetItem
 type GetItemResponse401Headers struct {
 	WWWAuthenticate *string
@@ -11868,12 +12241,15 @@ func (c *ClientWithResponses) GetRunEvidenceWithResponse(ctx context.Context, id
 	return ParseGetRunEvidenceResponse(rsp)
 }
 
-// FinishRunWithResponse Finish a proxy-mode run.
+// FinishRunWithResponse Finish a proxy-mode run, or close an open batch run.
 //
-// The run takes no more requests; once those in flight are answered its
-// end is recorded (run.finished, with the reason "finished by" the
-// token's principal) and the finished run is returned. A batch run ends
-// when its items do: finishing one, or a run that has ended, is a 409.
+// A proxy-mode run takes no more requests; once those in flight are
+// answered its end is recorded (run.finished, with the reason "finished
+// by" the token's principal) and the finished run is returned. An open
+// batch run takes no more pages: it is returned still running, with
+// open false, and ends once its items do. A batch run submitted whole
+// ends when its items do: finishing one, or a run that has ended, is a
+// 409.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -11897,6 +12273,56 @@ func (c *ClientWithResponses) ListItemsWithResponse(ctx context.Context, id RunI
 		return nil, err
 	}
 	return ParseListItemsResponse(rsp)
+}
+
+// AddItemsWithBodyWithResponse Add a page of items to an open batch run.
+//
+// A run larger than one request comes in pages: create it with
+// "open": true (and its first page, or none), add each further page
+// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+// closed and its items have ended. A run holds up to 2,147,483,648
+// items; a page up to 100,000. The page is validated whole, as a
+// run's items are: keys unique in the page and in the run (a key the
+// run has is a 400 naming the item), known sources. The token is
+// charged 1 + (number of items) units. Each page is stored as it
+// comes: what the service holds in memory is bounded by the page, not
+// by the run. A run that is not an open batch run (a proxy-mode run,
+// one submitted whole, one finished or ended) is a 409.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+func (c *ClientWithResponses) AddItemsWithBodyWithResponse(ctx context.Context, id RunID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AddItemsResponse, error) {
+	rsp, err := c.AddItemsWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAddItemsResponse(rsp)
+}
+
+// AddItemsWithResponse Add a page of items to an open batch run.
+//
+// A run larger than one request comes in pages: create it with
+// "open": true (and its first page, or none), add each further page
+// here, then finish it (POST /v1/runs/{id}/finish); it ends once
+// closed and its items have ended. A run holds up to 2,147,483,648
+// items; a page up to 100,000. The page is validated whole, as a
+// run's items are: keys unique in the page and in the run (a key the
+// run has is a 400 naming the item), known sources. The token is
+// charged 1 + (number of items) units. Each page is stored as it
+// comes: what the service holds in memory is bounded by the page, not
+// by the run. A run that is not an open batch run (a proxy-mode run,
+// one submitted whole, one finished or ended) is a 409.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/runs/{id}/items (the `AddItems` operationId).
+func (c *ClientWithResponses) AddItemsWithResponse(ctx context.Context, id RunID, body AddItemsJSONRequestBody, reqEditors ...RequestEditorFn) (*AddItemsResponse, error) {
+	rsp, err := c.AddItems(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAddItemsResponse(rsp)
 }
 
 // GetItemWithResponse One item and how it ended.
@@ -16817,6 +17243,202 @@ func ParseListItemsResponse(rsp *http.Response) (*ListItemsResponse, error) {
 		response.Headers429 = &headers
 	case true:
 		var headers ListItemsResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseAddItemsResponse parses an HTTP response from a AddItemsWithResponse call
+func ParseAddItemsResponse(rsp *http.Response) (*AddItemsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &AddItemsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RunState
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 400:
+		var headers AddItemsResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers AddItemsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers AddItemsResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers AddItemsResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers AddItemsResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers AddItemsResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers AddItemsResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 429:
+		var headers AddItemsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers AddItemsResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

@@ -94,6 +94,10 @@ func (a runsAPI) FinishRun(ctx context.Context, id, principal string) (auditd.Ru
 	return a.loop.Finish(ctx, id, principal)
 }
 
+func (a runsAPI) AddRunItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error) {
+	return a.loop.AddItems(ctx, id, items)
+}
+
 // integrityAPI verifies the live ledger and proves its events.
 type integrityAPI struct {
 	db  *bolt.DB

@@ -1,0 +1,207 @@
+package fetch_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+)
+
+// fastUpstream answers every request at once with a small JSON body.
+func fastUpstream(t testing.TB) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"features":[]}`)
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+// listAllItems lists a run's items by cursor, a page of 1,000 at a time,
+// and returns their keys in order.
+func listAllItems(t testing.TB, e *proxyEnv, id string) []string {
+	t.Helper()
+	var keys []string
+	cursor := ""
+	for {
+		var page struct {
+			Items      []auditd.ItemView `json:"items"`
+			NextCursor string            `json:"next_cursor"`
+		}
+		path := "/v1/runs/" + id + "/items?limit=1000"
+		if cursor != "" {
+			path += "&cursor=" + url.QueryEscape(cursor)
+		}
+		if st := e.call("GET", path, "", &page); st != 200 {
+			t.Fatalf("list items of %s: %d", id, st)
+		}
+		for _, it := range page.Items {
+			if it.Result == nil {
+				t.Fatalf("item %q has no result", it.Key)
+			}
+			keys = append(keys, it.Key)
+		}
+		if page.NextCursor == "" {
+			return keys
+		}
+		cursor = page.NextCursor
+	}
+}
+
+// TestProxyRunPassesAHundredThousandItems: a proxy-mode run takes
+// requests until it is finished, past the 100,000 that were once the
+// most a run held, and every one is recorded, listed and reconciled.
+func TestProxyRunPassesAHundredThousandItems(t *testing.T) {
+	if testing.Short() {
+		t.Skip("100,001 proxied requests; not in -short")
+	}
+	up := fastUpstream(t)
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true, startLimit: 1_000_000})
+	e.source(auditd.Source{ID: "fast", BaseURL: up.URL, Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 1000})
+	id := e.proxyRun(`,"idle_timeout":"1h"`)
+
+	const n, workers = 100_001, 32
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = workers
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: time.Minute}
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr sync.Once
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < n; i = next.Add(1) - 1 {
+				if err := benchGet(client, fmt.Sprintf("%s/proxy/fast/q?n=%d", e.srv.URL, i), e.token, id); err != nil {
+					failed.Add(1)
+					firstErr.Do(func() { t.Errorf("request %d: %v", i, err) })
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of %d proxied requests failed", failed.Load(), n)
+	}
+	v := e.finish(id)
+	if v.Status != auditd.RunSucceeded || v.ItemCount != n || v.Counts.Items != n || v.Counts.Succeeded != n {
+		t.Fatalf("run %s: %d items (%d counted), %d succeeded; want %d", v.Status, v.ItemCount, v.Counts.Items, v.Counts.Succeeded, n)
+	}
+	if keys := listAllItems(t, e, id); len(keys) != n || keys[0] != "GET /q?n=0" && !strings.HasPrefix(keys[0], "GET /q?n=") {
+		t.Fatalf("listed %d items, want %d", len(keys), n)
+	}
+	if rep := e.reconcile(id); !rep.Balanced {
+		t.Fatal("the run does not reconcile")
+	}
+}
+
+// pageBody is the JSON of a page of items: keys prefix-from to
+// prefix-(from+n-1).
+func pageBody(from, n int, extra string) string {
+	var b strings.Builder
+	b.WriteString(`{` + extra + `"items":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"key":"item-%06d","source":"fast","path":"/q?n=%d"}`, from+i, from+i)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+// TestOpenBatchRunInPages: a batch run created open takes its items in
+// pages; it does not end when the items it has end, only once it is
+// finished and they have; a page with a key the run has is refused whole;
+// the run lists and reconciles as one.
+func TestOpenBatchRunInPages(t *testing.T) {
+	up := fastUpstream(t)
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true, startLimit: 1_000_000})
+	e.source(auditd.Source{ID: "fast", BaseURL: up.URL, Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 8})
+
+	var run auditd.RunView
+	if st := e.call("POST", "/v1/runs", pageBody(0, 300, `"name":"paged","open":true,`), &run); st != 201 || !run.Open || run.ItemCount != 300 {
+		t.Fatalf("create open run: %d %+v", st, run.Run)
+	}
+	id := run.ID
+	// The first page ends; the run, open, does not.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		v, err := e.store.Run(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Counts.Done() == 300 {
+			if v.Status != auditd.RunRunning || !v.Open {
+				t.Fatalf("the open run ended with its first page: %s, open %v", v.Status, v.Open)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first page never ended: %+v", v.Counts)
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	if st := e.call("POST", "/v1/runs/"+id+"/items", pageBody(300, 300, ""), &run); st != 200 || run.ItemCount != 600 {
+		t.Fatalf("second page: %d, %d items", st, run.ItemCount)
+	}
+	// A page repeating a key of the run is refused whole, naming the item.
+	dup := `{"items":[{"key":"item-fresh","source":"fast","path":"/x"},{"key":"item-000123","source":"fast","path":"/y"}]}`
+	req, _ := http.NewRequest("POST", e.srv.URL+"/v1/runs/"+id+"/items", strings.NewReader(dup))
+	req.Header.Set("Authorization", "Bearer "+e.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var problem struct {
+		Field string `json:"field"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&problem)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || err != nil || problem.Field != "items[1].key" {
+		t.Fatalf("a page repeating a key of the run: %d naming %q (%v), want 400 naming items[1].key", resp.StatusCode, problem.Field, err)
+	}
+	if st := e.call("POST", "/v1/runs/"+id+"/items", pageBody(600, 150, ""), &run); st != 200 || run.ItemCount != 750 {
+		t.Fatalf("third page: %d, %d items", st, run.ItemCount)
+	}
+
+	var closed auditd.RunView
+	if st := e.call("POST", "/v1/runs/"+id+"/finish", "", &closed); st != 200 || closed.Open || closed.ItemCount != 750 {
+		t.Fatalf("finish the open run: %d, open %v, %d items", st, closed.Open, closed.ItemCount)
+	}
+	if st := e.call("POST", "/v1/runs/"+id+"/items", pageBody(900, 1, ""), nil); st != 409 {
+		t.Fatalf("a page after the finish: %d, want 409", st)
+	}
+	v, err := e.loop.Wait(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Status != auditd.RunSucceeded || v.ItemCount != 750 || v.Counts.Items != 750 || v.Counts.Succeeded != 750 {
+		t.Fatalf("run %s: %d items (%d counted), %d succeeded; want 750", v.Status, v.ItemCount, v.Counts.Items, v.Counts.Succeeded)
+	}
+	keys := listAllItems(t, e, id)
+	if len(keys) != 750 {
+		t.Fatalf("listed %d items, want 750", len(keys))
+	}
+	for i, k := range keys {
+		if want := fmt.Sprintf("item-%06d", i); k != want {
+			t.Fatalf("item %d is %s, want %s (submission order)", i, k, want)
+		}
+	}
+	if rep := e.reconcile(id); !rep.Balanced {
+		t.Fatal("the paged run does not reconcile as one")
+	}
+}
