@@ -302,8 +302,8 @@ func (l *Loop) feed(ctx context.Context, ar *activeRun, feed *batchFeed, sourceI
 // run's workers. It returns the run. A run that is not an open batch run
 // is a conflict; nothing is stored or recorded when the page is refused.
 func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error) {
-	l.redactItems(items)
-	if err := l.validate(auditd.NewRun{Items: items}); err != nil {
+	redactItems(l.cfg.Registry, items)
+	if err := validateRun(l.cfg.Registry, auditd.NewRun{Items: items}); err != nil {
 		return auditd.RunView{}, err
 	}
 	ar := l.activeRun(id)

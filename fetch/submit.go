@@ -12,6 +12,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/redact"
+	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/runs"
 )
 
@@ -28,7 +29,7 @@ import (
 // them (redactItems): the run store, the ledger, the idempotency
 // fingerprint and every view hold only the redacted path.
 func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bool, error) {
-	l.redactItems(nr.Items)
+	redactItems(l.cfg.Registry, nr.Items)
 	if nr.IdempotencyKey != "" {
 		v, err := l.cfg.Runs.RunByIdempotencyKey(ctx, nr)
 		if err == nil {
@@ -37,7 +38,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 			return auditd.RunView{}, false, err
 		}
 	}
-	if err := l.validate(nr); err != nil {
+	if err := validateRun(l.cfg.Registry, nr); err != nil {
 		return auditd.RunView{}, false, err
 	}
 	l.mu.Lock()
@@ -56,7 +57,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 		Award:       nr.Award,
 		Status:      auditd.RunRunning,
 		InitiatedBy: nr.Principal,
-		ConfigHash:  l.runConfigHash(nr.Items),
+		ConfigHash:  runConfigHash(&l.cfg, nr.Items),
 		CodeVersion: l.cfg.CodeVersion,
 		CreatedAt:   now.UTC(),
 		Deadline:    nr.Deadline,
@@ -94,14 +95,14 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 // in its path: Path becomes the redacted path, and SendPath keeps the path
 // as sent, which the run store keeps sealed until the run ends. An item
 // whose path holds none is left as it is. A source that is not known has
-// the built-in names only (validate refuses the item anyway).
-func (l *Loop) redactItems(items []auditd.Item) {
+// the built-in names only (validateRun refuses the item anyway).
+func redactItems(reg *registry.Registry, items []auditd.Item) {
 	rules := map[string]redact.Rule{}
 	for i := range items {
 		it := &items[i]
 		rule, ok := rules[it.SourceID]
 		if !ok {
-			src, _ := l.cfg.Registry.GetSource(it.SourceID)
+			src, _ := reg.GetSource(it.SourceID)
 			rule = redact.New(src.SecretQuery)
 			rules[it.SourceID] = rule
 		}
@@ -119,10 +120,10 @@ func itemMethod(m string) string {
 	return m
 }
 
-// validate checks a run's request before anything is stored: a proxy-mode
+// validateRun checks a run's request before anything is stored: a proxy-mode
 // run has no items, a batch run's items each name a known source, a
 // sendable path and a key no other item of the run has.
-func (l *Loop) validate(req auditd.NewRun) error {
+func validateRun(reg *registry.Registry, req auditd.NewRun) error {
 	if req.Mode == auditd.RunProxy && len(req.Items) > 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "A proxy-mode run takes no items: each proxied request becomes one."}
 	}
@@ -146,7 +147,7 @@ func (l *Loop) validate(req auditd.NewRun) error {
 		}
 		seen[it.Key] = true
 		if !checked[it.SourceID] {
-			if _, err := l.cfg.Registry.GetSource(it.SourceID); err != nil {
+			if _, err := reg.GetSource(it.SourceID); err != nil {
 				return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".source"), Message: fmt.Sprintf("unknown source %q", it.SourceID)}
 			}
 			checked[it.SourceID] = true
@@ -176,12 +177,12 @@ func itemField(i int, field string) string {
 // runs under: the sources it uses as the registry holds them (secret
 // headers are never part of it) and the loop's own limits. Two runs with
 // the same hash were paced under the same terms.
-func (l *Loop) runConfigHash(items []auditd.Item) string {
+func runConfigHash(cfg *Config, items []auditd.Item) string {
 	ids := sourcesOf(items)
 	sort.Strings(ids)
 	srcs := make([]auditd.Source, 0, len(ids))
 	for _, id := range ids {
-		src, _ := l.cfg.Registry.GetSource(id)
+		src, _ := cfg.Registry.GetSource(id)
 		srcs = append(srcs, src)
 	}
 	b, _ := json.Marshal(struct {
@@ -189,7 +190,7 @@ func (l *Loop) runConfigHash(items []auditd.Item) string {
 		MaxAttempts  int             `json:"max_attempts"`
 		Concurrency  int             `json:"concurrency"`
 		MaxBodyBytes int64           `json:"max_body_bytes"`
-	}{srcs, l.cfg.MaxAttempts, l.cfg.Concurrency, l.cfg.MaxBodyBytes})
+	}{srcs, cfg.MaxAttempts, cfg.Concurrency, cfg.MaxBodyBytes})
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
