@@ -1,0 +1,160 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/limiter"
+)
+
+// seedConfig is the batch-upload seed's client: a bucket refilled at 50
+// records a second holding 200, under a ceiling of 120 records a second.
+var seedConfig = limiter.BudgetConfig{Limit: 120, Window: time.Second, Rate: 50, Burst: 200}
+
+// TestBudgetSeedWorkedExample walks the seed's worked example: a request
+// of 150 records can never fit the window of 120 and is refused at once
+// naming that bound; split in two, the first 75 is admitted (125 tokens
+// left), the second is held by the window for less than a second and then
+// admitted on the dot. Every record is admitted or told when.
+func TestBudgetSeedWorkedExample(t *testing.T) {
+	c := clock.NewFake(epoch)
+	b := mustBudget(t, c, seedConfig)
+	if got := b.Tokens(); got != 200 {
+		t.Fatalf("a fresh bucket holds %v tokens, want its capacity 200 (not the window's 120)", got)
+	}
+
+	// 150 records: above the window's limit, no wait could admit them.
+	_, err := b.Allow(150)
+	var ce *limiter.CostError
+	if !errors.As(err, &ce) || !errors.Is(err, limiter.ErrCostExceedsCapacity) || ce.Bound != 120 || ce.Window != time.Second {
+		t.Fatalf("Allow(150) = %v, want a CostError naming the window's limit of 120 per 1s", err)
+	}
+	if want := "limiter: cost 150 exceeds the window's limit of 120 per 1s"; err.Error() != want {
+		t.Fatalf("error %q, want %q", err, want)
+	}
+	if b.Tokens() != 200 {
+		t.Fatal("a refused cost was charged")
+	}
+
+	// The first 75: admitted, 125 tokens left.
+	if d := allow(t, b, 75); !d.Admitted {
+		t.Fatalf("first 75 refused: %+v", d)
+	}
+	if got := b.Tokens(); got != 125 {
+		t.Fatalf("tokens after 75 = %v, want 125", got)
+	}
+
+	// The second 75, a quarter second later: the bucket has 137.5 tokens,
+	// but the window would hold 150; it is deferred until the first 75
+	// leave the window, 750ms on.
+	c.Advance(250 * time.Millisecond)
+	d := allow(t, b, 75)
+	if d.Admitted || d.Gate != limiter.GateRate || d.RetryAfter != 750*time.Millisecond {
+		t.Fatalf("second 75: %+v, want deferred 750ms by the window", d)
+	}
+	c.Advance(d.RetryAfter - time.Microsecond)
+	if allow(t, b, 75).Admitted {
+		t.Fatal("second 75 admitted a microsecond before its Retry-After")
+	}
+	c.Advance(time.Microsecond)
+	if d := allow(t, b, 75); !d.Admitted {
+		t.Fatalf("second 75 refused at its Retry-After: %+v", d)
+	}
+	// 125 tokens + 50 for the second elapsed - 75.
+	if got := b.Tokens(); got != 100 {
+		t.Fatalf("tokens after the second 75 = %v, want 100", got)
+	}
+}
+
+// The bucket alone binds when it is slower than the window: after the
+// burst, 50 records a second, however much room the window has.
+func TestBudgetRateBelowWindow(t *testing.T) {
+	c := clock.NewFake(epoch)
+	b := mustBudget(t, c, limiter.BudgetConfig{Limit: 1000, Window: time.Second, Rate: 50, Burst: 100})
+	if d := allow(t, b, 100); !d.Admitted {
+		t.Fatalf("the full bucket refused: %+v", d)
+	}
+	d := allow(t, b, 10)
+	if d.Admitted || d.RetryAfter != 200*time.Millisecond {
+		t.Fatalf("%+v, want 10 tokens at 50 a second: 200ms", d)
+	}
+	if _, err := b.Allow(101); !errors.Is(err, limiter.ErrCostExceedsCapacity) {
+		t.Fatalf("Allow(101) = %v, want above the bucket's capacity", err)
+	} else if want := "limiter: cost 101 exceeds the bucket's capacity (burst) of 100"; err.Error() != want {
+		t.Fatalf("error %q, want %q", err, want)
+	}
+	if got := b.MaxCost(); got != 100 {
+		t.Fatalf("MaxCost = %d, want 100", got)
+	}
+}
+
+// A learned limit counts requests when the budget says the server does:
+// ten requests of 10 records fill a learned 10 per second, though 100
+// records are far below the ceiling.
+func TestBudgetLearnedCountsRequests(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		requests bool
+		want     int
+	}{
+		{"Requests", true, 10},
+		{"Records", false, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := clock.NewFake(epoch)
+			b := mustBudget(t, c, limiter.BudgetConfig{Limit: 1000, Window: time.Second, Burst: 1000, CountRequests: tt.requests})
+			if err := b.SetLimit(10, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for allow(t, b, 10).Admitted {
+				n++
+			}
+			if n != tt.want {
+				t.Fatalf("admitted %d requests of 10 at once, want %d", n, tt.want)
+			}
+		})
+	}
+}
+
+// Acquire refuses a cost that can never fit at once, naming the bound,
+// rather than waiting for a slot that never comes.
+func TestAcquireCostNeverFits(t *testing.T) {
+	c := clock.NewFake(epoch)
+	l := limiter.New(c)
+	if err := l.Configure("s", limiter.Config{Limit: 120, Window: time.Second, Rate: 50, Burst: 200}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.Acquire(context.Background(), "s", limiter.Request{Cost: 150})
+	var ce *limiter.CostError
+	if !errors.As(err, &ce) || ce.Bound != 120 {
+		t.Fatalf("Acquire(150) = %v, want a CostError with bound 120", err)
+	}
+	if !p.Admitted.IsZero() {
+		t.Fatal("admitted")
+	}
+	p, err = l.Acquire(context.Background(), "s", limiter.Request{Cost: 75})
+	if err != nil || p.Cost != 75 {
+		t.Fatalf("Acquire(75) = %+v, %v", p, err)
+	}
+	p.Release()
+}
+
+func TestBudgetPropertyRateAndBurst(t *testing.T) {
+	n := 200_000
+	if testing.Short() {
+		n = 20_000
+	}
+	simulate(t, 2, n, seedConfig)
+}
+
+func TestNewBudgetRejectsRate(t *testing.T) {
+	for _, r := range []float64{-1, 2e9, 1e-9} {
+		if _, err := limiter.NewBudget(clock.NewFake(epoch), limiter.BudgetConfig{Limit: 1, Window: time.Second, Rate: r}); !errors.Is(err, limiter.ErrInvalidConfig) {
+			t.Errorf("rate %v: err = %v", r, err)
+		}
+	}
+}
