@@ -163,7 +163,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		// A source that is down is answered from the item's last good copy
 		// at once rather than waited for (admit).
 		fallback := l.hasCopy(lastGood)
-		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
+		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Cost: it.Cost, Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
 		// The waits held back the page's next dispatch: they carry its attempt.
 		recordAdmission(batchEnds{l, rctx, ar, it, lastGood}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		switch end {
@@ -355,7 +355,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 		n++
 	}
 	buf[n] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
+		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe, Detail: costDetail(a.permit.Cost)}
 	e := buf[:n+1]
 	f, err := l.queueDispatch(it.SourceID, a.permit, e)
 	if err != nil {
@@ -685,4 +685,36 @@ func resultOf(it *auditd.Item, e *auditd.Event) (*auditd.ItemResult, error) {
 		res.Pages = 1
 	}
 	return res, nil
+}
+
+// costDetail is a dispatch's Detail: the cost its admission was charged,
+// when above 1 (`{"cost":75}`); "" for a request of cost 1, as every
+// dispatch was before costs.
+func costDetail(cost int) string {
+	if cost <= 1 {
+		return ""
+	}
+	return `{"cost":` + strconv.Itoa(cost) + `}`
+}
+
+// costRefusal says why a unit of work (an item, a proxied request) of cost
+// can never be admitted by its source's budget, and how to split it; ""
+// when it can be, or the source is unknown (which is refused apart).
+func (l *Loop) costRefusal(sourceID string, cost int, unit string) string {
+	if cost <= 1 {
+		return ""
+	}
+	b, err := l.cfg.Limiter.Budget(sourceID)
+	if err != nil {
+		return ""
+	}
+	var ce *limiter.CostError
+	if !errors.As(b.CheckCost(cost), &ce) {
+		return ""
+	}
+	bound := fmt.Sprintf("its bucket's capacity (burst) of %d", ce.Bound)
+	if ce.Window > 0 {
+		bound = fmt.Sprintf("its window's limit of %d per %v", ce.Bound, ce.Window)
+	}
+	return fmt.Sprintf("A cost of %d can never be admitted by source %s: it exceeds %s. Split the %s into %ss of at most %d.", cost, sourceID, bound, unit, unit, ce.Bound)
 }

@@ -341,6 +341,9 @@ func (l *Loop) validate(req auditd.NewRun) error {
 		if _, err := pageRequest(&req.Items[i], 0); err != nil {
 			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ""), Message: auditd.ErrorMessage(err)}
 		}
+		if msg := l.costRefusal(it.SourceID, it.Cost, "item"); msg != "" {
+			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".cost"), Message: msg}
+		}
 	}
 	return nil
 }

@@ -78,6 +78,9 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	if err != nil {
 		return meta, auditd.Errorf(auditd.ENOTFOUND, "Unknown source %q; PUT /v1/sources/{id} first.", req.SourceID)
 	}
+	if msg := l.costRefusal(src.ID, req.Cost, "request"); msg != "" {
+		return meta, &auditd.Error{Code: auditd.ETOOLARGE, Field: "Auditd-Cost", Message: msg}
+	}
 	headers, err := l.cfg.Registry.RequestHeaders(src.ID)
 	if err != nil {
 		return meta, err
@@ -114,7 +117,7 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 			p.proxyURL = origin + "/proxy/" + url.PathEscape(src.ID)
 		}
 	}
-	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path}
+	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path, Cost: req.Cost}
 	var detail string
 	if req.Method == http.MethodPost {
 		sum := sha256.Sum256(req.Body)
@@ -299,7 +302,7 @@ func (p *proxied) run(ctx context.Context) error {
 		// once rather than waited for, when the source serves copies
 		// (admit).
 		fallback := src.Proxy.ServeStale && !p.noCopy && l.hasCopy(p.lastGood)
-		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
+		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Cost: it.Cost, Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
 		// The waits held back the request's next dispatch: they carry its attempt.
 		recordAdmission(p, it.Item, 0, uint32(it.attempts.spent(0)+1), perm, p.throttled)
 		for _, w := range perm.Waits {

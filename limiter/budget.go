@@ -365,17 +365,12 @@ func (b *Budget) PausedUntil() time.Time {
 	return b.epoch.Add(time.Duration(b.pauseUntil))
 }
 
-// Tokens returns the token count of the bucket that holds the most back:
-// the configured one, or the learned limit's when it has fewer.
+// Tokens returns the configured bucket's token count, in cost units. A
+// learned limit's bucket, in its own units, is apart.
 func (b *Budget) Tokens() float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now := b.now()
-	tokens := float64(b.capacity) - float64(max(b.tat-now, 0))/float64(b.interval)
-	if b.learned.limit != 0 {
-		tokens = min(tokens, float64(b.lcapacity)-float64(max(b.ltat-now, 0))/float64(b.linterval))
-	}
-	return tokens
+	return float64(b.capacity) - float64(max(b.tat-b.now(), 0))/float64(b.interval)
 }
 
 // MaxCost is the largest cost the budget can ever admit: the lower of its
@@ -384,6 +379,14 @@ func (b *Budget) MaxCost() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return int(min(b.capacity, b.ceiling.limit))
+}
+
+// CheckCost returns the error Allow and Acquire would return at once for
+// cost: a *CostError when no wait could admit it, ErrInvalidCost below 1.
+func (b *Budget) CheckCost(cost int) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.checkCost(cost)
 }
 
 // Constrain applies a server's Remaining (units left until reset, in the
