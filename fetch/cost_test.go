@@ -224,3 +224,50 @@ func asError(err error, target **auditd.Error) bool {
 	}
 	return ok
 }
+
+// A restart counts what was sent before it at its cost: a run after the
+// restart finds the window holding the 100 records sent just before, and
+// its 75 wait until they leave, as they would have without the restart.
+func TestRestartCountsCosts(t *testing.T) {
+	h := newHarness(t, quietScenario)
+	up := &recordsUpstream{clk: h.clk, ceiling: 120, window: time.Second}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	seedSource(h, t, srv.URL)
+	ctx := context.Background()
+	item := func(key string, n int) auditd.Item {
+		return auditd.Item{Key: key, SourceID: "mro", Method: "POST", Path: "/records", Body: recordsBody(n, key), Cost: n}
+	}
+	before, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "before", Items: []auditd.Item{item("a", 100)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.finish(t, before.ID)
+	sentAt := func(id string) time.Time {
+		for _, ev := range runEvents(t, h, id) {
+			if ev.Type == auditd.EventDispatch {
+				return ev.Time
+			}
+		}
+		t.Fatalf("run %s sent nothing", id)
+		return time.Time{}
+	}
+	t0 := sentAt(before.ID)
+
+	h.close(t)
+	h.open(t, h.dir)
+	if !h.clk.Now().Before(t0.Add(time.Second)) {
+		t.Fatalf("the restart took %v of fake time: the window has passed", h.clk.Now().Sub(t0))
+	}
+	after, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "after", Items: []auditd.Item{item("b", 75)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.finish(t, after.ID)
+	if gap := sentAt(after.ID).Sub(t0); gap != time.Second {
+		t.Fatalf("75 records sent %v after the 100 sent before the restart, want the window's 1s", gap)
+	}
+	if most := busiest(up.snapshot(), time.Second); most > 120 {
+		t.Fatalf("the gateway saw %d records in a second", most)
+	}
+}

@@ -697,6 +697,20 @@ func costDetail(cost int) string {
 	return `{"cost":` + strconv.Itoa(cost) + `}`
 }
 
+// dispatchCost is the cost a dispatch was charged: its Detail's, else 1.
+func dispatchCost(e *auditd.Event) int {
+	if e.Detail == "" {
+		return 1
+	}
+	var d struct {
+		Cost int `json:"cost"`
+	}
+	if json.Unmarshal([]byte(e.Detail), &d) != nil || d.Cost < 1 {
+		return 1
+	}
+	return d.Cost
+}
+
 // costRefusal says why a unit of work (an item, a proxied request) of cost
 // can never be admitted by its source's budget, and how to split it; ""
 // when it can be, or the source is unknown (which is refused apart).

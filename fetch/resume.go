@@ -170,7 +170,7 @@ func (l *Loop) seedGates() error {
 		switch e.Type {
 		case auditd.EventDispatch:
 			if b, err := l.cfg.Limiter.Budget(e.SourceID); err == nil {
-				b.Record(e.Time, 1)
+				b.Record(e.Time, dispatchCost(e))
 			}
 		case auditd.EventThrottle:
 			if until := e.Time.Add(e.Wait); until.After(now) {
