@@ -72,6 +72,11 @@ type ProxyPolicy struct {
 	// without an Idempotency-Key (the source's POSTs are searches that
 	// change nothing, as Grants.gov's search2).
 	RetryPost bool `json:"retry_post,omitempty" yaml:"retry_post"`
+	// KeyOnBody keys a POST sent without an Idempotency-Key by its body's
+	// SHA-256, as a gateway that deduplicates batches by their document
+	// hash does: the POST may be retried, and an attempt the upstream
+	// refused is not charged beside its retry.
+	KeyOnBody bool `json:"key_on_body,omitempty" yaml:"key_on_body"`
 	// RewriteURLs rewrites the source's base URL, wherever a proxied text
 	// response (XML, JSON, HTML) names it, into the source's proxy URL on
 	// auditd, so that a client following the links a service document

@@ -2,8 +2,11 @@ package fetch_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -269,5 +272,73 @@ func TestRestartCountsCosts(t *testing.T) {
 	}
 	if most := busiest(up.snapshot(), time.Second); most > 120 {
 		t.Fatalf("the gateway saw %d records in a second", most)
+	}
+}
+
+// refuseFirst answers the first POST with 429 and Retry-After: 1, and
+// every later one with 200.
+type refuseFirst struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (u *refuseFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	u.mu.Lock()
+	u.n++
+	n := u.n
+	u.mu.Unlock()
+	if n == 1 {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	io.WriteString(w, `{"accepted":true}`)
+}
+
+// A keyed POST the upstream refused is not charged beside its retry: the
+// retry of 150 records goes when the Retry-After ends, where the same
+// POST without a key (retried for proxy.retry_post) is charged twice and
+// waits another second for the bucket to refill.
+func TestProxyKeyedRetryChargedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		policy auditd.ProxyPolicy
+		header bool // sends an Idempotency-Key
+		gap    time.Duration
+	}{
+		{"IdempotencyKey", auditd.ProxyPolicy{}, true, time.Second},
+		{"KeyOnBody", auditd.ProxyPolicy{KeyOnBody: true}, false, time.Second},
+		{"NotKeyed", auditd.ProxyPolicy{RetryPost: true}, false, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, quietScenario)
+			srv := httptest.NewServer(&refuseFirst{})
+			t.Cleanup(srv.Close)
+			tc.policy.Deadline = auditd.Duration(10 * time.Second)
+			src := auditd.Source{ID: "mro", BaseURL: srv.URL, Limit: 200, Window: auditd.Duration(time.Second), Rate: 50, Burst: 200,
+				Proxy: tc.policy}
+			if _, err := h.loop.PutSource(context.Background(), "test", src); err != nil {
+				t.Fatal(err)
+			}
+			pr, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "uploads", Mode: auditd.RunProxy, IdleTimeout: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _, err := proxyOn(t, h, &auditd.ProxyRequest{RunID: pr.ID, SourceID: "mro", Method: "POST", Path: "/records",
+				Body: recordsBody(150, "b"), ItemKey: "b", Cost: 150, Idempotent: tc.header})
+			if err != nil || out.status != 200 {
+				t.Fatalf("%d %v", out.status, err)
+			}
+			var sent []time.Time
+			for _, ev := range runEvents(t, h, pr.ID) {
+				if ev.Type == auditd.EventDispatch {
+					sent = append(sent, ev.Time)
+				}
+			}
+			if len(sent) != 2 || sent[1].Sub(sent[0]) != tc.gap {
+				t.Fatalf("dispatches at %v, want two %v apart", sent, tc.gap)
+			}
+		})
 	}
 }

@@ -236,6 +236,7 @@ type proxied struct {
 	proxyURL string            // the source's proxy URL, its base URL's rewrite; "" when not rewritten
 
 	retryable  bool      // a 429, 5xx or transport error may be retried (run)
+	keyed      bool      // a POST with an Idempotency-Key, or to a source keying POSTs on their body (refundRefused)
 	noCopy     bool      // its last good copy did not verify: wait as a request without one
 	retryAt    time.Time // own backoff after a 5xx or transport error
 	throttled  *attempt  // the attempt a throttle answered, until the next dispatch
@@ -273,7 +274,8 @@ func (p *proxied) run(ctx context.Context) error {
 	}
 	// A POST is retried only when that is safe: the client says so with an
 	// Idempotency-Key, or the source's POSTs change nothing.
-	p.retryable = p.req.Method != http.MethodPost || p.req.Idempotent || src.Proxy.RetryPost
+	p.keyed = p.req.Method == http.MethodPost && (p.req.Idempotent || src.Proxy.KeyOnBody)
+	p.retryable = p.req.Method != http.MethodPost || p.keyed || src.Proxy.RetryPost
 	wait := p.req.Deadline
 	if wait <= 0 {
 		wait = src.Proxy.Deadline.D()
@@ -472,6 +474,7 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		now := l.cfg.Clock.Now()
 		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
 		out, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
+		p.refundRefused(a, out)
 		if out == auditd.OutcomeThrottled {
 			p.lastReason = fmt.Sprintf("throttled (%d)", x.status)
 			p.throttled = a
@@ -488,6 +491,17 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		return false, nil
 	}
 	return true, p.stream(rctx, a, resp, start)
+}
+
+// refundRefused gives back what attempt a was charged (limiter.Permit.Refund)
+// when the upstream refused it and the request is keyed: a batch the client
+// keys is one the upstream takes once, whatever the retries, and a refused
+// attempt counted none of its records there. Its retry, by auditd or by the
+// client under the same key, is charged instead: the batch is charged once.
+func (p *proxied) refundRefused(a *attempt, out auditd.Outcome) {
+	if p.keyed && out == auditd.OutcomeThrottled {
+		a.permit.Refund()
+	}
 }
 
 // bufPool holds the buffers responses are streamed through.
@@ -570,6 +584,7 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		x = exchange{receivedAt: now, latency: now.Sub(start), err: readErr}
 	}
 	out, bodyErr, _ := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
+	p.refundRefused(a, out)
 	switch {
 	case readErr != nil:
 		p.end(auditd.ItemFailed, fmt.Sprintf("transport error after %d bytes: %v", n, readErr), nil, "", nil)

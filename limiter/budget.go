@@ -248,6 +248,44 @@ func (b *Budget) move(from, to, cost int64) int64 {
 	return t
 }
 
+// Refund takes the permit's cost back out of its budget's ceiling and
+// bucket (and a learned limit's, when it counts cost units): the upstream
+// refused the request and counted none of what it carried, and the retry
+// that follows is charged instead. The request itself stays counted where
+// requests are (a learned limit in requests), as the dispatch stays on
+// record. Call it once, after Observe; Sent does nothing after it.
+func (p *Permit) Refund() {
+	if p.budget == nil {
+		return
+	}
+	p.budget.refund(p.at, int64(p.Cost))
+	p.budget = nil
+}
+
+// refund takes cost, counted at at, back out of every gate that counts
+// cost units, unless compact dropped its entry (no window saw it any more).
+func (b *Budget) refund(at, cost int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tat -= cost * b.interval
+	if b.learned.limit != 0 {
+		b.ltat -= b.learned.units(cost, 0) * b.linterval
+	}
+	i := len(b.log) - 1
+	for i >= 0 && b.log[i].at > at {
+		i--
+	}
+	if i >= 0 && b.log[i].at == at && b.log[i].cost >= cost {
+		b.log[i].cost -= cost
+		for _, w := range [...]*window{&b.ceiling, &b.learned} {
+			if w.limit != 0 && i >= w.start {
+				w.sum -= w.units(cost, 0)
+			}
+		}
+	}
+	b.broadcast()
+}
+
 // carry takes over what from, the budget b replaces, holds: its admissions
 // (every window of b counts them), the tokens its bucket owes (in tokens,
 // paid back at b's pace) and its pause. b is new: nothing else holds it

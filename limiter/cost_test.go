@@ -158,3 +158,37 @@ func TestNewBudgetRejectsRate(t *testing.T) {
 		}
 	}
 }
+
+// A refunded permit gives its cost back to the window and the bucket: the
+// upstream refused it, and the retry is charged instead of it, so the
+// retry of 75 goes at once where it would otherwise wait for the window.
+func TestPermitRefund(t *testing.T) {
+	c := clock.NewFake(epoch)
+	l := limiter.New(c)
+	l.Jitter = func(time.Duration) time.Duration { return 0 }
+	if err := l.Configure("s", limiter.Config{Limit: 120, Window: time.Second, Rate: 50, Burst: 200}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p, err := l.Acquire(ctx, "s", limiter.Request{Cost: 75})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Sent(c.Now())
+	p.Observe(limiter.Outcome{Status: 429, Attempt: 1})
+	b, _ := l.Budget("s")
+	if d, _ := b.Delay(75); d != time.Second {
+		t.Fatalf("before the refund the retry waits %v, want the window's 1s", d)
+	}
+	p.Refund()
+	p.Refund() // once only
+	if got := b.Tokens(); got != 200 {
+		t.Fatalf("tokens after the refund %v, want 200", got)
+	}
+	// The 429 paused the source (its own backoff, under the window's 1s);
+	// past that, the whole window is free again.
+	pause := b.PausedUntil().Sub(c.Now())
+	if d, _ := b.Delay(120); pause != 500*time.Millisecond || d != pause {
+		t.Fatalf("after the refund 120 waits %v, want only the pause's %v: the window is empty again", d, pause)
+	}
+}

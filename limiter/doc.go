@@ -29,7 +29,12 @@
 //   - Costs: a request spends Cost units of every gate (the records it
 //     carries). A learned limit counts requests or cost units, as the
 //     budget is configured (CountRequests), and paces with a bucket of
-//     its own in the same units.
+//     its own in the same units. Permit.Refund takes an admission's cost
+//     back out of the ceiling and the buckets when the upstream refused
+//     it (counted none of its records) and a retry is charged instead: the
+//     ceiling then holds over the records the upstream may have taken,
+//     while the refused request's dispatch stays on record and counted
+//     wherever requests are counted.
 //   - No request is admitted before its slot, and Budget.Allow's RetryAfter
 //     is exact: with no other traffic the cost is admitted at now+RetryAfter
 //     and not a nanosecond earlier.

@@ -1042,6 +1042,9 @@ type Source struct {
 		// Deadline A Go duration; how long a request may wait for admission and retries (default 30s); Auditd-Deadline overrides it.
 		Deadline *string `json:"deadline,omitempty"`
 
+		// KeyOnBody Key a POST without an Idempotency-Key by its body's SHA-256: it may be retried, and an attempt the upstream refused (429) is not charged beside its retry (docs/PROXY.md).
+		KeyOnBody *bool `json:"key_on_body,omitempty"`
+
 		// RetryPost Retry a POST without an Idempotency-Key (its POSTs change nothing).
 		RetryPost *bool `json:"retry_post,omitempty"`
 
@@ -1125,6 +1128,9 @@ type SourceState struct {
 	Proxy *struct {
 		// Deadline A Go duration; how long a request may wait for admission and retries (default 30s); Auditd-Deadline overrides it.
 		Deadline *string `json:"deadline,omitempty"`
+
+		// KeyOnBody Key a POST without an Idempotency-Key by its body's SHA-256: it may be retried, and an attempt the upstream refused (429) is not charged beside its retry (docs/PROXY.md).
+		KeyOnBody *bool `json:"key_on_body,omitempty"`
 
 		// RetryPost Retry a POST without an Idempotency-Key (its POSTs change nothing).
 		RetryPost *bool `json:"retry_post,omitempty"`
