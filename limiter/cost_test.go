@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -190,5 +191,56 @@ func TestPermitRefund(t *testing.T) {
 	pause := b.PausedUntil().Sub(c.Now())
 	if d, _ := b.Delay(120); pause != 500*time.Millisecond || d != pause {
 		t.Fatalf("after the refund 120 waits %v, want only the pause's %v: the window is empty again", d, pause)
+	}
+}
+
+// TestBudgetPropertyLearnedRequests drives random costs through a budget
+// whose learned limit counts requests: on every step no window holds more
+// than the ceiling's units or the learned limit's requests, and a refused
+// request is admitted exactly at its RetryAfter.
+func TestBudgetPropertyLearnedRequests(t *testing.T) {
+	n := 100_000
+	if testing.Short() {
+		n = 10_000
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	c := clock.NewFake(epoch)
+	b := mustBudget(t, c, limiter.BudgetConfig{Limit: 1000, Window: time.Second, Rate: 800, Burst: 400, CountRequests: true})
+	if err := b.SetLimit(20, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	type adm struct {
+		at   time.Time
+		cost int
+	}
+	var log []adm
+	for i := range n {
+		cost := 1 + r.IntN(400)
+		d := allow(t, b, cost)
+		if !d.Admitted {
+			c.Advance(d.RetryAfter - time.Nanosecond)
+			if allow(t, b, cost).Admitted {
+				t.Fatalf("step %d: admitted before its RetryAfter", i)
+			}
+			c.Advance(time.Nanosecond)
+			if d := allow(t, b, cost); !d.Admitted {
+				t.Fatalf("step %d: refused at its RetryAfter: %+v", i, d)
+			}
+		}
+		now := c.Now()
+		log = append(log, adm{now, cost})
+		for len(log) > 0 && !log[0].at.After(now.Add(-time.Second)) {
+			log = log[1:]
+		}
+		units := 0
+		for _, a := range log {
+			units += a.cost
+		}
+		if len(log) > 20 || units > 1000 {
+			t.Fatalf("step %d: %d requests, %d units in the window, want at most 20 and 1000", i, len(log), units)
+		}
+		if r.IntN(2) == 0 {
+			c.Advance(time.Duration(r.Int64N(int64(100 * time.Millisecond))))
+		}
 	}
 }
