@@ -16,6 +16,7 @@ const (
 	ETOOMANY      = "too_many_requests"
 	EUNAVAILABLE  = "unavailable"
 	EUPSTREAM     = "upstream_failed" // a proxied request's upstream could not be reached
+	ETOOLARGE     = "too_large"       // more than can ever be taken at once: a body, or a cost its source never admits
 )
 
 // Error is auditd's domain error: a code the API maps to a status, a message

@@ -50,6 +50,9 @@ type ProxyRequest struct {
 	// Idempotent says the client sent an Idempotency-Key: a POST may then
 	// be retried after a 429, 5xx or transport error.
 	Idempotent bool
+	// Cost is what the request spends of its source's budget (the records
+	// it carries; the Auditd-Cost header). Zero means 1.
+	Cost int
 	// Origin is the scheme and host the client reached auditd at
 	// ("https://auditd.example.org"), for the proxy URLs a response's
 	// rewritten links name (ProxyPolicy.RewriteURLs); empty takes the

@@ -121,6 +121,9 @@ type Item struct {
 	Body     []byte `json:"body,omitempty"` // JSON body for POST
 	Paging   Paging `json:"paging,omitempty" validate:"omitempty,oneof=arcgis wfs grants_gov"`
 	PageSize int    `json:"page_size,omitempty" validate:"omitempty,min=1,max=10000"`
+	// Cost is what each of the item's requests spends of its source's
+	// budget: the records it carries. Zero means 1.
+	Cost int `json:"cost,omitempty" validate:"omitempty,min=1,max=1000000"`
 	// SendPath is the path as it is sent upstream, when Path is it with
 	// credentials redacted (the fetch loop splits them when the item is
 	// submitted). It lives in memory and, sealed, with the run until the

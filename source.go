@@ -12,12 +12,24 @@ type Source struct {
 	BaseURL string `json:"base_url" yaml:"base_url" validate:"required,max=2048,url,startswith=http"`
 	// Group names a gateway group: members share one budget and one pause.
 	Group string `json:"group,omitempty" yaml:"group" validate:"omitempty,max=100,printascii"`
-	// Limit requests per Window is the configured ceiling: the most auditd
-	// will ever send, whatever it learns. Zero means the registry default.
+	// Limit per Window is the configured ceiling, in cost units (requests,
+	// or the records each carries when items and proxied requests say their
+	// cost): the most auditd will ever send in any window, whatever it
+	// learns. Zero means the registry default.
 	Limit  int      `json:"limit,omitempty" yaml:"limit" validate:"omitempty,min=1,max=1000000"`
 	Window Duration `json:"window,omitempty" yaml:"window" validate:"omitempty"`
-	// Burst is how many requests may leave back to back (token bucket capacity).
-	Burst       int           `json:"burst,omitempty" yaml:"burst" validate:"omitempty,min=1,max=100000"`
+	// Rate is the token bucket's refill in cost units per second: the
+	// sustained pace. Zero means Limit per Window.
+	Rate float64 `json:"rate,omitempty" yaml:"rate" validate:"omitempty,gt=0,max=1000000"`
+	// Burst is the token bucket's capacity: how many cost units may leave
+	// back to back after an idle spell. It may exceed Limit; the window
+	// still holds every Window to Limit.
+	Burst int `json:"burst,omitempty" yaml:"burst" validate:"omitempty,min=1,max=100000"`
+	// Count says what the server's own limits count, and so what auditd's
+	// learned limits count: CountRequests (the default) or CountRecords
+	// (cost units). The configured Limit, Rate and Burst always count cost
+	// units.
+	Count       CostUnit      `json:"count,omitempty" yaml:"count" validate:"omitempty,oneof=requests records"`
 	Concurrency int           `json:"concurrency,omitempty" yaml:"concurrency" validate:"omitempty,min=1,max=1000"`
 	RetryCap    Duration      `json:"retry_after_cap,omitempty" yaml:"retry_after_cap"`
 	MaxAttempts int           `json:"max_attempts,omitempty" yaml:"max_attempts" validate:"omitempty,min=1,max=100"`
@@ -60,6 +72,11 @@ type ProxyPolicy struct {
 	// without an Idempotency-Key (the source's POSTs are searches that
 	// change nothing, as Grants.gov's search2).
 	RetryPost bool `json:"retry_post,omitempty" yaml:"retry_post"`
+	// KeyOnBody keys a POST sent without an Idempotency-Key by its body's
+	// SHA-256, as a gateway that deduplicates batches by their document
+	// hash does: the POST may be retried, and an attempt the upstream
+	// refused is not charged beside its retry.
+	KeyOnBody bool `json:"key_on_body,omitempty" yaml:"key_on_body"`
 	// RewriteURLs rewrites the source's base URL, wherever a proxied text
 	// response (XML, JSON, HTML) names it, into the source's proxy URL on
 	// auditd, so that a client following the links a service document
@@ -79,6 +96,15 @@ type BreakerPolicy struct {
 	Cooldown  Duration `json:"cooldown,omitempty" yaml:"cooldown"`                                       // open this long before a probe
 	Probes    int      `json:"probes,omitempty" yaml:"probes" validate:"omitempty,min=1,max=100"`        // half-open probes allowed at once
 }
+
+// CostUnit is what a server's limits count.
+type CostUnit string
+
+// Cost units.
+const (
+	CountRequests CostUnit = "requests" // every request counts one, whatever it carries
+	CountRecords  CostUnit = "records"  // a request counts its cost (the records it carries)
+)
 
 // BodyErrorRule names how a 2xx body is checked for an error.
 type BodyErrorRule string

@@ -77,7 +77,7 @@ func TestBadInput(t *testing.T) {
 		{"SourceLimitNegative", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","limit":-5}`}, auth.RoleAdmin, 400, "limit"},
 		{"SourceTierUnknown", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","tier":"ultra"}`}, auth.RoleAdmin, 400, "tier"},
 		{"SourceTooManyHeaders", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","headers":{` + manyHeaders(21) + `}}`}, auth.RoleAdmin, 400, "headers"},
-		{"SourceUnknownField", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","rate":3}`}, auth.RoleAdmin, 400, "rate"},
+		{"SourceUnknownField", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","rate_limit":3}`}, auth.RoleAdmin, 400, "rate_limit"},
 		{"SourceBreakerThreshold", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","breaker":{"threshold":5000}}`}, auth.RoleAdmin, 400, "breaker.threshold"},
 		{"SourceBreakerCooldownWords", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","breaker":{"cooldown":"soon"}}`}, auth.RoleAdmin, 400, "breaker.cooldown"},
 		{"SourceBreakerProbesZero", request{method: "PUT", path: "/v1/sources/new", body: `{"base_url":"https://x.example","breaker":{"probes":0}}`}, auth.RoleAdmin, 400, "breaker.probes"},

@@ -109,7 +109,7 @@ func (b *KeyedBudget) budget(key string) *limiter.Budget {
 // only happens past pruneAt keys, where memory matters more.
 func (b *KeyedBudget) prune() {
 	for k, lb := range b.keys {
-		if _, _, ceiling, _ := lb.Limits(); lb.Tokens() >= float64(min(b.cfg.Burst, ceiling)) {
+		if lb.Tokens() >= float64(max(b.cfg.Burst, limiter.DefaultBurst)) { // a bucket holds Burst, however it compares with the ceiling
 			delete(b.keys, k)
 		}
 	}

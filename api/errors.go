@@ -19,7 +19,7 @@ import (
 // Error codes the HTTP layer adds to auditd's. They describe the request's
 // envelope, not the domain, so they live here rather than in error.go.
 const (
-	codeTooLarge         = "too_large"
+	codeTooLarge         = auditd.ETOOLARGE
 	codeUnsupportedMedia = "unsupported_media_type"
 	codeMethodNotAllowed = "method_not_allowed"
 )
@@ -219,6 +219,8 @@ func validationError(err error) error {
 		msg = "must be at most " + fe.Param() + sizeUnit(fe)
 	case "min":
 		msg = "must be at least " + fe.Param() + sizeUnit(fe)
+	case "gt":
+		msg = "must be more than " + fe.Param()
 	case "len":
 		msg = "must have length " + fe.Param()
 	case "oneof":

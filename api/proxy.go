@@ -40,6 +40,10 @@ const (
 	// ProxyDeadlineHeader bounds the request's waits and retries, in
 	// seconds or as a Go duration; without it the source's deadline holds.
 	ProxyDeadlineHeader = "Auditd-Deadline"
+	// ProxyCostHeader is what the request spends of its source's budget
+	// (the records it carries): a whole number from 1 to maxProxyCost.
+	// Without it the request costs 1.
+	ProxyCostHeader = "Auditd-Cost"
 	// ProxyTokenHeader is another place for the pipeline's auditd token,
 	// for clients that cannot set Proxy-Authorization.
 	ProxyTokenHeader = "Auditd-Token"
@@ -198,6 +202,13 @@ func (s *Server) proxyRequest(c echo.Context) (*auditd.ProxyRequest, error) {
 		}
 		req.Idempotent = true
 	}
+	if v, ok := idHeader(r.Header, ProxyCostHeader); ok {
+		n, ok := parseProxyCost(v)
+		if !ok {
+			return nil, invalid(ProxyCostHeader, "%s is a whole number from 1 to %d: the records the request carries.", ProxyCostHeader, maxProxyCost)
+		}
+		req.Cost = n
+	}
 
 	hasBody := r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
 	switch {
@@ -278,6 +289,19 @@ func proxyPath(u *url.URL) (string, error) {
 		return rest + "?" + u.RawQuery, nil
 	}
 	return rest, nil
+}
+
+// maxProxyCost bounds Auditd-Cost, as an item's cost is bounded.
+const maxProxyCost = 1_000_000
+
+// parseProxyCost reads Auditd-Cost: decimal digits only (no sign, space
+// or exponent), from 1 to maxProxyCost.
+func parseProxyCost(v string) (int, bool) {
+	if v == "" || strings.Trim(v, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(v)
+	return n, err == nil && n >= 1 && n <= maxProxyCost
 }
 
 // parseProxyDeadline reads Auditd-Deadline: seconds, or a Go duration.

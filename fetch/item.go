@@ -164,7 +164,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		// A source that is down is answered from the item's last good copy
 		// at once rather than waited for (admit).
 		fallback := l.hasCopy(lastGood)
-		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
+		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Cost: it.Cost, Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
 		// The waits held back the page's next dispatch: they carry its attempt.
 		recordAdmission(batchEnds{l, rctx, ar, it, lastGood}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		switch end {
@@ -371,7 +371,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 		n++
 	}
 	buf[n] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe}
+		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe, Detail: costDetail(a.permit.Cost)}
 	e := buf[:n+1]
 	f, err := l.queueDispatch(ar, it.SourceID, a.permit, e)
 	if err != nil {
@@ -569,4 +569,50 @@ func resultOf(it *auditd.Item, e *auditd.Event) (*auditd.ItemResult, error) {
 		res.Pages = 1
 	}
 	return res, nil
+}
+
+// costDetail is a dispatch's Detail: the cost its admission was charged,
+// when above 1 (`{"cost":75}`); "" for a request of cost 1, as every
+// dispatch was before costs.
+func costDetail(cost int) string {
+	if cost <= 1 {
+		return ""
+	}
+	return `{"cost":` + strconv.Itoa(cost) + `}`
+}
+
+// dispatchCost is the cost a dispatch was charged: its Detail's, else 1.
+func dispatchCost(e *auditd.Event) int {
+	if e.Detail == "" {
+		return 1
+	}
+	var d struct {
+		Cost int `json:"cost"`
+	}
+	if json.Unmarshal([]byte(e.Detail), &d) != nil || d.Cost < 1 {
+		return 1
+	}
+	return d.Cost
+}
+
+// costRefusal says why a unit of work (an item, a proxied request) of cost
+// can never be admitted by its source's budget, and how to split it; ""
+// when it can be, or the source is unknown (which is refused apart).
+func (g *gates) costRefusal(sourceID string, cost int, unit string) string {
+	if cost <= 1 {
+		return ""
+	}
+	b, err := g.limiter.Budget(sourceID)
+	if err != nil {
+		return ""
+	}
+	var ce *limiter.CostError
+	if !errors.As(b.CheckCost(cost), &ce) {
+		return ""
+	}
+	bound := fmt.Sprintf("its bucket's capacity (burst) of %d", ce.Bound)
+	if ce.Window > 0 {
+		bound = fmt.Sprintf("its window's limit of %d per %v", ce.Bound, ce.Window)
+	}
+	return fmt.Sprintf("A cost of %d can never be admitted by source %s: it exceeds %s. Split the %s into %ss of at most %d.", cost, sourceID, bound, unit, unit, ce.Bound)
 }

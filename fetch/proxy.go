@@ -75,6 +75,9 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 	if err != nil {
 		return meta, auditd.Errorf(auditd.ENOTFOUND, "Unknown source %q; PUT /v1/sources/{id} first.", req.SourceID)
 	}
+	if msg := l.costRefusal(src.ID, req.Cost, "request"); msg != "" {
+		return meta, &auditd.Error{Code: auditd.ETOOLARGE, Field: "Auditd-Cost", Message: msg}
+	}
 	headers, err := l.cfg.Registry.RequestHeaders(src.ID)
 	if err != nil {
 		return meta, err
@@ -111,7 +114,7 @@ func (l *Loop) Proxy(ctx context.Context, req *auditd.ProxyRequest, out auditd.P
 			p.proxyURL = origin + "/proxy/" + url.PathEscape(src.ID)
 		}
 	}
-	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path}
+	it := &auditd.Item{SourceID: src.ID, Method: req.Method, Path: p.path, Cost: req.Cost}
 	var detail string
 	if req.Method == http.MethodPost {
 		sum := sha256.Sum256(req.Body)
@@ -227,6 +230,7 @@ type proxied struct {
 	proxyURL string            // the source's proxy URL, its base URL's rewrite; "" when not rewritten
 
 	retryable  bool      // a 429, 5xx or transport error may be retried (run)
+	keyed      bool      // a POST with an Idempotency-Key, or to a source keying POSTs on their body (refundRefused)
 	noCopy     bool      // its last good copy did not verify: wait as a request without one
 	retryAt    time.Time // own backoff after a 5xx or transport error
 	throttled  *attempt  // the attempt a throttle answered, until the next dispatch
@@ -264,7 +268,8 @@ func (p *proxied) run(ctx context.Context) error {
 	}
 	// A POST is retried only when that is safe: the client says so with an
 	// Idempotency-Key, or the source's POSTs change nothing.
-	p.retryable = p.req.Method != http.MethodPost || p.req.Idempotent || src.Proxy.RetryPost
+	p.keyed = p.req.Method == http.MethodPost && (p.req.Idempotent || src.Proxy.KeyOnBody)
+	p.retryable = p.req.Method != http.MethodPost || p.keyed || src.Proxy.RetryPost
 	wait := p.req.Deadline
 	if wait <= 0 {
 		wait = src.Proxy.Deadline.D()
@@ -293,7 +298,7 @@ func (p *proxied) run(ctx context.Context) error {
 		// once rather than waited for, when the source serves copies
 		// (admit).
 		fallback := src.Proxy.ServeStale && !p.noCopy && l.hasCopy(p.lastGood)
-		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
+		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Cost: it.Cost, Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
 		// The waits held back the request's next dispatch: they carry its attempt.
 		recordAdmission(p, it.Item, 0, uint32(it.attempts.spent(0)+1), perm, p.throttled)
 		for _, w := range perm.Waits {

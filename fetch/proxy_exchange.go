@@ -61,6 +61,7 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		now := l.cfg.Clock.Now()
 		x := exchange{status: resp.StatusCode, header: resp.Header, receivedAt: now, latency: now.Sub(start), n: n}
 		out, _, wait := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
+		p.refundRefused(a, out)
 		if out == auditd.OutcomeThrottled {
 			p.lastReason = fmt.Sprintf("throttled (%d)", x.status)
 			p.throttled = a
@@ -77,6 +78,17 @@ func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (d
 		return false, nil
 	}
 	return true, p.stream(rctx, a, resp, start)
+}
+
+// refundRefused gives back what attempt a was charged (limiter.Permit.Refund)
+// when the upstream refused it and the request is keyed: a batch the client
+// keys is one the upstream takes once, whatever the retries, and a refused
+// attempt counted none of its records there. Its retry, by auditd or by the
+// client under the same key, is charged instead: the batch is charged once.
+func (p *proxied) refundRefused(a *attempt, out auditd.Outcome) {
+	if p.keyed && out == auditd.OutcomeThrottled {
+		a.permit.Refund()
+	}
 }
 
 // bufPool holds the buffers responses are streamed through.
@@ -129,6 +141,7 @@ func (p *proxied) stream(rctx context.Context, a *attempt, resp *http.Response, 
 		x = exchange{receivedAt: now, latency: now.Sub(start), err: readErr}
 	}
 	out, bodyErr, _ := l.settle(rctx, p.ar, &p.src, p.job.Item, a, &x)
+	p.refundRefused(a, out)
 	switch {
 	case readErr != nil:
 		p.end(auditd.ItemFailed, fmt.Sprintf("transport error after %d bytes: %v", n, readErr), nil, "", nil)

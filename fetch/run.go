@@ -303,7 +303,7 @@ func (l *Loop) feed(ctx context.Context, ar *activeRun, feed *batchFeed, sourceI
 // is a conflict; nothing is stored or recorded when the page is refused.
 func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error) {
 	redactItems(l.cfg.Registry, items)
-	if err := validateRun(l.cfg.Registry, auditd.NewRun{Items: items}); err != nil {
+	if err := validateRun(&l.gates, auditd.NewRun{Items: items}); err != nil {
 		return auditd.RunView{}, err
 	}
 	ar := l.activeRun(id)

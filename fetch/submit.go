@@ -38,7 +38,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 			return auditd.RunView{}, false, err
 		}
 	}
-	if err := validateRun(l.cfg.Registry, nr); err != nil {
+	if err := validateRun(&l.gates, nr); err != nil {
 		return auditd.RunView{}, false, err
 	}
 	l.mu.Lock()
@@ -123,7 +123,7 @@ func itemMethod(m string) string {
 // validateRun checks a run's request before anything is stored: a proxy-mode
 // run has no items, a batch run's items each name a known source, a
 // sendable path and a key no other item of the run has.
-func validateRun(reg *registry.Registry, req auditd.NewRun) error {
+func validateRun(g *gates, req auditd.NewRun) error {
 	if req.Mode == auditd.RunProxy && len(req.Items) > 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "items", Message: "A proxy-mode run takes no items: each proxied request becomes one."}
 	}
@@ -147,7 +147,7 @@ func validateRun(reg *registry.Registry, req auditd.NewRun) error {
 		}
 		seen[it.Key] = true
 		if !checked[it.SourceID] {
-			if _, err := reg.GetSource(it.SourceID); err != nil {
+			if _, err := g.registry.GetSource(it.SourceID); err != nil {
 				return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".source"), Message: fmt.Sprintf("unknown source %q", it.SourceID)}
 			}
 			checked[it.SourceID] = true
@@ -161,6 +161,9 @@ func validateRun(reg *registry.Registry, req auditd.NewRun) error {
 		}
 		if _, err := pageRequest(&req.Items[i], 0); err != nil {
 			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ""), Message: auditd.ErrorMessage(err)}
+		}
+		if msg := g.costRefusal(it.SourceID, it.Cost, "item"); msg != "" {
+			return &auditd.Error{Code: auditd.EINVALID, Field: itemField(i, ".cost"), Message: msg}
 		}
 	}
 	return nil

@@ -104,3 +104,55 @@ func BenchmarkSetLimit(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAdmitCost is admission charged by the record: costs of 1 to 200
+// in a fixed cycle. impl=xrate is x/time/rate's ReserveN (taking the time
+// itself, as Budget does), impl=budget is Budget.Allow, with the same rate
+// and capacity; the budget's ceiling counts besides. "admitting" (10^9 a
+// second, the fastest a nanosecond clock paces, with as large a bucket)
+// admits about everything a core can ask; "refusing" (50 a second holding
+// 200 under 120 a second, the seed's) refuses almost every request, where
+// xrate's AllowN stands in for ReserveN, which would queue them all.
+// Compare with
+//
+//	go test -run='^$' -bench=AdmitCost -benchmem -count=6 ./limiter/ > cost.txt
+//	go tool benchstat -col /impl cost.txt
+func BenchmarkAdmitCost(b *testing.B) {
+	var costs [200]int
+	for i := range costs {
+		costs[i] = 1 + i*37%200
+	}
+	for _, shape := range []struct {
+		name   string
+		cfg    limiter.BudgetConfig
+		refuse bool
+	}{
+		{"admitting", limiter.BudgetConfig{Limit: limiter.MaxLimit, Window: time.Millisecond, Rate: 1e9, Burst: limiter.MaxLimit}, false},
+		{"refusing", limiter.BudgetConfig{Limit: 200, Window: time.Second, Rate: 50, Burst: 200}, true},
+	} {
+		b.Run("shape="+shape.name+"/impl=xrate", func(b *testing.B) {
+			lim := rate.NewLimiter(rate.Limit(shape.cfg.Rate), shape.cfg.Burst)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if shape.refuse {
+					lim.AllowN(time.Now(), costs[i%len(costs)])
+				} else {
+					lim.ReserveN(time.Now(), costs[i%len(costs)])
+				}
+				i++
+			}
+		})
+		b.Run("shape="+shape.name+"/impl=budget", func(b *testing.B) {
+			bud := mustBudget(b, clock.Real{}, shape.cfg)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if _, err := bud.Allow(costs[i%len(costs)]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+}

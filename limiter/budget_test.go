@@ -135,8 +135,20 @@ func TestBudgetSetLimitOnlySlows(t *testing.T) {
 	if d := allow(t, b, 1); d.Admitted || d.RetryAfter != time.Second {
 		t.Fatalf("%+v, want held 1s by the learned window of 2 per second", d)
 	}
-	if _, err := b.Allow(3); !errors.Is(err, limiter.ErrCostExceedsCapacity) {
-		t.Fatalf("cost 3 over a learned limit of 2: %v", err)
+	// A cost over the learned limit (a cut can come after the cost was
+	// accepted) is no error: it goes alone in the learned window, at the
+	// learned pace (one token beyond the learned bucket's 2, 500ms).
+	d := allow(t, b, 3)
+	if d.Admitted || d.RetryAfter != 1500*time.Millisecond {
+		t.Fatalf("cost 3 over a learned limit of 2: %+v, want held 1.5s", d)
+	}
+	c.Advance(d.RetryAfter - time.Microsecond)
+	if allow(t, b, 3).Admitted {
+		t.Fatal("cost 3 admitted before its slot")
+	}
+	c.Advance(time.Microsecond)
+	if d := allow(t, b, 3); !d.Admitted {
+		t.Fatalf("cost 3 refused at its slot: %+v", d)
 	}
 }
 

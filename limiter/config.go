@@ -28,11 +28,17 @@ type Config struct {
 	// Group names a gateway group: its members share one Budget (and so one
 	// pause). Empty means the source has a budget of its own.
 	Group string
-	// Limit per Window is the configured ceiling; Burst is the token bucket
-	// capacity. Default DefaultLimit, DefaultWindow, DefaultBurst.
+	// Limit per Window is the configured ceiling; Rate (per second) and
+	// Burst are the token bucket's refill and capacity, each in cost
+	// units. Default DefaultLimit, DefaultWindow, Limit per Window,
+	// DefaultBurst.
 	Limit  int
 	Window time.Duration
+	Rate   float64
 	Burst  int
+	// CountRequests makes learned limits count requests rather than cost
+	// units (BudgetConfig.CountRequests).
+	CountRequests bool
 	// Concurrency is how many requests to the source may be in flight.
 	// Default DefaultConcurrency.
 	Concurrency int
@@ -62,7 +68,9 @@ func ConfigFromSource(s auditd.Source) Config {
 		Group:            s.Group,
 		Limit:            s.Limit,
 		Window:           s.Window.D(),
+		Rate:             s.Rate,
 		Burst:            s.Burst,
+		CountRequests:    s.Count != auditd.CountRecords,
 		Concurrency:      s.Concurrency,
 		RetryCap:         s.RetryCap.D(),
 		BreakerThreshold: s.Breaker.Threshold,
@@ -113,5 +121,5 @@ func (c Config) validate() error {
 }
 
 func (c Config) budget() BudgetConfig {
-	return BudgetConfig{Limit: c.Limit, Window: c.Window, Burst: c.Burst}
+	return BudgetConfig{Limit: c.Limit, Window: c.Window, Rate: c.Rate, Burst: c.Burst, CountRequests: c.CountRequests}
 }

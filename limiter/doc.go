@@ -23,11 +23,25 @@
 //     counted at its admission has left the window by then, and its slot
 //     was given again.
 //   - Pacing: admissions also pass a token bucket (capacity Burst, refill
-//     Limit/Window), kept in GCRA form so reads refill it.
+//     Rate, by default Limit/Window), kept in GCRA form so reads refill it.
+//     The window, the bucket's rate and its capacity are independent: the
+//     strictest holds at every instant, and Burst may exceed Limit.
+//   - Costs: a request spends Cost units of every gate (the records it
+//     carries). A learned limit counts requests or cost units, as the
+//     budget is configured (CountRequests), and paces with a bucket of
+//     its own in the same units. Permit.Refund takes an admission's cost
+//     back out of the ceiling and the buckets when the upstream refused
+//     it (counted none of its records) and a retry is charged instead: the
+//     ceiling then holds over the records the upstream may have taken,
+//     while the refused request's dispatch stays on record and counted
+//     wherever requests are counted.
 //   - No request is admitted before its slot, and Budget.Allow's RetryAfter
 //     is exact: with no other traffic the cost is admitted at now+RetryAfter
 //     and not a nanosecond earlier.
-//   - A cost above capacity is an error at once, never a hang.
+//   - A cost above the window's Limit or the bucket's Burst is a
+//     *CostError naming that bound, at once, never a hang. A cost above a
+//     learned limit (which a cut can bring under a cost already accepted)
+//     is admitted alone in the learned window, at the learned pace.
 //   - Learned limits (SetLimit) and server Remaining/Reset only slow a
 //     budget; the configured ceiling stays in force beside them.
 //   - Pauses only lengthen (Pause takes the later deadline).
@@ -61,6 +75,6 @@
 // in wall time, is read as its lag after the admission, taken as no less
 // than zero and no later than now. A Budget's sliding log holds one entry
 // per distinct instant an admission is counted at inside the window (some
-// of cost zero, left by Permit.Sent), so its memory grows with Limit (16
-// bytes an entry).
+// of cost zero, left by Permit.Sent), so its memory grows with Limit (24
+// bytes an entry: the instant, the cost and the requests).
 package limiter

@@ -20,9 +20,29 @@ var ErrGroupConflict = errors.New("limiter: group budget conflict")
 // ErrInvalidCost is returned for a cost below 1.
 var ErrInvalidCost = errors.New("limiter: invalid cost")
 
-// ErrCostExceedsCapacity is returned at once, never after a wait, for a cost
-// that no amount of waiting could admit (above the burst or the limit).
+// ErrCostExceedsCapacity is matched (errors.Is) by every *CostError.
 var ErrCostExceedsCapacity = errors.New("limiter: cost exceeds capacity")
+
+// CostError is returned at once, never after a wait, for a cost that no
+// amount of waiting could admit: above the window's limit or the bucket's
+// capacity. It names the bound, so a caller can say how to split the work.
+type CostError struct {
+	Cost  int
+	Bound int // the most one request may cost
+	// Window is the ceiling's window when Bound is its limit; zero when
+	// Bound is the bucket's capacity (burst).
+	Window time.Duration
+}
+
+func (e *CostError) Error() string {
+	if e.Window > 0 {
+		return fmt.Sprintf("limiter: cost %d exceeds the window's limit of %d per %v", e.Cost, e.Bound, e.Window)
+	}
+	return fmt.Sprintf("limiter: cost %d exceeds the bucket's capacity (burst) of %d", e.Cost, e.Bound)
+}
+
+// Is makes errors.Is(err, ErrCostExceedsCapacity) true.
+func (e *CostError) Is(target error) bool { return target == ErrCostExceedsCapacity }
 
 // ErrStillDown is returned by Acquire for a Request with StopAtReopen when,
 // while it waited at the breaker, a half-open probe failed and the breaker

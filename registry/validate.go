@@ -34,6 +34,8 @@ func ruleMessage(field string, fe validator.FieldError) string {
 		return fmt.Sprintf("%s must be at least %s%s.", field, fe.Param(), unit)
 	case "max":
 		return fmt.Sprintf("%s must be at most %s%s.", field, fe.Param(), unit)
+	case "gt":
+		return fmt.Sprintf("%s must be more than %s%s.", field, fe.Param(), unit)
 	case "oneof":
 		return fmt.Sprintf("%s must be one of %s.", field, strings.ReplaceAll(fe.Param(), " ", ", "))
 	case "url", "startswith":
@@ -72,6 +74,11 @@ func (r *Registry) validateSource(src auditd.Source) error {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "window", Message: fmt.Sprintf("The window must be at most %s (366 days).", limiter.MaxWindow)}
 	} else if src.Window > 0 && src.Limit == 0 {
 		return &auditd.Error{Code: auditd.EINVALID, Field: "limit", Message: "A window needs a limit."}
+	}
+	if src.Group != "" && src.Rate != 0 {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "rate", Message: "rate paces a source's own budget; the members of a gateway group share the group's."}
+	} else if src.Group != "" && src.Count == auditd.CountRecords {
+		return &auditd.Error{Code: auditd.EINVALID, Field: "count", Message: "count applies to a source's own budget; the members of a gateway group share the group's, which counts requests."}
 	}
 	for name, value := range src.Headers {
 		if !validHeaderName(name) {

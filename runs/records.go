@@ -32,7 +32,9 @@ var (
 
 const (
 	chunkLen     = 256 // records in a chunk
-	chunkVersion = 1   // the first byte of every chunk
+	// chunkVersion is the first byte of every chunk written. A chunk of
+	// version 1 was written before items kept their cost: its items cost 1.
+	chunkVersion = 2
 )
 
 // errMalformed means a stored record does not decode.
@@ -299,7 +301,8 @@ func appendItem(b []byte, it *auditd.Item) []byte {
 	b = appendString(b, it.Path)
 	b = appendString(b, string(it.Body))
 	b = appendString(b, string(it.Paging))
-	return binary.AppendVarint(b, int64(it.PageSize))
+	b = binary.AppendVarint(b, int64(it.PageSize))
+	return binary.AppendUvarint(b, uint64(it.Cost))
 }
 
 func appendResult(b []byte, key string, res *auditd.ItemResult) []byte {
@@ -335,15 +338,16 @@ const (
 
 // chunkReader decodes a chunk's records; the first error sticks.
 type chunkReader struct {
-	b   []byte
-	err error
+	b       []byte
+	version byte
+	err     error
 }
 
 func openChunk(v []byte) (*chunkReader, error) {
-	if len(v) == 0 || v[0] != chunkVersion {
+	if len(v) == 0 || v[0] < 1 || v[0] > chunkVersion {
 		return nil, fmt.Errorf("%w: chunk of version %v", errMalformed, v[:min(len(v), 1)])
 	}
-	return &chunkReader{b: v[1:]}, nil
+	return &chunkReader{b: v[1:], version: v[0]}, nil
 }
 
 func (r *chunkReader) fail() {
@@ -402,6 +406,10 @@ func (r *chunkReader) item(it *auditd.Item) error {
 		it.Body = nil
 	}
 	it.Paging, it.PageSize = auditd.Paging(r.string()), r.int()
+	it.Cost = 0
+	if r.version >= 2 {
+		it.Cost = int(r.uvarint())
+	}
 	return r.err
 }
 

@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -274,3 +275,26 @@ type (
 	noLedger   struct{ Ledger }
 	noPayloads struct{ Payloads }
 )
+
+// A chunk written before items kept their cost (version 1) still decodes:
+// its items cost 1 (Cost 0), and what follows them is read as before.
+func TestVersionOneChunkHasNoCost(t *testing.T) {
+	it := auditd.Item{Key: "k", SourceID: "s", Method: "GET", Path: "/p", PageSize: 50}
+	v := []byte{1}
+	for _, s := range []string{it.Key, it.SourceID, it.Method, it.Path, "", ""} {
+		v = appendString(v, s)
+	}
+	v = binary.AppendVarint(v, int64(it.PageSize))
+	v = appendString(v, "next") // the chunk's next record starts here
+	r, err := openChunk(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got auditd.Item
+	if err := r.item(&got); err != nil || !reflect.DeepEqual(got, it) {
+		t.Fatalf("version 1 item: %+v, %v; want %+v", got, err, it)
+	}
+	if next := r.string(); next != "next" {
+		t.Fatalf("read %q after the item, want %q", next, "next")
+	}
+}

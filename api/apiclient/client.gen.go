@@ -386,6 +386,24 @@ func (e SourceBodyError) Valid() bool {
 	}
 }
 
+// Defines values for SourceCount.
+const (
+	SourceCountRecords  SourceCount = "records"
+	SourceCountRequests SourceCount = "requests"
+)
+
+// Valid indicates whether the value is a known member of the SourceCount enum.
+func (e SourceCount) Valid() bool {
+	switch e {
+	case SourceCountRecords:
+		return true
+	case SourceCountRequests:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SourceTier.
 const (
 	SourceTierRelaxed  SourceTier = "relaxed"
@@ -443,6 +461,24 @@ func (e SourceStateBreakerStateState) Valid() bool {
 	case SourceStateBreakerStateStateHalfOpen:
 		return true
 	case SourceStateBreakerStateStateOpen:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SourceStateCount.
+const (
+	SourceStateCountRecords  SourceStateCount = "records"
+	SourceStateCountRequests SourceStateCount = "requests"
+)
+
+// Valid indicates whether the value is a known member of the SourceStateCount enum.
+func (e SourceStateCount) Valid() bool {
+	switch e {
+	case SourceStateCountRecords:
+		return true
+	case SourceStateCountRequests:
 		return true
 	default:
 		return false
@@ -717,7 +753,10 @@ type Inclusion struct {
 // Item defines model for Item.
 type Item struct {
 	// Body Body of a POST, base64.
-	Body     *[]byte     `json:"body,omitempty"`
+	Body *[]byte `json:"body,omitempty"`
+
+	// Cost What each of the item's requests spends of its source's budget: the records it carries (default 1). One its source can never admit (above its limit per window or its burst) is refused with the run (400, field items[i].cost).
+	Cost     *int        `json:"cost,omitempty"`
 	Key      string      `json:"key"`
 	Method   *ItemMethod `json:"method,omitempty"`
 	PageSize *int        `json:"page_size,omitempty"`
@@ -976,7 +1015,7 @@ type RunStateMode string
 // RunStatus defines model for RunStatus.
 type RunStatus string
 
-// Source Unknown fields are refused by the server (400); the schema stays open so SourceState can extend it. Rules the schema cannot state, each refused with a 400 naming the field: `base_url` is required on a put; a `window` needs a `limit`, and is at most 8784h (366 days); `group` differs from the source id.
+// Source Unknown fields are refused by the server (400); the schema stays open so SourceState can extend it. Rules the schema cannot state, each refused with a 400 naming the field: `base_url` is required on a put; a `window` needs a `limit`, and is at most 8784h (366 days); `group` differs from the source id; a member of a `group` sets no `rate` and no `count: records` (the group's budget paces its members). The window (`limit` per `window`), the bucket's refill (`rate`) and its capacity (`burst`) count cost units (an item's `cost`, a proxied request's Auditd-Cost; 1 by default) and are independent: the strictest holds at every instant.
 type Source struct {
 	// BaseUrl http or https with a host; no query, no fragment and no credentials (userinfo, or a parameter with a credential's name): those are refused (400, field base_url) and belong in `headers`, or in item paths under a name in `secret_query`. A host written as a number in another form than dotted decimal (0x7f000001) is refused too.
 	BaseUrl   *string          `json:"base_url,omitempty"`
@@ -987,20 +1026,30 @@ type Source struct {
 		Probes    *int      `json:"probes,omitempty"`
 		Threshold *int      `json:"threshold,omitempty"`
 	} `json:"breaker,omitempty"`
-	Burst       *int    `json:"burst,omitempty"`
-	Concurrency *int    `json:"concurrency,omitempty"`
-	Group       *string `json:"group,omitempty"`
+
+	// Burst The bucket's capacity in cost units (default 1); it may exceed limit.
+	Burst       *int `json:"burst,omitempty"`
+	Concurrency *int `json:"concurrency,omitempty"`
+
+	// Count What the server's own limits count, and so what auditd's learned limit counts: requests (the default) or records (cost units).
+	Count *SourceCount `json:"count,omitempty"`
+	Group *string      `json:"group,omitempty"`
 
 	// Headers Sent with every request upstream; stored sealed, never recorded. Responses show each configured name with the value "[redacted]". A value holding CR, LF or NUL is refused.
-	Headers     *map[string]string `json:"headers,omitempty"`
-	Id          *string            `json:"id,omitempty"`
-	Limit       *int               `json:"limit,omitempty"`
-	MaxAttempts *int               `json:"max_attempts,omitempty"`
+	Headers *map[string]string `json:"headers,omitempty"`
+	Id      *string            `json:"id,omitempty"`
+
+	// Limit The ceiling: at most this many cost units in any window.
+	Limit       *int `json:"limit,omitempty"`
+	MaxAttempts *int `json:"max_attempts,omitempty"`
 
 	// Proxy How the proxy route treats the source's requests (docs/PROXY.md).
 	Proxy *struct {
 		// Deadline A Go duration; how long a request may wait for admission and retries (default 30s); Auditd-Deadline overrides it.
 		Deadline *string `json:"deadline,omitempty"`
+
+		// KeyOnBody Key a POST without an Idempotency-Key by its body's SHA-256: it may be retried, and an attempt the upstream refused (429) is not charged beside its retry (docs/PROXY.md).
+		KeyOnBody *bool `json:"key_on_body,omitempty"`
 
 		// RetryPost Retry a POST without an Idempotency-Key (its POSTs change nothing).
 		RetryPost *bool `json:"retry_post,omitempty"`
@@ -1015,6 +1064,9 @@ type Source struct {
 	// Query Query parameters (credentials in the URL) auditd adds to every request it proxies to the source; stored apart from the ledger, never recorded and never shown.
 	Query *map[string]string `json:"query,omitempty"`
 
+	// Rate The bucket's refill, cost units per second (default limit per window).
+	Rate *float32 `json:"rate,omitempty"`
+
 	// RetryAfterCap A Go duration ("1m30s", "250ms", "0s").
 	RetryAfterCap *Duration `json:"retry_after_cap,omitempty"`
 
@@ -1028,6 +1080,9 @@ type Source struct {
 
 // SourceBodyError defines model for Source.BodyError.
 type SourceBodyError string
+
+// SourceCount What the server's own limits count, and so what auditd's learned limit counts: requests (the default) or records (cost units).
+type SourceCount string
 
 // SourceTier defines model for Source.Tier.
 type SourceTier string
@@ -1048,9 +1103,14 @@ type SourceState struct {
 		State    SourceStateBreakerStateState `json:"state"`
 		Until    *time.Time                   `json:"until,omitempty"`
 	} `json:"breaker_state"`
-	Burst       *int    `json:"burst,omitempty"`
-	Concurrency *int    `json:"concurrency,omitempty"`
-	Group       *string `json:"group,omitempty"`
+
+	// Burst The bucket's capacity in cost units (default 1); it may exceed limit.
+	Burst       *int `json:"burst,omitempty"`
+	Concurrency *int `json:"concurrency,omitempty"`
+
+	// Count What the server's own limits count, and so what auditd's learned limit counts: requests (the default) or records (cost units).
+	Count *SourceStateCount `json:"count,omitempty"`
+	Group *string           `json:"group,omitempty"`
 
 	// Headers Sent with every request upstream; stored sealed, never recorded. Responses show each configured name with the value "[redacted]". A value holding CR, LF or NUL is refused.
 	Headers *map[string]string `json:"headers,omitempty"`
@@ -1064,6 +1124,8 @@ type SourceState struct {
 		// Window A Go duration ("1m30s", "250ms", "0s").
 		Window Duration `json:"window"`
 	} `json:"learned"`
+
+	// Limit The ceiling: at most this many cost units in any window.
 	Limit       *int       `json:"limit,omitempty"`
 	MaxAttempts *int       `json:"max_attempts,omitempty"`
 	PausedUntil *time.Time `json:"paused_until,omitempty"`
@@ -1072,6 +1134,9 @@ type SourceState struct {
 	Proxy *struct {
 		// Deadline A Go duration; how long a request may wait for admission and retries (default 30s); Auditd-Deadline overrides it.
 		Deadline *string `json:"deadline,omitempty"`
+
+		// KeyOnBody Key a POST without an Idempotency-Key by its body's SHA-256: it may be retried, and an attempt the upstream refused (429) is not charged beside its retry (docs/PROXY.md).
+		KeyOnBody *bool `json:"key_on_body,omitempty"`
 
 		// RetryPost Retry a POST without an Idempotency-Key (its POSTs change nothing).
 		RetryPost *bool `json:"retry_post,omitempty"`
@@ -1085,6 +1150,9 @@ type SourceState struct {
 
 	// Query Query parameters (credentials in the URL) auditd adds to every request it proxies to the source; stored apart from the ledger, never recorded and never shown.
 	Query *map[string]string `json:"query,omitempty"`
+
+	// Rate The bucket's refill, cost units per second (default limit per window).
+	Rate *float32 `json:"rate,omitempty"`
 
 	// RetryAfterCap A Go duration ("1m30s", "250ms", "0s").
 	RetryAfterCap *Duration `json:"retry_after_cap,omitempty"`
@@ -1102,6 +1170,9 @@ type SourceStateBodyError string
 
 // SourceStateBreakerStateState defines model for SourceState.BreakerState.State.
 type SourceStateBreakerStateState string
+
+// SourceStateCount What the server's own limits count, and so what auditd's learned limit counts: requests (the default) or records (cost units).
+type SourceStateCount string
 
 // SourceStateTier defines model for SourceState.Tier.
 type SourceStateTier string
@@ -1236,6 +1307,9 @@ type Limit = int
 // PageCursor defines model for PageCursor.
 type PageCursor = string
 
+// ProxyCost defines model for ProxyCost.
+type ProxyCost = string
+
 // ProxyDeadline defines model for ProxyDeadline.
 type ProxyDeadline = string
 
@@ -1291,6 +1365,9 @@ type ProxyRootGetParams struct {
 
 	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
 	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+
+	// AuditdCost What the request spends of its source's budget: the records it carries, a whole number from 1 to 1000000 (default 1). Each attempt is charged it, and its dispatch records it (Detail {"cost":N}). A cost the source can never admit (above its limit per window or its burst) is refused with 413, before anything is recorded or sent, naming the bound to split the request under.
+	AuditdCost *ProxyCost `json:"Auditd-Cost,omitempty"`
 }
 
 // ProxyRootHeadParams defines parameters for ProxyRootHead.
@@ -1303,6 +1380,9 @@ type ProxyRootHeadParams struct {
 
 	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
 	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+
+	// AuditdCost What the request spends of its source's budget: the records it carries, a whole number from 1 to 1000000 (default 1). Each attempt is charged it, and its dispatch records it (Detail {"cost":N}). A cost the source can never admit (above its limit per window or its burst) is refused with 413, before anything is recorded or sent, naming the bound to split the request under.
+	AuditdCost *ProxyCost `json:"Auditd-Cost,omitempty"`
 }
 
 // ProxyRootPostParams defines parameters for ProxyRootPost.
@@ -1317,6 +1397,9 @@ type ProxyRootPostParams struct {
 
 	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
 	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+
+	// AuditdCost What the request spends of its source's budget: the records it carries, a whole number from 1 to 1000000 (default 1). Each attempt is charged it, and its dispatch records it (Detail {"cost":N}). A cost the source can never admit (above its limit per window or its burst) is refused with 413, before anything is recorded or sent, naming the bound to split the request under.
+	AuditdCost *ProxyCost `json:"Auditd-Cost,omitempty"`
 }
 
 // ProxyGetParams defines parameters for ProxyGet.
@@ -1329,6 +1412,9 @@ type ProxyGetParams struct {
 
 	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
 	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+
+	// AuditdCost What the request spends of its source's budget: the records it carries, a whole number from 1 to 1000000 (default 1). Each attempt is charged it, and its dispatch records it (Detail {"cost":N}). A cost the source can never admit (above its limit per window or its burst) is refused with 413, before anything is recorded or sent, naming the bound to split the request under.
+	AuditdCost *ProxyCost `json:"Auditd-Cost,omitempty"`
 }
 
 // ProxyHeadParams defines parameters for ProxyHead.
@@ -1341,6 +1427,9 @@ type ProxyHeadParams struct {
 
 	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
 	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+
+	// AuditdCost What the request spends of its source's budget: the records it carries, a whole number from 1 to 1000000 (default 1). Each attempt is charged it, and its dispatch records it (Detail {"cost":N}). A cost the source can never admit (above its limit per window or its burst) is refused with 413, before anything is recorded or sent, naming the bound to split the request under.
+	AuditdCost *ProxyCost `json:"Auditd-Cost,omitempty"`
 }
 
 // ProxyPostParams defines parameters for ProxyPost.
@@ -1355,6 +1444,9 @@ type ProxyPostParams struct {
 
 	// AuditdDeadline How long auditd may wait for admission and retries, seconds ("30", "2.5") or a Go duration ("90s"); more than 0, at most 1h. Default the source's proxy.deadline.
 	AuditdDeadline *ProxyDeadline `json:"Auditd-Deadline,omitempty"`
+
+	// AuditdCost What the request spends of its source's budget: the records it carries, a whole number from 1 to 1000000 (default 1). Each attempt is charged it, and its dispatch records it (Detail {"cost":N}). A cost the source can never admit (above its limit per window or its burst) is refused with 413, before anything is recorded or sent, naming the bound to split the request under.
+	AuditdCost *ProxyCost `json:"Auditd-Cost,omitempty"`
 }
 
 // SetRetentionJSONBody defines parameters for SetRetention.
@@ -3362,6 +3454,17 @@ func NewProxyRootGetRequest(server string, source string, params *ProxyRootGetPa
 			req.Header.Set("Auditd-Deadline", headerParam2)
 		}
 
+		if params.AuditdCost != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Cost", *params.AuditdCost, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Cost", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -3429,6 +3532,17 @@ func NewProxyRootHeadRequest(server string, source string, params *ProxyRootHead
 			}
 
 			req.Header.Set("Auditd-Deadline", headerParam2)
+		}
+
+		if params.AuditdCost != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Cost", *params.AuditdCost, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Cost", headerParam3)
 		}
 
 	}
@@ -3513,6 +3627,17 @@ func NewProxyRootPostRequestWithBody(server string, source string, params *Proxy
 			req.Header.Set("Auditd-Deadline", headerParam3)
 		}
 
+		if params.AuditdCost != nil {
+			var headerParam4 string
+
+			headerParam4, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Cost", *params.AuditdCost, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Cost", headerParam4)
+		}
+
 	}
 
 	return req, nil
@@ -3589,6 +3714,17 @@ func NewProxyGetRequest(server string, source string, path string, params *Proxy
 			req.Header.Set("Auditd-Deadline", headerParam2)
 		}
 
+		if params.AuditdCost != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Cost", *params.AuditdCost, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Cost", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -3663,6 +3799,17 @@ func NewProxyHeadRequest(server string, source string, path string, params *Prox
 			}
 
 			req.Header.Set("Auditd-Deadline", headerParam2)
+		}
+
+		if params.AuditdCost != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Cost", *params.AuditdCost, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Cost", headerParam3)
 		}
 
 	}
@@ -3752,6 +3899,17 @@ func NewProxyPostRequestWithBody(server string, source string, path string, para
 			}
 
 			req.Header.Set("Auditd-Deadline", headerParam3)
+		}
+
+		if params.AuditdCost != nil {
+			var headerParam4 string
+
+			headerParam4, err = runtime.StyleParamWithOptions("simple", false, "Auditd-Cost", *params.AuditdCost, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Auditd-Cost", headerParam4)
 		}
 
 	}
