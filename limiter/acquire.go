@@ -64,6 +64,10 @@ type Permit struct {
 	// Breaker holds the transition this Acquire caused (open→half_open),
 	// if any. Record it even when Acquire returned an error.
 	Breaker []Transition
+	// InFlight is how many of the source's requests held a slot once this
+	// one took its own, itself included: what the registry's concurrency
+	// learning reads a refusal against (registry.Observation.InFlight).
+	InFlight int
 
 	l       *Limiter
 	src     *source
@@ -279,12 +283,12 @@ func (s *source) slotFor(p *Permit) bool {
 		p.waiting = true
 	}
 	ahead, _ := slices.BinarySearch(s.waiting, p.arrival)
-	if s.inFlight+ahead >= s.cfg.Concurrency {
+	if s.inFlight+ahead >= s.slots() {
 		return false
 	}
 	s.unqueue(p)
 	s.inFlight++
-	p.slot = true
+	p.slot, p.InFlight = true, s.inFlight
 	return true
 }
 

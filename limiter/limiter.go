@@ -208,6 +208,7 @@ type source struct {
 	breaker breaker
 
 	inFlight int
+	learned  int           // slots set by SetConcurrency; 0: cfg.Concurrency
 	waiting  []uint64      // arrival stamps of requests waiting for a slot, oldest first
 	changed  chan struct{} // closed when a slot frees, a waiter leaves or the breaker moves
 }
