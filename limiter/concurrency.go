@@ -44,3 +44,18 @@ func (s *source) slots() int {
 	}
 	return s.cfg.Concurrency
 }
+
+// admit counts p, which passed every gate, among the requests in flight.
+// The caller holds s.mu.
+func (s *source) admit(p *Permit) {
+	s.admitted++
+	p.InFlight = s.admitted
+}
+
+// drop takes p out of the requests in flight as its slot is returned; a
+// permit that was never admitted was never counted. The caller holds s.mu.
+func (s *source) drop(p *Permit) {
+	if p.InFlight > 0 {
+		s.admitted--
+	}
+}

@@ -93,3 +93,25 @@ func TestSetConcurrencyRefusesNonsense(t *testing.T) {
 		t.Fatalf("Concurrency %d, want the default %d", n, limiter.DefaultConcurrency)
 	}
 }
+
+// A permit's InFlight counts the requests admitted and not yet observed,
+// not those that hold a slot while they wait at the rate gate: those have
+// not reached the server.
+func TestInFlightCountsOnlyAdmitted(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1, Window: time.Second, Burst: 1, Concurrency: 4}})
+	a := mustAcquire(t, l, "s")
+	b := acquireAsync(context.Background(), c, l, "s", limiter.Request{}, 1) // waits a second at the rate gate
+	d := acquireAsync(context.Background(), c, l, "s", limiter.Request{}, 0) // queues behind it
+	waitFor(func() bool { st, _ := l.State("s"); return st.InFlight == 3 && st.Queued == 2 })
+	a.Observe(limiter.Outcome{Status: 200})
+	c.Advance(time.Second)
+	rb := <-b
+	if rb.err != nil || rb.p.InFlight != 1 {
+		t.Fatalf("second request: %v, in flight %d, want 1 (the first was observed, the third waits)", rb.err, rb.p.InFlight)
+	}
+	c.WaitForTimers(1)
+	c.Advance(time.Second)
+	if rd := <-d; rd.err != nil || rd.p.InFlight != 2 {
+		t.Fatalf("third request: %v, in flight %d, want 2", rd.err, rd.p.InFlight)
+	}
+}
