@@ -325,7 +325,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 		}
 	}
 	l.recordBreaker(ctx, ar, it, v.Breaker)
-	l.learn(ctx, ar, it.SourceID, x.status, out, a.sent, hint)
+	l.learn(ctx, ar, it.SourceID, x.status, out, a.sent, hint, a.permit.InFlight)
 	return out, bodyErr, v.Wait
 }
 
@@ -436,10 +436,10 @@ func (l *Loop) recordBreaker(ctx context.Context, ar *activeRun, it *auditd.Item
 }
 
 // learn hands a response to the registry and applies what it decided: a new
-// pace for the source's gates, or a pause the server asked for.
-func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
+// pace or concurrency for the source's gates, or a pause the server asked for.
+func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint, inFlight int) {
 	d, err := l.cfg.Registry.Observe(ctx, registry.Observation{
-		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
+		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h, InFlight: inFlight,
 	})
 	if err != nil {
 		l.log.Error("registry observe", "source", sourceID, "err", err)
@@ -449,6 +449,11 @@ func (l *Loop) learn(ctx context.Context, ar *activeRun, sourceID string, status
 		limit, window := d.Pace()
 		if err := l.cfg.Limiter.SetLimit(sourceID, limit, window); err != nil {
 			l.log.Error("retune limiter", "source", sourceID, "err", err)
+		}
+	}
+	if d.ConcurrencyChanged {
+		if err := l.cfg.Limiter.SetConcurrency(sourceID, d.Concurrency); err != nil {
+			l.log.Error("set concurrency", "source", sourceID, "err", err)
 		}
 	}
 	if d.Pause > 0 {

@@ -52,6 +52,9 @@ func (l *Loop) configureGates(src auditd.Source) error {
 	if err := l.cfg.Limiter.Configure(src.ID, cfg); err != nil {
 		return fmt.Errorf("configure limiter: %w", err)
 	}
+	if err := l.cfg.Limiter.SetConcurrency(src.ID, st.Concurrency); err != nil {
+		return fmt.Errorf("configure limiter: %w", err)
+	}
 	lim, err := l.cfg.Registry.Limits(src.ID)
 	if err != nil {
 		return err
