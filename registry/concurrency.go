@@ -80,8 +80,8 @@ func (e *entry) concChange(old state) (from, to int) {
 // learnConcurrency learns source e's concurrency from obs, sent with
 // obs.InFlight requests in flight, and sets d.Concurrency (and
 // d.ConcurrencyChanged when it moved). It reports whether obs was a refusal
-// in flight: refused with more in flight than any success lately, and
-// never with one alone. Such a refusal says nothing of the pace, and the
+// in flight: refused with more in flight than any success in the last
+// minute (and there was one), and never with one alone. Such a refusal says nothing of the pace, and the
 // rate's learning leaves it out. An observation with no count in flight
 // teaches nothing here. Callers hold e.mu.
 func (r *Registry) learnConcurrency(ctx context.Context, e *entry, obs *Observation, now time.Time, d *Decision) (bool, error) {
@@ -120,8 +120,11 @@ func (r *Registry) learnConcurrency(ctx context.Context, e *entry, obs *Observat
 		}
 		return false, r.setConcurrency(ctx, e, obs, n+1, now, d)
 	case obs.refused():
-		if k < 2 || k <= c.okMax {
-			return false, nil // a rate's refusal: it came with no more in flight than a success
+		if k < 2 || k <= c.okMax || c.okMax == 0 {
+			// A rate's refusal: it came with no more in flight than a
+			// success; or no success lately says what the server takes
+			// (an outage's 503s refuse at any number in flight).
+			return false, nil
 		}
 		e.streak = 0 // the server is up, and counting
 		if k > n {

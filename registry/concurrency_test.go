@@ -385,3 +385,51 @@ func (p *concPacer) checkConcEvents() {
 		p.tb.Fatalf("the ledger's last concurrency is %d, the registry holds %d", last, st.Concurrency)
 	}
 }
+
+// TestConcurrencyRefusalNeedsRecentSuccess: refusals with more in flight
+// than a success a moment ago cut the slots; the same refusals after a
+// minute with no success (a server down for maintenance answering 503 and
+// Retry-After to everything) leave the slots alone and go to the pace.
+func TestConcurrencyRefusalNeedsRecentSuccess(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	led := &memLedger{clock: clk}
+	reg, err := registry.Open(MustOpenDB(t), registry.Options{Ledger: led, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := reg.PutSource(ctx, "test", auditd.Source{ID: "s", BaseURL: "http://s.test"}); err != nil {
+		t.Fatal(err)
+	}
+	observe := func(status, inFlight int) registry.Decision {
+		t.Helper()
+		obs := registry.Observation{SourceID: "s", Status: status, InFlight: inFlight}
+		if status == http.StatusServiceUnavailable {
+			obs.Hint = hints.Hint{HasRetryAfter: true, RetryAfter: time.Second, RetryAfterRaw: "1"}
+		}
+		d, err := reg.Observe(ctx, obs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	observe(http.StatusOK, 2)
+	clk.Advance(2 * time.Minute) // the success is old news
+	if d := observe(http.StatusServiceUnavailable, 3); d.ConcurrencyChanged || d.Concurrency != limiter.DefaultConcurrency {
+		t.Fatalf("a refusal two minutes after the last success moved the slots: %+v", d)
+	}
+	observe(http.StatusOK, 2)
+	d := observe(http.StatusServiceUnavailable, 3)
+	if !d.ConcurrencyChanged || d.Concurrency != 2 {
+		t.Fatalf("a refusal with 3 in flight just after a success with 2: %+v, want the slots cut to 2", d)
+	}
+	// The first refusal was the pace's (a throttle); the second, the
+	// slots' alone.
+	causes := map[string]int{}
+	for _, e := range led.ofType(auditd.EventRegistryChanged) {
+		causes[e.Cause]++
+	}
+	if causes[registry.CauseThrottle] != 1 || causes[registry.CauseConcurrency] != 1 {
+		t.Fatalf("changes by cause %v, want one throttle and one concurrency", causes)
+	}
+}

@@ -101,11 +101,12 @@
 // # Concurrency
 //
 // A source's requests in flight are learned too, from
-// Observation.InFlight (the count the limiter's permit took, itself
-// included): a server that refuses beyond N in flight answers every
+// Observation.InFlight (the requests admitted and not yet answered when
+// this one was, itself included; limiter.Permit.InFlight): a server that refuses beyond N in flight answers every
 // request sent with N or fewer and refuses the others, whatever the pace.
 // A refusal sent with two or more in flight, more than any success sent
-// in the last minute, is such a refusal: it cuts the slots to the lower of
+// in the last minute (and there was one: an outage's 503s refuse at any
+// number), is such a refusal: it cuts the slots to the lower of
 // one below the number refused and 0.9 times the slots (AIMD, as
 // Netflix's concurrency-limits backs off), and teaches the pace nothing;
 // one sent under more slots than there are now cuts nothing more. A
