@@ -55,6 +55,9 @@ type Learned struct {
 	Window    time.Duration
 	Cause     string // what taught it: header, 429, probe_up, operator, config
 	ChangedAt time.Time
+	// Concurrency is the requests the source may have in flight, as
+	// learned within its configured concurrency.
+	Concurrency int
 }
 
 // Breaker is a source's circuit breaker now.

@@ -33,6 +33,8 @@ type learnedJSON struct {
 	Window    auditd.Duration `json:"window"`
 	Cause     string          `json:"cause,omitempty"`
 	ChangedAt time.Time       `json:"changed_at,omitzero"`
+	// Concurrency is the requests in flight the source may have, learned.
+	Concurrency int `json:"concurrency,omitempty"`
 }
 
 type breakerJSON struct {
@@ -59,7 +61,7 @@ func newSourceJSON(st SourceState) sourceJSON {
 	}
 	return sourceJSON{
 		Source:       src,
-		Learned:      learnedJSON{Limit: st.Learned.Limit, Window: auditd.Duration(st.Learned.Window), Cause: st.Learned.Cause, ChangedAt: st.Learned.ChangedAt},
+		Learned:      learnedJSON{Limit: st.Learned.Limit, Window: auditd.Duration(st.Learned.Window), Cause: st.Learned.Cause, ChangedAt: st.Learned.ChangedAt, Concurrency: st.Learned.Concurrency},
 		BreakerState: breakerJSON{State: state, Failures: st.Breaker.Failures, Until: st.Breaker.Until},
 		PausedUntil:  st.PausedUntil,
 	}

@@ -341,7 +341,7 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 		}
 	}
 	l.recordBreaker(ctx, ar, it, v.Breaker)
-	l.learn(ctx, ar, it.SourceID, x.status, out, a.sent, hint)
+	l.learn(ctx, ar, it.SourceID, x.status, out, a.sent, hint, a.permit.InFlight)
 	return out, bodyErr, v.Wait
 }
 

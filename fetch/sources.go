@@ -66,6 +66,9 @@ func (g *gates) configureGates(src auditd.Source) error {
 	if err := g.limiter.Configure(src.ID, cfg); err != nil {
 		return fmt.Errorf("configure limiter: %w", err)
 	}
+	if err := g.limiter.SetConcurrency(src.ID, st.Concurrency); err != nil {
+		return fmt.Errorf("configure limiter: %w", err)
+	}
 	lim, err := g.registry.Limits(src.ID)
 	if err != nil {
 		return err
@@ -100,10 +103,10 @@ func Pace(reg *registry.Registry) func(sourceID string) (limit int, window time.
 }
 
 // learn hands a response to the registry and applies what it decided: a new
-// pace for the source's gates, or a pause the server asked for.
-func (g *gates) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint) {
+// pace or concurrency for the source's gates, or a pause the server asked for.
+func (g *gates) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint, inFlight int) {
 	d, err := g.registry.Observe(ctx, registry.Observation{
-		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h,
+		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h, InFlight: inFlight,
 	})
 	if err != nil {
 		g.log.Error("registry observe", "source", sourceID, "err", err)
@@ -113,6 +116,11 @@ func (g *gates) learn(ctx context.Context, ar *activeRun, sourceID string, statu
 		limit, window := d.Pace()
 		if err := g.limiter.SetLimit(sourceID, limit, window); err != nil {
 			g.log.Error("retune limiter", "source", sourceID, "err", err)
+		}
+	}
+	if d.ConcurrencyChanged {
+		if err := g.limiter.SetConcurrency(sourceID, d.Concurrency); err != nil {
+			g.log.Error("set concurrency", "source", sourceID, "err", err)
 		}
 	}
 	if d.Pause > 0 {

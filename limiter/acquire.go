@@ -64,6 +64,13 @@ type Permit struct {
 	// Breaker holds the transition this Acquire caused (open→half_open),
 	// if any. Record it even when Acquire returned an error.
 	Breaker []Transition
+	// InFlight is how many of the source's requests were admitted and not
+	// yet observed or released when this one was admitted, itself
+	// included: those the server may have in flight with it, and what the
+	// registry's concurrency learning reads a refusal against
+	// (registry.Observation.InFlight). Requests that hold a slot while they
+	// wait at the pause or rate gates are not among them.
+	InFlight int
 
 	l       *Limiter
 	src     *source
@@ -224,6 +231,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 				b.commit(bnow, int64(req.Cost))
 				b.dequeue(ticket)
 				b.mu.Unlock()
+				s.admit(p)
 				s.mu.Unlock()
 				p.budget, p.admit, p.at = b, bnow, bnow
 				p.Admitted = now
@@ -279,7 +287,7 @@ func (s *source) slotFor(p *Permit) bool {
 		p.waiting = true
 	}
 	ahead, _ := slices.BinarySearch(s.waiting, p.arrival)
-	if s.inFlight+ahead >= s.cfg.Concurrency {
+	if s.inFlight+ahead >= s.slots() {
 		return false
 	}
 	s.unqueue(p)
@@ -374,6 +382,7 @@ func (p *Permit) releaseLocked() {
 	s := p.src
 	if p.slot {
 		s.inFlight--
+		s.drop(p)
 		p.slot = false
 		s.broadcast()
 	}

@@ -208,6 +208,8 @@ type source struct {
 	breaker breaker
 
 	inFlight int
+	learned  int           // slots set by SetConcurrency; 0: cfg.Concurrency
+	admitted int           // requests past every gate, holding their slot (Permit.InFlight)
 	waiting  []uint64      // arrival stamps of requests waiting for a slot, oldest first
 	changed  chan struct{} // closed when a slot frees, a waiter leaves or the breaker moves
 }

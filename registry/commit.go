@@ -23,6 +23,9 @@ const (
 	// CauseWindowSpent: a window that refused whatever the pace until it
 	// reset, its quota spread evenly over its length.
 	CauseWindowSpent = "window_spent"
+	// CauseConcurrency: the slots (requests in flight) moved, cut by a
+	// refusal that came only with more in flight, or grown at full use.
+	CauseConcurrency = "concurrency"
 	CauseOperator    = "operator"
 )
 
@@ -71,6 +74,10 @@ type changeDetail struct {
 	Window string `json:"window_from,omitempty"`
 	// Remaining is set when a Remaining of 0 ended slow start.
 	Remaining *int `json:"remaining,omitempty"`
+	// OldConcurrency and Concurrency are the slots before and after a
+	// concurrency change.
+	OldConcurrency int `json:"old_concurrency,omitempty"`
+	Concurrency    int `json:"concurrency,omitempty"`
 }
 
 // commit appends the registry.changed event for e's move from old, then
@@ -90,6 +97,9 @@ func (r *Registry) commit(ctx context.Context, e *entry, old state, c change) er
 	det := changeDetail{Scope: ScopeSource, Phase: e.st.Phase, Status: c.status, Window: c.window}
 	if c.remaining {
 		det.Remaining = new(int)
+	}
+	if c.cause == CauseConcurrency {
+		det.OldConcurrency, det.Concurrency = e.concChange(old)
 	}
 	if c.cause == CauseThrottle {
 		det.Refused = math.Round(e.st.Refused*1e4) / 1e4

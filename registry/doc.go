@@ -98,6 +98,31 @@
 //     (cause header): the pauses Remaining 0 asks for hold the source
 //     there anyway, and the pace shown is the pace sent.
 //
+// # Concurrency
+//
+// A source's requests in flight are learned too, from
+// Observation.InFlight (the requests admitted and not yet answered when
+// this one was, itself included; limiter.Permit.InFlight): a server that refuses beyond N in flight answers every
+// request sent with N or fewer and refuses the others, whatever the pace.
+// A refusal sent with two or more in flight, more than any success sent
+// in the last minute (and there was one: an outage's 503s refuse at any
+// number), is such a refusal: it cuts the slots to the lower of
+// one below the number refused and 0.9 times the slots (AIMD, as
+// Netflix's concurrency-limits backs off), and teaches the pace nothing;
+// one sent under more slots than there are now cuts nothing more. A
+// refusal with no more in flight than a success is the pace's. A round of
+// successes with every slot in use (as many as there are slots) adds one
+// slot, up to the number refused; that one is probed after 30 seconds
+// (doubling with each refused probe, up to 8 minutes), and a success with
+// that many in flight forgets the refusal. A source starts with the
+// concurrency the operator configured, which is a ceiling never exceeded,
+// else with the limiter's default, a start that grows up to
+// MaxConcurrency. Each move is a registry.changed of cause concurrency
+// (Detail old_concurrency and concurrency; the limit and window stay);
+// Decision.ConcurrencyChanged asks the caller to set the limiter's slots
+// (limiter.SetConcurrency), State.Concurrency shows them, and a
+// registry.snapshot names them when learning moved them from the start.
+//
 // Learned paces are expressed over short windows (about 20 requests each,
 // the advertised window when the server gave one), and the limiter counts a
 // slower pace's window from the cut: so a cut never stalls a source for a

@@ -73,6 +73,8 @@ type entry struct {
 	undoHold   int       // and the probe hold then
 	down       bool      // failures in a row showed an outage; until a success
 
+	conc concLearner // requests in flight (concurrency.go)
+
 	// Groups only: each member's own limit, and their sum per group window.
 	members      map[string]rate
 	membersLimit int
@@ -101,6 +103,8 @@ type state struct {
 	// Bad is the limit last refused, as states stored before Refused kept
 	// it. It is read, never written.
 	Bad int `json:"throttled_at,omitempty"`
+	// Concurrency is the requests in flight learned; 0 when none was.
+	Concurrency int `json:"concurrency,omitempty"`
 }
 
 // capped reports whether st's advertised quota caps the pace: its window

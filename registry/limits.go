@@ -112,6 +112,7 @@ type State struct {
 	ThrottledAt      int       // the rate last refused, per Window; zero when none
 	Phase            string    // PhaseStart or PhaseSteady
 	WindowFrom       string    // how the advertised window was learned (WindowAdvertised...); empty when none
+	Concurrency      int       // requests it may have in flight: learned within the configured, else the start
 
 	Group              string // gateway group; the Group fields are zero without one
 	GroupLimit         int
@@ -157,6 +158,7 @@ func (e *entry) state() State {
 		ThrottledAt:      e.st.refusedLimit(),
 		Phase:            e.st.Phase,
 		WindowFrom:       e.st.WindowFrom,
+		Concurrency:      e.concurrency(),
 		Group:            e.src.Group,
 	}
 	if g := e.grp; g != nil {

@@ -33,6 +33,11 @@ type Observation struct {
 
 	// Hint is what the response's headers said.
 	Hint hints.Hint
+
+	// InFlight is how many of the source's requests were in flight when
+	// this one left, itself included (limiter.Permit.InFlight); 0 when
+	// unknown, which teaches the source's concurrency nothing.
+	InFlight int
 }
 
 // quotaSpent reports whether h says nothing is left of the quota until a
@@ -83,6 +88,12 @@ type Decision struct {
 	// it like a Retry-After and pauses the source, or its group, for it.
 	// Zero when there is nothing to wait for.
 	Pause time.Duration
+
+	// Concurrency is the requests the source may have in flight;
+	// ConcurrencyChanged reports that it moved: call the limiter's
+	// SetConcurrency(source, d.Concurrency).
+	Concurrency        int
+	ConcurrencyChanged bool
 }
 
 // Refusal reports whether the registry takes obs, a response not yet
@@ -149,7 +160,10 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 	}
 
 	var d Decision
-	err := r.learn(ctx, e, g, &obs, now, &d)
+	inFlight, err := r.learnConcurrency(ctx, e, &obs, now, &d)
+	if err == nil && !inFlight {
+		err = r.learn(ctx, e, g, &obs, now, &d)
+	}
 
 	h := &obs.Hint
 	// A refusal with nothing left and no Retry-After: the Reset is when

@@ -45,6 +45,9 @@ type snapshotDetail struct {
 	// of its pace (the limiter's token bucket); reconciliation's R9 allows
 	// it on top of the limit in force.
 	Burst int `json:"burst"`
+	// Concurrency is the requests it may have in flight, when learning
+	// moved it from where it starts (its configured, else the default).
+	Concurrency int `json:"concurrency,omitempty"`
 }
 
 func (r *Registry) snapshot(ctx context.Context, runID, cause string, sourceIDs []string) error {
@@ -75,6 +78,7 @@ func (r *Registry) snapshot(ctx context.Context, runID, cause string, sourceIDs 
 			MembersLimit:     s.MembersLimit,
 			Tier:             s.Source.Tier,
 			Burst:            effectiveBurst(s),
+			Concurrency:      movedConcurrency(s),
 		})
 		if err != nil {
 			return fmt.Errorf("encode snapshot of %q: %w", id, err)

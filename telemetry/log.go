@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/registry"
 )
 
 // logEvent writes e's lifecycle line, if it has one.
@@ -60,6 +61,15 @@ func (t *Telemetry) logEvent(e *auditd.Event) {
 		}
 		if e.Principal != "" {
 			args = append(args, "by", e.Principal)
+		}
+		if e.Cause == registry.CauseConcurrency {
+			// The slots moved, not the pace: the line says how many.
+			var d struct {
+				Old int `json:"old_concurrency"`
+				New int `json:"concurrency"`
+			}
+			json.Unmarshal([]byte(e.Detail), &d) // best effort, as above
+			args = append(args, "from_in_flight", d.Old, "to_in_flight", d.New)
 		}
 		log.Info("learned limit changed", args...)
 	case auditd.EventShed:

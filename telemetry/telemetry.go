@@ -243,6 +243,8 @@ var (
 		"The pace a source's learned limit allows, in requests per second.", []string{"source"}, nil)
 	descWindow = prometheus.NewDesc("auditd_learned_window_seconds",
 		"The window a source's learned limit is expressed in.", []string{"source"}, nil)
+	descConcurrency = prometheus.NewDesc("auditd_learned_concurrency",
+		"The requests a source may have in flight, as learned within its configured concurrency.", []string{"source"}, nil)
 	descCeiling = prometheus.NewDesc("auditd_ceiling_per_second",
 		"A source's configured ceiling, in requests per second.", []string{"source"}, nil)
 	descGroupLimit = prometheus.NewDesc("auditd_group_learned_limit_per_second",
@@ -258,7 +260,7 @@ var (
 )
 
 func (g gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBreaker, descLimit, descWindow, descCeiling, descGroupLimit, descPause, descInFlight, descQueued, descStalled} {
+	for _, d := range []*prometheus.Desc{descBreaker, descLimit, descWindow, descConcurrency, descCeiling, descGroupLimit, descPause, descInFlight, descQueued, descStalled} {
 		ch <- d
 	}
 }
@@ -286,6 +288,7 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descLimit, perSecond(s.Limit, s.Window))
 		gauge(descWindow, s.Window.Seconds())
+		gauge(descConcurrency, float64(s.Concurrency))
 		gauge(descCeiling, perSecond(s.CeilingLimit, s.CeilingWindow))
 		if s.Group != "" {
 			groups[s.Group] = perSecond(s.GroupLimit, s.GroupWindow)

@@ -157,6 +157,20 @@ func TestLearnedLineNamesItsScope(t *testing.T) {
 	}
 }
 
+// A concurrency change leaves the pace alone: its line says the requests
+// in flight it moved between.
+func TestLearnedLineNamesConcurrency(t *testing.T) {
+	var logs syncBuffer
+	tel := telemetry.New()
+	tel.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	tel.Committed([]*auditd.Event{{Type: auditd.EventRegistryChanged, SourceID: "north",
+		OldLimit: 60, OldWindow: time.Minute, NewLimit: 60, NewWindow: time.Minute, Cause: registry.CauseConcurrency,
+		Detail: `{"scope":"source","status":503,"old_concurrency":4,"concurrency":2}`}}, time.Millisecond)
+	if want := `source=north cause=concurrency from_per_second=1 to_per_second=1 from_in_flight=4 to_in_flight=2`; !strings.Contains(logs.String(), want) {
+		t.Errorf("log lacks %q:\n%s", want, logs.String())
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for the logger's goroutines.
 type syncBuffer struct {
 	mu  sync.Mutex

@@ -1119,7 +1119,10 @@ type SourceState struct {
 		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers; docs/EVENTS.md).
 		Cause     *string    `json:"cause,omitempty"`
 		ChangedAt *time.Time `json:"changed_at,omitempty"`
-		Limit     int        `json:"limit"`
+
+		// Concurrency Requests the source may have in flight: learned from refusals that come only with more in flight, within the configured concurrency (registry.changed, cause concurrency).
+		Concurrency *int `json:"concurrency,omitempty"`
+		Limit       int  `json:"limit"`
 
 		// Window A Go duration ("1m30s", "250ms", "0s").
 		Window Duration `json:"window"`

@@ -47,7 +47,7 @@ func (a sourcesAPI) Source(_ context.Context, id string) (api.SourceState, error
 	}
 	out := api.SourceState{
 		Config:  cfg,
-		Learned: api.Learned{Limit: st.Limit, Window: st.Window, Cause: st.Cause, ChangedAt: st.TaughtAt},
+		Learned: api.Learned{Limit: st.Limit, Window: st.Window, Cause: st.Cause, ChangedAt: st.TaughtAt, Concurrency: st.Concurrency},
 		Breaker: api.Breaker{State: string(limiter.BreakerClosed)},
 	}
 	if st.Group != "" && st.GroupLimit > 0 {

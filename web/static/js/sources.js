@@ -93,7 +93,16 @@ function sourceRow(x, unit) {
       !zero(learned.changed_at) ? h('div', { class: 'small muted' }, timeEl(learned.changed_at)) : null),
     h('td', null, breakerCell(br)),
     h('td', null, pausedCell(paused)),
-    h('td', { class: 'small' }, cfg.concurrency ? `${fmtNum(cfg.concurrency)} at once` : 'default'));
+    h('td', { class: 'small' }, concurrencyText(learned, cfg)));
+}
+
+// concurrencyText is the requests in flight in force: learned within the
+// configured concurrency when the server said, else the configured.
+function concurrencyText(learned, cfg) {
+  if (learned.concurrency) {
+    return `${fmtNum(learned.concurrency)} at once` + (cfg.concurrency ? ` (of ${fmtNum(cfg.concurrency)} configured)` : ' (learned)');
+  }
+  return cfg.concurrency ? `${fmtNum(cfg.concurrency)} at once` : 'default';
 }
 
 // The ranges a source's timeline can show: the latest run that used it (the
@@ -123,6 +132,7 @@ export async function sourcePage(main, { hash, params: [id], signal }) {
           learnedVsCeiling(learned, cfg).below ? h('span', { class: 'muted learned-below' }, ' (below the ceiling)') : null]],
         ['What taught it', learned.cause || ''],
         ['Learned at', zero(learned.changed_at) ? '' : timeEl(learned.changed_at)],
+        ['Requests in flight', concurrencyText(learned, cfg)],
         ['Breaker', breakerCell(br)],
         ['Pause', pausedCell(paused)],
       ])),

@@ -1,0 +1,77 @@
+package fetch_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/registry"
+)
+
+// TestLoopLearnsConcurrency: a source configured for 4 requests at once
+// against a server that refuses beyond 2 in flight (503 and Retry-After,
+// each admitted request taking 300 ms of the fake clock). The loop hands
+// each response's count in flight to the registry, which cuts the source
+// to 2 (registry.changed, cause concurrency), and sets the limiter's slots
+// to that; the run ends with every item fetched.
+func TestLoopLearnsConcurrency(t *testing.T) {
+	h := newHarness(t, "name: none\nseed: 1\nupstreams:\n  - name: unused\n")
+	var mu sync.Mutex
+	inFlight := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if inFlight >= 2 {
+			mu.Unlock()
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		inFlight++
+		mu.Unlock()
+		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+		clock.Sleep(r.Context(), h.clk, 300*time.Millisecond)
+		w.Write([]byte("{}"))
+	}))
+	t.Cleanup(srv.Close)
+	h.urls["conc"] = srv.URL
+	h.source(t, auditd.Source{ID: "conc", Limit: 20, Window: auditd.Duration(time.Second), Concurrency: 4}, "conc")
+
+	var items []auditd.Item
+	for i := range 60 {
+		k := string(rune('a'+i/26)) + string(rune('a'+i%26))
+		items = append(items, auditd.Item{Key: k, SourceID: "conc", Path: "/x?k=" + k})
+	}
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "in flight", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := h.finish(t, v.ID)
+	if end.Counts.Succeeded != len(items) {
+		t.Fatalf("run ended %s with %+v, want every item fetched", end.Status, end.Counts)
+	}
+	st, err := h.reg.State("conc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := h.lim.Concurrency("conc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Concurrency != 2 || slots != 2 {
+		t.Fatalf("registry concurrency %d, limiter slots %d; want both cut to the server's 2", st.Concurrency, slots)
+	}
+	changes := 0
+	for _, e := range h.events(t, v.ID) {
+		if e.Type == auditd.EventRegistryChanged && e.Cause == registry.CauseConcurrency {
+			changes++
+		}
+	}
+	if changes == 0 {
+		t.Fatal("no registry.changed of cause concurrency in the run")
+	}
+}
