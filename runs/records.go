@@ -31,7 +31,7 @@ var (
 )
 
 const (
-	chunkLen     = 256 // records in a chunk
+	chunkLen = 256 // records in a chunk
 	// chunkVersion is the first byte of every chunk written. A chunk of
 	// version 1 was written before items kept their cost: its items cost 1.
 	chunkVersion = 2
