@@ -10,6 +10,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 )
 
@@ -73,5 +74,59 @@ func TestLoopLearnsConcurrency(t *testing.T) {
 	}
 	if changes == 0 {
 		t.Fatal("no registry.changed of cause concurrency in the run")
+	}
+}
+
+// TestLoopGrowsConcurrency: a source with no concurrency set starts at the
+// limiter's default and is not capped there. Against a server that takes
+// up to 8 requests at once (300 ms of the fake clock each) under a pace 4
+// slots cannot meet, the run has workers enough for the slots learning
+// adds, and ends with more slots than it started with, none past what the
+// server takes.
+func TestLoopGrowsConcurrency(t *testing.T) {
+	h := newHarness(t, "name: none\nseed: 1\nupstreams:\n  - name: unused\n")
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if inFlight >= 8 {
+			mu.Unlock()
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		inFlight++
+		most = max(most, inFlight)
+		mu.Unlock()
+		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+		clock.Sleep(r.Context(), h.clk, 300*time.Millisecond)
+		w.Write([]byte("{}"))
+	}))
+	t.Cleanup(srv.Close)
+	h.urls["wide"] = srv.URL
+	h.source(t, auditd.Source{ID: "wide", Limit: 100, Window: auditd.Duration(time.Second)}, "wide")
+
+	var items []auditd.Item
+	for i := range 240 {
+		k := string(rune('a'+i/26)) + string(rune('a'+i%26))
+		items = append(items, auditd.Item{Key: k, SourceID: "wide", Path: "/x?k=" + k})
+	}
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wide", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := h.finish(t, v.ID)
+	if end.Counts.Succeeded != len(items) {
+		t.Fatalf("run ended %s with %+v, want every item fetched", end.Status, end.Counts)
+	}
+	slots, err := h.lim.Concurrency("wide")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if slots <= limiter.DefaultConcurrency || slots > 8 || most <= limiter.DefaultConcurrency {
+		t.Fatalf("slots %d at the end, at most %d in flight at the server; want past the default %d and at most the server's 8",
+			slots, most, limiter.DefaultConcurrency)
 	}
 }

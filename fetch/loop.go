@@ -21,7 +21,6 @@ import (
 // Defaults for Config fields left zero.
 const (
 	DefaultMaxAttempts  = 5                // dispatches (and breaker deferrals) per request
-	DefaultConcurrency  = 2                // workers per source and run
 	DefaultMaxBodyBytes = 32 << 20         // a response body past this is a failure, not a payload
 	DefaultDrainTimeout = 10 * time.Second // graceful shutdown waits this long for in-flight requests
 	// MaxItemsPerSubmit bounds one submit's items (a page of an open run,
@@ -87,7 +86,7 @@ type Config struct {
 	Logger   *slog.Logger // default slog.Default()
 
 	MaxAttempts  int           // default DefaultMaxAttempts
-	Concurrency  int           // default DefaultConcurrency; a source's own setting wins
+	Concurrency  int           // workers per source and run; default registry.MaxConcurrency; a source's own setting wins
 	MaxBodyBytes int64         // default DefaultMaxBodyBytes
 	DrainTimeout time.Duration // default DefaultDrainTimeout
 	CodeVersion  string        // recorded with every run
@@ -135,7 +134,10 @@ func New(cfg Config) (*Loop, error) {
 		cfg.MaxAttempts = DefaultMaxAttempts
 	}
 	if cfg.Concurrency == 0 {
-		cfg.Concurrency = DefaultConcurrency
+		// Enough workers for any concurrency a source can learn: the
+		// limiter's concurrency gate, which starts at its default and
+		// moves as the registry learns, holds the rest back.
+		cfg.Concurrency = registry.MaxConcurrency
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
