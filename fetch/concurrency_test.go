@@ -22,23 +22,7 @@ import (
 // to that; the run ends with every item fetched.
 func TestLoopLearnsConcurrency(t *testing.T) {
 	h := newHarness(t, "name: none\nseed: 1\nupstreams:\n  - name: unused\n")
-	var mu sync.Mutex
-	inFlight := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		if inFlight >= 2 {
-			mu.Unlock()
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		inFlight++
-		mu.Unlock()
-		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
-		clock.Sleep(r.Context(), h.clk, 300*time.Millisecond)
-		w.Write([]byte("{}"))
-	}))
-	t.Cleanup(srv.Close)
+	srv := newInFlightServer(t, h.clk, 2)
 	h.urls["conc"] = srv.URL
 	h.source(t, auditd.Source{ID: "conc", Limit: 20, Window: auditd.Duration(time.Second), Concurrency: 4}, "conc")
 
@@ -85,24 +69,7 @@ func TestLoopLearnsConcurrency(t *testing.T) {
 // server takes.
 func TestLoopGrowsConcurrency(t *testing.T) {
 	h := newHarness(t, "name: none\nseed: 1\nupstreams:\n  - name: unused\n")
-	var mu sync.Mutex
-	inFlight, most := 0, 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		if inFlight >= 8 {
-			mu.Unlock()
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		inFlight++
-		most = max(most, inFlight)
-		mu.Unlock()
-		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
-		clock.Sleep(r.Context(), h.clk, 300*time.Millisecond)
-		w.Write([]byte("{}"))
-	}))
-	t.Cleanup(srv.Close)
+	srv := newInFlightServer(t, h.clk, 8)
 	h.urls["wide"] = srv.URL
 	h.source(t, auditd.Source{ID: "wide", Limit: 100, Window: auditd.Duration(time.Second)}, "wide")
 
@@ -123,10 +90,45 @@ func TestLoopGrowsConcurrency(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	most := srv.most()
 	if slots <= limiter.DefaultConcurrency || slots > 8 || most <= limiter.DefaultConcurrency {
 		t.Fatalf("slots %d at the end, at most %d in flight at the server; want past the default %d and at most the server's 8",
 			slots, most, limiter.DefaultConcurrency)
 	}
+}
+
+// inFlightServer takes up to limit requests at once, each 300 ms of the
+// fake clock, and refuses any beyond with 503 and Retry-After.
+type inFlightServer struct {
+	*httptest.Server
+	mu                 sync.Mutex
+	inFlight, mostSeen int
+}
+
+func newInFlightServer(t *testing.T, clk *clock.Fake, limit int) *inFlightServer {
+	s := &inFlightServer{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		if s.inFlight >= limit {
+			s.mu.Unlock()
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		s.inFlight++
+		s.mostSeen = max(s.mostSeen, s.inFlight)
+		s.mu.Unlock()
+		defer func() { s.mu.Lock(); s.inFlight--; s.mu.Unlock() }()
+		clock.Sleep(r.Context(), clk, 300*time.Millisecond)
+		w.Write([]byte("{}"))
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// most is the most requests the server held at once.
+func (s *inFlightServer) most() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mostSeen
 }
