@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -111,6 +112,12 @@ type Loop struct {
 	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
 	closed    bool
 
+	// ended counts the items ended, for compactEvery; compacting is true
+	// while a compaction of staging runs, and compactions waits for it.
+	ended       atomic.Int64
+	compacting  atomic.Bool
+	compactions sync.WaitGroup
+
 	// eventBufs hold a request's records (*[2]auditd.Event) until the
 	// ledger has told their outcome: a dispatch, a response and an item's
 	// end are allocations of nearly 600 bytes each otherwise
@@ -209,7 +216,7 @@ func (l *Loop) Close(ctx context.Context) error {
 	l.mu.Unlock()
 	l.cancel()
 	done := make(chan struct{})
-	go func() { l.wg.Wait(); close(done) }()
+	go func() { l.wg.Wait(); l.compactions.Wait(); close(done) }()
 	t := l.cfg.Clock.NewTimer(l.cfg.DrainTimeout)
 	defer t.Stop()
 	select {
@@ -443,7 +450,33 @@ func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Pu
 		if len(puts) > 0 {
 			l.cfg.Staging.Stored(puts) // a new last good copy is usable from now on
 		}
+		if res != nil && l.ended.Add(1)%compactEvery == 0 {
+			l.compactStaging()
+		}
 	})
+}
+
+// compactEvery is how many items end between two compactions of
+// staging during runs (compactStaging).
+const compactEvery = 10_000
+
+// compactStaging moves, in the background, the payloads and last good
+// copies staging keeps since its last compaction to their indexes
+// (staging.Store.Compact), unless a compaction is running. Staging keeps
+// them, in its spool and in memory, until then: at every run's end alone
+// that would be a share of every item of a long run.
+func (l *Loop) compactStaging() {
+	if !l.compacting.CompareAndSwap(false, true) {
+		return
+	}
+	l.compactions.Add(1)
+	go func() {
+		defer l.compactions.Done()
+		defer l.compacting.Store(false)
+		if _, err := l.cfg.Staging.Compact(); err != nil {
+			l.log.Error("compact staged payloads", "err", err)
+		}
+	}()
 }
 
 // queuedPuts are what store the proxied requests' items whose item.queued
