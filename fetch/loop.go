@@ -33,6 +33,9 @@ const (
 	// or a whole run submitted at once); a run holds up to
 	// runs.MaxItemsInRun, in pages.
 	MaxItemsPerSubmit = 100_000
+	// DefaultCompactEvery is how many items end between two compactions
+	// of staging during runs (compactStaging).
+	DefaultCompactEvery = 10_000
 )
 
 // Ledger is what the loop needs of the ledger (*ledger.Ledger).
@@ -96,6 +99,7 @@ type Config struct {
 	MaxBodyBytes int64         // default DefaultMaxBodyBytes
 	DrainTimeout time.Duration // default DefaultDrainTimeout
 	CodeVersion  string        // recorded with every run
+	CompactEvery int           // default DefaultCompactEvery
 }
 
 // Loop runs runs. Create with New, then Start; Close drains it.
@@ -112,7 +116,7 @@ type Loop struct {
 	sendLocks map[string]*sync.Mutex // per source: orders dispatch and breaker events
 	closed    bool
 
-	// ended counts the items ended, for compactEvery; compacting is true
+	// ended counts the items ended, for CompactEvery; compacting is true
 	// while a compaction of staging runs, and compactions waits for it.
 	ended       atomic.Int64
 	compacting  atomic.Bool
@@ -171,6 +175,9 @@ func New(cfg Config) (*Loop, error) {
 	}
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if cfg.CompactEvery == 0 {
+		cfg.CompactEvery = DefaultCompactEvery
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}, sendLocks: map[string]*sync.Mutex{}}, nil
@@ -450,15 +457,11 @@ func (l *Loop) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []auditd.Pu
 		if len(puts) > 0 {
 			l.cfg.Staging.Stored(puts) // a new last good copy is usable from now on
 		}
-		if res != nil && l.ended.Add(1)%compactEvery == 0 {
+		if res != nil && l.ended.Add(1)%int64(l.cfg.CompactEvery) == 0 {
 			l.compactStaging()
 		}
 	})
 }
-
-// compactEvery is how many items end between two compactions of
-// staging during runs (compactStaging).
-const compactEvery = 10_000
 
 // compactStaging moves, in the background, the payloads and last good
 // copies staging keeps since its last compaction to their indexes

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	bolt "go.etcd.io/bbolt"
 )
 
 // fastUpstream answers every request at once with a small JSON body.
@@ -203,5 +204,40 @@ func TestOpenBatchRunInPages(t *testing.T) {
 	}
 	if rep := e.reconcile(id); !rep.Balanced {
 		t.Fatal("the paged run does not reconcile as one")
+	}
+}
+
+// TestStagingCompactedDuringARun: staging keeps the last good copies a run
+// records (in memory, and in its recent bucket) until a compaction; a long
+// run's compactions come every CompactEvery items ended, not only at its
+// end, so that what staging holds does not grow with the run.
+func TestStagingCompactedDuringARun(t *testing.T) {
+	up := fastUpstream(t)
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true, startLimit: 1_000_000, compactEvery: 10})
+	e.source(auditd.Source{ID: "fast", BaseURL: up.URL, Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 8})
+	id := e.proxyRun(`,"idle_timeout":"1h"`)
+	for i := range 40 {
+		if r := e.send("GET", id, fmt.Sprintf("/proxy/fast/q?n=%d", i), nil, nil); r.status != 200 {
+			t.Fatalf("request %d: %d", i, r.status)
+		}
+	}
+	// The run is still open: only a compaction during it empties the
+	// recent bucket of the copies its first 40 items recorded.
+	recent := func() (n int) {
+		e.db.View(func(tx *bolt.Tx) error {
+			n = tx.Bucket([]byte("staging.recent")).Stats().KeyN
+			return nil
+		})
+		return n
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for recent() >= 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the recent bucket holds %d copies of a run still open after 40 items ended; compacted every 10, it would hold fewer than 10", recent())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if v := e.finish(id); v.Status != auditd.RunSucceeded || v.Counts.Succeeded != 40 {
+		t.Fatalf("run %s: %+v", v.Status, v.Counts)
 	}
 }
