@@ -15,7 +15,8 @@
 // are, the run's wall time, the time to list every item by cursor (pages
 // of 1,000), the time of `auditd reconcile --data` of the run once the
 // service has stopped (the second of two, warm), and the bbolt file's size,
-// its bytes per item, and the share of its pages that are free.
+// its bytes per item, and the share of its pages that are free; then it
+// compacts the file (auditd compact) and prints its size after.
 //
 // Usage: go run ./scripts/bench-scale [-n 1000000] [-mode batch,proxy]
 package main
@@ -357,13 +358,16 @@ func (b *bench) report(mode, id string) {
 	b.cmd.Wait()
 
 	var reconcile time.Duration
+	var reconcileRSS int64
 	for range 2 {
 		start := time.Now()
-		out, err := exec.Command(b.bin, "reconcile", "--data", filepath.Join(b.dir, "data"), "--run", id).CombinedOutput()
+		cmd := exec.Command(b.bin, "reconcile", "--data", filepath.Join(b.dir, "data"), "--run", id)
+		out, err := cmd.CombinedOutput()
 		reconcile = time.Since(start)
 		if err != nil {
 			log.Fatalf("auditd reconcile: %v\n%s", err, out)
 		}
+		reconcileRSS = cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss
 	}
 
 	path := filepath.Join(b.dir, "data", "auditd.db")
@@ -380,13 +384,23 @@ func (b *bench) report(mode, id string) {
 	db.Close()
 	free := float64(st.FreePageN+st.PendingPageN) / float64(pages)
 
+	out, err := exec.Command(b.bin, "compact", "--data", filepath.Join(b.dir, "data")).CombinedOutput()
+	if err != nil {
+		log.Fatalf("auditd compact: %v\n%s", err, out)
+	}
+	compacted, err := os.Stat(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+
 	var w bytes.Buffer
 	fmt.Fprintf(&w, "%s run of %d items: %v (%.0f items/s)\n", mode, b.n, b.ended.Sub(b.started).Round(time.Second), float64(b.n)/b.ended.Sub(b.started).Seconds())
 	fmt.Fprintf(&w, "  anonymous memory: %.1f MB at %d items done, %.1f MB at %d (%+.1f%%)\n",
 		float64(b.rssQuarter)/1024, b.n/4, float64(b.rssAll)/1024, b.n, 100*float64(b.rssAll-b.rssQuarter)/float64(b.rssQuarter))
 	fmt.Fprintf(&w, "  items listed by cursor: %d in %v\n", listed, list.Round(time.Millisecond))
-	fmt.Fprintf(&w, "  auditd reconcile --data (warm): %v\n", reconcile.Round(time.Millisecond))
+	fmt.Fprintf(&w, "  auditd reconcile --data (warm): %v, peak RSS %.0f MB\n", reconcile.Round(time.Millisecond), float64(reconcileRSS)/1024)
 	fmt.Fprintf(&w, "  bbolt file: %.1f MB, %.0f bytes per item, %.1f%% of its pages free\n",
 		float64(fi.Size())/(1<<20), float64(fi.Size())/float64(b.n), 100*free)
+	fmt.Fprintf(&w, "  after auditd compact: %.1f MB, %.0f bytes per item\n", float64(compacted.Size())/(1<<20), float64(compacted.Size())/float64(b.n))
 	fmt.Print(w.String())
 }
