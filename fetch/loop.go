@@ -27,6 +27,9 @@ const (
 	// or a whole run submitted at once); a run holds up to
 	// runs.MaxItemsInRun, in pages.
 	MaxItemsPerSubmit = 100_000
+	// DefaultCompactEvery is how many items end between two compactions
+	// of staging during runs (compactStaging).
+	DefaultCompactEvery = 10_000
 )
 
 // Ledger is what the loop needs of the ledger (*ledger.Ledger).
@@ -90,6 +93,7 @@ type Config struct {
 	MaxBodyBytes int64         // default DefaultMaxBodyBytes
 	DrainTimeout time.Duration // default DefaultDrainTimeout
 	CodeVersion  string        // recorded with every run
+	CompactEvery int           // default DefaultCompactEvery
 }
 
 // Loop runs runs. Create with New, then Start; Close drains it.
@@ -145,10 +149,13 @@ func New(cfg Config) (*Loop, error) {
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
+	if cfg.CompactEvery == 0 {
+		cfg.CompactEvery = DefaultCompactEvery
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}}
 	l.recorder = recorder{ledger: cfg.Ledger, staging: cfg.Staging, limiter: cfg.Limiter, registry: cfg.Registry, clock: cfg.Clock, log: cfg.Logger,
-		sendLocks: map[string]*sync.Mutex{}}
+		sendLocks: map[string]*sync.Mutex{}, compactEvery: int64(cfg.CompactEvery)}
 	l.gates = gates{registry: cfg.Registry, limiter: cfg.Limiter, ledger: cfg.Ledger, clock: cfg.Clock, log: cfg.Logger}
 	l.copies = copies{staging: cfg.Staging, ledger: cfg.Ledger, clock: cfg.Clock}
 	return l, nil
@@ -194,7 +201,7 @@ func (l *Loop) Close(ctx context.Context) error {
 	l.mu.Unlock()
 	l.cancel()
 	done := make(chan struct{})
-	go func() { l.wg.Wait(); close(done) }()
+	go func() { l.wg.Wait(); l.compactions.Wait(); close(done) }()
 	t := l.cfg.Clock.NewTimer(l.cfg.DrainTimeout)
 	defer t.Stop()
 	select {

@@ -50,10 +50,11 @@ type proxyEnv struct {
 
 // proxyEnvOptions adjust a proxyEnv.
 type proxyEnvOptions struct {
-	maxAttempts int
-	noSync      bool // fsync off: for tests of behaviour, not of durability
-	startLimit  int  // the registry's start limit per second; default 1000
-	client      *http.Client
+	maxAttempts  int
+	noSync       bool // fsync off: for tests of behaviour, not of durability
+	startLimit   int  // the registry's start limit per second; default 1000
+	compactEvery int  // the loop's CompactEvery; default its default
+	client       *http.Client
 	// full, when set, is a disk that refuses the ledger's writes while it
 	// holds true (ledger.Options.WriteFault).
 	full *atomic.Bool
@@ -102,7 +103,8 @@ func newProxyEnvWith(tb testing.TB, o proxyEnvOptions, maxBody int64) *proxyEnv 
 	log := slog.New(slog.NewTextHandler(e.logs, nil))
 	e.lim = limiter.New(clk)
 	if e.loop, err = fetch.New(fetch.Config{Ledger: e.ledger, Runs: e.store, Registry: e.reg, Limiter: e.lim,
-		Staging: e.stage, Clock: clk, Logger: log, MaxAttempts: o.maxAttempts, Client: o.client, MaxBodyBytes: maxBody}); err != nil {
+		Staging: e.stage, Clock: clk, Logger: log, MaxAttempts: o.maxAttempts, Client: o.client, MaxBodyBytes: maxBody,
+		CompactEvery: o.compactEvery}); err != nil {
 		tb.Fatal(err)
 	}
 	if err := e.loop.Start(context.Background()); err != nil {

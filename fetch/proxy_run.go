@@ -45,6 +45,10 @@ func newProxyRun(run auditd.Run, now time.Time) *proxyRun {
 	return &proxyRun{idle: idle, last: now, sources: map[string]bool{}, snapshots: map[string]chan struct{}{}, repeats: map[string]int{}, wake: make(chan struct{}, 1)}
 }
 
+// maxRepeats bounds the derived keys a proxy-mode run remembers the
+// repeats of: one per distinct request otherwise, for the whole run.
+const maxRepeats = 10_000
+
 // endReason is the Reason of the run's run.finished: empty for a batch run.
 func (pr *proxyRun) endReason() string {
 	if pr == nil {
@@ -86,6 +90,11 @@ func (l *Loop) leaveProxy(ar *activeRun) {
 	pr.mu.Lock()
 	pr.inFlight--
 	pr.last = l.cfg.Clock.Now()
+	if len(pr.repeats) > maxRepeats {
+		// Only a hint of where a repeated request's next " #n" is: without
+		// it addProxyItem finds it by trying the taken keys.
+		clear(pr.repeats)
+	}
 	pr.mu.Unlock()
 	pr.poke()
 	l.wg.Done()

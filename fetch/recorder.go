@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -29,6 +30,13 @@ type recorder struct {
 
 	mu        sync.Mutex
 	sendLocks map[string]*sync.Mutex // per source, or gateway group: orders dispatch and breaker events
+
+	// ended counts the items ended, for compactEvery; compacting is true
+	// while a compaction of staging runs, and compactions waits for it.
+	compactEvery int64
+	ended        atomic.Int64
+	compacting   atomic.Bool
+	compactions  sync.WaitGroup
 
 	// eventBufs hold a request's records (*[2]auditd.Event) until the
 	// ledger has told their outcome: a dispatch, a response and an item's
@@ -110,7 +118,29 @@ func (r *recorder) post(ar *activeRun, buf *[2]auditd.Event, n int, puts []audit
 		if len(puts) > 0 {
 			r.staging.Stored(puts) // a new last good copy is usable from now on
 		}
+		if res != nil && r.ended.Add(1)%r.compactEvery == 0 {
+			r.compactStaging()
+		}
 	})
+}
+
+// compactStaging moves, in the background, the payloads and last good
+// copies staging keeps since its last compaction to their indexes
+// (staging.Store.Compact), unless a compaction is running. Staging keeps
+// them, in its spool and in memory, until then: at every run's end alone
+// that would be a share of every item of a long run.
+func (r *recorder) compactStaging() {
+	if !r.compacting.CompareAndSwap(false, true) {
+		return
+	}
+	r.compactions.Add(1)
+	go func() {
+		defer r.compactions.Done()
+		defer r.compacting.Store(false)
+		if _, err := r.staging.Compact(); err != nil {
+			r.log.Error("compact staged payloads", "err", err)
+		}
+	}()
 }
 
 // queuedPuts are what store the items of a proxy-mode run ar whose

@@ -326,6 +326,9 @@ func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (au
 	// One page at a time: the feeders read up to the last page queued.
 	ar.adding.Lock()
 	defer ar.adding.Unlock()
+	if ar.isCancelled() {
+		return auditd.RunView{}, auditd.Errorf(auditd.ECONFLICT, "Run %s is cancelled: it takes no more items.", id)
+	}
 	if err := l.cfg.Runs.AddItems(ar.live, items); err != nil {
 		return auditd.RunView{}, err
 	}

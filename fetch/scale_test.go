@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	bolt "go.etcd.io/bbolt"
 )
 
 // fastUpstream answers every request at once with a small JSON body.
@@ -204,4 +207,136 @@ func TestOpenBatchRunInPages(t *testing.T) {
 	if rep := e.reconcile(id); !rep.Balanced {
 		t.Fatal("the paged run does not reconcile as one")
 	}
+}
+
+// TestStagingCompactedDuringARun: staging keeps the last good copies a run
+// records (in memory, and in its recent bucket) until a compaction; a long
+// run's compactions come every CompactEvery items ended, not only at its
+// end, so that what staging holds does not grow with the run.
+func TestStagingCompactedDuringARun(t *testing.T) {
+	up := fastUpstream(t)
+	e := newProxyEnv(t, proxyEnvOptions{noSync: true, startLimit: 1_000_000, compactEvery: 10})
+	e.source(auditd.Source{ID: "fast", BaseURL: up.URL, Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 8})
+	id := e.proxyRun(`,"idle_timeout":"1h"`)
+	for i := range 40 {
+		if r := e.send("GET", id, fmt.Sprintf("/proxy/fast/q?n=%d", i), nil, nil); r.status != 200 {
+			t.Fatalf("request %d: %d", i, r.status)
+		}
+	}
+	// The run is still open: only a compaction during it empties the
+	// recent bucket of the copies its first 40 items recorded.
+	recent := func() (n int) {
+		e.db.View(func(tx *bolt.Tx) error {
+			n = tx.Bucket([]byte("staging.recent")).Stats().KeyN
+			return nil
+		})
+		return n
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for recent() >= 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the recent bucket holds %d copies of a run still open after 40 items ended; compacted every 10, it would hold fewer than 10", recent())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if v := e.finish(id); v.Status != auditd.RunSucceeded || v.Counts.Succeeded != 40 {
+		t.Fatalf("run %s: %+v", v.Status, v.Counts)
+	}
+}
+
+// heapInUse is the heap in use after two collections (the second frees
+// what the first left to sync.Pool's victim cache), in MB.
+func heapInUse() float64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapInuse) / (1 << 20)
+}
+
+// BenchmarkRunMemory is the heap a live run keeps, in process, as its
+// items end: a batch run submitted in pages of 10,000 (open), and a
+// proxy-mode run of 32 clients, each of b.N items (use -benchtime=Nx, as
+// 1000000x) against a fast upstream on loopback, fsync off. Metrics: the
+// heap in use after GC when a quarter of the items have ended
+// (MB-heap-quarter) and when all have (MB-heap-end). cmd's
+// scripts/bench-scale measures the real binary's anonymous memory.
+func BenchmarkRunMemory(b *testing.B) {
+	b.Run("batch", func(b *testing.B) {
+		up := fastUpstream(b)
+		e := newProxyEnv(b, proxyEnvOptions{noSync: true, startLimit: 1_000_000})
+		e.source(auditd.Source{ID: "fast", BaseURL: up.URL, Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 64})
+		var run auditd.RunView
+		if st := e.call("POST", "/v1/runs", `{"name":"memory","open":true,"items":[]}`, &run); st != 201 {
+			b.Fatalf("create: %d", st)
+		}
+		const page = 10_000
+		quarter := 0.0
+		b.ResetTimer()
+		for from := 0; from < b.N; from += page {
+			for {
+				v, err := e.store.Run(context.Background(), run.ID)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if quarter == 0 && v.Counts.Done() >= b.N/4 {
+					quarter = heapInUse()
+				}
+				if from-v.Counts.Done() <= page {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if st := e.call("POST", "/v1/runs/"+run.ID+"/items", pageBody(from, min(page, b.N-from), ""), nil); st != 200 {
+				b.Fatalf("page at %d: %d", from, st)
+			}
+		}
+		e.call("POST", "/v1/runs/"+run.ID+"/finish", "", nil)
+		v, err := e.loop.Wait(context.Background(), run.ID)
+		if err != nil || v.Counts.Succeeded != b.N {
+			b.Fatalf("run %s: %+v, %v", v.Status, v.Counts, err)
+		}
+		b.StopTimer()
+		if quarter == 0 {
+			quarter = heapInUse()
+		}
+		b.ReportMetric(quarter, "MB-heap-quarter")
+		b.ReportMetric(heapInUse(), "MB-heap-end")
+	})
+	b.Run("proxy", func(b *testing.B) {
+		up := fastUpstream(b)
+		e := newProxyEnv(b, proxyEnvOptions{noSync: true, startLimit: 1_000_000})
+		e.source(auditd.Source{ID: "fast", BaseURL: up.URL, Limit: 1_000_000, Window: auditd.Duration(time.Second), Burst: 100_000, Concurrency: 1000})
+		id := e.proxyRun(`,"idle_timeout":"1h"`)
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 32
+		b.Cleanup(tr.CloseIdleConnections)
+		client := &http.Client{Transport: tr, Timeout: time.Minute}
+		var next, done atomic.Int64
+		var quarter atomic.Uint64
+		var wg sync.WaitGroup
+		b.ResetTimer()
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := next.Add(1) - 1; i < int64(b.N); i = next.Add(1) - 1 {
+					if err := benchGet(client, fmt.Sprintf("%s/proxy/fast/q?n=%d", e.srv.URL, i), e.token, id); err != nil {
+						b.Error(err)
+						return
+					}
+					if done.Add(1) == int64(b.N/4) {
+						quarter.Store(math.Float64bits(heapInUse()))
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if v := e.finish(id); v.Counts.Succeeded != b.N {
+			b.Fatalf("run %s: %+v", v.Status, v.Counts)
+		}
+		b.StopTimer()
+		b.ReportMetric(math.Float64frombits(quarter.Load()), "MB-heap-quarter")
+		b.ReportMetric(heapInUse(), "MB-heap-end")
+	})
 }

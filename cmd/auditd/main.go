@@ -37,6 +37,7 @@ var commands = []command{
 	{"retention", "record retention dates, place and release legal holds, purge payloads", runRetention},
 	{"reconcile", "reconcile a run; exit 0 balanced, 1 not, 2 error", runReconcile},
 	{"export", "write a run's evidence workbook offline", runExport},
+	{"compact", "give the bbolt file's free pages back to the disk (auditd stopped)", runCompact},
 	{"sim", "serve hostile upstream simulators from a scenario file", runSim},
 	{"version", "print the build's version", runVersion},
 }
