@@ -41,7 +41,7 @@ type Cosigner struct {
 // NewCosigner returns the cosigner of a note signer key (the ledger's
 // ledger.key: PRIVATE+KEY+<name>+<hash>+<base64 0x01 and seed>).
 func NewCosigner(skey string) (*Cosigner, error) {
-	f := strings.Split(strings.TrimSpace(skey), "+")
+	f := strings.SplitN(strings.TrimSpace(skey), "+", 5)
 	if len(f) != 5 || f[0] != "PRIVATE" || f[1] != "KEY" || f[2] == "" || strings.ContainsAny(f[2], " \n") {
 		return nil, fmt.Errorf("%w: not a note signer key", ErrBadKey)
 	}

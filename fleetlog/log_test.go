@@ -334,3 +334,18 @@ func FuzzParseLeaf(f *testing.F) {
 		}
 	})
 }
+
+// TestCosignerOfAnyKey: a signer key's base64 may hold '+', the field
+// separator; twenty keys are all but sure to include one.
+func TestCosignerOfAnyKey(t *testing.T) {
+	for range 20 {
+		n := newNode(t, "k")
+		c, err := fleetlog.NewCosigner(n.skey)
+		if err != nil {
+			t.Fatalf("NewCosigner(%s...): %v", n.skey[:24], err)
+		}
+		if c.Name() != "auditd/k" {
+			t.Fatalf("cosigner name %q", c.Name())
+		}
+	}
+}
