@@ -124,7 +124,7 @@ func (l *Log) Post(ctx context.Context, p Post) (Entry, error) {
 		}
 		var h head
 		var last *nodeState
-		hRev, hOK, err := decode(resp.Responses[0].GetResponseRange().Kvs, &h)
+		hRev, _, err := decode(resp.Responses[0].GetResponseRange().Kvs, &h)
 		if err != nil {
 			return Entry{}, err
 		}
@@ -156,9 +156,6 @@ func (l *Log) Post(ctx context.Context, p Post) (Entry, error) {
 				}
 				return Entry{Index: last.Leaf, Tree: Tree{Origin: l.origin, Size: h.Size, Root: root}, Revision: resp.Header.Revision}, nil
 			}
-		}
-		if !hOK {
-			h = head{}
 		}
 		e, ok, err := l.append(ctx, p, st, h, hRev, nRev, kRev)
 		if err != nil || ok {

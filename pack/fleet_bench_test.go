@@ -20,23 +20,22 @@ import (
 	"github.com/auditd/auditd/pack"
 )
 
-// The benchmark fleet run: the 1M-event run of bench_test.go split over
-// three nodes by item (item i on node i%3), each node's part in a ledger
-// of its own, written once.
-var benchFleet struct {
+// benchFleet is the 1M-event run of bench_test.go split over three nodes
+// by item (item i on node i%3), each node's part in a ledger of its own
+// under dir, written once per benchmark that uses it (the subs share it).
+type benchFleet struct {
 	once sync.Once
 	dirs [3]string
 	err  error
 }
 
-// openBenchFleet returns the three node ledgers, read-only, and their keys
-// and key directories.
-func openBenchFleet(b *testing.B) ([3]*bolt.DB, [3]string) {
+// open returns the three node ledgers, read-only, and their keys.
+func (f *benchFleet) open(b *testing.B, dir string) ([3]*bolt.DB, [3]string) {
 	b.Helper()
-	f := &benchFleet
 	f.once.Do(func() {
 		for n := range 3 {
-			if f.dirs[n], f.err = os.MkdirTemp("", "pack-fleet-bench-"); f.err != nil {
+			f.dirs[n] = filepath.Join(dir, string(rune('a'+n)))
+			if f.err = os.Mkdir(f.dirs[n], 0o700); f.err != nil {
 				return
 			}
 			if f.err = writeBenchNode(f.dirs[n], n); f.err != nil {
@@ -118,7 +117,7 @@ func writeBenchNode(dir string, n int) error {
 // buildBenchFleet writes the fleet pack of the three nodes to w: each
 // node's pack (one after another, as one process would), its checkpoint
 // posted to a fleet log and cosigned, and the fleet pack around them.
-func buildBenchFleet(b *testing.B, w io.Writer, dbs [3]*bolt.DB, keys [3]string, log *fleetlog.Log) {
+func buildBenchFleet(b *testing.B, w io.Writer, fl *benchFleet, dbs [3]*bolt.DB, keys [3]string, log *fleetlog.Log) {
 	ctx := context.Background()
 	parts := pack.FleetParts{Packs: map[string]io.Reader{}}
 	var entries []fleetlog.Entry
@@ -152,7 +151,7 @@ func buildBenchFleet(b *testing.B, w io.Writer, dbs [3]*bolt.DB, keys [3]string,
 		b.Fatal(err)
 	}
 	for n := range dbs {
-		skey, err := os.ReadFile(filepath.Join(benchFleet.dirs[n], ledger.PrivateKeyFile))
+		skey, err := os.ReadFile(filepath.Join(fl.dirs[n], ledger.PrivateKeyFile))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -189,6 +188,7 @@ func buildBenchFleet(b *testing.B, w io.Writer, dbs [3]*bolt.DB, keys [3]string,
 // events in one ledger ("single"), each to a file; the target is fleet
 // <= 2x single.
 func BenchmarkFleetPack1M(b *testing.B) {
+	fl, dir := &benchFleet{}, b.TempDir()
 	b.Run("single", func(b *testing.B) {
 		db, key := openBenchLedger(b)
 		bl := &pack.Builder{Ledger: ledger.NewReader(db), PublicKey: key, Exporter: benchExporter(db), TmpDir: b.TempDir()}
@@ -201,7 +201,7 @@ func BenchmarkFleetPack1M(b *testing.B) {
 		}
 	})
 	b.Run("fleet", func(b *testing.B) {
-		dbs, keys := openBenchFleet(b)
+		dbs, keys := fl.open(b, dir)
 		c := etcdtest.Start(b, 1)
 		cli := etcdtest.NewClient(b, c.Endpoints()...)
 		i := 0
@@ -209,7 +209,7 @@ func BenchmarkFleetPack1M(b *testing.B) {
 			i++
 			f := benchOut(b)
 			log := fleetlog.New(cli, fleetlog.Config{Prefix: fmt.Sprintf("/bench/%d/", i)})
-			buildBenchFleet(b, f, dbs, keys, log)
+			buildBenchFleet(b, f, fl, dbs, keys, log)
 			reportSize(b, f)
 		}
 	})
@@ -219,6 +219,7 @@ func BenchmarkFleetPack1M(b *testing.B) {
 // single-node pack with Verify, the fleet pack with VerifyFleet (every
 // node pack, the fleet proofs and the over-limit proof on four sources).
 func BenchmarkVerifyFleetPack1M(b *testing.B) {
+	fl, dir := &benchFleet{}, b.TempDir()
 	b.Run("single", func(b *testing.B) {
 		db, key := openBenchLedger(b)
 		path := filepath.Join(b.TempDir(), "pack.zip")
@@ -244,14 +245,14 @@ func BenchmarkVerifyFleetPack1M(b *testing.B) {
 		}
 	})
 	b.Run("fleet", func(b *testing.B) {
-		dbs, keys := openBenchFleet(b)
+		dbs, keys := fl.open(b, dir)
 		c := etcdtest.Start(b, 1)
 		path := filepath.Join(b.TempDir(), "fleet.zip")
 		f, err := os.Create(path)
 		if err != nil {
 			b.Fatal(err)
 		}
-		buildBenchFleet(b, f, dbs, keys, fleetlog.New(etcdtest.NewClient(b, c.Endpoints()...), fleetlog.Config{}))
+		buildBenchFleet(b, f, fl, dbs, keys, fleetlog.New(etcdtest.NewClient(b, c.Endpoints()...), fleetlog.Config{}))
 		f.Close()
 		trusted := map[string]string{"a": keys[0], "b": keys[1], "c": keys[2]}
 		for b.Loop() {

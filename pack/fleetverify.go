@@ -81,7 +81,7 @@ func VerifyFleet(fp *FleetPack, opts FleetOptions) (*FleetReport, error) {
 			r.fail("node %s: key: %v", n.Name, err)
 		} else {
 			cosigners[v.Name()] = true
-			if err == nil && text != "" {
+			if text != "" {
 				if _, err := witness.Cosigned(fp.Checkpoint, v); err != nil {
 					r.fail("node %s: %s: %v", n.Name, FileFleetCheckpoint, err)
 				}
