@@ -349,3 +349,37 @@ func TestCosignerOfAnyKey(t *testing.T) {
 		}
 	}
 }
+
+// TestCosignRefusesARewrittenHead: a node cosigns only a head whose root
+// follows from the stored hashes, those it has seen before included.
+func TestCosignRefusesARewrittenHead(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	ctx := context.Background()
+	cli := etcdtest.NewClient(t, c.Endpoints()...)
+	l := fleetlog.New(cli, fleetlog.Config{})
+	n := newNode(t, "a")
+	cs, err := fleetlog.NewCosigner(n.skey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range 3 {
+		n.add(t, 1)
+		if _, err := l.Post(ctx, n.post(t, int64(k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Cosign(ctx, cs, 3); err != nil {
+		t.Fatal(err)
+	}
+	// Someone with write access to etcd rewrites the first leaf's hash
+	// and the head to match a log of other leaves.
+	if _, err := cli.Put(ctx, fleetlog.DefaultPrefix+"hash/00000000000000000000", string(make([]byte, 32))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, fleetlog.DefaultPrefix+"head", `{"size":3,"root":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Cosign(ctx, cs, 3); !errors.Is(err, fleetlog.ErrCorrupt) {
+		t.Fatalf("cosign of a rewritten head: %v, want ErrCorrupt", err)
+	}
+}
