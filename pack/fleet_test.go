@@ -361,6 +361,14 @@ func TestFleetPack(t *testing.T) {
 		f.parts.Manifest.Nodes = nodes
 		mustName(t, verifyFleet(t, f.write(t), f.keys), "source src-a", "node a's block at revision 10", "overlaps node c's block at revision 12")
 	})
+	t.Run("BlockAfterCheckpoint", func(t *testing.T) {
+		f := *f
+		nodes := append([]pack.FleetNode(nil), f.parts.Manifest.Nodes...)
+		nodes[1].Blocks = append([]pack.FleetBlock(nil), nodes[1].Blocks...)
+		nodes[1].Blocks[4].Revision = 500
+		f.parts.Manifest.Nodes = nodes
+		mustName(t, verifyFleet(t, f.write(t), f.keys), "node b:", "revision 500 is after revision 101")
+	})
 	t.Run("DispatchesOverLimit", func(t *testing.T) {
 		f := *f
 		f.parts.Manifest.Limits = []pack.FleetLimit{{Source: "src-a", Limit: 3, Window: int64(time.Second)}}

@@ -163,8 +163,8 @@ func signers(msg []byte) []string {
 	return out
 }
 
-// verifyFleetLeaf checks n's leaf: the node's, signed by key, and
-// included in tree. It returns the node checkpoint the leaf holds.
+// verifyFleetLeaf checks n's leaf: the node's, signed by key, included in
+// tree, and at or after the revision of every block of the node. It returns the node checkpoint the leaf holds.
 func verifyFleetLeaf(n FleetNode, key string, tree fleetlog.Tree, r *FleetReport) (ledger.SignedTree, bool) {
 	raw, err := base64.StdEncoding.Strict().DecodeString(n.Leaf)
 	if err != nil {
@@ -188,6 +188,12 @@ func verifyFleetLeaf(n FleetNode, key string, tree fleetlog.Tree, r *FleetReport
 	} else if n.LeafIndex >= tree.Size || tlog.CheckRecord(tlog.RecordProof(hashes), int64(tree.Size), tree.Root, int64(n.LeafIndex), tlog.RecordHash(raw)) != nil {
 		r.fail("node %s: fleet leaf %d is not in the fleet tree of %s (inclusion proof fails)", n.Name, n.LeafIndex, FileFleetCheckpoint)
 		ok = false
+	}
+	for _, b := range n.Blocks {
+		if b.Revision > leaf.Revision {
+			r.fail("node %s: block of source %s at revision %d is after revision %d, the last grant the node's checkpoint (fleet leaf %d) covers",
+				n.Name, b.Source, b.Revision, leaf.Revision, n.LeafIndex)
+		}
 	}
 	st, err := ledger.OpenCheckpoint(leaf.Checkpoint, key)
 	if err != nil {

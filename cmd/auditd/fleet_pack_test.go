@@ -108,12 +108,12 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	for i, name := range names {
 		dirs[name] = t.TempDir()
 		pb, cp, key := fleetPackNode(t, dirs[name], i, 15, nil)
-		e, err := flog.Post(ctx, fleetlog.Post{Node: name, Key: key, Checkpoint: cp, Revision: int64(7 + i)})
+		e, err := flog.Post(ctx, fleetlog.Post{Node: name, Key: key, Checkpoint: cp, Revision: int64(30 + i)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		keys[name], packs[name] = key, pb
-		leaf := fleetlog.Leaf{Node: name, Revision: int64(7 + i), Checkpoint: cp}.Marshal()
+		leaf := fleetlog.Leaf{Node: name, Revision: int64(30 + i), Checkpoint: cp}.Marshal()
 		nodes = append(nodes, pack.FleetNode{Name: name, Key: key, LeafIndex: e.Index, Leaf: base64.StdEncoding.EncodeToString(leaf),
 			Blocks: []pack.FleetBlock{{Source: "county", First: int64(1e18) + int64(i)*int64(time.Second), Interval: int64(10 * time.Millisecond), Count: 100, Revision: int64(20 + i)}}})
 	}
