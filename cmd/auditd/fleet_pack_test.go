@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"go/parser"
+	"go/token"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/mod/sumdb/note"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fleetlog"
+	"github.com/auditd/auditd/internal/etcdtest"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/pack"
+	"github.com/auditd/auditd/reports"
+)
+
+const fleetRun = "01JFLEET0RUN00000000000000"
+
+// fleetPackNode writes node i's part of a fleet run (items i, i+3, ...
+// below items, the nodes' events interleaved 10ms apart) to a ledger in
+// dir and returns its pack, proven against its latest checkpoint, with
+// the ledger's checkpoint and key. mutate may change an event first.
+func fleetPackNode(t *testing.T, dir string, i, items int, mutate func(*auditd.Event)) (packBytes, cp []byte, key string) {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, &bolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	start := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC).Add(time.Duration(i) * 3 * time.Millisecond)
+	clk := clock.NewFake(start)
+	l, err := ledger.Open(db, ledger.Options{KeyDir: dir, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	app := func(e auditd.Event) {
+		if mutate != nil {
+			mutate(&e)
+		}
+		if _, err := l.Append(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(10 * time.Millisecond)
+	}
+	app(auditd.Event{Type: auditd.EventRunStarted, RunID: fleetRun, Detail: `{"name":"fleet","award":{"fain":"F-FLEET"}}`})
+	for k := i; k < items; k += 3 {
+		key := fmt.Sprintf("item-%03d", k)
+		app(auditd.Event{Type: auditd.EventItemQueued, RunID: fleetRun, SourceID: "county", ItemKey: key, Method: "GET", Path: "/q?n=" + strconv.Itoa(k)})
+		app(auditd.Event{Type: auditd.EventDispatch, RunID: fleetRun, SourceID: "county", ItemKey: key, Attempt: 1, Method: "GET", Path: "/q?n=" + strconv.Itoa(k)})
+		app(auditd.Event{Type: auditd.EventResponse, RunID: fleetRun, SourceID: "county", ItemKey: key, Attempt: 1, Status: 200, Bytes: 10, Outcome: auditd.OutcomeSuccess})
+		app(auditd.Event{Type: auditd.EventItemFinished, RunID: fleetRun, SourceID: "county", ItemKey: key, Outcome: auditd.ItemSucceeded})
+	}
+	app(auditd.Event{Type: auditd.EventRunFinished, RunID: fleetRun, Outcome: auditd.Outcome(auditd.RunSucceeded)})
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if key, err = ledger.ReadPublicKey(dir); err != nil {
+		t.Fatal(err)
+	}
+	r := ledger.NewReader(db)
+	if cp, err = r.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	rec := reports.NewReconciler(r)
+	var buf []byte
+	rec.Hash = func(prev [32]byte, e *auditd.Event) (h [32]byte) {
+		h, buf = ledger.HashEvent(buf, prev, e)
+		return h
+	}
+	var out bytes.Buffer
+	bl := &pack.Builder{Ledger: r, PublicKey: key, Exporter: reports.NewExporter(rec), TmpDir: t.TempDir()}
+	if _, err := bl.Build(ctx, &out, pack.Request{Request: reports.Request{ExportID: "fleet", RunIDs: []string{fleetRun}, Filters: "run " + fleetRun}}); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes(), cp, key
+}
+
+// TestFleetPackIndependentVerifier builds the fleet pack of a three-node
+// run (node ledgers, their checkpoints in a fleet log on a real etcd,
+// cosigned by the three) and verifies it with pack.VerifyFleet and with
+// the outsider's verifier; editing a node's leaf, dropping a node's part,
+// swapping a node's key, a forking node checkpoint, overlapping
+// reservations and dispatches over the limit fail both.
+func TestFleetPackIndependentVerifier(t *testing.T) {
+	ctx := context.Background()
+	c := etcdtest.Start(t, 1)
+	flog := fleetlog.New(etcdtest.NewClient(t, c.Endpoints()...), fleetlog.Config{})
+	names := []string{"a", "b", "c"}
+	dirs := map[string]string{}
+	keys := map[string]string{}
+	packs := map[string][]byte{}
+	var nodes []pack.FleetNode
+	for i, name := range names {
+		dirs[name] = t.TempDir()
+		pb, cp, key := fleetPackNode(t, dirs[name], i, 15, nil)
+		e, err := flog.Post(ctx, fleetlog.Post{Node: name, Key: key, Checkpoint: cp, Revision: int64(30 + i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[name], packs[name] = key, pb
+		leaf := fleetlog.Leaf{Node: name, Revision: int64(30 + i), Checkpoint: cp}.Marshal()
+		nodes = append(nodes, pack.FleetNode{Name: name, Key: key, LeafIndex: e.Index, Leaf: base64.StdEncoding.EncodeToString(leaf),
+			Blocks: []pack.FleetBlock{{Source: "county", First: int64(1e18) + int64(i)*int64(time.Second), Interval: int64(10 * time.Millisecond), Count: 100, Revision: int64(20 + i)}}})
+	}
+	head, err := flog.Head(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range names {
+		skey, err := os.ReadFile(filepath.Join(dirs[name], ledger.PrivateKeyFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := fleetlog.NewCosigner(string(skey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := flog.Cosign(ctx, cs, head.Size); err != nil {
+			t.Fatal(err)
+		}
+		p, err := flog.ProveLeaf(ctx, nodes[i].LeafIndex, head.Size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range p {
+			nodes[i].Inclusion = append(nodes[i].Inclusion, base64.StdEncoding.EncodeToString(h[:]))
+		}
+	}
+	fcp, _, err := flog.Checkpoint(ctx, head.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := pack.FleetManifest{Origin: head.Origin, TreeSize: head.Size, Runs: []string{fleetRun}, Nodes: nodes,
+		Limits: []pack.FleetLimit{{Source: "county", Limit: 100, Window: int64(time.Second)}}}
+	write := func(m pack.FleetManifest, packs map[string][]byte) []byte {
+		readers := map[string]io.Reader{}
+		for n, b := range packs {
+			readers[n] = bytes.NewReader(b)
+		}
+		var buf bytes.Buffer
+		if err := pack.WriteFleet(&buf, pack.FleetParts{Manifest: m, Checkpoint: fcp, Packs: readers}); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	verify := func(b []byte) (*pack.FleetReport, error) {
+		fp, err := pack.OpenFleet(bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := pack.VerifyFleet(fp, pack.FleetOptions{Keys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, outsideVerifyFleet(b, keys)
+	}
+	good := write(manifest, packs)
+	if r, outside := verify(good); !r.OK || outside != nil {
+		t.Fatalf("a good fleet pack: VerifyFleet %v, the outsider: %v", r.Problems, outside)
+	}
+
+	with := func(name string, b []byte) map[string][]byte {
+		out := map[string][]byte{}
+		for n, p := range packs {
+			out[n] = p
+		}
+		out[name] = b
+		return out
+	}
+	_, otherKey, err := note.GenerateKey(rand.Reader, "auditd/0badc0de")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forkDir := t.TempDir()
+	for _, k := range []string{ledger.PrivateKeyFile, ledger.PublicKeyFile} {
+		b, err := os.ReadFile(filepath.Join(dirs["b"], k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(forkDir, k), b, 0o600)
+	}
+	forked, _, _ := fleetPackNode(t, forkDir, 1, 15, func(e *auditd.Event) {
+		if e.Type == auditd.EventResponse {
+			e.Bytes = 11
+		}
+	})
+	for _, tc := range []struct {
+		name  string
+		pack  func() []byte
+		named []string // in a problem of VerifyFleet
+	}{
+		{"EditedLeaf", func() []byte {
+			return write(manifest, with("b", editEntry(t, packs["b"], "events.bin", func(x []byte) []byte {
+				x = bytes.Clone(x)
+				x[len(x)-3] ^= 1
+				return x
+			})))
+		}, []string{"node b:", "leaf"}},
+		{"DroppedNode", func() []byte {
+			m := manifest
+			m.Nodes = []pack.FleetNode{nodes[0], nodes[2]}
+			p := with("b", nil)
+			delete(p, "b")
+			return write(m, p)
+		}, []string{"node b:", "no part"}},
+		{"SwappedKey", func() []byte {
+			m := manifest
+			m.Nodes = append([]pack.FleetNode(nil), nodes...)
+			m.Nodes[1].Key = otherKey
+			return write(m, with("b", editEntry(t, packs["b"], "public-key.txt", func([]byte) []byte { return []byte(otherKey + "\n") })))
+		}, []string{"node b:", "key"}},
+		{"ForkedNodeCheckpoint", func() []byte { return write(manifest, with("b", forked)) }, []string{"node b:", "forks"}},
+		{"OverlappingReservations", func() []byte {
+			m := manifest
+			m.Nodes = append([]pack.FleetNode(nil), nodes...)
+			m.Nodes[2].Blocks = []pack.FleetBlock{nodes[2].Blocks[0]}
+			m.Nodes[2].Blocks[0].First = nodes[1].Blocks[0].First + int64(500*time.Millisecond)
+			return write(m, packs)
+		}, []string{"source county", "overlaps"}},
+		{"DispatchesOverLimit", func() []byte {
+			m := manifest
+			m.Limits = []pack.FleetLimit{{Source: "county", Limit: 3, Window: int64(time.Second)}}
+			return write(m, packs)
+		}, []string{"source county", "over the limit 3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, outside := verify(tc.pack())
+			if outside == nil {
+				t.Error("the outsider's verifier accepts it")
+			}
+			if r.OK {
+				t.Fatal("VerifyFleet accepts it")
+			}
+			for _, p := range r.Problems {
+				if all := strings.Contains(p, tc.named[0]) && strings.Contains(p, tc.named[1]); all {
+					t.Logf("named: %s; the outsider: %v", p, outside)
+					return
+				}
+			}
+			t.Errorf("no problem names %q:\n%s", tc.named, strings.Join(r.Problems, "\n"))
+		})
+	}
+}
+
+// TestFleetVerifierImports: the outsider's fleet verifier uses no auditd
+// code, only transparency-dev/merkle and x/mod/sumdb/note.
+func TestFleetVerifierImports(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "fleet_verifier_test.go", nil, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, imp := range f.Imports {
+		p, _ := strconv.Unquote(imp.Path.Value)
+		if strings.Contains(p, ".") && !strings.HasPrefix(p, "github.com/transparency-dev/merkle") && p != "golang.org/x/mod/sumdb/note" {
+			t.Errorf("the fleet verifier imports %s", p)
+		}
+	}
+}

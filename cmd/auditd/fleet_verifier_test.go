@@ -1,0 +1,269 @@
+package main
+
+// A fleet evidence pack verifier written from docs/EVIDENCE-PACK.md
+// ("Fleet packs") alone, beside the single-node one in
+// independent_verifier_test.go, whose outsideVerify it runs on each node's
+// part: only the standard library, transparency-dev/merkle and
+// golang.org/x/mod/sumdb/note (TestFleetVerifierImports holds it to that).
+
+import (
+	"archive/zip"
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/transparency-dev/merkle/proof"
+	"github.com/transparency-dev/merkle/rfc6962"
+	"golang.org/x/mod/sumdb/note"
+)
+
+// outsideCosigner checks cosignature/v1 signatures of one Ed25519 key.
+type outsideCosigner struct {
+	name string
+	hash uint32
+	pub  ed25519.PublicKey
+}
+
+func newOutsideCosigner(vkey string) (*outsideCosigner, error) {
+	f := strings.SplitN(vkey, "+", 3)
+	if len(f) != 3 {
+		return nil, errors.New("not a verifier key")
+	}
+	raw, err := base64.StdEncoding.DecodeString(f[2])
+	if err != nil || len(raw) != 1+ed25519.PublicKeySize {
+		return nil, errors.New("not an Ed25519 key")
+	}
+	h := sha256.Sum256(append([]byte(f[0]+"\n\x04"), raw[1:]...))
+	return &outsideCosigner{name: f[0], hash: binary.BigEndian.Uint32(h[:4]), pub: raw[1:]}, nil
+}
+
+func (c *outsideCosigner) Name() string    { return c.name }
+func (c *outsideCosigner) KeyHash() uint32 { return c.hash }
+func (c *outsideCosigner) Verify(msg, sig []byte) bool {
+	if len(sig) != 8+ed25519.SignatureSize {
+		return false
+	}
+	m := append(fmt.Appendf(nil, "cosignature/v1\ntime %d\n", binary.BigEndian.Uint64(sig)), msg...)
+	return ed25519.Verify(c.pub, m, sig[8:])
+}
+
+// outsideVerifyFleet checks the fleet pack b against keys, the nodes'
+// published verifier keys by node name.
+func outsideVerifyFleet(b []byte, keys map[string]string) error {
+	zr, err := zip.NewReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		return err
+	}
+	read := func(name string) ([]byte, error) {
+		for _, f := range zr.File {
+			if f.Name == name {
+				rc, err := f.Open()
+				if err != nil {
+					return nil, err
+				}
+				defer rc.Close()
+				return io.ReadAll(rc)
+			}
+		}
+		return nil, fmt.Errorf("no %s", name)
+	}
+	var m struct {
+		TreeSize uint64   `json:"tree_size"`
+		Runs     []string `json:"runs"`
+		Nodes    []struct {
+			Name      string   `json:"name"`
+			Key       string   `json:"key"`
+			LeafIndex uint64   `json:"leaf_index"`
+			Leaf      string   `json:"leaf"`
+			Inclusion []string `json:"inclusion"`
+			Blocks    []struct {
+				Source   string `json:"source"`
+				First    int64  `json:"first_unix_nano"`
+				Interval int64  `json:"interval_nanos"`
+				Count    int64  `json:"count"`
+				Revision int64  `json:"revision"`
+			} `json:"blocks"`
+		} `json:"nodes"`
+		Limits []struct {
+			Source string `json:"source"`
+			Limit  int64  `json:"limit"`
+			Window int64  `json:"window_nanos"`
+		} `json:"limits"`
+	}
+	mb, err := read("fleet.json")
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(mb, &m); err != nil {
+		return fmt.Errorf("fleet.json: %v", err)
+	}
+	cp, err := read("fleet-checkpoint.txt")
+	if err != nil {
+		return err
+	}
+	text, sigs, _ := strings.Cut(string(cp), "\n\n")
+	lines := strings.Split(text, "\n")
+	if len(lines) != 3 {
+		return errors.New("fleet-checkpoint.txt: not origin, size and root")
+	}
+	size, err := strconv.ParseUint(lines[1], 10, 64)
+	root, err2 := base64.StdEncoding.DecodeString(lines[2])
+	if err != nil || err2 != nil || size != m.TreeSize {
+		return errors.New("fleet-checkpoint.txt: bad size or root")
+	}
+	// Every published node has a part, and every cosigner is a node of
+	// the pack.
+	names := map[string]bool{}
+	for _, n := range m.Nodes {
+		names[n.Name] = true
+	}
+	for name := range keys {
+		if !names[name] {
+			return fmt.Errorf("node %s: no part", name)
+		}
+	}
+	origins := map[string]bool{}
+	type stamp struct {
+		at   int64
+		node string
+	}
+	dispatches := map[string][]stamp{}
+	for _, n := range m.Nodes {
+		if keys[n.Name] != n.Key {
+			return fmt.Errorf("node %s: fleet.json key is not the published key", n.Name)
+		}
+		c, err := newOutsideCosigner(n.Key)
+		if err != nil {
+			return fmt.Errorf("node %s: %v", n.Name, err)
+		}
+		origins[c.name] = true
+		if _, err := note.Open(cp, note.VerifierList(c)); err != nil {
+			return fmt.Errorf("node %s: fleet-checkpoint.txt not cosigned: %v", n.Name, err)
+		}
+		// The leaf: the node's, its checkpoint signed by its key, in the tree.
+		leaf, err := base64.StdEncoding.DecodeString(n.Leaf)
+		if err != nil {
+			return fmt.Errorf("node %s: leaf: %v", n.Name, err)
+		}
+		parts := strings.SplitN(string(leaf), "\n", 4)
+		if len(parts) != 4 || parts[0] != "auditd-fleet-leaf/1" || parts[1] != "node "+n.Name {
+			return fmt.Errorf("node %s: fleet leaf %d is not the node's", n.Name, n.LeafIndex)
+		}
+		v, err := note.NewVerifier(n.Key)
+		if err != nil {
+			return fmt.Errorf("node %s: %v", n.Name, err)
+		}
+		if _, err := note.Open([]byte(parts[3]), note.VerifierList(v)); err != nil {
+			return fmt.Errorf("node %s: fleet leaf %d: checkpoint not signed by the node: %v", n.Name, n.LeafIndex, err)
+		}
+		var path [][]byte
+		for _, s := range n.Inclusion {
+			h, err := base64.StdEncoding.DecodeString(s)
+			if err != nil {
+				return fmt.Errorf("node %s: inclusion: %v", n.Name, err)
+			}
+			path = append(path, h)
+		}
+		if err := proof.VerifyInclusion(rfc6962.DefaultHasher, n.LeafIndex, size, rfc6962.DefaultHasher.HashLeaf(leaf), path, root); err != nil {
+			return fmt.Errorf("node %s: fleet leaf %d not in the fleet tree: %v", n.Name, n.LeafIndex, err)
+		}
+		// The node's pack: proven against that very checkpoint.
+		part, err := read("nodes/" + n.Name + ".zip")
+		if err != nil {
+			return fmt.Errorf("node %s: %v", n.Name, err)
+		}
+		pcp, err := zipEntry(part, "checkpoint.txt")
+		if err != nil || string(pcp) != parts[3] {
+			return fmt.Errorf("node %s: checkpoint.txt is not the checkpoint of its fleet leaf", n.Name)
+		}
+		if err := outsideVerify(part, n.Key); err != nil {
+			return fmt.Errorf("node %s: %v", n.Name, err)
+		}
+		bin, err := zipEntry(part, "events.bin")
+		if err != nil {
+			return fmt.Errorf("node %s: %v", n.Name, err)
+		}
+		for len(bin) >= 4 {
+			l := binary.BigEndian.Uint32(bin)
+			if uint64(l) > uint64(len(bin)-4) {
+				break
+			}
+			e, err := decodeOutside(bin[4 : 4+l])
+			bin = bin[4+l:]
+			if err == nil && e.typ == "dispatch" && contains(m.Runs, e.run) {
+				dispatches[e.source] = append(dispatches[e.source], stamp{e.time.UnixNano(), n.Name})
+			}
+		}
+	}
+	for line := range strings.Lines(sigs) {
+		if f := strings.Fields(strings.TrimPrefix(line, "\u2014 ")); len(f) == 2 && !origins[f[0]] {
+			return fmt.Errorf("fleet-checkpoint.txt: cosigned by %s, a node with no part", f[0])
+		}
+	}
+	// The over-limit proof: blocks disjoint per source, and no window of
+	// a source's dispatches over its limit.
+	type span struct{ from, to, rev int64 }
+	spans := map[string][]span{}
+	for _, n := range m.Nodes {
+		for _, b := range n.Blocks {
+			spans[b.Source] = append(spans[b.Source], span{b.First, b.First + b.Count*b.Interval, b.Revision})
+		}
+	}
+	for src, ss := range spans {
+		sort.Slice(ss, func(i, j int) bool { return ss[i].from < ss[j].from })
+		for i := 1; i < len(ss); i++ {
+			if ss[i-1].to > ss[i].from {
+				return fmt.Errorf("source %s: blocks at revisions %d and %d overlap", src, ss[i-1].rev, ss[i].rev)
+			}
+		}
+	}
+	for _, l := range m.Limits {
+		ds := dispatches[l.Source]
+		sort.Slice(ds, func(i, j int) bool { return ds[i].at < ds[j].at })
+		for i, j := 0, 0; j < len(ds); j++ {
+			for ds[j].at-ds[i].at >= l.Window {
+				i++
+			}
+			if int64(j-i+1) > l.Limit {
+				return fmt.Errorf("source %s: %d dispatches in a window, over %d (the last node %s's)", l.Source, j-i+1, l.Limit, ds[j].node)
+			}
+		}
+	}
+	return nil
+}
+
+func zipEntry(z []byte, name string) ([]byte, error) {
+	zr, err := zip.NewReader(bytes.NewReader(z), int64(len(z)))
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range zr.File {
+		if f.Name == name {
+			rc, err := f.Open()
+			if err != nil {
+				return nil, err
+			}
+			defer rc.Close()
+			return io.ReadAll(rc)
+		}
+	}
+	return nil, fmt.Errorf("no %s", name)
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
