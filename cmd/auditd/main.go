@@ -38,6 +38,7 @@ var commands = []command{
 	{"reconcile", "reconcile a run; exit 0 balanced, 1 not, 2 error", runReconcile},
 	{"export", "write a run's evidence workbook offline", runExport},
 	{"sim", "serve hostile upstream simulators from a scenario file", runSim},
+	{"fleet-demo", "run three nodes sharing each source's budget through one embedded etcd (make run-fleet)", runFleetDemo},
 	{"version", "print the build's version", runVersion},
 }
 
