@@ -62,8 +62,8 @@ func runFleetDemo(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for i := range 3 {
 		node := fmt.Sprintf("node%d", i+1)
 		o := serveOptions{dataDir: filepath.Join(*dataDir, node), addr: fmt.Sprintf("127.0.0.1:%d", *firstPort+i), demo: *scenario,
-			registry:    registry.Options{DefaultLimit: registry.DefaultLimit, DefaultWindow: registry.DefaultWindow},
-			fleet: fleetOptions{Etcd: []string{client.String()}, Node: node}}
+			registry: registry.Options{DefaultLimit: registry.DefaultLimit, DefaultWindow: registry.DefaultWindow},
+			fleet:    fleetOptions{Etcd: []string{client.String()}, Node: node}}
 		wg.Go(func() { errs[i] = serve(ctx, o, stdout, log.With("node", node)) })
 	}
 	wg.Wait()
