@@ -36,7 +36,7 @@ type fleetOptions struct {
 
 // defaultFleetLag allows for a dispatch record committed in a busy
 // ledger's batch before the request leaves.
-const defaultFleetLag = 40 * time.Millisecond
+const defaultFleetLag = 100 * time.Millisecond
 
 // fleetResync is how often the node looks for sources added, changed or
 // removed, to share their budgets.
