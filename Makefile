@@ -9,7 +9,7 @@ BENCHTIME ?= 1s
 # The version runs and evidence record and auditd version prints.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
-.PHONY: build run test bench bench-pacing lint fuzz clean
+.PHONY: build run run-fleet test bench bench-pacing lint fuzz clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/auditd
@@ -18,6 +18,11 @@ build:
 # upstreams and two demo runs to look at.
 run: build
 	$(BIN) serve --data $(DATA) --addr $(ADDR) --demo testdata/scenarios/demo.yaml
+
+# Three nodes on ports 8081-8083 sharing each demo source's budget through
+# one embedded etcd (docs/FLEET.md).
+run-fleet: build
+	$(BIN) fleet-demo --data ./data-fleet --demo testdata/scenarios/demo.yaml
 
 test:
 	$(GO) vet ./...

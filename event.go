@@ -34,6 +34,13 @@ const (
 	EventViewed           EventType = "report.viewed"        // a reconciliation read (the UI, CI), not downloaded: Principal, Detail (what), Head
 	EventTokenChanged     EventType = "token.changed"        // Principal, Detail
 	EventSourceChanged    EventType = "source.changed"       // Principal, Detail (JSON of the new configuration, secrets removed)
+	// Fleet mode (auditd serve --fleet-etcd): what this node acted on of a
+	// budget it shares through etcd. SourceID or Group names the key;
+	// Detail is JSON with the node and the etcd revision of the grant or pause.
+	EventFleetReserved EventType = "fleet.reserved" // Detail: node, revision, first, interval, count
+	EventFleetPaused   EventType = "fleet.paused"   // Detail: node, revision (0: the fleet was not told), until
+	EventFleetCutOff   EventType = "fleet.cut_off"  // Reason: why etcd did not answer; Detail: node
+	EventFleetRejoined EventType = "fleet.rejoined" // Detail: node
 )
 
 // Event is one immutable record in the ledger.

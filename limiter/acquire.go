@@ -114,9 +114,13 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 	b.mu.Lock()
 	err = b.checkCost(req.Cost)
 	b.mu.Unlock()
+	sh := l.sharedOf(id, s.cfg)
 	s.mu.Unlock()
 	if err != nil {
 		return p, fmt.Errorf("acquire %s: %w", id, err)
+	}
+	if err := checkShared(sh, id, req.Cost); err != nil {
+		return p, err
 	}
 
 	var (
@@ -152,7 +156,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 		s.mu.Lock()
 		now := l.clock.Now()
 		gate, wait := Gate(""), time.Duration(0)
-		var srcCh, budCh <-chan struct{}
+		var srcCh, budCh, shCh <-chan struct{}
 
 		if p.probe && s.breaker.gen != p.gen {
 			// Another probe decided the breaker while this one queued; this
@@ -227,7 +231,17 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 				gate, wait = g, time.Duration(at-bnow)
 			case b.queue[0] != ticket:
 				gate = GateRate
-			default:
+			}
+			if gate == "" {
+				// The fleet gate: the budget admits; the node needs a slot.
+				if sh = l.sharedOf(id, s.cfg); sh != nil {
+					var took bool
+					if took, wait, shCh = takeShared(sh, now, req.Cost); !took {
+						gate = GateFleet
+					}
+				}
+			}
+			if gate == "" {
 				b.commit(bnow, int64(req.Cost))
 				b.dequeue(ticket)
 				b.mu.Unlock()
@@ -270,6 +284,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			deadline = nil
 		case <-srcCh:
 		case <-budCh:
+		case <-shCh:
 		case <-ctx.Done():
 		}
 		if timer != nil {

@@ -35,6 +35,7 @@ type Limiter struct {
 	mu       sync.Mutex                         // serialises Configure
 	sources  atomic.Pointer[map[string]*source] // copy on write: lookups take no lock
 	groups   map[string]*groupBudget
+	shared   atomic.Pointer[map[string]Shared] // Share: copy on write; nil when nothing is shared
 }
 
 type groupBudget struct {
@@ -151,12 +152,18 @@ func (l *Limiter) SetLimit(id string, limit int, window time.Duration) error {
 
 // Pause closes source id (its whole group, when it has one) until until, or
 // later if a longer pause is already in force, and returns the pause in
-// force. The fetch loop calls it again with throttle.Time + Wait once the
+// force. A Shared attached to the budget is told too, so the fleet pauses. The fetch loop calls it again with throttle.Time + Wait once the
 // throttle event is durable, so the pause provably covers the recorded wait.
 func (l *Limiter) Pause(id string, until time.Time) (time.Time, error) {
-	b, err := l.Budget(id)
+	s, err := l.source(id)
 	if err != nil {
 		return time.Time{}, err
+	}
+	s.mu.Lock()
+	b, sh := s.budget, l.sharedOf(id, s.cfg)
+	s.mu.Unlock()
+	if sh != nil {
+		sh.Pause(until)
 	}
 	return b.Pause(until), nil
 }

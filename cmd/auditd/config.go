@@ -25,6 +25,9 @@ type fileConfig struct {
 	// the built-in denials (fetch.DeniedByDefault) and to the
 	// --allow-upstream and --deny-upstream flags.
 	Upstream upstreamPolicy `yaml:"upstream"`
+	// Fleet joins the node to a fleet sharing each source's budget through
+	// etcd (docs/FLEET.md); the --fleet-etcd and --node flags win over it.
+	Fleet fleetOptions `yaml:"fleet"`
 }
 
 // upstreamPolicy lists CIDR prefixes (or single addresses) upstream

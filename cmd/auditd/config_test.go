@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -88,4 +89,20 @@ func FuzzLoadConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestConfigFleet(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	yaml := "fleet:\n  etcd: [http://10.0.0.1:2379, http://10.0.0.2:2379]\n  node: east-1\n  lag: 60ms\nsources:\n  - id: a\n    base_url: http://x\n"
+	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(p, validateSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fleetOptions{Etcd: []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"}, Node: "east-1", Lag: 60 * time.Millisecond}
+	if !reflect.DeepEqual(cfg.Fleet, want) {
+		t.Fatalf("fleet = %+v, want %+v", cfg.Fleet, want)
+	}
 }

@@ -39,6 +39,7 @@ var commands = []command{
 	{"export", "write a run's evidence workbook offline", runExport},
 	{"compact", "give the bbolt file's free pages back to the disk (auditd stopped)", runCompact},
 	{"sim", "serve hostile upstream simulators from a scenario file", runSim},
+	{"fleet-demo", "run three nodes sharing each source's budget through one embedded etcd (make run-fleet)", runFleetDemo},
 	{"version", "print the build's version", runVersion},
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Var(&allowUpstream, "allow-upstream", "CIDR `prefix` or address upstream connections may reach even inside a denied range (repeatable; the most specific rule wins)")
 	fs.Var(&denyUpstream, "deny-upstream", "CIDR `prefix` or address upstream connections must not reach, beyond link-local, metadata and unspecified (repeatable; 127.0.0.0/8 and ::1/128 deny loopback)")
 	var witnesses listFlag
+	fleetEtcd := fs.String("fleet-etcd", "", "comma-separated etcd client `URLs`: share each source's budget and pauses with the other nodes of the fleet (docs/FLEET.md)")
+	node := fs.String("node", "", "this node's `name` in a fleet (with --fleet-etcd)")
+	fleetLag := fs.Duration("fleet-lag", 0, "the most a request on the wire may trail its fleet slot; slots are spaced to absorb it (default 100ms)")
 	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return parseStatus(err)
@@ -82,15 +86,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	log := slog.New(handler)
-	opts := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
+	o := serveOptions{dataDir: *dataDir, addr: *addr, configPath: *configPath, demo: *demo,
 		registry:    registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow},
 		tokenBudget: budget, publicLog: *publicLog, witnesses: witnesses,
-		allowUpstream: allowUpstream, denyUpstream: denyUpstream}
+		allowUpstream: allowUpstream, denyUpstream: denyUpstream,
+		fleet: fleetOptions{Node: *node, Lag: *fleetLag}}
+	if *fleetEtcd != "" {
+		o.fleet.Etcd = strings.Split(*fleetEtcd, ",")
+	}
 	if _, err := fetch.NewPolicy(allowUpstream, denyUpstream); err != nil {
 		fmt.Fprintf(stderr, "auditd serve: upstream policy: %v\n", err)
 		return 2
 	}
-	if err := serve(ctx, opts, stdout, log); err != nil {
+	if err := serve(ctx, o, stdout, log); err != nil {
 		fmt.Fprintf(stderr, "auditd serve: %v\n", err)
 		return 1
 	}
@@ -105,6 +113,7 @@ type serveOptions struct {
 	publicLog                       bool             // the log's routes for witnesses need no token
 	witnesses                       []string         // witness keys whose cosignatures are kept
 	allowUpstream, denyUpstream     []string         // the upstream address policy's flags (the config file adds its own)
+	fleet                           fleetOptions     // etcd and node name; none: the node runs alone
 }
 
 // serve wires the service together, serves until ctx ends, and shuts it
@@ -229,6 +238,26 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 			return fmt.Errorf("demo: %w", err)
 		}
 		stop.push("stop demo upstreams", demo.close)
+	}
+	if cfg != nil {
+		if len(o.fleet.Etcd) == 0 {
+			o.fleet.Etcd = cfg.Fleet.Etcd
+		}
+		if o.fleet.Node == "" {
+			o.fleet.Node = cfg.Fleet.Node
+		}
+		if o.fleet.Lag == 0 {
+			o.fleet.Lag = cfg.Fleet.Lag
+		}
+	}
+	if len(o.fleet.Etcd) > 0 {
+		// Joined before the loop starts: no request leaves before the
+		// budgets are shared.
+		fl, err := startFleet(ctx, o.fleet, lim, reg, led, log)
+		if err != nil {
+			return err
+		}
+		stop.push("leave fleet", fl.close)
 	}
 	stop.push("drain fetch loop", loop.Close)
 	if err := loop.Start(ctx); err != nil {

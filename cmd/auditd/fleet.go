@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
+)
+
+// fleetOptions are serve's fleet flags (or the config file's fleet:
+// section). Without endpoints the node runs alone, with no etcd.
+type fleetOptions struct {
+	Etcd []string `yaml:"etcd"` // etcd client URLs
+	Node string   `yaml:"node"` // this node's name in its fleet events
+	// Lag is the most a request's time on the wire may trail the slot it
+	// was handed (the dispatch record's commit, the connection): slots are
+	// spaced to absorb it, as they absorb clock skew. Default
+	// defaultFleetLag.
+	Lag time.Duration `yaml:"lag"`
+}
+
+// defaultFleetLag allows for a dispatch record committed in a busy
+// ledger's batch before the request leaves.
+const defaultFleetLag = 100 * time.Millisecond
+
+// fleetResync is how often the node looks for sources added, changed or
+// removed, to share their budgets.
+const fleetResync = time.Second
+
+// fleetNode shares the budget of every source (or gateway group) through
+// etcd: per key it keeps a fleet.Slots at the budget's ceiling, attached to
+// the limiter (limiter.Share), and writes every grant, pause, cut-off and
+// rejoin it acts on to the ledger.
+type fleetNode struct {
+	node   string
+	lag    time.Duration
+	client *clientv3.Client
+	store  *fleet.Store
+	lim    *limiter.Limiter
+	reg    *registry.Registry
+	led    auditd.Appender
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	shares map[string]*fleetShare // by key
+	queue  []fleet.Event          // events for the ledger, in order
+	wake   chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// fleetShare is one key's Slots with the rate it was made at and a member
+// source whose budget is the key's.
+type fleetShare struct {
+	*fleet.Slots
+	rate   fleet.Rate
+	member string
+}
+
+// Pause tells the fleet of a pause this node saw, without holding up the
+// caller (limiter.Shared): etcd may be slow or cut off, and the pause holds
+// here in any case.
+func (s *fleetShare) Pause(until time.Time) {
+	go func() {
+		_, _ = s.Slots.Pause(context.Background(), until) // a failure is recorded as a local pause (revision 0)
+	}()
+}
+
+// startFleet connects to etcd and shares every source's budget. It fails
+// when etcd cannot be reached at start: a node that never joined must not
+// run as if alone.
+func startFleet(ctx context.Context, o fleetOptions, lim *limiter.Limiter, reg *registry.Registry, led auditd.Appender, log *slog.Logger) (*fleetNode, error) {
+	if o.Node == "" {
+		return nil, errors.New("fleet: --node is required with --fleet-etcd")
+	}
+	client, err := clientv3.New(clientv3.Config{
+		Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		// Reconnect within a fraction of a second of etcd coming back, so
+		// that a node cut off rejoins soon after the cut heals.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		})},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: etcd %s: %w", strings.Join(o.Etcd, ","), err)
+	}
+	probe, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = client.Get(probe, fleet.DefaultPrefix+"probe")
+	cancel()
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("fleet: etcd %s does not answer: %w", strings.Join(o.Etcd, ","), err)
+	}
+	if o.Lag == 0 {
+		o.Lag = defaultFleetLag
+	}
+	n := &fleetNode{node: o.Node, lag: o.Lag, client: client, store: fleet.NewStore(client, clock.Real{}, ""),
+		lim: lim, reg: reg, led: led, log: log, shares: map[string]*fleetShare{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	n.sync()
+	rctx, stop := context.WithCancel(context.Background())
+	n.cancel = stop
+	go n.run(rctx)
+	log.Info("fleet joined", "node", o.Node, "etcd", strings.Join(o.Etcd, ","))
+	return n, nil
+}
+
+// sync shares the budget of every source the registry holds at its
+// ceiling, makes again a key's Slots whose ceiling changed, and drops those
+// of keys no source uses any more.
+func (n *fleetNode) sync() {
+	want := map[string]*fleetShare{}
+	for _, src := range n.reg.ListSources() {
+		st, err := n.reg.State(src.ID)
+		if err != nil {
+			continue // removed meanwhile
+		}
+		// The ceiling the limiter is configured at (fetch's configureGates).
+		key, rate := src.ID, fleet.Rate{Limit: st.CeilingLimit, Window: st.CeilingWindow}
+		if st.Group != "" {
+			key, rate = st.Group, fleet.Rate{Limit: st.GroupCeilingLimit, Window: st.GroupCeilingWindow}
+		}
+		if _, ok := want[key]; !ok {
+			want[key] = &fleetShare{rate: rate, member: src.ID}
+		}
+	}
+	var gone []*fleetShare
+	n.mu.Lock()
+	for key, old := range n.shares {
+		if w, ok := want[key]; !ok || w.rate != old.rate {
+			n.lim.Share(key, nil)
+			gone = append(gone, old)
+			delete(n.shares, key)
+		}
+	}
+	for key, w := range want {
+		if _, ok := n.shares[key]; ok {
+			continue
+		}
+		slots, err := fleet.NewSlots(n.store, clock.Real{}, fleet.Config{Key: key, Rate: w.rate, MaxSkew: fleet.DefaultMaxSkew + n.lag, Notify: n.notify})
+		if err != nil {
+			n.log.Error("fleet: share budget", "key", key, "err", err)
+			continue
+		}
+		w.Slots = slots
+		slots.Open()
+		n.shares[key] = w
+		n.lim.Share(key, w)
+	}
+	n.mu.Unlock()
+	for _, s := range gone { // outside n.mu: their goroutines may be notifying
+		n.closeShare(s)
+	}
+}
+
+func (n *fleetNode) closeShare(s *fleetShare) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.Close(ctx) // its held slots are wasted, never given back
+}
+
+// notify queues e for the ledger (fleet.Config.Notify: it must not block).
+func (n *fleetNode) notify(e fleet.Event) {
+	n.mu.Lock()
+	n.queue = append(n.queue, e)
+	n.mu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run writes the queued events to the ledger, applies learned pauses to
+// the local budget, and resyncs the shared keys, until ctx ends.
+func (n *fleetNode) run(ctx context.Context) {
+	defer close(n.done)
+	tick := time.NewTicker(fleetResync)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			n.drain(context.Background())
+			return
+		case <-tick.C:
+			n.sync()
+		case <-n.wake:
+		}
+		n.drain(ctx)
+	}
+}
+
+func (n *fleetNode) drain(ctx context.Context) {
+	n.mu.Lock()
+	q := n.queue
+	n.queue = nil
+	n.mu.Unlock()
+	for _, e := range q {
+		if e.Kind == fleet.EventPaused {
+			n.applyPause(e)
+		}
+		if _, err := n.led.Append(ctx, n.event(e)); err != nil {
+			n.log.Error("fleet: record event", "kind", e.Kind, "key", e.Key, "err", err)
+		}
+	}
+}
+
+// applyPause makes a pause of the fleet (another node's, or this one's
+// coming back) a pause of the local budget, so the requests waiting here
+// wait at the pause gate with its end known. Budget.Pause, not
+// Limiter.Pause: the fleet already has it.
+func (n *fleetNode) applyPause(e fleet.Event) {
+	n.mu.Lock()
+	s, ok := n.shares[e.Key]
+	n.mu.Unlock()
+	if !ok {
+		return
+	}
+	if b, err := n.lim.Budget(s.member); err == nil {
+		b.Pause(e.Pause.Until)
+	}
+}
+
+// fleetDetail is the Detail of a fleet event.
+type fleetDetail struct {
+	Node     string     `json:"node"`
+	Revision int64      `json:"revision,omitempty"`
+	First    *time.Time `json:"first,omitempty"`
+	Interval string     `json:"interval,omitempty"`
+	Count    int        `json:"count,omitempty"`
+	Until    *time.Time `json:"until,omitempty"`
+}
+
+// event is e as a ledger event.
+func (n *fleetNode) event(e fleet.Event) auditd.Event {
+	d := fleetDetail{Node: n.node}
+	ev := auditd.Event{}
+	switch e.Kind {
+	case fleet.EventReserved:
+		ev.Type = auditd.EventFleetReserved
+		first := e.Block.First.UTC()
+		d.Revision, d.First, d.Interval, d.Count = e.Block.Revision, &first, e.Block.Interval.String(), e.Block.Count
+	case fleet.EventPaused:
+		ev.Type = auditd.EventFleetPaused
+		until := e.Pause.Until.UTC()
+		d.Revision, d.Until = e.Pause.Revision, &until
+	case fleet.EventCutOff:
+		ev.Type = auditd.EventFleetCutOff
+		if e.Err != nil {
+			ev.Reason = e.Err.Error()
+		}
+	case fleet.EventRejoined:
+		ev.Type = auditd.EventFleetRejoined
+	}
+	n.mu.Lock()
+	s := n.shares[e.Key]
+	n.mu.Unlock()
+	if s != nil && s.member != e.Key { // a gateway group's key
+		ev.Group = e.Key
+	} else {
+		ev.SourceID = e.Key
+	}
+	detail, _ := json.Marshal(d)
+	ev.Detail = string(detail)
+	return ev
+}
+
+// close stops sharing, writes what is queued, and closes the etcd client.
+func (n *fleetNode) close(ctx context.Context) error {
+	n.cancel()
+	select {
+	case <-n.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	n.mu.Lock()
+	shares := n.shares
+	n.shares = map[string]*fleetShare{}
+	n.mu.Unlock()
+	for key, s := range shares {
+		n.lim.Share(key, nil)
+		n.closeShare(s)
+	}
+	n.drain(ctx)
+	return n.client.Close()
+}

@@ -1,0 +1,105 @@
+package limiter
+
+import (
+	"fmt"
+	"maps"
+	"time"
+)
+
+// GateFleet holds a request that its budget admits while the node holds no
+// fleet slot for it yet (a Shared attached with Share): the next slot is
+// later, or the node has none and waits for a grant, which a node cut off
+// from the fleet's store never gets.
+const GateFleet Gate = "fleet"
+
+// Shared is a budget's share of a limit that several nodes keep together
+// (package fleet's Slots): the node's slots, handed out with no call to the
+// shared store on the way. Acquire consults it at the head of the budget's
+// queue, after the budget's own gates admit, and takes from it in the same
+// step as the budget counts the request.
+type Shared interface {
+	// Check rejects a cost the shared side could never serve at once.
+	Check(cost int) error
+	// Earliest returns when cost slots can be taken, at or after now;
+	// false when the node holds too few (it asks for more; wait on
+	// Changed).
+	Earliest(now time.Time, cost int) (time.Time, bool)
+	// Take spends cost slots at now, or nothing and false when Earliest
+	// is after now.
+	Take(now time.Time, cost int) bool
+	// Changed is closed at the next change a waiter could care about (a
+	// grant, a pause).
+	Changed() <-chan struct{}
+	// Pause tells the fleet of a pause this node saw (Limiter.Pause). It
+	// must not block on the shared store: a Retry-After is recorded and
+	// obeyed here whether or not the fleet can be told.
+	Pause(until time.Time)
+}
+
+// Share attaches s to the budget of key: a gateway group's name for its
+// members, or a source id for a source in no group. From then on that
+// budget admits a request only when s also hands it a slot. A nil s
+// detaches. Without a Shared a budget admits exactly as before.
+func (l *Limiter) Share(key string, s Shared) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	next := map[string]Shared{}
+	if old := l.shared.Load(); old != nil {
+		next = maps.Clone(*old)
+	}
+	if s == nil {
+		delete(next, key)
+	} else {
+		next[key] = s
+	}
+	if len(next) == 0 {
+		l.shared.Store(nil)
+	} else {
+		l.shared.Store(&next)
+	}
+	for _, src := range *l.sources.Load() {
+		src.mu.Lock()
+		src.broadcast() // waiters look again
+		src.mu.Unlock()
+	}
+}
+
+// sharedOf returns the Shared of a source with cfg, or nil: one atomic load
+// when nothing is shared.
+func (l *Limiter) sharedOf(id string, cfg Config) Shared {
+	m := l.shared.Load()
+	if m == nil {
+		return nil
+	}
+	if cfg.Group != "" {
+		id = cfg.Group
+	}
+	return (*m)[id]
+}
+
+// takeShared is the fleet gate at the head of the budget's queue: it takes
+// cost slots from sh at now, or returns the gate's wait (0 when unknown)
+// and the channel to wait on.
+func takeShared(sh Shared, now time.Time, cost int) (bool, time.Duration, <-chan struct{}) {
+	ch := sh.Changed() // before Earliest: a grant in between still wakes the waiter
+	at, ok := sh.Earliest(now, cost)
+	switch {
+	case !ok:
+		return false, 0, ch
+	case at.After(now):
+		return false, at.Sub(now), ch
+	case !sh.Take(now, cost):
+		return false, 0, ch
+	}
+	return true, 0, nil
+}
+
+func checkShared(sh Shared, id string, cost int) error {
+	if sh == nil {
+		return nil
+	}
+	if err := sh.Check(cost); err != nil {
+		return fmt.Errorf("acquire %s: %w: %w", id, ErrCostExceedsCapacity, err)
+	}
+	return nil
+}

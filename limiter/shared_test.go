@@ -1,0 +1,208 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/limiter"
+)
+
+// fakeShared is a node's share of a fleet limit: the slots the test grants
+// it, each good for grace after its time, as fleet.Slots hands them out.
+type fakeShared struct {
+	mu      sync.Mutex
+	grace   time.Duration
+	slots   []time.Time
+	taken   []time.Time
+	pauses  []time.Time
+	maxCost int
+	changed chan struct{}
+	short   chan struct{} // a token each time Earliest finds too few slots
+}
+
+func newFakeShared() *fakeShared {
+	return &fakeShared{grace: 20 * time.Millisecond, maxCost: 2, changed: make(chan struct{}), short: make(chan struct{}, 100)}
+}
+
+func (f *fakeShared) grant(at ...time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slots = append(f.slots, at...)
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *fakeShared) Check(cost int) error {
+	if cost > f.maxCost {
+		return errors.New("cost exceeds the slots' grace")
+	}
+	return nil
+}
+
+func (f *fakeShared) expire(now time.Time) {
+	for len(f.slots) > 0 && !f.slots[0].Add(f.grace).After(now) {
+		f.slots = f.slots[1:]
+	}
+}
+
+func (f *fakeShared) Earliest(now time.Time, cost int) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expire(now)
+	if len(f.slots) < cost {
+		f.short <- struct{}{}
+		return time.Time{}, false
+	}
+	if at := f.slots[cost-1]; at.After(now) {
+		return at, true
+	}
+	return now, true
+}
+
+func (f *fakeShared) Take(now time.Time, cost int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expire(now)
+	if len(f.slots) < cost || f.slots[cost-1].After(now) {
+		return false
+	}
+	f.slots = f.slots[cost:]
+	f.taken = append(f.taken, now)
+	return true
+}
+
+func (f *fakeShared) Changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.changed
+}
+
+func (f *fakeShared) Pause(until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pauses = append(f.pauses, until)
+}
+
+func (f *fakeShared) takes() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Time(nil), f.taken...)
+}
+
+var roomy = limiter.Config{Limit: 1000, Window: time.Second, Burst: 1000}
+
+func TestSharedAdmitsAtTheFleetSlot(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": roomy})
+	sh := newFakeShared()
+	l.Share("s", sh)
+	ch := acquireAsync(context.Background(), c, l, "s", limiter.Request{}, 0)
+	<-sh.short // holds no slot: waits for a grant, with no timer
+	sh.grant(epoch.Add(30 * time.Millisecond))
+	c.WaitForTimers(1) // the slot is known: waits for its time
+	c.Advance(29 * time.Millisecond)
+	select {
+	case r := <-ch:
+		t.Fatalf("admitted before its fleet slot: %+v", r.p)
+	default:
+	}
+	c.Advance(time.Millisecond)
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !r.p.Admitted.Equal(epoch.Add(30 * time.Millisecond)) {
+		t.Fatalf("admitted at %v, want at the slot", r.p.Admitted)
+	}
+	if len(r.p.Waits) != 1 || r.p.Waits[0].Gate != limiter.GateFleet || r.p.Waits[0].Actual != 30*time.Millisecond {
+		t.Fatalf("waits = %+v, want one fleet wait of 30ms", r.p.Waits)
+	}
+	if got := sh.takes(); len(got) != 1 || !got[0].Equal(r.p.Admitted) {
+		t.Fatalf("slots taken at %v, want one at the admission", got)
+	}
+}
+
+func TestSharedCutOffShedsAtDeadline(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": roomy})
+	sh := newFakeShared() // cut off: no grant ever comes
+	l.Share("s", sh)
+	ch := acquireAsync(context.Background(), c, l, "s", limiter.Request{Deadline: epoch.Add(time.Second)}, 1)
+	c.Advance(time.Second)
+	r := <-ch
+	var shed *limiter.ShedError
+	if !errors.As(r.err, &shed) || shed.Gate != limiter.GateFleet || shed.Wait != 0 {
+		t.Fatalf("err = %v, want a shed at the fleet gate with no estimate", r.err)
+	}
+	if st, _ := l.State("s"); st.InFlight != 0 || st.Queued != 0 {
+		t.Fatalf("shed request left state %+v", st)
+	}
+	if b, _ := l.Budget("s"); b.Tokens() != 1000 {
+		t.Fatalf("budget counted a request the fleet refused: %v tokens", b.Tokens())
+	}
+}
+
+func TestSharedSlotPastDeadlineShedsAtOnceWithItsWait(t *testing.T) {
+	l, _ := newLimiter(t, map[string]limiter.Config{"s": roomy})
+	sh := newFakeShared()
+	sh.grant(epoch.Add(3 * time.Second))
+	l.Share("s", sh)
+	_, err := l.Acquire(context.Background(), "s", limiter.Request{Deadline: epoch.Add(time.Second)})
+	var shed *limiter.ShedError
+	if !errors.As(err, &shed) || shed.Gate != limiter.GateFleet || shed.Wait != 3*time.Second {
+		t.Fatalf("err = %v, want a shed at the fleet gate with a 3s wait", err)
+	}
+}
+
+func TestSharedKeepsTheBudgetsOwnGates(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 10, Window: time.Second}})
+	sh := newFakeShared()
+	l.Share("s", sh)
+	sh.grant(epoch, epoch.Add(10*time.Millisecond))
+	mustAcquire(t, l, "s").Release()
+	// The fleet holds a slot at 10ms, but the budget's own pace is 100ms.
+	ch := acquireAsync(context.Background(), c, l, "s", limiter.Request{}, 1)
+	c.Advance(10 * time.Millisecond)
+	select {
+	case r := <-ch:
+		t.Fatalf("a fleet slot admitted past the budget's own rate: %+v", r.p)
+	default:
+	}
+	sh.grant(epoch.Add(100 * time.Millisecond))
+	c.Advance(90 * time.Millisecond)
+	r := <-ch
+	if r.err != nil || !r.p.Admitted.Equal(epoch.Add(100*time.Millisecond)) {
+		t.Fatalf("admitted %+v, %v; want at 100ms", r.p, r.err)
+	}
+}
+
+func TestSharedOfAGroupAndPause(t *testing.T) {
+	l, _ := newLimiter(t, map[string]limiter.Config{
+		"a": {Limit: 1000, Window: time.Second, Burst: 1000, Group: "g"},
+		"b": {Limit: 1000, Window: time.Second, Burst: 1000, Group: "g"},
+	})
+	sh := newFakeShared()
+	l.Share("g", sh)
+	sh.grant(epoch)
+	mustAcquire(t, l, "a").Release()
+	_, err := l.Acquire(context.Background(), "b", limiter.Request{Deadline: epoch})
+	if !errors.Is(err, limiter.ErrShed) {
+		t.Fatalf("b took a slot the group's share had already spent: %v", err)
+	}
+	until := epoch.Add(time.Minute)
+	if got, _ := l.Pause("b", until); !got.Equal(until) {
+		t.Fatalf("pause in force %v", got)
+	}
+	if len(sh.pauses) != 1 || !sh.pauses[0].Equal(until) {
+		t.Fatalf("fleet told of pauses %v, want %v", sh.pauses, until)
+	}
+	if _, err := l.Acquire(context.Background(), "a", limiter.Request{Cost: 3}); !errors.Is(err, limiter.ErrCostExceedsCapacity) {
+		t.Fatalf("a cost the fleet cannot serve: %v", err)
+	}
+	l.Share("g", nil)
+	var shed *limiter.ShedError
+	if _, err := l.Acquire(context.Background(), "a", limiter.Request{Deadline: epoch}); !errors.As(err, &shed) || shed.Gate != limiter.GatePause {
+		t.Fatalf("detached and paused: %v, want a shed at the pause gate", err)
+	}
+}
