@@ -52,9 +52,13 @@
 //     to this one (boundaries taken at the middle of the last pause), the
 //     window's quota spread evenly over its length (cause window_spent);
 //     over several windows, the pace that spent the last one, spread over
-//     the window. The first refusal of a later episode pauses until the
-//     next boundary the last window's length and end predict; a probe past
-//     the pace must hold a whole window to count.
+//     the window. Boundaries are known only to within a pause: a window's
+//     length within a fifth of a common one (1s, 1m, 10m...) is that one,
+//     and one window spent then sets the pace to its successes over that
+//     length. The first refusal of a later episode pauses until the next
+//     boundary the last window's length and end predict, unless one was
+//     due within half the last pause; a probe past the pace must hold a
+//     whole window to count.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
 //     (or as many as the pace sends in ten seconds, if fewer) halves the
 //     distance back toward the rate last refused (or a step above what was
