@@ -55,7 +55,27 @@ func (c *bcase) runAuditd(ctx context.Context, ad *auditd) error {
 		return err
 	}
 	c.note = strings.TrimSpace(c.note + fmt.Sprintf(" ledger dispatches %d", total))
-	return nil
+	c.learned, err = ad.learned(ctx, c.source())
+	return err
+}
+
+// learned reads the pace auditd shows for source (its learned limit), in
+// requests per second.
+func (a *auditd) learned(ctx context.Context, source string) (float64, error) {
+	var st struct {
+		Learned struct {
+			Limit  int    `json:"limit"`
+			Window string `json:"window"`
+		} `json:"learned"`
+	}
+	if code, body, err := a.call(ctx, "GET", "/v1/sources/"+source, nil, &st); err != nil || code != http.StatusOK {
+		return 0, fmt.Errorf("get source: %d %s %v", code, body, err)
+	}
+	w, err := time.ParseDuration(st.Learned.Window)
+	if err != nil || w <= 0 {
+		return 0, fmt.Errorf("learned window %q: %v", st.Learned.Window, err)
+	}
+	return float64(st.Learned.Limit) / w.Seconds(), nil
 }
 
 // auditd is a running auditd serve.

@@ -87,6 +87,31 @@ var shapes = []shape{
 	{Name: "rising-0.5s-to-4s", Rate: 0.5, Burst: 1, Status: 429,
 		Go: &sim.Limit{Shape: sim.ShapeSlidingWindow, Requests: 1, Window: 2 * time.Second,
 			Changes: []sim.Change{{After: 2 * time.Minute, Requests: 8}}}},
+	{Name: "quota-1000-per-2m-unix", Rate: 1000.0 / 120, Burst: 1, Status: 429, Advertise: sim.AdvertiseXRateUnix,
+		Go: &sim.Limit{Shape: sim.ShapeFixedWindow, Requests: 1000, Window: 2 * time.Minute}},
+	{Name: "quota-1000-per-2m-ietf", Rate: 1000.0 / 120, Burst: 1, Status: 429, Advertise: sim.AdvertiseIETF,
+		Go: &sim.Limit{Shape: sim.ShapeFixedWindow, Requests: 1000, Window: 2 * time.Minute}},
+	{Name: "rising-2s-to-8s", Rate: 2, Burst: 1, Status: 429,
+		Go: &sim.Limit{Shape: sim.ShapeSlidingWindow, Requests: 4, Window: 2 * time.Second,
+			Changes: []sim.Change{{After: time.Minute, Requests: 16}}}},
+	{Name: "falling-8s-to-2s", Rate: 8, Burst: 1, Status: 429,
+		Go: &sim.Limit{Shape: sim.ShapeSlidingWindow, Requests: 16, Window: 2 * time.Second,
+			Changes: []sim.Change{{After: time.Minute, Requests: 4}}}},
+}
+
+// allowed is the shape's rate at the end, after its changes, a second.
+func (s shape) allowed() float64 {
+	if s.Go == nil {
+		return s.Rate
+	}
+	n, w := s.Go.Requests, s.Go.Window
+	for _, ch := range s.Go.Changes {
+		n = ch.Requests
+		if ch.Window != nil {
+			w = *ch.Window
+		}
+	}
+	return float64(n) / w.Seconds()
 }
 
 var clients = []string{"auditd", "oracle", "retry"}
@@ -255,6 +280,8 @@ type bcase struct {
 	received int           // what the server counted (nginx's log), maintenance included
 	note     string
 	err      error
+
+	learned float64 // auditd's: the pace it shows at the end, a second
 
 	sim      *sim.Sim  // the shape's Go upstream, when it has one
 	simStart time.Time // when its limit's changes count from

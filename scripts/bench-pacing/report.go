@@ -16,7 +16,7 @@ func report(out io.Writer, cases []*bcase, ns []int) {
 		}
 	}
 	tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "shape\tn\tclient\ttime\tx oracle\trefused\trequests sent\tserver received\t\t")
+	fmt.Fprintln(tw, "shape\tn\tclient\ttime\tx oracle\trefused\trequests sent\tserver received\tlearned/s\tallowed/s\t\t")
 	for _, c := range cases {
 		o := oracle[fmt.Sprintf("%s/%d", c.shape.Name, c.n)]
 		ratio := "-"
@@ -31,8 +31,12 @@ func report(out io.Writer, cases []*bcase, ns []int) {
 		if c.err != nil {
 			status = "error: " + c.err.Error()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.1fs\t%s\t%.1f%%\t%d\t%d\t  %s\t\n", c.shape.Name, c.n, c.client,
-			c.elapsed.Seconds(), ratio, share, c.sent, c.received, status)
+		learned := "-"
+		if c.client == "auditd" {
+			learned = fmt.Sprintf("%.3g", c.learned)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.1fs\t%s\t%.1f%%\t%d\t%d\t%s\t%.3g\t  %s\t\n", c.shape.Name, c.n, c.client,
+			c.elapsed.Seconds(), ratio, share, c.sent, c.received, learned, c.shape.allowed(), status)
 	}
 	tw.Flush()
 }
