@@ -33,7 +33,12 @@
 //     then, less the waits it asked for (auditd's own drain pause, and the
 //     first second or two intervals of a Retry-After, stay in: from one
 //     refusal to the next a bucket goes from full to full, so what it
-//     admitted in between, two seconds or more of it, is its rate). A refusal of a request sent before
+//     admitted in between, two seconds or more of it, is its rate).
+//     Recovery heads a step past what was admitted only when that was
+//     measured over ten seconds or more since the last cut: over less, a
+//     window still full of a faster pace (a limit that just dropped)
+//     blurs it, and recovery heads back toward the pace refused, the next
+//     cut measuring again. A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
 //     does not cut again; one after that, before a round proved the new
 //     pace, halves it. Refusals with no success between them are one
