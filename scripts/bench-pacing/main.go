@@ -1,9 +1,9 @@
 // Command bench-pacing measures how close auditd's learning comes to a
 // client told the exact limit, against real nginx limit_req servers whose
-// limits auditd is not told (make bench-pacing; docs/BENCHMARKS.md), and,
-// for the shapes nginx cannot express (fixed windows, quotas that count
-// down to a reset, limits that rise), against package sim's upstreams on
-// loopback, on the real clock.
+// limits auditd is not told (make bench-pacing; docs/BENCHMARKS.md and
+// docs/bench/learning.md), and, for the shapes nginx cannot express (fixed
+// windows, quotas that count down to a reset, limits that rise or fall),
+// against package sim's upstreams on loopback, on the real clock.
 //
 // For each shape it starts three servers with the same limit, each with its
 // own count, and fetches n items from each with one client:
@@ -26,7 +26,8 @@
 // It prints, per shape and size: the time to fetch n items against the
 // oracle's, the share of requests refused for rate, and how many requests
 // each server received (nginx's access log, or the simulator's count),
-// which for auditd must equal the dispatches its ledger holds.
+// which for auditd must equal the dispatches its ledger holds, and the
+// pace auditd shows at the end against the shape's rate at the end.
 package main
 
 import (
