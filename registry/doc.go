@@ -33,7 +33,12 @@
 //     then, less the waits it asked for (auditd's own drain pause, and the
 //     first second or two intervals of a Retry-After, stay in: from one
 //     refusal to the next a bucket goes from full to full, so what it
-//     admitted in between, two seconds or more of it, is its rate). A refusal of a request sent before
+//     admitted in between, two seconds or more of it, is its rate).
+//     Recovery heads a step past what was admitted only when that was
+//     measured over ten seconds or more since the last cut: over less, a
+//     window still full of a faster pace (a limit that just dropped)
+//     blurs it, and recovery heads back toward the pace refused, the next
+//     cut measuring again. A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
 //     does not cut again; one after that, before a round proved the new
 //     pace, halves it. Refusals with no success between them are one
@@ -52,9 +57,13 @@
 //     to this one (boundaries taken at the middle of the last pause), the
 //     window's quota spread evenly over its length (cause window_spent);
 //     over several windows, the pace that spent the last one, spread over
-//     the window. The first refusal of a later episode pauses until the
-//     next boundary the last window's length and end predict; a probe past
-//     the pace must hold a whole window to count.
+//     the window. Boundaries are known only to within a pause: a window's
+//     length within a fifth of a common one (1s, 1m, 10m...) is that one,
+//     and one window spent then sets the pace to its successes over that
+//     length. The first refusal of a later episode pauses until the next
+//     boundary the last window's length and end predict, unless one was
+//     due within half the last pause; a probe past the pace must hold a
+//     whole window to count.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
 //     (or as many as the pace sends in ten seconds, if fewer) halves the
 //     distance back toward the rate last refused (or a step above what was

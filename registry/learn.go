@@ -213,8 +213,13 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			}
 			// Either way the server's rate is not far above what it
 			// admitted: recovery heads a step past it, not to the
-			// refused pace.
-			refused = min(refused, adm*(1+o.ProbeGain))
+			// refused pace. Over a short spell what it admitted is
+			// blurred by what it still held of the faster pace (a
+			// window full of it after a drop): recovery heads back
+			// toward the pace refused, and the next cut measures again.
+			if now.Sub(x.lastCut) >= roundTime {
+				refused = min(refused, adm*(1+o.ProbeGain))
+			}
 		}
 		next = o.Decrease * bad
 		if !x.proven && !x.lastCut.IsZero() {

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -49,8 +50,15 @@ func (r *Registry) windowSpent(ctx context.Context, x *entry, obs *Observation, 
 	}
 	if bounded || x.cycleLen == 0 {
 		// From boundary to boundary, the window's length; from the first
-		// success, a first guess of it.
-		x.cycleLen = time.Duration(win * float64(time.Second))
+		// success, a first guess of it. Boundaries are only known to
+		// within a pause: a length near a common one is that one.
+		x.cycleLen = nearWindow(time.Duration(win * float64(time.Second)))
+		if m == 1 && slices.Contains(windows, x.cycleLen) {
+			// One window, spent: what it admitted is its quota, over its
+			// length rather than over the blurred span between the two
+			// boundaries seen.
+			per = float64(count) / x.cycleLen.Seconds()
+		}
 	}
 	if x.probing || now.Sub(x.probedAt) < max(probeMemory, 2*x.cycleLen) {
 		x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
@@ -85,9 +93,11 @@ const (
 func (e *entry) episodePause(drain time.Duration, now time.Time) time.Duration {
 	if e.episode == 1 && e.cycleLen > 0 && !e.cycleFrom.IsZero() {
 		n := now.Sub(e.cycleFrom)/e.cycleLen + 1
-		// Unless a boundary was due just now: the estimate ran ahead
-		// of the window, whose boundary is near.
-		if wait := e.cycleFrom.Add(n * e.cycleLen).Sub(now); 10*wait < 9*e.cycleLen {
+		// Unless a boundary was due just now, or within half the last
+		// pause (which is how well the last boundary is known): the
+		// estimate ran ahead of the window, whose boundary is near.
+		wait := e.cycleFrom.Add(n * e.cycleLen).Sub(now)
+		if 10*wait < 9*e.cycleLen && wait < e.cycleLen-e.lastPause/2 {
 			e.lastPause = wait + settle
 			return e.lastPause
 		}
@@ -95,4 +105,15 @@ func (e *entry) episodePause(drain time.Duration, now time.Time) time.Duration {
 	grown := drain << min(e.episode-1, 16)
 	e.lastPause = max(drain, min(grown, max(now.Sub(e.episodeAt)/episodeShare, 4*drain), maxEpisodePause))
 	return e.lastPause
+}
+
+// nearWindow returns the common window length (windows) within a fifth of
+// d, or d when there is none.
+func nearWindow(d time.Duration) time.Duration {
+	for _, w := range windows {
+		if d >= w*4/5 && d <= w*6/5 {
+			return w
+		}
+	}
+	return d
 }
