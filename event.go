@@ -2,6 +2,7 @@ package auditd
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -42,6 +43,20 @@ const (
 	EventFleetCutOff   EventType = "fleet.cut_off"  // Reason: why etcd did not answer; Detail: node
 	EventFleetRejoined EventType = "fleet.rejoined" // Detail: node
 )
+
+// EventTypes is every event type, in the order their constants are
+// declared: what the API filters by and the contract lists.
+var EventTypes = []EventType{
+	EventRunStarted, EventRunResumed, EventRunFinished, EventItemQueued, EventDispatch, EventWait,
+	EventResponse, EventThrottle, EventTransportError, EventInterrupted, EventBreaker,
+	EventRegistryChanged, EventRegistrySnapshot, EventShed, EventCacheServed, EventPayloadStaged,
+	EventItemFinished, EventAcknowledged, EventExport, EventViewed, EventTokenChanged, EventSourceChanged,
+	EventFleetReserved, EventFleetPaused, EventFleetCutOff, EventFleetRejoined,
+	EventRetentionSet, EventHoldPlaced, EventHoldReleased, EventPayloadPurged,
+}
+
+// Known reports whether t is one of EventTypes.
+func (t EventType) Known() bool { return slices.Contains(EventTypes, t) }
 
 // Event is one immutable record in the ledger.
 //

@@ -55,7 +55,7 @@ func parseEventQuery(c echo.Context, stream bool) (eventQuery, error) {
 	}
 	for _, raw := range c.QueryParams()["type"] {
 		for _, t := range strings.Split(raw, ",") {
-			if !knownEventType(auditd.EventType(t)) {
+			if !auditd.EventType(t).Known() {
 				return q, invalid("type", "Unknown event type %q.", t)
 			}
 			if q.types == nil {
@@ -69,20 +69,6 @@ func parseEventQuery(c echo.Context, stream bool) (eventQuery, error) {
 		return q, invalid("source", "source is at most 100 characters.")
 	}
 	return q, nil
-}
-
-func knownEventType(t auditd.EventType) bool {
-	switch t {
-	case auditd.EventRunStarted, auditd.EventRunResumed, auditd.EventRunFinished, auditd.EventItemQueued,
-		auditd.EventDispatch, auditd.EventWait, auditd.EventResponse, auditd.EventThrottle,
-		auditd.EventTransportError, auditd.EventInterrupted, auditd.EventBreaker,
-		auditd.EventRegistryChanged, auditd.EventRegistrySnapshot, auditd.EventShed,
-		auditd.EventCacheServed, auditd.EventPayloadStaged, auditd.EventItemFinished,
-		auditd.EventAcknowledged, auditd.EventExport, auditd.EventViewed, auditd.EventTokenChanged, auditd.EventSourceChanged,
-		auditd.EventRetentionSet, auditd.EventHoldPlaced, auditd.EventHoldReleased, auditd.EventPayloadPurged:
-		return true
-	}
-	return false
 }
 
 // wantsNDJSON reports whether the Accept header asks for NDJSON.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/api"
 )
 
@@ -73,5 +74,25 @@ func TestSpecServed(t *testing.T) {
 	r := e.do(request{path: "/openapi.yaml"})
 	if r.status != http.StatusOK || string(r.body) != string(api.Spec()) {
 		t.Fatalf("GET /openapi.yaml: %d, %d bytes; want 200 and the embedded %d bytes", r.status, len(r.body), len(api.Spec()))
+	}
+}
+
+// TestSpecListsEveryEventType fails when the contract's event types and
+// the ledger's (auditd.EventTypes) differ: a type the API filters by must
+// be one a client can read about, and the other way round.
+func TestSpecListsEveryEventType(t *testing.T) {
+	doc := loadSpec(t)
+	var inSpec []string
+	for _, v := range doc.Components.Schemas["Event"].Value.Properties["type"].Value.Enum {
+		inSpec = append(inSpec, v.(string))
+	}
+	var known []string
+	for _, et := range auditd.EventTypes {
+		known = append(known, string(et))
+	}
+	sort.Strings(inSpec)
+	sort.Strings(known)
+	if strings.Join(inSpec, " ") != strings.Join(known, " ") {
+		t.Fatalf("event types in the contract:\n%v\nin auditd.EventTypes:\n%v", inSpec, known)
 	}
 }
