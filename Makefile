@@ -27,6 +27,7 @@ run-fleet: build
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 8m ./...
+	$(GO) test -count=1 -run 'HundredThousand' ./fetch/
 
 # Benchmarks, side by side in one run; compare with benchstat. The proxy
 # route's: make bench BENCH=ProxyLatency BENCHTIME=2000x, and
