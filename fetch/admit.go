@@ -11,12 +11,11 @@ import (
 type admitEnd int
 
 const (
-	admitted       admitEnd = iota // the permit holds the attempt's admission
-	admitDown                      // the breaker holds a source known to be down (limiter.DownError)
-	admitStillDown                 // a probe failed while the request waited at the breaker: a try spent
-	admitShed                      // not admitted by the deadline (limiter.ShedError)
-	admitGone                      // ctx ended first
-	admitFailed                    // the limiter refused the request (unknown source, cost)
+	admitted    admitEnd = iota // the permit holds the attempt's admission
+	admitDown                   // the breaker holds a source known to be down (limiter.DownError)
+	admitShed                   // not admitted by the deadline (limiter.ShedError)
+	admitGone                   // ctx ended first
+	admitFailed                 // the limiter refused the request (unknown source, cost)
 )
 
 // admit is the gates' step of every attempt, a batch item's page and a
@@ -26,12 +25,11 @@ const (
 // breaker, nor in its backoff once the breaker opens: it is told at once
 // (admitDown). Past the cooldown it may be the probe like any other, so a
 // source whose callers answer from copies is still probed, and closes
-// again. A source whose breaker failed maxAttempts probes in a row ends
-// every request finding it open at once (OutageBound); a request waiting
-// at the breaker when a probe fails is told (admitStillDown), and counts
-// it as a try.
-func (g *gates) admit(ctx context.Context, sourceID string, req limiter.Request, fallback bool, maxAttempts int) (*limiter.Permit, admitEnd, error) {
-	req.StopAtReopen, req.Fallback, req.DownAfter = true, fallback, maxAttempts
+// again. A source whose breaker has been open for OutageBound ends every
+// request finding it open at once; until then a request without a
+// fallback waits at the breaker, however many probes fail meanwhile.
+func (g *gates) admit(ctx context.Context, sourceID string, req limiter.Request, fallback bool) (*limiter.Permit, admitEnd, error) {
+	req.Fallback, req.DownFor = fallback, OutageBound
 	p, err := g.limiter.Acquire(ctx, sourceID, req)
 	var shed *limiter.ShedError
 	switch {
@@ -39,8 +37,6 @@ func (g *gates) admit(ctx context.Context, sourceID string, req limiter.Request,
 		return p, admitted, nil
 	case errors.Is(err, limiter.ErrSourceDown):
 		return p, admitDown, err
-	case errors.Is(err, limiter.ErrStillDown):
-		return p, admitStillDown, err
 	case errors.As(err, &shed):
 		return p, admitShed, err
 	case ctx.Err() != nil:

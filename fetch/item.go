@@ -145,7 +145,6 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
 	lastReason := ""
-	deferred := 0          // failed probes of the source's breaker this page waited through
 	recordFailures := 0    // dispatch records the ledger refused in a row
 	var throttled *attempt // the dispatch a throttle answered, until the page's next dispatch
 	for {
@@ -155,34 +154,24 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 			return nil, pageAbandon, ""
 		}
-		if spent := it.attempts.spent(pg.index); spent+deferred >= maxAttempts {
-			if deferred > 0 {
-				return nil, pageFailed, fmt.Sprintf("source down: %d attempts spent, %d failed probes waited through; last: %s", spent, deferred, lastReason)
-			}
+		if spent := it.attempts.spent(pg.index); spent >= maxAttempts {
 			return nil, pageFailed, fmt.Sprintf("%d attempts spent; last: %s", spent, lastReason)
 		}
 		// A source that is down is answered from the item's last good copy
 		// at once rather than waited for (admit).
 		fallback := l.hasCopy(lastGood)
-		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Cost: it.Cost, Deadline: ar.deadline, NotBefore: retryAt}, fallback, maxAttempts)
+		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Cost: it.Cost, Deadline: ar.deadline, NotBefore: retryAt}, fallback)
 		// The waits held back the page's next dispatch: they carry its attempt.
 		recordAdmission(batchEnds{l, rctx, ar, it, lastGood}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		switch end {
 		case admitDown:
 			var down *limiter.DownError
 			if errors.As(err, &down) && !fallback {
-				// Down through as many probes as an item may try: a source
-				// that stays down ends the run's items at once (OutageBound).
-				return nil, pageFailed, fmt.Sprintf("source down: %d probes failed in a row", down.Reopens)
+				// Down for OutageBound: a source that stays down ends the
+				// run's items at once.
+				return nil, pageFailed, downReason(down, l.cfg.Clock.Now())
 			}
 			return nil, pageFailed, "breaker open"
-		case admitStillDown:
-			// Another item's probe failed while this one waited: each
-			// such failure costs a try, so a run against a source that
-			// stays down ends (OutageBound).
-			deferred++
-			lastReason = "breaker open: the source is still down"
-			continue
 		case admitShed:
 			var shed *limiter.ShedError
 			errors.As(err, &shed)

@@ -253,18 +253,18 @@ func sourcesOf(items []auditd.Item) []string {
 	return ids
 }
 
-// OutageBound is how long, once the breaker has opened, the items of a run
-// can take to end against a source that answers nothing but failures: each
-// failed half-open probe an item waits through costs it an attempt, once
-// maxAttempts probes in a row have failed every item finding the breaker
-// open ends at once (failed, or from its last good copy), and the cooldown
-// doubles from cooldown up to backoff times it. For the defaults (5
-// attempts, 30s, 4) it is 7m30s.
-func OutageBound(maxAttempts int, cooldown time.Duration, backoff int) time.Duration {
-	var total time.Duration
-	for i, c := 0, cooldown; i < maxAttempts; i++ {
-		total += c
-		c = min(2*c, time.Duration(backoff)*cooldown)
-	}
-	return total
+// OutageBound is how long a source's breaker may stay open, from when it
+// first opened, before every request finding it open ends at once (failed,
+// or from its last good copy) rather than wait for the next probe: a run
+// against a source that answers nothing but failures ends about this long
+// after the breaker opened. Until then its requests wait, and a source that
+// answers again is probed within a cooldown (limiter.DefaultBreakerCooldown
+// at first, doubling while probes fail) and resumes. It is the length of
+// the outage, not the number of probes that failed, that ends requests, so
+// a source configured with a short cooldown is not given up on sooner.
+const OutageBound = 7*time.Minute + 30*time.Second
+
+// downReason is why a request ends against a source that stayed down.
+func downReason(down *limiter.DownError, now time.Time) string {
+	return fmt.Sprintf("source down: the breaker open for %v, %d probes failed", now.Sub(down.Since).Round(time.Second), down.Reopens)
 }

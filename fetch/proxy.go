@@ -281,7 +281,6 @@ func (p *proxied) run(ctx context.Context) error {
 	if !p.ar.deadline.IsZero() && p.ar.deadline.Before(deadline) {
 		deadline = p.ar.deadline
 	}
-	deferred := 0 // failed probes of the breaker waited through
 	for {
 		if ctx.Err() != nil {
 			return p.gone()
@@ -298,7 +297,7 @@ func (p *proxied) run(ctx context.Context) error {
 		// once rather than waited for, when the source serves copies
 		// (admit).
 		fallback := src.Proxy.ServeStale && !p.noCopy && l.hasCopy(p.lastGood)
-		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Cost: it.Cost, Deadline: deadline, NotBefore: p.retryAt}, fallback, maxAttempts)
+		perm, end, err := l.admit(ctx, src.ID, limiter.Request{Cost: it.Cost, Deadline: deadline, NotBefore: p.retryAt}, fallback)
 		// The waits held back the request's next dispatch: they carry its attempt.
 		recordAdmission(p, it.Item, 0, uint32(it.attempts.spent(0)+1), perm, p.throttled)
 		for _, w := range perm.Waits {
@@ -313,14 +312,7 @@ func (p *proxied) run(ctx context.Context) error {
 			var down *limiter.DownError
 			if errors.As(err, &down) && !fallback {
 				p.meta.RetryAfter = max(down.Wait, time.Second)
-				return p.giveUp(fmt.Sprintf("source down: %d probes failed in a row", down.Reopens), auditd.EUNAVAILABLE)
-			}
-			continue
-		case admitStillDown:
-			deferred++
-			p.lastReason = "breaker open: the source is still down"
-			if it.attempts.spent(0)+deferred >= maxAttempts {
-				return p.giveUp(fmt.Sprintf("source down: %d failed probes waited through", deferred), auditd.EUNAVAILABLE)
+				return p.giveUp(downReason(down, l.cfg.Clock.Now()), auditd.EUNAVAILABLE)
 			}
 			continue
 		case admitShed:
@@ -351,7 +343,7 @@ func (p *proxied) run(ctx context.Context) error {
 		}
 		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
 		p.throttled = nil
-		final := !p.retryable || it.attempts.spent(0)+deferred >= maxAttempts
+		final := !p.retryable || it.attempts.spent(0) >= maxAttempts
 		if done, err := p.exchange(ctx, rctx, a, final); done {
 			return err
 		}

@@ -35,6 +35,11 @@ type Request struct {
 	// once while the breaker is open after that many failed probes in a
 	// row: a source that stays down ends its requests without a wait.
 	DownAfter int
+	// DownFor, when above zero, does the same once the breaker has been
+	// open that long since it last closed, however many probes failed
+	// meanwhile: with short cooldowns the probes come often, and an
+	// outage is bounded by its length, not by their number.
+	DownFor time.Duration
 }
 
 // Wait is one spell a request spent held at one gate: a wait event.
@@ -163,7 +168,7 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			// request is no longer a probe and must pass the breaker afresh.
 			p.probe = false
 		}
-		if !p.probe && (req.Fallback || req.DownAfter > 0) {
+		if !p.probe && (req.Fallback || req.DownAfter > 0 || req.DownFor > 0) {
 			if err := s.down(now, req, p); err != nil {
 				s.mu.Unlock()
 				leave()
@@ -326,7 +331,7 @@ func (s *source) unqueue(p *Permit) {
 
 // down moves the breaker on its clock and returns a *DownError when it
 // holds the request and req asks not to wait there (Request.Fallback,
-// Request.DownAfter). The caller holds s.mu.
+// Request.DownAfter, Request.DownFor). The caller holds s.mu.
 func (s *source) down(now time.Time, req Request, p *Permit) error {
 	pass, wait, t := s.breaker.check(now, s.cfg, s.id)
 	if t != nil {
@@ -334,10 +339,15 @@ func (s *source) down(now time.Time, req Request, p *Permit) error {
 		s.broadcast()
 	}
 	b := &s.breaker
-	if pass || !req.Fallback && (b.state != BreakerOpen || b.reopens < req.DownAfter) {
+	if pass {
 		return nil
 	}
-	return &DownError{State: b.state, Reopens: b.reopens, Wait: wait}
+	stayed := b.state == BreakerOpen &&
+		(req.DownAfter > 0 && b.reopens >= req.DownAfter || req.DownFor > 0 && now.Sub(b.downSince) >= req.DownFor)
+	if !req.Fallback && !stayed {
+		return nil
+	}
+	return &DownError{State: b.state, Reopens: b.reopens, Wait: wait, Since: b.downSince}
 }
 
 // beginWait opens or extends a wait spell at gate.

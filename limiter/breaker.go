@@ -40,6 +40,7 @@ type breaker struct {
 	gen       uint64        // bumped on every transition
 	cooldown  time.Duration // of the current or last opening; zero when closed
 	reopens   int           // failed probes since it last closed
+	downSince time.Time     // when it opened after it last closed; zero when closed
 }
 
 // check reports whether a request may pass now; when the breaker is open
@@ -86,9 +87,9 @@ func (b *breaker) move(to BreakerState, now time.Time, c Config, id string) *Tra
 		b.cooldown = min(2*b.cooldown, time.Duration(c.BreakerBackoff)*c.BreakerCooldown)
 		b.reopens++
 	case to == BreakerOpen:
-		b.cooldown = c.BreakerCooldown
+		b.cooldown, b.downSince = c.BreakerCooldown, now
 	case to == BreakerClosed:
-		b.cooldown, b.reopens = 0, 0
+		b.cooldown, b.reopens, b.downSince = 0, 0, time.Time{}
 	}
 	t := &Transition{
 		Source: id, From: b.state, To: to,

@@ -290,3 +290,55 @@ func TestBreakerDownAfterFailedProbes(t *testing.T) {
 		t.Fatalf("past the cooldown: %+v, %v; want a probe", p, err)
 	}
 }
+
+// DownFor ends requests at an open breaker once it has been open that long
+// since it first opened, however few or many probes failed meanwhile: the
+// probes of short cooldowns come often, and an outage is bounded by its
+// length. Before that a request waits (here, to its deadline); a success
+// closes the breaker and starts the count again.
+func TestBreakerDownForItsLength(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1000, Window: time.Second, Burst: 100,
+		BreakerThreshold: 1, BreakerCooldown: 2 * time.Second, BreakerBackoff: 16}})
+	ctx := context.Background()
+	opened := c.Now()
+	mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 502, Attempt: 1})
+	fail := func() { // the next probe, failed
+		t.Helper()
+		next, _ := l.State("s")
+		c.Set(next.BreakerUntil)
+		p, err := l.Acquire(ctx, "s", limiter.Request{})
+		if err != nil || !p.Probe {
+			t.Fatalf("at the cooldown's end: %+v, %v; want a probe", p, err)
+		}
+		p.Observe(limiter.Outcome{Status: 502, Attempt: 1})
+	}
+	for range 6 { // cooldowns 2+4+8+16+32+32 s: 94 s open
+		fail()
+	}
+	var shed *limiter.ShedError
+	req := limiter.Request{DownFor: 2 * time.Minute, Deadline: c.Now().Add(time.Second)}
+	if _, err := l.Acquire(ctx, "s", req); !errors.As(err, &shed) {
+		t.Fatalf("open %v of DownFor 2m, 6 probes failed: %v, want a wait (shed at its deadline)", c.Now().Sub(opened), err)
+	}
+	for c.Now().Sub(opened) < 2*time.Minute {
+		fail()
+	}
+	var down *limiter.DownError
+	req.Deadline = c.Now().Add(time.Second)
+	if _, err := l.Acquire(ctx, "s", req); !errors.As(err, &down) || !down.Since.Equal(opened) {
+		t.Fatalf("open %v: %v, want DownError since %v", c.Now().Sub(opened), err, opened)
+	}
+	next, _ := l.State("s")
+	c.Set(next.BreakerUntil)
+	p, err := l.Acquire(ctx, "s", limiter.Request{})
+	if err != nil || !p.Probe {
+		t.Fatalf("past the cooldown: %+v, %v; want a probe", p, err)
+	}
+	p.Observe(limiter.Outcome{Status: 200, Attempt: 1})
+	req.Deadline = c.Now().Add(time.Second)
+	if p, err := l.Acquire(ctx, "s", req); err != nil {
+		t.Fatalf("closed again: %v, want admitted", err)
+	} else {
+		p.Release()
+	}
+}

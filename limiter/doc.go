@@ -57,7 +57,10 @@
 //     open→half_open, half_open→closed and half_open→open, each reported.
 //     Each failed probe doubles the cooldown, up to BreakerBackoff times
 //     the first: the end of an outage is seen within one cooldown of it,
-//     and a long one costs a probe a cooldown. The count of probes in flight
+//     and a long one costs a probe a cooldown. Request.DownFor bounds an
+//     outage by its length from the breaker's first opening, not by the
+//     number of probes that failed, so that short cooldowns do not end
+//     requests sooner. The count of probes in flight
 //     lives across transitions: a probe still in flight from an earlier
 //     half-open counts against BreakerProbes.
 //   - The breaker's clock moves whoever asks: every Acquire moves an open

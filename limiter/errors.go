@@ -78,6 +78,7 @@ var ErrSourceDown = errors.New("limiter: source down")
 type DownError struct {
 	State   BreakerState // open, or half_open with every probe out
 	Reopens int          // probes that failed since the breaker last closed
+	Since   time.Time    // when the breaker opened after it last closed
 	// Wait is how long until the breaker lets a probe through; 0 when a
 	// probe is out and its outcome decides.
 	Wait time.Duration

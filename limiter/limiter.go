@@ -170,14 +170,17 @@ func (l *Limiter) Pause(id string, until time.Time) (time.Time, error) {
 
 // State is a snapshot of one source's gates, for status pages and tests.
 type State struct {
-	Breaker     BreakerState
-	Failures    int
-	Reopens     int // probes that failed since the breaker last closed
-	InFlight    int
-	Waiting     int // Acquire calls waiting for a concurrency slot
-	Queued      int // Acquire calls waiting at the budget's rate queue (the group's, when shared)
-	Tokens      float64
-	PausedUntil time.Time
+	Breaker  BreakerState
+	Failures int
+	Reopens  int // probes that failed since the breaker last closed
+	// BreakerUntil is when an open breaker lets its next probe through;
+	// zero unless open.
+	BreakerUntil time.Time
+	InFlight     int
+	Waiting      int // Acquire calls waiting for a concurrency slot
+	Queued       int // Acquire calls waiting at the budget's rate queue (the group's, when shared)
+	Tokens       float64
+	PausedUntil  time.Time
 }
 
 // State returns a snapshot of source id.
@@ -188,6 +191,9 @@ func (l *Limiter) State(id string) (State, error) {
 	}
 	s.mu.Lock()
 	st := State{Breaker: s.breaker.state, Failures: s.breaker.failures, Reopens: s.breaker.reopens, InFlight: s.inFlight, Waiting: len(s.waiting)}
+	if s.breaker.state == BreakerOpen {
+		st.BreakerUntil = s.breaker.openUntil
+	}
 	b := s.budget
 	s.mu.Unlock()
 	st.Tokens, st.PausedUntil = b.Tokens(), b.PausedUntil()
