@@ -18,15 +18,13 @@ const (
 	DefaultBackoffBase      = time.Second
 	DefaultBackoffMax       = time.Minute
 	DefaultBreakerThreshold = 5
-	// The first cooldown; it doubles after each failed probe, up to
-	// DefaultBreakerBackoff times the first (30, 60, then every 120
-	// seconds). A shorter one (2 s, 10 s) lets a backlog meet a source the
-	// moment it answers again, and the refusals of that burst cut its
-	// learned pace (TestConvergence's outage case, 68% of the rate after
-	// the outage at 20/s): a short first cooldown waits for learning to
-	// tell that burst from a limit.
-	DefaultBreakerCooldown = 30 * time.Second
-	DefaultBreakerBackoff  = 4
+	// The first cooldown is short, so that a source that answers again
+	// is probed soon after; it doubles after each failed probe, up to 16
+	// times the first (2, 4, 8, 16, then every 32 seconds). How long an
+	// outage may last before requests give up is its length
+	// (Request.DownFor), not the number of probes that failed.
+	DefaultBreakerCooldown = 2 * time.Second
+	DefaultBreakerBackoff  = 16
 	DefaultBreakerProbes   = 1
 )
 

@@ -151,6 +151,10 @@
 // cut a plain 503 made at the start of the outage is undone (cause
 // "outage"), so the source resumes at the pace it had learned before, and
 // probes as soon as it did before (the 503s do not count as refused probes).
+// What it admits is measured again from its first success after the
+// outage: the backlog that meets a source as it comes back is refused in a
+// burst, and a rate averaged across the outage would cut its pace to a
+// fraction of what it takes.
 //
 // A state stored before learning had phases has none: it starts over in slow
 // start from the limit it has, forgetting the limit last refused, so a

@@ -102,9 +102,17 @@ func (r *Registry) onSuccess(ctx context.Context, e, g *entry, obs *Observation,
 			continue
 		}
 		if x.streak > 0 && x.failSince.After(x.lastCut) {
-			// Time the source spent failing is not time it refused
-			// for rate: the admitted rate leaves it out.
-			x.paused += now.Sub(x.failSince)
+			if x.down {
+				// Back from an outage: the admitted rate is measured from
+				// now, not across the outage (a backlog meets the source as
+				// it returns, and its refusals say nothing of a rate the
+				// spell before would average down).
+				x.upAgain, x.paused = now, 0
+			} else {
+				// Time the source spent failing is not time it refused
+				// for rate: the admitted rate leaves it out.
+				x.paused += now.Sub(x.failSince)
+			}
 		}
 		// Failures alone for outageTime, even too few to have shown
 		// it down (a pace slowed by the cuts sends few): an outage
@@ -206,7 +214,11 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// above only where it fell short of the pace in force meanwhile
 		// (refusals, pauses it asked for); otherwise it is only the pace
 		// that was sent, and the refused pace is the bound.
-		adm, ok := x.hist.admitted(now, x.lastCut, x.paused)
+		since := x.lastCut
+		if x.upAgain.After(since) {
+			since = x.upAgain
+		}
+		adm, ok := x.hist.admitted(now, since, x.paused)
 		if ok && adm < bad {
 			if adm < o.Decrease*x.paced(now) {
 				bad = adm
@@ -217,7 +229,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			// blurred by what it still held of the faster pace (a
 			// window full of it after a drop): recovery heads back
 			// toward the pace refused, and the next cut measures again.
-			if now.Sub(x.lastCut) >= roundTime {
+			if now.Sub(since) >= roundTime {
 				refused = min(refused, adm*(1+o.ProbeGain))
 			}
 		}
