@@ -48,6 +48,10 @@ const (
 	EventTypeDispatch            EventType = "dispatch"
 	EventTypeDispatchInterrupted EventType = "dispatch.interrupted"
 	EventTypeExportDownloaded    EventType = "export.downloaded"
+	EventTypeFleetCutOff         EventType = "fleet.cut_off"
+	EventTypeFleetPaused         EventType = "fleet.paused"
+	EventTypeFleetRejoined       EventType = "fleet.rejoined"
+	EventTypeFleetReserved       EventType = "fleet.reserved"
 	EventTypeHoldPlaced          EventType = "hold.placed"
 	EventTypeHoldReleased        EventType = "hold.released"
 	EventTypeItemAcknowledged    EventType = "item.acknowledged"
@@ -83,6 +87,14 @@ func (e EventType) Valid() bool {
 	case EventTypeDispatchInterrupted:
 		return true
 	case EventTypeExportDownloaded:
+		return true
+	case EventTypeFleetCutOff:
+		return true
+	case EventTypeFleetPaused:
+		return true
+	case EventTypeFleetRejoined:
+		return true
+	case EventTypeFleetReserved:
 		return true
 	case EventTypeHoldPlaced:
 		return true
