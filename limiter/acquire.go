@@ -105,6 +105,13 @@ type Permit struct {
 // with no estimate. A cost above capacity is ErrCostExceedsCapacity at once.
 // When ctx ends first it returns ctx.Err(). In all error cases the permit
 // holds no slot: nothing leaks.
+//
+// It is over a hundred lines on purpose: one loop that checks every gate
+// under the source's lock, in one order, and on its way out gives back
+// what it took (leave). Split across functions, which gate a wait is at,
+// and what the permit holds when it leaves, would be state passed between
+// them; the steps with logic of their own are methods (down, slotFor,
+// beginWait, endWait).
 func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit, error) {
 	s, err := l.source(id)
 	if err != nil {

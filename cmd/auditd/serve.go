@@ -120,6 +120,12 @@ type serveOptions struct {
 // down in the reverse order of its start, on every path: the API, the
 // fetch loop (draining what is in flight), the demo upstreams, the ledger
 // (committing what is queued), and the bbolt file last.
+//
+// It is over a hundred lines on purpose: each part is built in the order
+// the next depends on it, and its stop is pushed as it is built, so the
+// start order and the reverse shutdown order read in one place, top to
+// bottom. A part with logic of its own has a function (startFleet,
+// startDemo, applySources, newLogAPI).
 func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logger) error {
 	// Nothing is created before the configuration is found good, and a
 	// damaged file is refused before bbolt maps it.

@@ -368,6 +368,38 @@ func (l *ledger) Append(_ context.Context, e auditd.Event) (auditd.Event, error)
 // second), so that what is measured is learning.
 const ceiling = 3600
 
+// openGates registers source id at base in a registry on db and
+// configures a limiter from it, as the fetch loop configures a source's
+// gates.
+func openGates(ctx context.Context, db *bolt.DB, clk clock.Clock, id, base string) (*registry.Registry, *limiter.Limiter, *ledger, error) {
+	led := &ledger{}
+	reg, err := registry.Open(db, registry.Options{Ledger: led, Clock: clk})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	src := auditd.Source{ID: id, BaseURL: base, Limit: ceiling, Window: auditd.Duration(time.Minute)}
+	if err := reg.PutSource(ctx, "bench", src); err != nil {
+		return nil, nil, nil, err
+	}
+	lim := limiter.New(clk)
+	cfg := limiter.ConfigFromSource(src)
+	cfg.BackoffBase = max(time.Minute/ceiling, 50*time.Millisecond) // as the fetch loop sets it
+	if err := lim.Configure(id, cfg); err != nil {
+		return nil, nil, nil, err
+	}
+	st, err := reg.State(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := lim.SetLimit(id, st.Limit, st.Window); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := lim.SetConcurrency(id, st.Concurrency); err != nil {
+		return nil, nil, nil, err
+	}
+	return reg, lim, led, nil
+}
+
 // learn fetches n items through the limiter and the registry, as the fetch
 // loop does, with registry.MaxConcurrency workers.
 func (c *bcase) learn(ctx context.Context, base, dbPath string, res *result) error {
@@ -376,31 +408,10 @@ func (c *bcase) learn(ctx context.Context, base, dbPath string, res *result) err
 		return err
 	}
 	defer db.Close()
-	led := &ledger{}
-	clk := clock.Real{}
-	reg, err := registry.Open(db, registry.Options{Ledger: led, Clock: clk})
-	if err != nil {
-		return err
-	}
 	const id = "upstream"
-	src := auditd.Source{ID: id, BaseURL: base, Limit: ceiling, Window: auditd.Duration(time.Minute)}
-	if err := reg.PutSource(ctx, "bench", src); err != nil {
-		return err
-	}
-	lim := limiter.New(clk)
-	cfg := limiter.ConfigFromSource(src)
-	cfg.BackoffBase = max(time.Minute/ceiling, 50*time.Millisecond) // as the fetch loop sets it
-	if err := lim.Configure(id, cfg); err != nil {
-		return err
-	}
-	st, err := reg.State(id)
+	clk := clock.Real{}
+	reg, lim, led, err := openGates(ctx, db, clk, id, base)
 	if err != nil {
-		return err
-	}
-	if err := lim.SetLimit(id, st.Limit, st.Window); err != nil {
-		return err
-	}
-	if err := lim.SetConcurrency(id, st.Concurrency); err != nil {
 		return err
 	}
 
