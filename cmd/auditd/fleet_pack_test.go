@@ -173,6 +173,24 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	if r, outside := verify(good); !r.OK || outside != nil {
 		t.Fatalf("a good fleet pack: VerifyFleet %v, the outsider: %v", r.Problems, outside)
 	}
+	// auditd verify --pack reads a fleet pack as one, with the nodes' keys
+	// given on the command line.
+	verifyCLI := func(b []byte) (int, string) {
+		path := filepath.Join(t.TempDir(), "fleet-pack.zip")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"--pack", path}
+		for _, name := range names {
+			args = append(args, "--node-key", name+"="+keys[name])
+		}
+		var stdout, stderr bytes.Buffer
+		code := runVerify(ctx, args, &stdout, &stderr)
+		return code, stdout.String() + stderr.String()
+	}
+	if code, out := verifyCLI(good); code != 0 || !strings.Contains(out, "fleet pack verified: 3 nodes (a, b, c)") {
+		t.Fatalf("auditd verify --pack on a good fleet pack: exit %d\n%s", code, out)
+	}
 
 	with := func(name string, b []byte) map[string][]byte {
 		out := map[string][]byte{}
@@ -239,7 +257,11 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		}, []string{"source county", "over the limit 3"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, outside := verify(tc.pack())
+			b := tc.pack()
+			if code, out := verifyCLI(b); code != 1 || !strings.Contains(out, "fleet pack NOT verified") || !strings.Contains(out, tc.named[0]) {
+				t.Errorf("auditd verify --pack: exit %d, want 1 naming %q\n%s", code, tc.named[0], out)
+			}
+			r, outside := verify(b)
 			if outside == nil {
 				t.Error("the outsider's verifier accepts it")
 			}

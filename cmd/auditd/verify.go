@@ -22,8 +22,9 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	key := fs.String("key", "", "note verifier `key` to check checkpoints with (default: ledger.pub in the data directory, or the pack's)")
 	packFile := fs.String("pack", "", "verify the evidence pack `file` instead, offline, without the data directory")
 	previous := fs.String("previous", "", "with --pack: an earlier pack `file` of the same ledger, checked to be consistent with it")
-	var witnesses listFlag
+	var witnesses, nodeKeys listFlag
 	fs.Var(&witnesses, "require-witness", "with --pack: a witness's cosignature verifier `key` that must have cosigned the checkpoint (repeatable)")
+	fs.Var(&nodeKeys, "node-key", "with a fleet pack: a node's note verifier key as `NAME=KEY`, from a source you trust; every node named must have a part (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return parseStatus(err)
 	}
@@ -32,10 +33,20 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 2
 	}
 	if *packFile != "" {
+		if fleet, err := isFleetPack(*packFile); err != nil {
+			fmt.Fprintf(stderr, "auditd verify: %v\n", err)
+			return 2
+		} else if fleet {
+			return verifyFleetPack(*packFile, nodeKeys, stdout, stderr)
+		}
+		if len(nodeKeys) > 0 {
+			fmt.Fprintln(stderr, "auditd verify: --node-key goes with a fleet pack; this pack is one node's")
+			return 2
+		}
 		return verifyPack(*packFile, *key, *previous, witnesses, stdout, stderr)
 	}
-	if *previous != "" || len(witnesses) > 0 {
-		fmt.Fprintln(stderr, "auditd verify: --previous and --require-witness go with --pack")
+	if *previous != "" || len(witnesses) > 0 || len(nodeKeys) > 0 {
+		fmt.Fprintln(stderr, "auditd verify: --previous, --require-witness and --node-key go with --pack")
 		return 2
 	}
 	opts := ledger.VerifyOptions{VerifierKey: *key, KeyDir: *data}
