@@ -93,7 +93,7 @@ func TestCommonMistakesSayWhatToDo(t *testing.T) {
 		{"RetentionSetBeforeReport", []string{"retention", "set", "--data", data, "--award", "NA24OAR4310001", "--final-report", "2026-06-30", "--retain-until", "2026-01-01"}, "--retain-until: retain_until must not be before final_report"},
 		{"VersionArgument", []string{"version", "now"}, `unexpected argument "now"`},
 		{"SimNoScenario", []string{"sim"}, "--scenario FILE"},
-		{"VerifyPreviousAlone", []string{"verify", "--data", data, "--previous", proof}, "--previous and --require-witness go with --pack"},
+		{"VerifyPreviousAlone", []string{"verify", "--data", data, "--previous", proof}, "--previous goes with --pack"},
 		{"PackNoRun", []string{"pack", "--data", data, "--out", proof}, "give --run (repeatable) or --award"},
 		{"ServeLogLevel", []string{"serve", "--data", t.TempDir(), "--log-level", "loud"}, `--log-level "loud"`},
 		{"UnknownCommand", []string{"reconcil"}, `unknown command "reconcil"`},

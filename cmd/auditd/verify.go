@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 
 	"github.com/auditd/auditd/ledger"
 )
@@ -45,8 +47,19 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		return verifyPack(*packFile, *key, *previous, witnesses, stdout, stderr)
 	}
-	if *previous != "" || len(witnesses) > 0 || len(nodeKeys) > 0 {
-		fmt.Fprintln(stderr, "auditd verify: --previous, --require-witness and --node-key go with --pack")
+	var packOnly []string
+	for name, given := range map[string]bool{"--previous": *previous != "", "--require-witness": len(witnesses) > 0, "--node-key": len(nodeKeys) > 0} {
+		if given {
+			packOnly = append(packOnly, name)
+		}
+	}
+	if len(packOnly) > 0 {
+		sort.Strings(packOnly)
+		verb := "goes"
+		if len(packOnly) > 1 {
+			verb = "go"
+		}
+		fmt.Fprintf(stderr, "auditd verify: %s %s with --pack\n", strings.Join(packOnly, " and "), verb)
 		return 2
 	}
 	opts := ledger.VerifyOptions{VerifierKey: *key, KeyDir: *data}
