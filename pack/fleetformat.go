@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 )
 
@@ -136,37 +135,16 @@ type FleetPack struct {
 // OpenFleetFile opens the fleet pack in the file at path; close it when
 // done.
 func OpenFleetFile(path string) (*FleetPack, io.Closer, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	p, err := OpenFleet(f, fi.Size())
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return p, f, nil
+	return openFile(path, OpenFleet)
 }
 
 // OpenFleet reads the fleet pack in ra. It fails with ErrBadPack when
 // fleet.json or the checkpoint is missing or malformed; a node pack that
 // is missing or malformed is left to VerifyFleet to name (Missing).
 func OpenFleet(ra io.ReaderAt, size int64) (*FleetPack, error) {
-	zr, err := zip.NewReader(ra, size)
+	outer, err := readEntries(ra, size)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadPack, err)
-	}
-	outer := &Pack{ra: ra, files: map[string]*zip.File{}}
-	for _, f := range zr.File {
-		if _, dup := outer.files[f.Name]; dup {
-			return nil, fmt.Errorf("%w: entry %s appears twice", ErrBadPack, f.Name)
-		}
-		outer.files[f.Name] = f
+		return nil, err
 	}
 	fp := &FleetPack{Nodes: map[string]*Pack{}, Missing: map[string]error{}}
 	if err := outer.readJSON(FileFleetManifest, &fp.Manifest); err != nil {

@@ -31,27 +31,33 @@ type Pack struct {
 
 // OpenFile opens the pack in the file at path; close it when done.
 func OpenFile(path string) (*Pack, io.Closer, error) {
+	return openFile(path, Open)
+}
+
+// openFile opens the file at path and reads it with open; the file stays
+// open for the result, until the caller closes it.
+func openFile[T any](path string, open func(io.ReaderAt, int64) (T, error)) (T, io.Closer, error) {
+	var zero T
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, err
+		return zero, nil, err
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, nil, err
+		return zero, nil, err
 	}
-	p, err := Open(f, fi.Size())
+	p, err := open(f, fi.Size())
 	if err != nil {
 		f.Close()
-		return nil, nil, err
+		return zero, nil, err
 	}
 	return p, f, nil
 }
 
-// Open reads the pack in ra (size bytes long). It fails with ErrBadPack,
-// saying which entry, when the pack is not well formed; it checks no
-// signature or proof (Verify does).
-func Open(ra io.ReaderAt, size int64) (*Pack, error) {
+// readEntries indexes the entries of the ZIP in ra by name, refusing a
+// name that appears twice.
+func readEntries(ra io.ReaderAt, size int64) (*Pack, error) {
 	zr, err := zip.NewReader(ra, size)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadPack, err)
@@ -62,6 +68,17 @@ func Open(ra io.ReaderAt, size int64) (*Pack, error) {
 			return nil, fmt.Errorf("%w: entry %s appears twice", ErrBadPack, f.Name)
 		}
 		p.files[f.Name] = f
+	}
+	return p, nil
+}
+
+// Open reads the pack in ra (size bytes long). It fails with ErrBadPack,
+// saying which entry, when the pack is not well formed; it checks no
+// signature or proof (Verify does).
+func Open(ra io.ReaderAt, size int64) (*Pack, error) {
+	p, err := readEntries(ra, size)
+	if err != nil {
+		return nil, err
 	}
 	for _, name := range []string{FileManifest, FileCheckpoint, FilePublicKey, FileProof, FileLeaves, FileNDJSON, FileWorkbook} {
 		if p.files[name] == nil {
