@@ -1,7 +1,7 @@
 // Command bench-concurrency measures how close auditd's concurrency
 // learning comes to a client told the limit, against real HTTP servers on
 // loopback that refuse beyond N requests in flight, each admitted request
-// taking 300 ms (docs/bench/concurrency.md).
+// taking 300 ms (docs/bench/pacing.md).
 //
 // For each shape (N of 2, 4 and 8; refusals a 503 with Retry-After: 1, or a
 // plain 429) and each size it starts three servers, each with its own

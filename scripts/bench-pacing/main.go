@@ -1,7 +1,7 @@
 // Command bench-pacing measures how close auditd's learning comes to a
 // client told the exact limit, against real nginx limit_req servers whose
 // limits auditd is not told (make bench-pacing; docs/BENCHMARKS.md and
-// docs/bench/learning.md), and, for the shapes nginx cannot express (fixed
+// docs/bench/pacing.md), and, for the shapes nginx cannot express (fixed
 // windows, quotas that count down to a reset, limits that rise or fall),
 // against package sim's upstreams on loopback, on the real clock.
 //

@@ -2,7 +2,7 @@
 // auditd binary (auditd serve, fsync on) fetching n items from a fast
 // upstream on loopback (every request answered at once with a small JSON
 // body), as a batch run and as a proxy-mode run, each in a data directory
-// of its own (docs/bench/scale.md).
+// of its own (docs/bench/fetch.md).
 //
 //   - batch: a run created open, its items submitted in pages of -page
 //     items, each page's JSON generated as it is sent (the program never
