@@ -63,19 +63,7 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 	if err != nil {
 		return err
 	}
-	read := func(name string) ([]byte, error) {
-		for _, f := range zr.File {
-			if f.Name == name {
-				rc, err := f.Open()
-				if err != nil {
-					return nil, err
-				}
-				defer rc.Close()
-				return io.ReadAll(rc)
-			}
-		}
-		return nil, fmt.Errorf("no %s", name)
-	}
+	read := func(name string) ([]byte, error) { return readZipEntry(zr, name) }
 	var m struct {
 		TreeSize uint64   `json:"tree_size"`
 		Runs     []string `json:"runs"`
@@ -246,6 +234,11 @@ func zipEntry(z []byte, name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return readZipEntry(zr, name)
+}
+
+// readZipEntry reads the entry called name of zr.
+func readZipEntry(zr *zip.Reader, name string) ([]byte, error) {
 	for _, f := range zr.File {
 		if f.Name == name {
 			rc, err := f.Open()

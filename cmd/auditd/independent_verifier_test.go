@@ -16,7 +16,6 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"path"
 	"strconv"
@@ -118,19 +117,7 @@ func outsideVerify(packBytes []byte, key string) error {
 	if err != nil {
 		return err
 	}
-	read := func(name string) ([]byte, error) {
-		for _, f := range zr.File {
-			if f.Name == name {
-				rc, err := f.Open()
-				if err != nil {
-					return nil, err
-				}
-				defer rc.Close()
-				return io.ReadAll(rc)
-			}
-		}
-		return nil, fmt.Errorf("no %s", name)
-	}
+	read := func(name string) ([]byte, error) { return readZipEntry(zr, name) }
 	// 1. The key and the checkpoint.
 	pub, err := read("public-key.txt")
 	if err != nil {
