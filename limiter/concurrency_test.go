@@ -104,13 +104,14 @@ func TestInFlightCountsOnlyAdmitted(t *testing.T) {
 	d := acquireAsync(context.Background(), c, l, "s", limiter.Request{}, 0) // queues behind it
 	waitFor(func() bool { st, _ := l.State("s"); return st.InFlight == 3 && st.Queued == 2 })
 	a.Observe(limiter.Outcome{Status: 200})
-	c.Advance(time.Second)
+	// The observation wakes the waiters, which re-arm their timers: the
+	// clock moves to the next one once it is armed (advanceToNextTimer).
+	advanceToNextTimer(c)
 	rb := <-b
 	if rb.err != nil || rb.p.InFlight != 1 {
 		t.Fatalf("second request: %v, in flight %d, want 1 (the first was observed, the third waits)", rb.err, rb.p.InFlight)
 	}
-	c.WaitForTimers(1)
-	c.Advance(time.Second)
+	advanceToNextTimer(c)
 	if rd := <-d; rd.err != nil || rd.p.InFlight != 2 {
 		t.Fatalf("third request: %v, in flight %d, want 2", rd.err, rd.p.InFlight)
 	}
