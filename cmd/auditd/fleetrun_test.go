@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/internal/etcdtest"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/pack"
+	"github.com/auditd/auditd/reports"
+)
+
+// fleetRunNode is one auditd node of a fleet test, restartable in place.
+type fleetRunNode struct {
+	name, data string
+	url        atomic.Pointer[string]
+	child      *child
+}
+
+func (n *fleetRunNode) start(t *testing.T, config, token, etcd string) {
+	t.Helper()
+	n.child = startServe(t, n.data, config, token, "--fleet-etcd", etcd, "--node", n.name)
+	n.url.Store(&n.child.url)
+}
+
+// proxyWorkers sends requests of run through the node's proxy route, each
+// worker until stop is closed, and counts the answers by status (-1: the
+// connection broke, as it does to a node killed).
+func proxyWorkers(nodes []*fleetRunNode, perNode int, run, token string, stop <-chan struct{}) (wait func() map[int]int) {
+	counts := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 30 * time.Second}
+	for n, node := range nodes {
+		for w := range perNode {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					req, _ := http.NewRequest("GET", fmt.Sprintf("%s/proxy/up/n%d/w%d/r%d.json", *node.url.Load(), n+1, w, i), nil)
+					req.Header.Set("Proxy-Authorization", "Bearer "+token)
+					req.Header.Set("Auditd-Run", run)
+					code := -1
+					if resp, err := client.Do(req); err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						code = resp.StatusCode
+					}
+					mu.Lock()
+					counts[code]++
+					mu.Unlock()
+					if code != http.StatusOK {
+						time.Sleep(50 * time.Millisecond)
+					}
+				}
+			})
+		}
+	}
+	return func() map[int]int {
+		wg.Wait()
+		return counts
+	}
+}
+
+// One proxy run across three auditd nodes sharing a budget through etcd:
+// it is created on one node, its requests go through all three, one node
+// is SIGKILLed and restarted midway. The fleet reconciliation, asked of
+// another node over the API and with auditd reconcile --fleet, balances
+// against the upstream's own count; the fleet pack, built by a third,
+// verifies offline with auditd verify --pack and with the outsider's
+// verifier, its reservations taken from the nodes' ledgers; a pack with a
+// node's part dropped, or with reservations that overlap, fails both.
+func TestFleetRunAcrossNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and three auditd nodes")
+	}
+	const limit, token = 25, "fleetrun-admin-token-0123456789abcdef"
+	ctx := context.Background()
+	cluster := etcdtest.Start(t, 1)
+	etcd := cluster.Endpoints()[0]
+	up := startFleetUpstream(t)
+	dir := t.TempDir()
+	config := writeConfig(t, dir, fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
+	var nodes []*fleetRunNode
+	for i := range 3 {
+		n := &fleetRunNode{name: fmt.Sprintf("node%d", i+1), data: filepath.Join(dir, fmt.Sprintf("node%d", i+1))}
+		n.start(t, config, token, etcd)
+		nodes = append(nodes, n)
+	}
+	var run struct {
+		ID    string   `json:"id"`
+		Parts []string `json:"parts"`
+	}
+	if code := nodes[0].child.call(t, "POST", "/v1/fleet/runs", token, map[string]any{"name": "fleet pipeline", "idle_timeout": "10m"}, &run); code != http.StatusCreated {
+		t.Fatalf("create fleet run: %d\n%s", code, nodes[0].child.logs)
+	}
+
+	stop := make(chan struct{})
+	wait := proxyWorkers(nodes, 4, run.ID, token, stop)
+	time.Sleep(3 * time.Second)
+	killed := nodes[1]
+	killed.child.cmd.Process.Kill() // SIGKILL: no shutdown, no last post
+	killed.child.cmd.Wait()
+	killed.start(t, config, token, etcd)
+	time.Sleep(3 * time.Second)
+	close(stop)
+	statuses := wait()
+
+	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+run.ID+"/finish", token, nil, &run); code != http.StatusOK {
+		t.Fatalf("finish the fleet run: %d\n%s", code, nodes[2].child.logs)
+	}
+	for _, n := range nodes {
+		n.child.awaitRun(t, run.ID, token, 30*time.Second, nil)
+	}
+	if len(run.Parts) != 3 {
+		t.Fatalf("the fleet run's parts: %v, want the three nodes", run.Parts)
+	}
+
+	var rep reports.FleetReport
+	if code := nodes[2].child.call(t, "GET", "/v1/fleet/runs/"+run.ID+"/reconciliation", token, nil, &rep); code != http.StatusOK {
+		t.Fatalf("fleet reconciliation: %d", code)
+	}
+	arrived := len(up.log())
+	c := rep.Counts
+	t.Logf("clients' statuses %v; the upstream counted %d; the fleet's ledgers: %d dispatches (%d 2xx, %d 429, %d interrupted), status %s",
+		statuses, arrived, c.Dispatches, c.Status2xx, c.Status429, c.Interrupted, rep.Status)
+	for _, p := range rep.Parts {
+		if p.Report != nil {
+			t.Logf("part of %s: %s, %d dispatches, logged at %d (fleet leaf %d)", p.Node, p.Report.Run.Status, p.Report.Counts.Dispatches, p.Logged, p.FleetLeaf)
+		}
+	}
+	if !rep.Balanced || len(rep.Parts) != 3 {
+		t.Errorf("the fleet reconciliation does not balance: %v\n%+v", rep.Failed(), rep.Checks)
+	}
+	// Every request the upstream saw is a dispatch on record; those a
+	// SIGKILL cut off are on record as interrupted, answered or not.
+	if answered := c.Dispatches - c.Interrupted; int64(arrived) < answered || int64(arrived) > c.Dispatches {
+		t.Errorf("the upstream counted %d requests; the ledgers hold %d dispatches, %d of them interrupted", arrived, c.Dispatches, c.Interrupted)
+	}
+	var table bytes.Buffer
+	code := run_(ctx, []string{"reconcile", "--fleet", "--server", nodes[0].child.url, "--run", run.ID, "--token", token, "--allow-partial"}, &table)
+	if code != 0 || !strings.Contains(table.String(), "node2") {
+		t.Errorf("auditd reconcile --fleet: exit %d\n%s", code, table.String())
+	}
+
+	keys := map[string]string{}
+	for _, n := range nodes {
+		k, err := ledger.ReadPublicKey(n.data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[n.name] = k
+	}
+	st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+run.ID+"/evidence-pack.zip", token)
+	if st != http.StatusOK {
+		t.Fatalf("fleet pack: %d %s", st, b)
+	}
+	checkFleetPack(t, b, keys, "")
+	fp, err := pack.OpenFleet(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := 0
+	for _, n := range fp.Manifest.Nodes {
+		blocks += len(n.Blocks)
+	}
+	if blocks == 0 || len(fp.Manifest.Limits) != 1 || fp.Manifest.SlotSlack == 0 {
+		t.Errorf("the pack's over-limit proof: %d blocks, limits %+v, slack %d", blocks, fp.Manifest.Limits, fp.Manifest.SlotSlack)
+	}
+	rewrite := func(edit func(m *pack.FleetManifest)) []byte {
+		m := fp.Manifest
+		m.Nodes = append([]pack.FleetNode(nil), m.Nodes...)
+		edit(&m)
+		packs := map[string]io.Reader{}
+		for _, n := range m.Nodes {
+			packs[n.Name] = fp.NodePack(n.Name)
+		}
+		var out bytes.Buffer
+		if err := pack.WriteFleet(&out, pack.FleetParts{Manifest: m, Checkpoint: fp.Checkpoint, Packs: packs}); err != nil {
+			t.Fatal(err)
+		}
+		return out.Bytes()
+	}
+	t.Run("DroppedNode", func(t *testing.T) {
+		checkFleetPack(t, rewrite(func(m *pack.FleetManifest) { m.Nodes = append(m.Nodes[:1], m.Nodes[2:]...) }), keys, "node node2: the pack has no part of it")
+	})
+	t.Run("OverlappingReservations", func(t *testing.T) {
+		checkFleetPack(t, rewrite(func(m *pack.FleetManifest) {
+			for i := range m.Nodes {
+				if len(m.Nodes[i].Blocks) > 0 {
+					bs := append([]pack.FleetBlock(nil), m.Nodes[i].Blocks...)
+					bs[0].Count *= 1000 // reaches into the next node's blocks
+					m.Nodes[i].Blocks = bs
+					return
+				}
+			}
+		}), keys, "overlaps")
+	})
+}
+
+// run_ is run with one output for stdout and stderr.
+func run_(ctx context.Context, args []string, out io.Writer) int { return run(ctx, args, out, out) }
+
+// checkFleetPack verifies a fleet pack with auditd verify --pack and with
+// the outsider's verifier: both accept it when fault is empty, else both
+// refuse it and verify names fault.
+func checkFleetPack(t *testing.T, b []byte, keys map[string]string, fault string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fleet-pack.zip")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--pack", path}
+	for name, k := range keys {
+		args = append(args, "--node-key", name+"="+k)
+	}
+	var out bytes.Buffer
+	code := runVerify(context.Background(), args, &out, &out)
+	outside := outsideVerifyFleet(b, keys)
+	switch {
+	case fault == "" && (code != 0 || outside != nil):
+		t.Errorf("auditd verify --pack: exit %d\n%s\nthe outsider: %v", code, out.String(), outside)
+	case fault != "" && (code != 1 || !strings.Contains(out.String(), fault)):
+		t.Errorf("auditd verify --pack: exit %d, want 1 naming %q\n%s", code, fault, out.String())
+	case fault != "" && outside == nil:
+		t.Error("the outsider's verifier accepts it")
+	default:
+		t.Logf("auditd verify --pack: exit %d: %s; the outsider: %v", code, strings.TrimSpace(out.String()), outside)
+	}
+}
+
+
