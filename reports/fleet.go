@@ -74,7 +74,10 @@ func (r *FleetReport) Failed() []string {
 func CombineFleet(runID string, parts []FleetPart) *FleetReport {
 	parts = slices.Clone(parts)
 	slices.SortFunc(parts, func(a, b FleetPart) int { return strings.Compare(a.Node, b.Node) })
-	r := &FleetReport{RunID: runID, Status: "succeeded", Parts: parts}
+	if parts == nil {
+		parts = []FleetPart{}
+	}
+	r := &FleetReport{RunID: runID, Status: "succeeded", Parts: parts, Sources: []SourceReport{}}
 	total := newCheckSum()
 	sources := map[string]*SourceReport{}
 	srcChecks := map[string]*checkSum{}

@@ -241,5 +241,3 @@ func checkFleetPack(t *testing.T, b []byte, keys map[string]string, fault string
 		t.Logf("auditd verify --pack: exit %d: %s; the outsider: %v", code, strings.TrimSpace(out.String()), outside)
 	}
 }
-
-
