@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd/internal/etcdtest"
+	"github.com/auditd/auditd/internal/nginxtest"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
@@ -75,68 +76,61 @@ func proxyWorkers(nodes []*fleetRunNode, perNode int, run, token string, stop <-
 	}
 }
 
-// One proxy run across three auditd nodes sharing a budget through etcd:
-// it is created on one node, its requests go through all three, one node
-// is SIGKILLed and restarted midway. The fleet reconciliation, asked of
-// another node over the API and with auditd reconcile --fleet, balances
-// against the upstream's own count; the fleet pack, built by a third,
-// verifies offline with auditd verify --pack and with the outsider's
-// verifier, its reservations taken from the nodes' ledgers; a pack with a
-// node's part dropped, or with reservations that overlap, fails both.
-func TestFleetRunAcrossNodes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts etcd and three auditd nodes")
-	}
-	const limit, token = 25, "fleetrun-admin-token-0123456789abcdef"
-	ctx := context.Background()
-	cluster := etcdtest.Start(t, 1)
-	etcd := cluster.Endpoints()[0]
-	up := startFleetUpstream(t)
+// startFleetRun starts three auditd nodes of one fleet over a real etcd,
+// config declaring their sources, and creates a fleet run on node 1.
+func startFleetRun(t *testing.T, config, token string) (nodes []*fleetRunNode, id, etcd string) {
+	t.Helper()
+	etcd = etcdtest.Start(t, 1).Endpoints()[0]
 	dir := t.TempDir()
-	config := writeConfig(t, dir, fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
-	var nodes []*fleetRunNode
 	for i := range 3 {
 		n := &fleetRunNode{name: fmt.Sprintf("node%d", i+1), data: filepath.Join(dir, fmt.Sprintf("node%d", i+1))}
 		n.start(t, config, token, etcd)
 		nodes = append(nodes, n)
 	}
 	var run struct {
-		ID    string   `json:"id"`
-		Parts []string `json:"parts"`
+		ID string `json:"id"`
 	}
 	if code := nodes[0].child.call(t, "POST", "/v1/fleet/runs", token, map[string]any{"name": "fleet pipeline", "idle_timeout": "10m"}, &run); code != http.StatusCreated {
 		t.Fatalf("create fleet run: %d\n%s", code, nodes[0].child.logs)
 	}
+	return nodes, run.ID, etcd
+}
 
-	stop := make(chan struct{})
-	wait := proxyWorkers(nodes, 4, run.ID, token, stop)
-	time.Sleep(3 * time.Second)
-	killed := nodes[1]
-	killed.child.cmd.Process.Kill() // SIGKILL: no shutdown, no last post
-	killed.child.cmd.Wait()
-	killed.start(t, config, token, etcd)
-	time.Sleep(3 * time.Second)
-	close(stop)
-	statuses := wait()
+// kill SIGKILLs the node (no shutdown, no last post to the fleet log) and
+// starts it again on its data directory.
+func (n *fleetRunNode) kill(t *testing.T, config, token, etcd string) {
+	t.Helper()
+	n.child.cmd.Process.Kill()
+	n.child.cmd.Wait()
+	n.start(t, config, token, etcd)
+}
 
-	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+run.ID+"/finish", token, nil, &run); code != http.StatusOK {
+// settleFleetRun finishes the fleet run from node 3, waits for every part
+// to end, and reconciles it from node 3 over the API and from node 1 with
+// auditd reconcile --fleet: balanced, with every request the upstream
+// counted a dispatch on record (those a SIGKILL cut off on record as
+// interrupted, answered or not).
+func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstream int) *reports.FleetReport {
+	t.Helper()
+	var run struct {
+		Parts []string `json:"parts"`
+	}
+	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+id+"/finish", token, nil, &run); code != http.StatusOK {
 		t.Fatalf("finish the fleet run: %d\n%s", code, nodes[2].child.logs)
 	}
 	for _, n := range nodes {
-		n.child.awaitRun(t, run.ID, token, 30*time.Second, nil)
+		n.child.awaitRun(t, id, token, 30*time.Second, nil)
 	}
 	if len(run.Parts) != 3 {
 		t.Fatalf("the fleet run's parts: %v, want the three nodes", run.Parts)
 	}
-
 	var rep reports.FleetReport
-	if code := nodes[2].child.call(t, "GET", "/v1/fleet/runs/"+run.ID+"/reconciliation", token, nil, &rep); code != http.StatusOK {
+	if code := nodes[2].child.call(t, "GET", "/v1/fleet/runs/"+id+"/reconciliation", token, nil, &rep); code != http.StatusOK {
 		t.Fatalf("fleet reconciliation: %d", code)
 	}
-	arrived := len(up.log())
 	c := rep.Counts
-	t.Logf("clients' statuses %v; the upstream counted %d; the fleet's ledgers: %d dispatches (%d 2xx, %d 429, %d interrupted), status %s",
-		statuses, arrived, c.Dispatches, c.Status2xx, c.Status429, c.Interrupted, rep.Status)
+	t.Logf("the upstream counted %d; the fleet's ledgers: %d dispatches (%d 2xx, %d 429, %d interrupted), status %s",
+		upstream, c.Dispatches, c.Status2xx, c.Status429, c.Interrupted, rep.Status)
 	for _, p := range rep.Parts {
 		if p.Report != nil {
 			t.Logf("part of %s: %s, %d dispatches, logged at %d (fleet leaf %d)", p.Node, p.Report.Run.Status, p.Report.Counts.Dispatches, p.Logged, p.FleetLeaf)
@@ -145,17 +139,21 @@ func TestFleetRunAcrossNodes(t *testing.T) {
 	if !rep.Balanced || len(rep.Parts) != 3 {
 		t.Errorf("the fleet reconciliation does not balance: %v\n%+v", rep.Failed(), rep.Checks)
 	}
-	// Every request the upstream saw is a dispatch on record; those a
-	// SIGKILL cut off are on record as interrupted, answered or not.
-	if answered := c.Dispatches - c.Interrupted; int64(arrived) < answered || int64(arrived) > c.Dispatches {
-		t.Errorf("the upstream counted %d requests; the ledgers hold %d dispatches, %d of them interrupted", arrived, c.Dispatches, c.Interrupted)
+	if answered := c.Dispatches - c.Interrupted; int64(upstream) < answered || int64(upstream) > c.Dispatches {
+		t.Errorf("the upstream counted %d requests; the ledgers hold %d dispatches, %d of them interrupted", upstream, c.Dispatches, c.Interrupted)
 	}
 	var table bytes.Buffer
-	code := run_(ctx, []string{"reconcile", "--fleet", "--server", nodes[0].child.url, "--run", run.ID, "--token", token, "--allow-partial"}, &table)
+	code := run_(context.Background(), []string{"reconcile", "--fleet", "--server", nodes[0].child.url, "--run", id, "--token", token, "--allow-partial"}, &table)
 	if code != 0 || !strings.Contains(table.String(), "node2") {
 		t.Errorf("auditd reconcile --fleet: exit %d\n%s", code, table.String())
 	}
+	return &rep
+}
 
+// fleetPackOf downloads the fleet run's pack from node 1 and checks that
+// it verifies; it returns the pack and the nodes' published keys.
+func fleetPackOf(t *testing.T, nodes []*fleetRunNode, id, token string) (*pack.FleetPack, map[string]string) {
+	t.Helper()
 	keys := map[string]string{}
 	for _, n := range nodes {
 		k, err := ledger.ReadPublicKey(n.data)
@@ -164,7 +162,7 @@ func TestFleetRunAcrossNodes(t *testing.T) {
 		}
 		keys[n.name] = k
 	}
-	st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+run.ID+"/evidence-pack.zip", token)
+	st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token)
 	if st != http.StatusOK {
 		t.Fatalf("fleet pack: %d %s", st, b)
 	}
@@ -180,6 +178,35 @@ func TestFleetRunAcrossNodes(t *testing.T) {
 	if blocks == 0 || len(fp.Manifest.Limits) != 1 || fp.Manifest.SlotSlack == 0 {
 		t.Errorf("the pack's over-limit proof: %d blocks, limits %+v, slack %d", blocks, fp.Manifest.Limits, fp.Manifest.SlotSlack)
 	}
+	return fp, keys
+}
+
+// One proxy run across three auditd nodes sharing a budget through etcd:
+// it is created on one node, Go clients send its requests through all
+// three, one node is SIGKILLed and restarted midway. The fleet
+// reconciliation balances against the upstream's own count; the fleet
+// pack, its reservations taken from the nodes' ledgers, verifies offline
+// with auditd verify --pack and with the outsider's verifier; a pack with
+// a node's part dropped, or with reservations that overlap, fails both.
+func TestFleetRunAcrossNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and three auditd nodes")
+	}
+	const limit, token = 25, "fleetrun-admin-token-0123456789abcdef"
+	up := startFleetUpstream(t)
+	config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
+	nodes, id, etcd := startFleetRun(t, config, token)
+
+	stop := make(chan struct{})
+	wait := proxyWorkers(nodes, 4, id, token, stop)
+	time.Sleep(3 * time.Second)
+	nodes[1].kill(t, config, token, etcd)
+	time.Sleep(3 * time.Second)
+	close(stop)
+	t.Logf("the clients' statuses: %v", wait())
+	settleFleetRun(t, nodes, id, token, len(up.log()))
+
+	fp, keys := fleetPackOf(t, nodes, id, token)
 	rewrite := func(edit func(m *pack.FleetManifest)) []byte {
 		m := fp.Manifest
 		m.Nodes = append([]pack.FleetNode(nil), m.Nodes...)
@@ -202,13 +229,58 @@ func TestFleetRunAcrossNodes(t *testing.T) {
 			for i := range m.Nodes {
 				if len(m.Nodes[i].Blocks) > 0 {
 					bs := append([]pack.FleetBlock(nil), m.Nodes[i].Blocks...)
-					bs[0].Count *= 1000 // reaches into the next node's blocks
+					bs[0].Count *= 1000 // reaches into the blocks after it
 					m.Nodes[i].Blocks = bs
 					return
 				}
 			}
 		}), keys, "overlaps")
 	})
+}
+
+// Sixteen Python client processes (requests and httpx) send one fleet
+// run's requests through three nodes to an nginx gateway whose quota is
+// the source's limit; one node is SIGKILLed midway, its clients cut off,
+// and restarted, with five more clients. nginx refuses none, the fleet
+// reconciliation balances against nginx's own log, and the fleet pack
+// verifies.
+func TestFleetRunPythonWorkers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd, nginx, three auditd nodes and 21 Python processes")
+	}
+	const quota, token = 20, "fleetrun-python-token-0123456789abcdef"
+	python(t)
+	gw := nginxtest.Start(t, nginxtest.Config{Template: "gateway.conf.tmpl", Rate: quota, Burst: 10})
+	config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: gw\n    base_url: %s/a\n    limit: %d\n    window: 1s\n    concurrency: 16\n", gw.URL, quota))
+	nodes, id, etcd := startFleetRun(t, config, token)
+
+	first := []*clients{startClients(t, 6, 25, nodes[0].child.url, token, id, "gw", ""),
+		startClients(t, 5, 25, nodes[1].child.url, token, id, "gw", ""),
+		startClients(t, 5, 25, nodes[2].child.url, token, id, "gw", "")}
+	time.Sleep(4 * time.Second)
+	nodes[1].kill(t, config, token, etcd)
+	again := startClients(t, 5, 10, nodes[1].child.url, token, id, "gw", "")
+	ok, broken := 0, 0
+	for _, c := range append(first, again) {
+		for _, r := range c.wait(t) {
+			ok += r.Statuses["200"]
+			broken += r.Errors
+		}
+	}
+	gw.Stop(t) // every line logged
+	lines := gatewayLog(t, gw)
+	refused := 0
+	for _, l := range lines {
+		if l.status != http.StatusOK {
+			refused++
+		}
+	}
+	t.Logf("the clients got %d 200s and %d broken connections; nginx logged %d requests, refused %d", ok, broken, len(lines), refused)
+	if refused > 0 {
+		t.Errorf("the gateway refused %d requests: the fleet went over its quota", refused)
+	}
+	settleFleetRun(t, nodes, id, token, len(lines))
+	fleetPackOf(t, nodes, id, token)
 }
 
 // run_ is run with one output for stdout and stderr.
