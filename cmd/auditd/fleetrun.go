@@ -32,6 +32,10 @@ import (
 // to the fleet log of logs (when it grew) and cosigns the log's head.
 const fleetPostEvery = time.Second
 
+// fleetPostTimeout bounds one round of posting and cosigning: a node cut
+// off from etcd records the failure rather than wait for the cut to heal.
+const fleetPostTimeout = 2 * time.Second
+
 // fleetPeerTimeout bounds a call to another node of the fleet.
 const fleetPeerTimeout = 2 * time.Minute
 
@@ -146,9 +150,11 @@ func (f *fleetRuns) poke() {
 // postAndCosign posts the latest checkpoint, then cosigns the fleet log's
 // head. A failure is logged and kept in the status (GET /v1/fleet/log).
 func (f *fleetRuns) postAndCosign(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, fleetPostTimeout)
+	defer cancel()
 	f.postMu.Lock()
 	note, err := f.led.Checkpoint()
-	if err == nil && note != nil {
+	if err == nil && note != nil && f.grew(note) {
 		_, err = f.postLocked(ctx, note)
 	}
 	f.postMu.Unlock()
@@ -170,6 +176,14 @@ func (f *fleetRuns) postAndCosign(ctx context.Context) {
 	if _, err := f.Cosign(ctx, head.Size); err != nil {
 		f.failed("cosign", err)
 	}
+}
+
+// grew reports whether note is of another size than the last posted.
+func (f *fleetRuns) grew(note []byte) bool {
+	st, err := ledger.OpenCheckpoint(note, f.led.PublicKey())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return err != nil || st.Size != f.status.Posted // a bad note: let the post say why
 }
 
 func (f *fleetRuns) failed(what string, err error) {

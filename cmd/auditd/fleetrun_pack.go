@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -39,7 +40,10 @@ func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorizatio
 	}
 	wg.Wait()
 	for i, err := range errs {
-		if err != nil {
+		switch {
+		case errors.Is(err, errPeerConflict) || auditd.ErrorCode(err) == auditd.ECONFLICT:
+			return auditd.Errorf(auditd.ECONFLICT, "Fleet run %s: node %s's part has not ended: %v", id, run.Parts[i], err)
+		case err != nil:
 			return auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: node %s's part: %v", id, run.Parts[i], err)
 		}
 	}

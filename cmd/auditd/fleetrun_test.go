@@ -79,13 +79,19 @@ func proxyWorkers(nodes []*fleetRunNode, perNode int, run, token string, stop <-
 
 // startFleetRun starts three auditd nodes of one fleet over a real etcd,
 // config declaring their sources, and creates a fleet run on node 1.
-func startFleetRun(t *testing.T, config, token string) (nodes []*fleetRunNode, id, etcd string) {
+// Node 3 reaches etcd through cut, a proxy the test can cut.
+func startFleetRun(t *testing.T, config, token string) (nodes []*fleetRunNode, id, etcd string, cut *etcdtest.Proxy) {
 	t.Helper()
 	etcd = etcdtest.Start(t, 1).Endpoints()[0]
+	cut = etcdtest.StartProxy(t, etcd)
 	dir := t.TempDir()
 	for i := range 3 {
 		n := &fleetRunNode{name: fmt.Sprintf("node%d", i+1), data: filepath.Join(dir, fmt.Sprintf("node%d", i+1))}
-		n.start(t, config, token, etcd)
+		ep := etcd
+		if i == 2 {
+			ep = cut.URL()
+		}
+		n.start(t, config, token, ep)
 		nodes = append(nodes, n)
 	}
 	var run struct {
@@ -94,7 +100,7 @@ func startFleetRun(t *testing.T, config, token string) (nodes []*fleetRunNode, i
 	if code := nodes[0].child.call(t, "POST", "/v1/fleet/runs", token, map[string]any{"name": "fleet pipeline", "idle_timeout": "10m"}, &run); code != http.StatusCreated {
 		t.Fatalf("create fleet run: %d\n%s", code, nodes[0].child.logs)
 	}
-	return nodes, run.ID, etcd
+	return nodes, run.ID, etcd, cut
 }
 
 // kill SIGKILLs the node (no shutdown, no last post to the fleet log) and
@@ -143,8 +149,18 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	if answered := c.Dispatches - c.Interrupted; int64(upstream) < answered || int64(upstream) > c.Dispatches {
 		t.Errorf("the upstream counted %d requests; the ledgers hold %d dispatches, %d of them interrupted", upstream, c.Dispatches, c.Interrupted)
 	}
+	for _, n := range nodes {
+		var st struct {
+			Posted   uint64 `json:"posted_size"`
+			Cosigned uint64 `json:"cosigned_size"`
+			Failures int64  `json:"failures"`
+		}
+		if code := n.child.call(t, "GET", "/v1/fleet/log", token, nil, &st); code != http.StatusOK || st.Posted == 0 || st.Cosigned == 0 {
+			t.Errorf("%s's posting to the fleet log: %d %+v", n.name, code, st)
+		}
+	}
 	var table bytes.Buffer
-	code := run_(context.Background(), []string{"reconcile", "--fleet", "--server", nodes[0].child.url, "--run", id, "--token", token, "--allow-partial"}, &table)
+	code := runOut(context.Background(), []string{"reconcile", "--fleet", "--server", nodes[0].child.url, "--run", id, "--token", token, "--allow-partial"}, &table)
 	if code != 0 || !strings.Contains(table.String(), "node2") {
 		t.Errorf("auditd reconcile --fleet: exit %d\n%s", code, table.String())
 	}
@@ -204,15 +220,27 @@ func TestFleetRunAcrossNodes(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
-	nodes, id, etcd := startFleetRun(t, config, token)
+	nodes, id, etcd, cut := startFleetRun(t, config, token)
 
 	stop := make(chan struct{})
 	wait := proxyWorkers(nodes, 4, id, token, stop)
 	time.Sleep(3 * time.Second)
 	nodes[1].kill(t, config, token, etcd)
+	// Node 3 cut off from etcd: its posts to the fleet log fail, and say so.
+	cut.Cut()
 	time.Sleep(3 * time.Second)
+	var st struct {
+		Failures  int64  `json:"failures"`
+		LastError string `json:"last_error"`
+	}
+	nodes[2].child.call(t, "GET", "/v1/fleet/log", token, nil, &st)
+	cut.Heal()
+	time.Sleep(time.Second)
 	close(stop)
-	t.Logf("the clients' statuses: %v", wait())
+	t.Logf("the clients' statuses: %v; node 3's posting while cut off: %+v", wait(), st)
+	if st.Failures == 0 || st.LastError == "" {
+		t.Errorf("node 3, cut off from etcd, shows no failure to post: %+v", st)
+	}
 	rep := settleFleetRun(t, nodes, id, token, int(arrived.Load()))
 	if rep.Counts.Interrupted == 0 {
 		t.Log("the SIGKILL cut off no request on the wire this time")
@@ -264,7 +292,7 @@ func TestFleetRunPythonWorkers(t *testing.T) {
 	python(t)
 	gw := nginxtest.Start(t, nginxtest.Config{Template: "gateway.conf.tmpl", Rate: quota, Burst: 10})
 	config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: gw\n    base_url: %s/a\n    limit: %d\n    window: 1s\n    concurrency: 16\n", gw.URL, quota))
-	nodes, id, etcd := startFleetRun(t, config, token)
+	nodes, id, etcd, _ := startFleetRun(t, config, token)
 
 	first := []*clients{startClients(t, 6, 25, nodes[0].child.url, token, id, "gw", ""),
 		startClients(t, 5, 25, nodes[1].child.url, token, id, "gw", ""),
@@ -295,8 +323,8 @@ func TestFleetRunPythonWorkers(t *testing.T) {
 	fleetPackOf(t, nodes, id, token)
 }
 
-// run_ is run with one output for stdout and stderr.
-func run_(ctx context.Context, args []string, out io.Writer) int { return run(ctx, args, out, out) }
+// runOut is run with one output for stdout and stderr.
+func runOut(ctx context.Context, args []string, out io.Writer) int { return run(ctx, args, out, out) }
 
 // checkFleetPack verifies a fleet pack with auditd verify --pack and with
 // the outsider's verifier: both accept it when fault is empty, else both
