@@ -151,13 +151,14 @@ func fleetCheck(id string, expected, actual int64, failNote string) Check {
 
 // checkSum adds up one scope's checks over the nodes, in check order.
 type checkSum struct {
-	order []string
-	byID  map[string]*Check
-	notes map[string][]string
+	order   []string
+	byID    map[string]*Check
+	notes   map[string][]string    // failures, a note per node
+	naNotes map[string][][2]string // why it does not apply: node and note
 }
 
 func newCheckSum() *checkSum {
-	return &checkSum{byID: map[string]*Check{}, notes: map[string][]string{}}
+	return &checkSum{byID: map[string]*Check{}, notes: map[string][]string{}, naNotes: map[string][][2]string{}}
 }
 
 func (s *checkSum) add(node string, cs []Check) {
@@ -178,7 +179,7 @@ func (s *checkSum) add(node string, cs []Check) {
 		case c.Status == StatusPass && sum.Status == StatusNA:
 			sum.Status = StatusPass
 		case c.Status == StatusNA && c.Note != "":
-			s.notes[c.ID] = append(s.notes[c.ID], "node "+node+": "+c.Note)
+			s.naNotes[c.ID] = append(s.naNotes[c.ID], [2]string{node, c.Note})
 		}
 	}
 }
@@ -202,8 +203,26 @@ func (s *checkSum) checks() []Check {
 	out := make([]Check, 0, len(s.order))
 	for _, id := range s.order {
 		c := *s.byID[id]
-		c.Note = strings.Join(s.notes[id], "; ")
+		c.Note = strings.Join(append(s.notes[id], naNote(s.naNotes[id])...), "; ")
 		out = append(out, c)
+	}
+	return out
+}
+
+// naNote says once each reason a check does not apply, with its nodes:
+// "no acknowledgements recorded for the run (nodes a, b)".
+func naNote(notes [][2]string) []string {
+	var order []string
+	nodes := map[string][]string{}
+	for _, nn := range notes {
+		if nodes[nn[1]] == nil {
+			order = append(order, nn[1])
+		}
+		nodes[nn[1]] = append(nodes[nn[1]], nn[0])
+	}
+	out := make([]string, len(order))
+	for i, note := range order {
+		out[i] = fmt.Sprintf("%s (node %s)", note, strings.Join(nodes[note], ", "))
 	}
 	return out
 }

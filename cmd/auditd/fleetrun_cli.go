@@ -18,6 +18,10 @@ import (
 // Exit codes as for one node's run: 0 balanced and succeeded, 1 not
 // balanced or not succeeded (unless allowPartial), 2 on any error.
 func reconcileFleet(ctx context.Context, server, runID, token, format string, allowPartial bool, stdout, stderr io.Writer) int {
+	if format == "csv" {
+		fmt.Fprintln(stderr, "auditd reconcile: --fleet: --format csv is not there for a fleet run; use table or json")
+		return 2
+	}
 	rep, err := fetchFleetReconciliation(ctx, http.DefaultClient, server, runID, token)
 	if err != nil {
 		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
@@ -82,8 +86,8 @@ func fetchFleetReconciliation(ctx context.Context, client *http.Client, server, 
 
 // writeFleetTable prints the checks over the fleet, then each node's part.
 func writeFleetTable(w io.Writer, rep *reports.FleetReport) error {
+	fmt.Fprintf(w, "fleet run %s: %s, balanced: %t, %d dispatches over %d nodes\n", rep.RunID, rep.Status, rep.Balanced, rep.Counts.Dispatches, len(rep.Parts))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "fleet run %s\t%s\tbalanced: %t\tdispatches: %d\n", rep.RunID, rep.Status, rep.Balanced, rep.Counts.Dispatches)
 	fmt.Fprintln(tw, "CHECK\tSTATUS\tEXPECTED\tACTUAL\tNOTE")
 	for _, c := range rep.Checks {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", c.ID, c.Status, c.Expected, c.Actual, c.Note)

@@ -122,6 +122,9 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	var run struct {
 		Parts []string `json:"parts"`
 	}
+	if st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token); st != http.StatusConflict {
+		t.Errorf("the fleet pack of a fleet run still running: %d %s", st, b)
+	}
 	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+id+"/finish", token, nil, &run); code != http.StatusOK {
 		t.Fatalf("finish the fleet run: %d\n%s", code, nodes[2].child.logs)
 	}
@@ -164,6 +167,7 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	if code != 0 || !strings.Contains(table.String(), "node2") {
 		t.Errorf("auditd reconcile --fleet: exit %d\n%s", code, table.String())
 	}
+	t.Logf("auditd reconcile --fleet:\n%s", table.String())
 	return &rep
 }
 
