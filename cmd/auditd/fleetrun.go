@@ -324,7 +324,7 @@ func (f *fleetRuns) Run(ctx context.Context, id string) (api.FleetRun, error) {
 		return api.FleetRun{}, auditd.Errorf(auditd.ENOTFOUND, "No fleet run %s.", id)
 	}
 	return api.FleetRun{ID: run.ID, Name: run.Name, Node: run.Node, CreatedAt: run.CreatedAt,
-		IdleTimeout: auditd.Duration(run.IdleTimeout), Parts: run.Parts}, nil
+		IdleTimeout: auditd.Duration(run.IdleTimeout), Parts: append([]string{}, run.Parts...)}, nil
 }
 
 // FinishRun finishes every node's part: this node's here, the others'
