@@ -198,6 +198,9 @@ func ParseCacheDetail(detail string) (*CachedCopy, error) {
 
 // NewRun is a run to create, as a pipeline submits it.
 type NewRun struct {
+	// ID is the id of a fleet run's part on this node: the id every node
+	// knows the run by. Empty for any other run: its id is minted.
+	ID             string
 	Name           string
 	Award          Award
 	Items          []Item

@@ -108,6 +108,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	e.srv = s
 	withTokenBudget(generous)(e)
 	withAuthBudget(generous)(e)
+	withFleet(&fakeFleet{})(e) // a fleet of two nodes (fleet_test.go)
 	for _, o := range opts {
 		o(e)
 	}

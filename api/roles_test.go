@@ -33,6 +33,9 @@ func routeCases() []routeCase {
 	runPath := func(suffix string) func(*env) request {
 		return func(e *env) request { return request{path: "/v1/runs/" + e.runID + suffix} }
 	}
+	fleetPath := func(suffix string) func(*env) request {
+		return func(e *env) request { return request{path: "/v1/fleet/runs/" + e.runID + suffix} }
+	}
 	return []routeCase{
 		{"Healthz", "", 200, get("/healthz")},
 		{"Metrics", "", 200, get("/metrics")},
@@ -127,6 +130,19 @@ func routeCases() []routeCase {
 			return request{method: "POST", path: "/v1/tokens", body: `{"name":"ci","role":"auditor"}`}
 		}},
 		{"ListTokens", auth.RoleAdmin, 200, get("/v1/tokens")},
+		{"CreateFleetRun", auth.RoleOperator, 201, func(*env) request {
+			return request{method: "POST", path: "/v1/fleet/runs", body: `{"name":"fleet"}`}
+		}},
+		{"GetFleetRun", auth.RoleAuditor, 200, fleetPath("")},
+		{"FinishFleetRun", auth.RoleOperator, 200, func(e *env) request { return request{method: "POST", path: "/v1/fleet/runs/" + e.runID + "/finish"} }},
+		{"FleetReconciliation", auth.RoleAuditor, 200, fleetPath("/reconciliation")},
+		{"FleetPart", auth.RoleAuditor, 200, fleetPath("/part")},
+		{"FleetPack", auth.RoleAuditor, 200, fleetPath("/evidence-pack.zip")},
+		{"FleetPartPack", auth.RoleAuditor, 200, fleetPath("/part.zip")},
+		{"FleetLog", auth.RoleAuditor, 200, get("/v1/fleet/log")},
+		{"FleetCosign", auth.RoleOperator, 200, func(*env) request {
+			return request{method: "POST", path: "/v1/fleet/log/cosignatures", body: `{"size":3}`}
+		}},
 		{"RevokeToken", auth.RoleAdmin, 204, func(e *env) request {
 			tok, _, err := e.tokens.Create(context.Background(), "victim", auth.RoleAuditor, "test")
 			if err != nil {

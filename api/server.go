@@ -78,6 +78,8 @@ type Server struct {
 	// Proxy serves the proxy route, ANY /proxy/{source}/{path}; nil
 	// answers it 503.
 	Proxy Proxy
+	// Fleet serves the fleet run routes; nil answers them 503.
+	Fleet Fleet
 
 	// PublicLog publishes the checkpoint, the public key, the checkpoint
 	// history and consistency proofs, and accepts witness cosignatures,
@@ -172,6 +174,7 @@ func NewServer() *Server {
 	s.registerLogRoutes(v1)
 	s.registerRetentionRoutes(v1)
 	s.registerTokenRoutes(v1)
+	s.registerFleetRoutes(v1)
 	s.echo = e
 	return s
 }

@@ -53,6 +53,7 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 	}
 	now := l.cfg.Clock.Now()
 	run := auditd.Run{
+		ID:          nr.ID,
 		Name:        nr.Name,
 		Award:       nr.Award,
 		Status:      auditd.RunRunning,

@@ -20,6 +20,11 @@
 //	key/<name>           the node's note verifier key, set by its first post
 //	cosig/<size>/<name>  the node's cosignature line of the checkpoint at size
 //
+// Runs (runs.go) is the fleet's directory of fleet runs, beside the log:
+// a fleet run's id, name and creating node (run/<id>, written once), the
+// nodes holding a part of it (part/<id>/<node>), and each node's API
+// address (peer/<node>), under DefaultRunsPrefix.
+//
 // # Invariants
 //
 //   - Append-only. A post writes its leaf, the stored hashes it completes,

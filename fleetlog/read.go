@@ -158,3 +158,29 @@ func (l *Log) Checkpoint(ctx context.Context, size uint64) ([]byte, []string, er
 	t := Tree{Origin: l.origin, Size: size, Root: root}
 	return assemble(t.Text(), lines), names, nil
 }
+
+// NodeTree is a node's last checkpoint the fleet log accepted: the node
+// ledger's tree (Size events, Root) and the fleet leaf that holds it.
+type NodeTree struct {
+	Size uint64
+	Root tlog.Hash
+	Leaf uint64
+}
+
+// Node returns node's last accepted checkpoint; ok is false when the node
+// has posted none.
+func (l *Log) Node(ctx context.Context, node string) (t NodeTree, ok bool, err error) {
+	resp, err := l.client.Get(ctx, l.nodeKey(node))
+	if err != nil {
+		return NodeTree{}, false, fmt.Errorf("fleet log node %s: %w", node, err)
+	}
+	var ns nodeState
+	if _, ok, err = decode(resp.Kvs, &ns); !ok || err != nil {
+		return NodeTree{}, false, err
+	}
+	root, err := decodeRoot(ns.Root)
+	if err != nil {
+		return NodeTree{}, false, err
+	}
+	return NodeTree{Size: ns.Size, Root: root, Leaf: ns.Leaf}, true, nil
+}

@@ -35,6 +35,10 @@ type FleetManifest struct {
 	// Limits are the limits in force on the runs' sources, for the
 	// over-limit proof.
 	Limits []FleetLimit `json:"limits,omitempty"`
+	// SlotSlack is how long after its slot a dispatch may be recorded
+	// (the slot's grace and the node's lag); 0: no dispatch is held to
+	// the blocks.
+	SlotSlack int64 `json:"slot_slack_nanos,omitempty"`
 }
 
 // FleetNode is one node's part of a fleet pack.
@@ -128,6 +132,8 @@ type FleetPack struct {
 	// pack is missing or malformed has none, and its error in Missing.
 	Nodes   map[string]*Pack
 	Missing map[string]error
+	// raw are the node packs' bytes, in place, by name.
+	raw map[string]*io.SectionReader
 	// unlisted are node packs in the ZIP that fleet.json does not list.
 	unlisted []string
 }
@@ -146,7 +152,7 @@ func OpenFleet(ra io.ReaderAt, size int64) (*FleetPack, error) {
 	if err != nil {
 		return nil, err
 	}
-	fp := &FleetPack{Nodes: map[string]*Pack{}, Missing: map[string]error{}}
+	fp := &FleetPack{Nodes: map[string]*Pack{}, Missing: map[string]error{}, raw: map[string]*io.SectionReader{}}
 	if err := outer.readJSON(FileFleetManifest, &fp.Manifest); err != nil {
 		return nil, err
 	}
@@ -162,12 +168,12 @@ func OpenFleet(ra io.ReaderAt, size int64) (*FleetPack, error) {
 			return nil, fmt.Errorf("%w: %s lists node %s twice", ErrBadPack, FileFleetManifest, n.Name)
 		}
 		listed[n.Name] = true
-		p, err := openNested(ra, outer.files[FleetNodePack(n.Name)])
+		p, raw, err := openNested(ra, outer.files[FleetNodePack(n.Name)])
 		if err != nil {
 			fp.Missing[n.Name] = err
 			continue
 		}
-		fp.Nodes[n.Name] = p
+		fp.Nodes[n.Name], fp.raw[n.Name] = p, raw
 	}
 	for name := range outer.files {
 		if node, ok := strings.CutPrefix(name, "nodes/"); ok && !listed[strings.TrimSuffix(node, ".zip")] {
@@ -177,17 +183,29 @@ func OpenFleet(ra io.ReaderAt, size int64) (*FleetPack, error) {
 	return fp, nil
 }
 
+// NodePack returns the bytes of node's pack, to copy into another fleet
+// pack (a node's part into the fleet's); nil when it has none.
+func (fp *FleetPack) NodePack(node string) io.Reader {
+	r := fp.raw[node]
+	if r == nil {
+		return nil
+	}
+	return io.NewSectionReader(r, 0, r.Size())
+}
+
 // openNested opens a stored node pack in place.
-func openNested(ra io.ReaderAt, f *zip.File) (*Pack, error) {
+func openNested(ra io.ReaderAt, f *zip.File) (*Pack, *io.SectionReader, error) {
 	if f == nil {
-		return nil, fmt.Errorf("%w: no such entry", ErrBadPack)
+		return nil, nil, fmt.Errorf("%w: no such entry", ErrBadPack)
 	}
 	if f.Method != zip.Store {
-		return nil, fmt.Errorf("%w: %s is compressed; a fleet pack stores it", ErrBadPack, f.Name)
+		return nil, nil, fmt.Errorf("%w: %s is compressed; a fleet pack stores it", ErrBadPack, f.Name)
 	}
 	off, err := f.DataOffset()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadPack, f.Name, err)
+		return nil, nil, fmt.Errorf("%w: %s: %v", ErrBadPack, f.Name, err)
 	}
-	return Open(io.NewSectionReader(ra, off, int64(f.CompressedSize64)), int64(f.CompressedSize64))
+	raw := io.NewSectionReader(ra, off, int64(f.CompressedSize64))
+	p, err := Open(raw, raw.Size())
+	return p, raw, err
 }

@@ -68,8 +68,43 @@ func verifyLimits(fp *FleetPack, r *FleetReport) error {
 	for src, ds := range dispatches {
 		r.Dispatches[src] = int64(len(ds))
 		checkWindows(src, ds, limits[src], r)
+		if m.SlotSlack > 0 {
+			checkInBlocks(src, ds, blocks[src], m.SlotSlack, r)
+		}
 	}
 	return nil
+}
+
+// checkInBlocks reports, per node, the first dispatch of src that none of
+// the node's blocks holds (before the block's first slot, or more than
+// slack after its last), and a block that more dispatches used than it has
+// slots. ds are sorted by time.
+func checkInBlocks(src string, ds, bs []placed, slack int64, r *FleetReport) {
+	byNode := map[string][]FleetBlock{}
+	for _, p := range bs { // sorted by First (checkBlocks)
+		byNode[p.node] = append(byNode[p.node], p.block)
+	}
+	used := map[string][]int64{}
+	reported := map[string]bool{}
+	for _, d := range ds {
+		bl := byNode[d.node]
+		if used[d.node] == nil {
+			used[d.node] = make([]int64, len(bl))
+		}
+		i := sort.Search(len(bl), func(i int) bool { return bl[i].First > d.at }) - 1
+		if i >= 0 && d.at <= bl[i].First+(bl[i].Count-1)*bl[i].Interval+slack {
+			if used[d.node][i]++; used[d.node][i] == bl[i].Count+1 {
+				r.fail("source %s: node %s's block at revision %d (%d slots) holds more dispatches; the one past it is event %d (leaf %d)",
+					src, d.node, bl[i].Revision, bl[i].Count, d.seq, d.seq-1)
+			}
+			continue
+		}
+		if !reported[d.node] {
+			reported[d.node] = true
+			r.fail("source %s: node %s's dispatch event %d (leaf %d) at %s is in none of its reserved blocks",
+				src, d.node, d.seq, d.seq-1, stamp(d.at))
+		}
+	}
 }
 
 // inForce returns the limit of ls in force at t, if any.

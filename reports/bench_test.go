@@ -178,6 +178,11 @@ func TestMain(m *testing.M) {
 	if millionLedger.dir != "" {
 		os.RemoveAll(millionLedger.dir)
 	}
+	for _, dir := range fleetLedgers.dirs { // fleet_bench_test.go
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
+	}
 	os.Exit(code)
 }
 

@@ -175,7 +175,9 @@ func namedKey(runID, key string) []byte {
 // When another run took nr.IdempotencyKey meanwhile, it stores nothing and
 // returns ErrKeyTaken. The run is live once it starts (Start).
 func (s *Store) Create(run auditd.Run, nr auditd.NewRun) (*Live, error) {
-	run.ID = ulid.MustNew(ulid.Timestamp(run.CreatedAt), s.ids).String()
+	if run.ID == "" { // a fleet run's part comes with the fleet's id
+		run.ID = ulid.MustNew(ulid.Timestamp(run.CreatedAt), s.ids).String()
+	}
 	rec := &record{Run: run}
 	if nr.IdempotencyKey != "" {
 		rec.RequestHash = requestHash(nr)
@@ -183,6 +185,9 @@ func (s *Store) Create(run auditd.Run, nr auditd.NewRun) (*Live, error) {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if nr.IdempotencyKey != "" && tx.Bucket(bucketIdem).Get([]byte(nr.IdempotencyKey)) != nil {
 			return ErrKeyTaken
+		}
+		if nr.ID != "" && tx.Bucket(bucketRuns).Get([]byte(nr.ID)) != nil {
+			return auditd.Errorf(auditd.ECONFLICT, "Run %s exists on this node.", nr.ID)
 		}
 		if err := saveRun(tx, rec); err != nil {
 			return err

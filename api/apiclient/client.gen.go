@@ -601,7 +601,7 @@ type Check struct {
 	Difference int `json:"difference"`
 	Expected   int `json:"expected"`
 
-	// Id R1 to R10.
+	// Id R1 to R10; F1 and F2 in a fleet reconciliation.
 	Id   string  `json:"id"`
 	Note *string `json:"note,omitempty"`
 
@@ -730,6 +730,65 @@ type Event struct {
 
 // EventType defines model for Event.Type.
 type EventType string
+
+// FleetLogStatus This node's posting to the fleet log of logs.
+type FleetLogStatus struct {
+	CosignedSize int        `json:"cosigned_size"`
+	Failures     int        `json:"failures"`
+	FleetLeaf    int        `json:"fleet_leaf"`
+	LastError    *string    `json:"last_error,omitempty"`
+	LastErrorAt  *time.Time `json:"last_error_at,omitempty"`
+	Node         string     `json:"node"`
+	PostedSize   int        `json:"posted_size"`
+	Posts        int        `json:"posts"`
+}
+
+// FleetPart One node's part of a fleet run; report is absent when the node could not give it (error says why).
+type FleetPart struct {
+	Error *string `json:"error,omitempty"`
+
+	// FleetLeaf The fleet log leaf holding it.
+	FleetLeaf int `json:"fleet_leaf"`
+
+	// LoggedSize Size of the node's last checkpoint the fleet log accepted (0: none).
+	LoggedSize int    `json:"logged_size"`
+	Node       string `json:"node"`
+
+	// Report A run recounted from its raw ledger events (reports package): the identities R1 to R10 of docs/RECONCILIATION.md in total and per source, and the control evidence behind R9. CI relies on balanced; the UI reads the rest.
+	Report *Reconciliation `json:"report,omitempty"`
+}
+
+// FleetReconciliation A fleet run reconciled over every node's part: counts summed, R1 to R10 over the sum (failing when they fail on any node), F1 (every part present) and F2 (every part in the fleet log). status is succeeded when every part did, else the first other status of a part in node order ("missing" when a part could not be had).
+type FleetReconciliation struct {
+	Balanced bool           `json:"balanced"`
+	Checks   []Check        `json:"checks"`
+	Counts   map[string]int `json:"counts"`
+	Parts    []FleetPart    `json:"parts"`
+	RunId    string         `json:"run_id"`
+	Sources  []struct {
+		Balanced bool            `json:"balanced"`
+		Checks   []Check         `json:"checks"`
+		Counts   *map[string]int `json:"counts,omitempty"`
+		Source   string          `json:"source"`
+	} `json:"sources"`
+	Status string `json:"status"`
+}
+
+// FleetRun A fleet run as etcd holds it.
+type FleetRun struct {
+	CreatedAt time.Time `json:"created_at"`
+	Id        string    `json:"id"`
+
+	// IdleTimeout A Go duration ("1m30s", "250ms", "0s").
+	IdleTimeout *Duration `json:"idle_timeout,omitempty"`
+	Name        string    `json:"name"`
+
+	// Node The node it was created on.
+	Node string `json:"node"`
+
+	// Parts The nodes holding a part of the run, by name.
+	Parts []string `json:"parts"`
+}
 
 // Hold defines model for Hold.
 type Hold struct {
@@ -1494,6 +1553,18 @@ type GetAwardEvidenceParams struct {
 	To *To `form:"to,omitempty" json:"to,omitempty"`
 }
 
+// CosignFleetLogJSONBody defines parameters for CosignFleetLog.
+type CosignFleetLogJSONBody struct {
+	Size int `json:"size"`
+}
+
+// CreateFleetRunJSONBody defines parameters for CreateFleetRun.
+type CreateFleetRunJSONBody struct {
+	// IdleTimeout A Go duration ("1m30s", "250ms", "0s").
+	IdleTimeout *Duration `json:"idle_timeout,omitempty"`
+	Name        string    `json:"name"`
+}
+
 // ListCheckpointsParams defines parameters for ListCheckpoints.
 type ListCheckpointsParams struct {
 	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
@@ -1632,6 +1703,12 @@ type ReleaseHoldJSONRequestBody = HoldReason
 
 // SetRetentionJSONRequestBody defines body for SetRetention for application/json ContentType.
 type SetRetentionJSONRequestBody SetRetentionJSONBody
+
+// CosignFleetLogJSONRequestBody defines body for CosignFleetLog for application/json ContentType.
+type CosignFleetLogJSONRequestBody CosignFleetLogJSONBody
+
+// CreateFleetRunJSONRequestBody defines body for CreateFleetRun for application/json ContentType.
+type CreateFleetRunJSONRequestBody CreateFleetRunJSONBody
 
 // AddCosignatureTextRequestBody defines body for AddCosignature for text/plain ContentType.
 type AddCosignatureTextRequestBody = AddCosignatureTextBody
@@ -1913,6 +1990,87 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/evidence.xlsx (the `GetAwardEvidence` operationId).
 	GetAwardEvidence(ctx context.Context, params *GetAwardEvidenceParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetLogStatus This node's posting to the fleet log of logs, and its failures.
+	//
+	// The node posts its ledger's checkpoint every second when the ledger grew, and cosigns the fleet log's head. A failure is logged and counted here, never skipped silently.
+	//
+	// Corresponds with GET /v1/fleet/log (the `GetFleetLogStatus` operationId).
+	GetFleetLogStatus(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CosignFleetLogWithBody This node cosigns the fleet log's tree of the size given.
+	//
+	// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+	CosignFleetLogWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CosignFleetLog This node cosigns the fleet log's tree of the size given.
+	//
+	// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+	CosignFleetLog(ctx context.Context, body CosignFleetLogJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateFleetRunWithBody Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+	//
+	// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+	CreateFleetRunWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateFleetRun Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+	//
+	// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+	CreateFleetRun(ctx context.Context, body CreateFleetRunJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetRun A fleet run and the nodes holding a part of it, as etcd has them.
+	//
+	// Corresponds with GET /v1/fleet/runs/{id} (the `GetFleetRun` operationId).
+	GetFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetEvidencePack The fleet run's evidence pack, for a third party to verify offline (auditd verify --pack).
+	//
+	// The fleet pack docs/EVIDENCE-PACK.md specifies: every node's part (GET .../part.zip), the fleet checkpoint once every part's checkpoint is in the fleet log, cosigned by every node of the run, and each node leaf's inclusion proof. Recorded in this node's ledger as an export.downloaded event. A part that has not ended, or a node that cannot be reached, is a problem naming the node, and nothing is written.
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/evidence-pack.zip (the `GetFleetEvidencePack` operationId).
+	GetFleetEvidencePack(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
+	//
+	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+	//
+	// Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
+	FinishFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetRunPart This node's part of a fleet run, reconciled, with its checkpoint posted to the fleet log after.
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/part (the `GetFleetRunPart` operationId).
+	GetFleetRunPart(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetPartPack This node's part of an ended fleet run, as a fleet pack of one node.
+	//
+	// The node's evidence pack of the run, proven against the checkpoint the node posts to the fleet log as it builds it, with the node's fleet leaf, the blocks of slots its ledger's fleet.reserved events record, and the limits of the run's sources; no fleet checkpoint. The node building the fleet pack asks every node for it.
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/part.zip (the `GetFleetPartPack` operationId).
+	GetFleetPartPack(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetReconciliation The fleet run reconciled over every node's part (auditd reconcile --fleet).
+	//
+	// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
+	GetFleetReconciliation(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetCheckpoint The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
 	//
@@ -2604,6 +2762,197 @@ func (c *Client) GetAwardEvidencePack(ctx context.Context, params *GetAwardEvide
 // Corresponds with GET /v1/evidence.xlsx (the `GetAwardEvidence` operationId).
 func (c *Client) GetAwardEvidence(ctx context.Context, params *GetAwardEvidenceParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetAwardEvidenceRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetLogStatus This node's posting to the fleet log of logs, and its failures.
+//
+// The node posts its ledger's checkpoint every second when the ledger grew, and cosigns the fleet log's head. A failure is logged and counted here, never skipped silently.
+//
+// Corresponds with GET /v1/fleet/log (the `GetFleetLogStatus` operationId).
+func (c *Client) GetFleetLogStatus(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetLogStatusRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CosignFleetLogWithBody This node cosigns the fleet log's tree of the size given.
+//
+// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+func (c *Client) CosignFleetLogWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCosignFleetLogRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CosignFleetLog This node cosigns the fleet log's tree of the size given.
+//
+// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+func (c *Client) CosignFleetLog(ctx context.Context, body CosignFleetLogJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCosignFleetLogRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateFleetRunWithBody Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+//
+// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+func (c *Client) CreateFleetRunWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateFleetRunRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateFleetRun Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+//
+// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+func (c *Client) CreateFleetRun(ctx context.Context, body CreateFleetRunJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateFleetRunRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetRun A fleet run and the nodes holding a part of it, as etcd has them.
+//
+// Corresponds with GET /v1/fleet/runs/{id} (the `GetFleetRun` operationId).
+func (c *Client) GetFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetRunRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetEvidencePack The fleet run's evidence pack, for a third party to verify offline (auditd verify --pack).
+//
+// The fleet pack docs/EVIDENCE-PACK.md specifies: every node's part (GET .../part.zip), the fleet checkpoint once every part's checkpoint is in the fleet log, cosigned by every node of the run, and each node leaf's inclusion proof. Recorded in this node's ledger as an export.downloaded event. A part that has not ended, or a node that cannot be reached, is a problem naming the node, and nothing is written.
+//
+// Corresponds with GET /v1/fleet/runs/{id}/evidence-pack.zip (the `GetFleetEvidencePack` operationId).
+func (c *Client) GetFleetEvidencePack(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetEvidencePackRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
+//
+// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+//
+// Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
+func (c *Client) FinishFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewFinishFleetRunRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetRunPart This node's part of a fleet run, reconciled, with its checkpoint posted to the fleet log after.
+//
+// Corresponds with GET /v1/fleet/runs/{id}/part (the `GetFleetRunPart` operationId).
+func (c *Client) GetFleetRunPart(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetRunPartRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetPartPack This node's part of an ended fleet run, as a fleet pack of one node.
+//
+// The node's evidence pack of the run, proven against the checkpoint the node posts to the fleet log as it builds it, with the node's fleet leaf, the blocks of slots its ledger's fleet.reserved events record, and the limits of the run's sources; no fleet checkpoint. The node building the fleet pack asks every node for it.
+//
+// Corresponds with GET /v1/fleet/runs/{id}/part.zip (the `GetFleetPartPack` operationId).
+func (c *Client) GetFleetPartPack(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetPartPackRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetReconciliation The fleet run reconciled over every node's part (auditd reconcile --fleet).
+//
+// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+//
+// Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
+func (c *Client) GetFleetReconciliation(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetReconciliationRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -4252,6 +4601,317 @@ func NewGetAwardEvidenceRequest(server string, params *GetAwardEvidenceParams) (
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
 		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetFleetLogStatusRequest constructs an http.Request for the GetFleetLogStatus method
+func NewGetFleetLogStatusRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/log")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCosignFleetLogRequest calls the generic CosignFleetLog builder with application/json body
+func NewCosignFleetLogRequest(server string, body CosignFleetLogJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCosignFleetLogRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCosignFleetLogRequestWithBody constructs an http.Request for the CosignFleetLog method, with any body, and a specified content type
+func NewCosignFleetLogRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/log/cosignatures")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewCreateFleetRunRequest calls the generic CreateFleetRun builder with application/json body
+func NewCreateFleetRunRequest(server string, body CreateFleetRunJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateFleetRunRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCreateFleetRunRequestWithBody constructs an http.Request for the CreateFleetRun method, with any body, and a specified content type
+func NewCreateFleetRunRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewGetFleetRunRequest constructs an http.Request for the GetFleetRun method
+func NewGetFleetRunRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetFleetEvidencePackRequest constructs an http.Request for the GetFleetEvidencePack method
+func NewGetFleetEvidencePackRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s/evidence-pack.zip", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewFinishFleetRunRequest constructs an http.Request for the FinishFleetRun method
+func NewFinishFleetRunRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s/finish", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetFleetRunPartRequest constructs an http.Request for the GetFleetRunPart method
+func NewGetFleetRunPartRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s/part", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetFleetPartPackRequest constructs an http.Request for the GetFleetPartPack method
+func NewGetFleetPartPackRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s/part.zip", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetFleetReconciliationRequest constructs an http.Request for the GetFleetReconciliation method
+func NewGetFleetReconciliationRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s/reconciliation", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -6109,6 +6769,101 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/evidence.xlsx (the `GetAwardEvidence` operationId).
 	GetAwardEvidenceWithResponse(ctx context.Context, params *GetAwardEvidenceParams, reqEditors ...RequestEditorFn) (*GetAwardEvidenceResponse, error)
 
+	// GetFleetLogStatusWithResponse This node's posting to the fleet log of logs, and its failures.
+	//
+	// The node posts its ledger's checkpoint every second when the ledger grew, and cosigns the fleet log's head. A failure is logged and counted here, never skipped silently.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/log (the `GetFleetLogStatus` operationId).
+	GetFleetLogStatusWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetLogStatusResponse, error)
+
+	// CosignFleetLogWithBodyWithResponse This node cosigns the fleet log's tree of the size given.
+	//
+	// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+	CosignFleetLogWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CosignFleetLogResponse, error)
+
+	// CosignFleetLogWithResponse This node cosigns the fleet log's tree of the size given.
+	//
+	// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+	CosignFleetLogWithResponse(ctx context.Context, body CosignFleetLogJSONRequestBody, reqEditors ...RequestEditorFn) (*CosignFleetLogResponse, error)
+
+	// CreateFleetRunWithBodyWithResponse Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+	//
+	// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+	CreateFleetRunWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateFleetRunResponse, error)
+
+	// CreateFleetRunWithResponse Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+	//
+	// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+	CreateFleetRunWithResponse(ctx context.Context, body CreateFleetRunJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateFleetRunResponse, error)
+
+	// GetFleetRunWithResponse A fleet run and the nodes holding a part of it, as etcd has them.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs/{id} (the `GetFleetRun` operationId).
+	GetFleetRunWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetRunResponse, error)
+
+	// GetFleetEvidencePackWithResponse The fleet run's evidence pack, for a third party to verify offline (auditd verify --pack).
+	//
+	// The fleet pack docs/EVIDENCE-PACK.md specifies: every node's part (GET .../part.zip), the fleet checkpoint once every part's checkpoint is in the fleet log, cosigned by every node of the run, and each node leaf's inclusion proof. Recorded in this node's ledger as an export.downloaded event. A part that has not ended, or a node that cannot be reached, is a problem naming the node, and nothing is written.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/evidence-pack.zip (the `GetFleetEvidencePack` operationId).
+	GetFleetEvidencePackWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetEvidencePackResponse, error)
+
+	// FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
+	//
+	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
+	FinishFleetRunWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*FinishFleetRunResponse, error)
+
+	// GetFleetRunPartWithResponse This node's part of a fleet run, reconciled, with its checkpoint posted to the fleet log after.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/part (the `GetFleetRunPart` operationId).
+	GetFleetRunPartWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetRunPartResponse, error)
+
+	// GetFleetPartPackWithResponse This node's part of an ended fleet run, as a fleet pack of one node.
+	//
+	// The node's evidence pack of the run, proven against the checkpoint the node posts to the fleet log as it builds it, with the node's fleet leaf, the blocks of slots its ledger's fleet.reserved events record, and the limits of the run's sources; no fleet checkpoint. The node building the fleet pack asks every node for it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/part.zip (the `GetFleetPartPack` operationId).
+	GetFleetPartPackWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetPartPackResponse, error)
+
+	// GetFleetReconciliationWithResponse The fleet run reconciled over every node's part (auditd reconcile --fleet).
+	//
+	// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
+	GetFleetReconciliationWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetReconciliationResponse, error)
+
 	// GetCheckpointWithResponse The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
 	//
 	// Without a token when the server runs with --public-log, so that witnesses can poll it.
@@ -7800,6 +8555,1094 @@ func (r GetAwardEvidenceResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetAwardEvidenceResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetLogStatusResponse401Headers the declared response headers of an HTTP 401 response for GetFleetLogStatus
+type GetFleetLogStatusResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetLogStatusResponse403Headers the declared response headers of an HTTP 403 response for GetFleetLogStatus
+type GetFleetLogStatusResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetLogStatusResponse429Headers the declared response headers of an HTTP 429 response for GetFleetLogStatus
+type GetFleetLogStatusResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetLogStatusResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetLogStatus
+type GetFleetLogStatusResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetLogStatusResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetLogStatus
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetLogStatusResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetLogStatusResponse403Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetLogStatusResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetLogStatusResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetLogStatusResponse) GetJSON200() *FleetLogStatus {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetLogStatusResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetLogStatusResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetLogStatusResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetLogStatusResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetLogStatusResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetLogStatusResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetLogStatusResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetLogStatusResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CosignFleetLogResponse400Headers the declared response headers of an HTTP 400 response for CosignFleetLog
+type CosignFleetLogResponse400Headers struct {
+	XRequestId *string
+}
+
+// CosignFleetLogResponse401Headers the declared response headers of an HTTP 401 response for CosignFleetLog
+type CosignFleetLogResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// CosignFleetLogResponse403Headers the declared response headers of an HTTP 403 response for CosignFleetLog
+type CosignFleetLogResponse403Headers struct {
+	XRequestId *string
+}
+
+// CosignFleetLogResponse413Headers the declared response headers of an HTTP 413 response for CosignFleetLog
+type CosignFleetLogResponse413Headers struct {
+	XRequestId *string
+}
+
+// CosignFleetLogResponse415Headers the declared response headers of an HTTP 415 response for CosignFleetLog
+type CosignFleetLogResponse415Headers struct {
+	XRequestId *string
+}
+
+// CosignFleetLogResponse429Headers the declared response headers of an HTTP 429 response for CosignFleetLog
+type CosignFleetLogResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// CosignFleetLogResponseDefaultHeaders the declared response headers of an HTTP default response for CosignFleetLog
+type CosignFleetLogResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type CosignFleetLogResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *struct {
+		Origin string `json:"origin"`
+		Root   []byte `json:"root"`
+		Size   int    `json:"size"`
+	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *TooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CosignFleetLogResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CosignFleetLogResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CosignFleetLogResponse403Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CosignFleetLogResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *CosignFleetLogResponse415Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CosignFleetLogResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *CosignFleetLogResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CosignFleetLogResponse) GetJSON200() *struct {
+	Origin string `json:"origin"`
+	Root   []byte `json:"root"`
+	Size   int    `json:"size"`
+} {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CosignFleetLogResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CosignFleetLogResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CosignFleetLogResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CosignFleetLogResponse) GetApplicationproblemJSON413() *TooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r CosignFleetLogResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CosignFleetLogResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r CosignFleetLogResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r CosignFleetLogResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CosignFleetLogResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CosignFleetLogResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CosignFleetLogResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateFleetRunResponse201Headers the declared response headers of an HTTP 201 response for CreateFleetRun
+type CreateFleetRunResponse201Headers struct {
+	Location *string
+}
+
+// CreateFleetRunResponse400Headers the declared response headers of an HTTP 400 response for CreateFleetRun
+type CreateFleetRunResponse400Headers struct {
+	XRequestId *string
+}
+
+// CreateFleetRunResponse401Headers the declared response headers of an HTTP 401 response for CreateFleetRun
+type CreateFleetRunResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// CreateFleetRunResponse403Headers the declared response headers of an HTTP 403 response for CreateFleetRun
+type CreateFleetRunResponse403Headers struct {
+	XRequestId *string
+}
+
+// CreateFleetRunResponse413Headers the declared response headers of an HTTP 413 response for CreateFleetRun
+type CreateFleetRunResponse413Headers struct {
+	XRequestId *string
+}
+
+// CreateFleetRunResponse415Headers the declared response headers of an HTTP 415 response for CreateFleetRun
+type CreateFleetRunResponse415Headers struct {
+	XRequestId *string
+}
+
+// CreateFleetRunResponse429Headers the declared response headers of an HTTP 429 response for CreateFleetRun
+type CreateFleetRunResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// CreateFleetRunResponseDefaultHeaders the declared response headers of an HTTP default response for CreateFleetRun
+type CreateFleetRunResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type CreateFleetRunResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *FleetRun
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *TooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateFleetRunResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateFleetRunResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateFleetRunResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateFleetRunResponse403Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateFleetRunResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *CreateFleetRunResponse415Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateFleetRunResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *CreateFleetRunResponseDefaultHeaders
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateFleetRunResponse) GetJSON201() *FleetRun {
+	return r.JSON201
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateFleetRunResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateFleetRunResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreateFleetRunResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreateFleetRunResponse) GetApplicationproblemJSON413() *TooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r CreateFleetRunResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateFleetRunResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r CreateFleetRunResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateFleetRunResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateFleetRunResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateFleetRunResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateFleetRunResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetRunResponse401Headers the declared response headers of an HTTP 401 response for GetFleetRun
+type GetFleetRunResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetRunResponse403Headers the declared response headers of an HTTP 403 response for GetFleetRun
+type GetFleetRunResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetRunResponse404Headers the declared response headers of an HTTP 404 response for GetFleetRun
+type GetFleetRunResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetRunResponse429Headers the declared response headers of an HTTP 429 response for GetFleetRun
+type GetFleetRunResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetRunResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetRun
+type GetFleetRunResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetRunResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetRun
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetRunResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetRunResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetRunResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetRunResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetRunResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetRunResponse) GetJSON200() *FleetRun {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetRunResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetRunResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetRunResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetRunResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetRunResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetRunResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetRunResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetRunResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetRunResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetEvidencePackResponse401Headers the declared response headers of an HTTP 401 response for GetFleetEvidencePack
+type GetFleetEvidencePackResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetEvidencePackResponse403Headers the declared response headers of an HTTP 403 response for GetFleetEvidencePack
+type GetFleetEvidencePackResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetEvidencePackResponse404Headers the declared response headers of an HTTP 404 response for GetFleetEvidencePack
+type GetFleetEvidencePackResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetEvidencePackResponse409Headers the declared response headers of an HTTP 409 response for GetFleetEvidencePack
+type GetFleetEvidencePackResponse409Headers struct {
+	XRequestId *string
+}
+
+// GetFleetEvidencePackResponse429Headers the declared response headers of an HTTP 429 response for GetFleetEvidencePack
+type GetFleetEvidencePackResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetEvidencePackResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetEvidencePack
+type GetFleetEvidencePackResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetEvidencePackResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetEvidencePackResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetEvidencePackResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetEvidencePackResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *GetFleetEvidencePackResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetEvidencePackResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetEvidencePackResponseDefaultHeaders
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetEvidencePackResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetEvidencePackResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetEvidencePackResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetFleetEvidencePackResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetEvidencePackResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetEvidencePackResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetEvidencePackResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetEvidencePackResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetEvidencePackResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetEvidencePackResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// FinishFleetRunResponse401Headers the declared response headers of an HTTP 401 response for FinishFleetRun
+type FinishFleetRunResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// FinishFleetRunResponse403Headers the declared response headers of an HTTP 403 response for FinishFleetRun
+type FinishFleetRunResponse403Headers struct {
+	XRequestId *string
+}
+
+// FinishFleetRunResponse404Headers the declared response headers of an HTTP 404 response for FinishFleetRun
+type FinishFleetRunResponse404Headers struct {
+	XRequestId *string
+}
+
+// FinishFleetRunResponse429Headers the declared response headers of an HTTP 429 response for FinishFleetRun
+type FinishFleetRunResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// FinishFleetRunResponseDefaultHeaders the declared response headers of an HTTP default response for FinishFleetRun
+type FinishFleetRunResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type FinishFleetRunResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetRun
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *FinishFleetRunResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *FinishFleetRunResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *FinishFleetRunResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *FinishFleetRunResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *FinishFleetRunResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r FinishFleetRunResponse) GetJSON200() *FleetRun {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r FinishFleetRunResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r FinishFleetRunResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r FinishFleetRunResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r FinishFleetRunResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r FinishFleetRunResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r FinishFleetRunResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r FinishFleetRunResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r FinishFleetRunResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r FinishFleetRunResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetRunPartResponse401Headers the declared response headers of an HTTP 401 response for GetFleetRunPart
+type GetFleetRunPartResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetRunPartResponse403Headers the declared response headers of an HTTP 403 response for GetFleetRunPart
+type GetFleetRunPartResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetRunPartResponse404Headers the declared response headers of an HTTP 404 response for GetFleetRunPart
+type GetFleetRunPartResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetRunPartResponse429Headers the declared response headers of an HTTP 429 response for GetFleetRunPart
+type GetFleetRunPartResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetRunPartResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetRunPart
+type GetFleetRunPartResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetRunPartResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetPart
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetRunPartResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetRunPartResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetRunPartResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetRunPartResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetRunPartResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetRunPartResponse) GetJSON200() *FleetPart {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetRunPartResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetRunPartResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetRunPartResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetRunPartResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetRunPartResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetRunPartResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetRunPartResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetRunPartResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetRunPartResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetPartPackResponse401Headers the declared response headers of an HTTP 401 response for GetFleetPartPack
+type GetFleetPartPackResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetPartPackResponse403Headers the declared response headers of an HTTP 403 response for GetFleetPartPack
+type GetFleetPartPackResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetPartPackResponse404Headers the declared response headers of an HTTP 404 response for GetFleetPartPack
+type GetFleetPartPackResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetPartPackResponse409Headers the declared response headers of an HTTP 409 response for GetFleetPartPack
+type GetFleetPartPackResponse409Headers struct {
+	XRequestId *string
+}
+
+// GetFleetPartPackResponse429Headers the declared response headers of an HTTP 429 response for GetFleetPartPack
+type GetFleetPartPackResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetPartPackResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetPartPack
+type GetFleetPartPackResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetPartPackResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetPartPackResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetPartPackResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetPartPackResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *GetFleetPartPackResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetPartPackResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetPartPackResponseDefaultHeaders
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetPartPackResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetPartPackResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetPartPackResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetFleetPartPackResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetPartPackResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetPartPackResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetPartPackResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetPartPackResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetPartPackResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetPartPackResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetReconciliationResponse401Headers the declared response headers of an HTTP 401 response for GetFleetReconciliation
+type GetFleetReconciliationResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetReconciliationResponse403Headers the declared response headers of an HTTP 403 response for GetFleetReconciliation
+type GetFleetReconciliationResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetReconciliationResponse404Headers the declared response headers of an HTTP 404 response for GetFleetReconciliation
+type GetFleetReconciliationResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetReconciliationResponse429Headers the declared response headers of an HTTP 429 response for GetFleetReconciliation
+type GetFleetReconciliationResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetReconciliationResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetReconciliation
+type GetFleetReconciliationResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetReconciliationResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetReconciliation
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetReconciliationResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetReconciliationResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetReconciliationResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetReconciliationResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetReconciliationResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetReconciliationResponse) GetJSON200() *FleetReconciliation {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetReconciliationResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetReconciliationResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetReconciliationResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetReconciliationResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetReconciliationResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetReconciliationResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetReconciliationResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetReconciliationResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetReconciliationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -12087,6 +13930,167 @@ func (c *ClientWithResponses) GetAwardEvidenceWithResponse(ctx context.Context, 
 	return ParseGetAwardEvidenceResponse(rsp)
 }
 
+// GetFleetLogStatusWithResponse This node's posting to the fleet log of logs, and its failures.
+//
+// The node posts its ledger's checkpoint every second when the ledger grew, and cosigns the fleet log's head. A failure is logged and counted here, never skipped silently.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/log (the `GetFleetLogStatus` operationId).
+func (c *ClientWithResponses) GetFleetLogStatusWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetLogStatusResponse, error) {
+	rsp, err := c.GetFleetLogStatus(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetLogStatusResponse(rsp)
+}
+
+// CosignFleetLogWithBodyWithResponse This node cosigns the fleet log's tree of the size given.
+//
+// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+func (c *ClientWithResponses) CosignFleetLogWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CosignFleetLogResponse, error) {
+	rsp, err := c.CosignFleetLogWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCosignFleetLogResponse(rsp)
+}
+
+// CosignFleetLogWithResponse This node cosigns the fleet log's tree of the size given.
+//
+// After checking, from the log's stored hashes, that the tree is consistent with the last one this node cosigned. The node building a fleet pack asks every node of the run.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
+func (c *ClientWithResponses) CosignFleetLogWithResponse(ctx context.Context, body CosignFleetLogJSONRequestBody, reqEditors ...RequestEditorFn) (*CosignFleetLogResponse, error) {
+	rsp, err := c.CosignFleetLog(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCosignFleetLogResponse(rsp)
+}
+
+// CreateFleetRunWithBodyWithResponse Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+//
+// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+func (c *ClientWithResponses) CreateFleetRunWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateFleetRunResponse, error) {
+	rsp, err := c.CreateFleetRunWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateFleetRunResponse(rsp)
+}
+
+// CreateFleetRunWithResponse Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
+//
+// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/fleet/runs (the `CreateFleetRun` operationId).
+func (c *ClientWithResponses) CreateFleetRunWithResponse(ctx context.Context, body CreateFleetRunJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateFleetRunResponse, error) {
+	rsp, err := c.CreateFleetRun(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateFleetRunResponse(rsp)
+}
+
+// GetFleetRunWithResponse A fleet run and the nodes holding a part of it, as etcd has them.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs/{id} (the `GetFleetRun` operationId).
+func (c *ClientWithResponses) GetFleetRunWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetRunResponse, error) {
+	rsp, err := c.GetFleetRun(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetRunResponse(rsp)
+}
+
+// GetFleetEvidencePackWithResponse The fleet run's evidence pack, for a third party to verify offline (auditd verify --pack).
+//
+// The fleet pack docs/EVIDENCE-PACK.md specifies: every node's part (GET .../part.zip), the fleet checkpoint once every part's checkpoint is in the fleet log, cosigned by every node of the run, and each node leaf's inclusion proof. Recorded in this node's ledger as an export.downloaded event. A part that has not ended, or a node that cannot be reached, is a problem naming the node, and nothing is written.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs/{id}/evidence-pack.zip (the `GetFleetEvidencePack` operationId).
+func (c *ClientWithResponses) GetFleetEvidencePackWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetEvidencePackResponse, error) {
+	rsp, err := c.GetFleetEvidencePack(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetEvidencePackResponse(rsp)
+}
+
+// FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
+//
+// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
+func (c *ClientWithResponses) FinishFleetRunWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*FinishFleetRunResponse, error) {
+	rsp, err := c.FinishFleetRun(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseFinishFleetRunResponse(rsp)
+}
+
+// GetFleetRunPartWithResponse This node's part of a fleet run, reconciled, with its checkpoint posted to the fleet log after.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs/{id}/part (the `GetFleetRunPart` operationId).
+func (c *ClientWithResponses) GetFleetRunPartWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetRunPartResponse, error) {
+	rsp, err := c.GetFleetRunPart(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetRunPartResponse(rsp)
+}
+
+// GetFleetPartPackWithResponse This node's part of an ended fleet run, as a fleet pack of one node.
+//
+// The node's evidence pack of the run, proven against the checkpoint the node posts to the fleet log as it builds it, with the node's fleet leaf, the blocks of slots its ledger's fleet.reserved events record, and the limits of the run's sources; no fleet checkpoint. The node building the fleet pack asks every node for it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs/{id}/part.zip (the `GetFleetPartPack` operationId).
+func (c *ClientWithResponses) GetFleetPartPackWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetPartPackResponse, error) {
+	rsp, err := c.GetFleetPartPack(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetPartPackResponse(rsp)
+}
+
+// GetFleetReconciliationWithResponse The fleet run reconciled over every node's part (auditd reconcile --fleet).
+//
+// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
+func (c *ClientWithResponses) GetFleetReconciliationWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetReconciliationResponse, error) {
+	rsp, err := c.GetFleetReconciliation(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetReconciliationResponse(rsp)
+}
+
 // GetCheckpointWithResponse The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
 //
 // Without a token when the server runs with --public-log, so that witnesses can poll it.
@@ -14638,6 +16642,1243 @@ func ParseGetAwardEvidenceResponse(rsp *http.Response) (*GetAwardEvidenceRespons
 		response.Headers429 = &headers
 	case true:
 		var headers GetAwardEvidenceResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetFleetLogStatusResponse parses an HTTP response from a GetFleetLogStatusWithResponse call
+func ParseGetFleetLogStatusResponse(rsp *http.Response) (*GetFleetLogStatusResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetLogStatusResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetLogStatus
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetLogStatusResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetLogStatusResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetLogStatusResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetLogStatusResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCosignFleetLogResponse parses an HTTP response from a CosignFleetLogWithResponse call
+func ParseCosignFleetLogResponse(rsp *http.Response) (*CosignFleetLogResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CosignFleetLogResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest struct {
+			Origin string `json:"origin"`
+			Root   []byte `json:"root"`
+			Size   int    `json:"size"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 400:
+		var headers CosignFleetLogResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CosignFleetLogResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CosignFleetLogResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 413:
+		var headers CosignFleetLogResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers CosignFleetLogResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 429:
+		var headers CosignFleetLogResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers CosignFleetLogResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateFleetRunResponse parses an HTTP response from a CreateFleetRunWithResponse call
+func ParseCreateFleetRunResponse(rsp *http.Response) (*CreateFleetRunResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateFleetRunResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest FleetRun
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateFleetRunResponse201Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateFleetRunResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateFleetRunResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateFleetRunResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateFleetRunResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers CreateFleetRunResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateFleetRunResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers CreateFleetRunResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetFleetRunResponse parses an HTTP response from a GetFleetRunWithResponse call
+func ParseGetFleetRunResponse(rsp *http.Response) (*GetFleetRunResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetRunResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetRun
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetRunResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetRunResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetRunResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetRunResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetRunResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetFleetEvidencePackResponse parses an HTTP response from a GetFleetEvidencePackWithResponse call
+func ParseGetFleetEvidencePackResponse(rsp *http.Response) (*GetFleetEvidencePackResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetEvidencePackResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetEvidencePackResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetEvidencePackResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetEvidencePackResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers GetFleetEvidencePackResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetEvidencePackResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetEvidencePackResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseFinishFleetRunResponse parses an HTTP response from a FinishFleetRunWithResponse call
+func ParseFinishFleetRunResponse(rsp *http.Response) (*FinishFleetRunResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &FinishFleetRunResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetRun
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers FinishFleetRunResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers FinishFleetRunResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers FinishFleetRunResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers FinishFleetRunResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers FinishFleetRunResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetFleetRunPartResponse parses an HTTP response from a GetFleetRunPartWithResponse call
+func ParseGetFleetRunPartResponse(rsp *http.Response) (*GetFleetRunPartResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetRunPartResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetPart
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetRunPartResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetRunPartResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetRunPartResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetRunPartResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetRunPartResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetFleetPartPackResponse parses an HTTP response from a GetFleetPartPackWithResponse call
+func ParseGetFleetPartPackResponse(rsp *http.Response) (*GetFleetPartPackResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetPartPackResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetPartPackResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetPartPackResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetPartPackResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers GetFleetPartPackResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetPartPackResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetPartPackResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetFleetReconciliationResponse parses an HTTP response from a GetFleetReconciliationWithResponse call
+func ParseGetFleetReconciliationResponse(rsp *http.Response) (*GetFleetReconciliationResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetReconciliationResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetReconciliation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetReconciliationResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetReconciliationResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetReconciliationResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetReconciliationResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetReconciliationResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

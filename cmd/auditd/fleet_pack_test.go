@@ -30,8 +30,11 @@ import (
 
 const fleetRun = "01JFLEET0RUN00000000000000"
 
+// fleetPackStart is when node 0's part of the fleet run starts.
+var fleetPackStart = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
+
 // fleetPackNode writes node i's part of a fleet run (items i, i+3, ...
-// below items, the nodes' events interleaved 10ms apart) to a ledger in
+// below items, events 10ms apart, node i's from i seconds on) to a ledger in
 // dir and returns its pack, proven against its latest checkpoint, with
 // the ledger's checkpoint and key. mutate may change an event first.
 func fleetPackNode(t *testing.T, dir string, i, items int, mutate func(*auditd.Event)) (packBytes, cp []byte, key string) {
@@ -41,7 +44,7 @@ func fleetPackNode(t *testing.T, dir string, i, items int, mutate func(*auditd.E
 		t.Fatal(err)
 	}
 	defer db.Close()
-	start := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC).Add(time.Duration(i) * 3 * time.Millisecond)
+	start := fleetPackStart.Add(time.Duration(i) * time.Second)
 	clk := clock.NewFake(start)
 	l, err := ledger.Open(db, ledger.Options{KeyDir: dir, Clock: clk})
 	if err != nil {
@@ -115,7 +118,8 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		keys[name], packs[name] = key, pb
 		leaf := fleetlog.Leaf{Node: name, Revision: int64(30 + i), Checkpoint: cp}.Marshal()
 		nodes = append(nodes, pack.FleetNode{Name: name, Key: key, LeafIndex: e.Index, Leaf: base64.StdEncoding.EncodeToString(leaf),
-			Blocks: []pack.FleetBlock{{Source: "county", First: int64(1e18) + int64(i)*int64(time.Second), Interval: int64(10 * time.Millisecond), Count: 100, Revision: int64(20 + i)}}})
+			// Half a second of slots from the node's start: its dispatches' times.
+			Blocks: []pack.FleetBlock{{Source: "county", First: fleetPackStart.Add(time.Duration(i) * time.Second).UnixNano(), Interval: int64(10 * time.Millisecond), Count: 50, Revision: int64(20 + i)}}})
 	}
 	head, err := flog.Head(ctx)
 	if err != nil {
@@ -146,7 +150,7 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		t.Fatal(err)
 	}
 	manifest := pack.FleetManifest{Origin: head.Origin, TreeSize: head.Size, Runs: []string{fleetRun}, Nodes: nodes,
-		Limits: []pack.FleetLimit{{Source: "county", Limit: 100, Window: int64(time.Second)}}}
+		Limits: []pack.FleetLimit{{Source: "county", Limit: 100, Window: int64(time.Second)}}, SlotSlack: int64(50 * time.Millisecond)}
 	write := func(m pack.FleetManifest, packs map[string][]byte) []byte {
 		readers := map[string]io.Reader{}
 		for n, b := range packs {
@@ -247,9 +251,16 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 			m := manifest
 			m.Nodes = append([]pack.FleetNode(nil), nodes...)
 			m.Nodes[2].Blocks = []pack.FleetBlock{nodes[2].Blocks[0]}
-			m.Nodes[2].Blocks[0].First = nodes[1].Blocks[0].First + int64(500*time.Millisecond)
+			m.Nodes[2].Blocks[0].First = nodes[1].Blocks[0].First + int64(400*time.Millisecond)
 			return write(m, packs)
 		}, []string{"source county", "overlaps"}},
+		{"DispatchOutsideReservations", func() []byte {
+			m := manifest
+			m.Nodes = append([]pack.FleetNode(nil), nodes...)
+			m.Nodes[1].Blocks = []pack.FleetBlock{nodes[1].Blocks[0]}
+			m.Nodes[1].Blocks[0].First += int64(300 * time.Millisecond) // after node b's first dispatches
+			return write(m, packs)
+		}, []string{"node b's dispatch event", "none of its reserved blocks"}},
 		{"DispatchesOverLimit", func() []byte {
 			m := manifest
 			m.Limits = []pack.FleetLimit{{Source: "county", Limit: 3, Window: int64(time.Second)}}

@@ -86,6 +86,7 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 			Limit  int64  `json:"limit"`
 			Window int64  `json:"window_nanos"`
 		} `json:"limits"`
+		SlotSlack int64 `json:"slot_slack_nanos"`
 	}
 	mb, err := read("fleet.json")
 	if err != nil {
@@ -217,6 +218,28 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 	for _, l := range m.Limits {
 		ds := dispatches[l.Source]
 		sort.Slice(ds, func(i, j int) bool { return ds[i].at < ds[j].at })
+		// With a slot slack, each dispatch is in a block of its node's:
+		// from the block's first slot to its last plus the slack, and no
+		// block holds more dispatches than slots.
+		used := map[[2]int]int64{} // node, block: dispatches it held
+		for _, d := range ds {
+			if m.SlotSlack <= 0 {
+				break
+			}
+			held := false
+			for ni, n := range m.Nodes {
+				for bi, b := range n.Blocks {
+					k := [2]int{ni, bi}
+					if !held && n.Name == d.node && b.Source == l.Source && d.at >= b.First && d.at <= b.First+(b.Count-1)*b.Interval+m.SlotSlack && used[k] < b.Count {
+						used[k]++
+						held = true
+					}
+				}
+			}
+			if !held {
+				return fmt.Errorf("source %s: node %s's dispatch at %d is in none of its reserved blocks", l.Source, d.node, d.at)
+			}
+		}
 		for i, j := 0, 0; j < len(ds); j++ {
 			for ds[j].at-ds[i].at >= l.Window {
 				i++

@@ -43,6 +43,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	allowPartial := fs.Bool("allow-partial", false, "exit 0 for a balanced run that did not succeed (partial, cancelled, unfinished)")
 	maxStaleText := fs.String("max-stale", "", "fail (exit 1) when an item was served from a last good copy older than this `duration` (90s, 30m, 24h) when served, or of unknown age; default: any age")
 	listCached := fs.Bool("list-cached", false, "list every item served from cache (the table sums them up by source)")
+	fleet := fs.Bool("fleet", false, "reconcile the fleet run over every node's part (with --server: any node of the fleet; fleetrun_cli.go)")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -67,6 +68,11 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fs.fail("--format %q: want table, json or csv", *format)
 	}
 
+	if *fleet && *server != "" {
+		return reconcileFleet(ctx, *server, *runID, cmp.Or(*token, os.Getenv("AUDITD_TOKEN")), *format, *allowPartial, stdout, stderr)
+	} else if *fleet {
+		return fs.fail("--fleet needs --server URL: any node of the fleet")
+	}
 	var rep *reports.Report
 	var err error
 	if *server != "" {

@@ -256,6 +256,8 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 			o.fleet.Lag = cfg.Fleet.Lag
 		}
 	}
+	packs := livePacks{db: db, led: led, payloads: stage, secretQuery: reps.SecretQuery, admission: reps.Admission}
+	var fruns *fleetRuns // fleet runs and the fleet log of logs (fleetrun.go)
 	if len(o.fleet.Etcd) > 0 {
 		// Joined before the loop starts: no request leaves before the
 		// budgets are shared.
@@ -264,6 +266,10 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 			return err
 		}
 		stop.push("leave fleet", fl.close)
+		if fruns, err = newFleetRuns(o.fleet, fl.client, o.dataDir, led, db, loop, store, reps, packs, reg, log); err != nil {
+			return err
+		}
+		stop.push("post to the fleet log", fruns.close)
 	}
 	stop.push("drain fetch loop", loop.Close)
 	if err := loop.Start(ctx); err != nil {
@@ -289,7 +295,10 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	srv.Proxy = loop
 	srv.Integrity = integrityAPI{db: db, led: led}
 	srv.Reports = reps
-	srv.Packs = livePacks{db: db, led: led, payloads: stage, secretQuery: reps.SecretQuery, admission: reps.Admission}
+	srv.Packs = packs
+	if fruns != nil {
+		srv.Fleet, srv.Proxy = fruns, fruns
+	}
 	srv.Timelines = reports.NewTimelines(led)
 	if srv.Log, err = newLogAPI(db, led, o.witnesses); err != nil {
 		return err
@@ -303,6 +312,11 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	serving = true
 	stop.push("shut down API", srv.Shutdown)
+	if fruns != nil {
+		if err := fruns.start(ctx, srv.URL()); err != nil {
+			return err
+		}
+	}
 	log.Info("serving", "url", srv.URL(), "data", o.dataDir, "sources", len(reg.ListSources()))
 	greet(stdout, srv.URL(), o.dataDir, secret)
 	if demo != nil {

@@ -1,0 +1,261 @@
+package api
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/auth"
+	"github.com/auditd/auditd/reports"
+	"github.com/labstack/echo/v4"
+)
+
+// The fleet routes (docs/FLEET.md, "Fleet runs"): a proxy-mode run that
+// every node of a fleet takes requests for, its reconciliation and its
+// evidence pack over every node's part, and this node's place in the
+// fleet log of logs.
+
+// FleetRun is a fleet run as the API shows it.
+type FleetRun struct {
+	ID          string          `json:"id"`
+	Name        string          `json:"name"`
+	Node        string          `json:"node"` // the node it was created on
+	CreatedAt   time.Time       `json:"created_at"`
+	IdleTimeout auditd.Duration `json:"idle_timeout,omitempty"`
+	// Parts are the nodes that took requests of the run, by name.
+	Parts []string `json:"parts"`
+}
+
+// FleetLogStatus is this node's posting to the fleet log of logs: what it
+// last posted and cosigned, and its failures, which are never skipped
+// silently.
+type FleetLogStatus struct {
+	Node string `json:"node"`
+	// Posted is the size of the node's last checkpoint the fleet log
+	// accepted, Leaf its fleet leaf; Cosigned the last fleet tree size the
+	// node cosigned.
+	Posted   uint64 `json:"posted_size"`
+	Leaf     uint64 `json:"fleet_leaf"`
+	Cosigned uint64 `json:"cosigned_size"`
+	Posts    int64  `json:"posts"`
+	Failures int64  `json:"failures"`
+	// LastError is the last failure to post or cosign, and when.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+}
+
+// FleetTree is a fleet checkpoint's body, as cosigned.
+type FleetTree struct {
+	Origin string `json:"origin"`
+	Size   uint64 `json:"size"`
+	Root   string `json:"root"` // base64
+}
+
+// Fleet serves the fleet routes (cmd/auditd's fleet runs). Calls that
+// reach the other nodes carry the caller's Authorization header: the
+// fleet's nodes accept the same tokens.
+type Fleet interface {
+	CreateRun(ctx context.Context, principal, name string, idle time.Duration) (FleetRun, error)
+	// Run returns the fleet run; ENOTFOUND when etcd has none of id.
+	Run(ctx context.Context, id string) (FleetRun, error)
+	// FinishRun finishes every node's part of the run.
+	FinishRun(ctx context.Context, id, principal, authorization string) (FleetRun, error)
+	// Reconciliation sums every node's Part.
+	Reconciliation(ctx context.Context, id, authorization string) (*reports.FleetReport, error)
+	// Part reconciles this node's part of the run, posting its checkpoint
+	// to the fleet log after, so that the part is covered.
+	Part(ctx context.Context, id string) (reports.FleetPart, error)
+	// WritePack writes the fleet pack of the run (pack.WriteFleet).
+	WritePack(ctx context.Context, w io.Writer, id, authorization string) error
+	// WritePart writes this node's part of the run as a fleet pack of one
+	// node, its checkpoint posted to the fleet log first.
+	WritePart(ctx context.Context, w io.Writer, id string) error
+	// Cosign cosigns the fleet log's tree of size leaves.
+	Cosign(ctx context.Context, size uint64) (FleetTree, error)
+	LogStatus(ctx context.Context) FleetLogStatus
+}
+
+var errNoFleet = auditd.Errorf(auditd.EUNAVAILABLE, "This node is not in a fleet (serve --fleet-etcd).")
+
+func (s *Server) registerFleetRoutes(g *echo.Group) {
+	g.POST("/fleet/runs", s.handleCreateFleetRun, s.allow(auth.RoleOperator, costRequest))
+	g.GET("/fleet/runs/:id", s.handleGetFleetRun, s.allow(auth.RoleAuditor, costRequest))
+	g.POST("/fleet/runs/:id/finish", s.handleFinishFleetRun, s.allow(auth.RoleOperator, costRequest))
+	g.GET("/fleet/runs/:id/reconciliation", s.handleFleetReconciliation, s.allow(auth.RoleAuditor, costReconcile))
+	g.GET("/fleet/runs/:id/evidence-pack.zip", s.handleFleetPack, s.allow(auth.RoleAuditor, costExport))
+	g.GET("/fleet/runs/:id/part", s.handleFleetPartReconciliation, s.allow(auth.RoleAuditor, costReconcile))
+	g.GET("/fleet/runs/:id/part.zip", s.handleFleetPart, s.allow(auth.RoleAuditor, costExport))
+	g.GET("/fleet/log", s.handleFleetLog, s.allow(auth.RoleAuditor, costRequest))
+	g.POST("/fleet/log/cosignatures", s.handleFleetCosign, s.allow(auth.RoleOperator, costRequest))
+}
+
+// createFleetRunRequest is the body of POST /v1/fleet/runs.
+type createFleetRunRequest struct {
+	Name        string          `json:"name" validate:"required,max=200"`
+	IdleTimeout auditd.Duration `json:"idle_timeout,omitempty"`
+}
+
+// fleetCosignRequest is the body of POST /v1/fleet/log/cosignatures.
+type fleetCosignRequest struct {
+	Size uint64 `json:"size" validate:"required,min=1"`
+}
+
+// fleetRunID checks the path's run id before anything reaches etcd.
+func fleetRunID(c echo.Context) (string, error) {
+	id := c.Param("id")
+	if !runIDPattern.MatchString(id) {
+		return "", &auditd.Error{Code: auditd.ENOTFOUND, Message: "No fleet run " + id + ": a run id is a ULID."}
+	}
+	return id, nil
+}
+
+func (s *Server) handleCreateFleetRun(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	var req createFleetRunRequest
+	if err := s.bind(c, &req, s.MaxBodyBytes); err != nil {
+		return err
+	}
+	if d := req.IdleTimeout.D(); d < 0 || d > maxIdleTimeout {
+		return invalid("idle_timeout", "idle_timeout must be from 0 to %v.", maxIdleTimeout)
+	}
+	run, err := s.Fleet.CreateRun(c.Request().Context(), token(c).Principal(), req.Name, req.IdleTimeout.D())
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/v1/fleet/runs/"+run.ID)
+	return c.JSON(http.StatusCreated, run)
+}
+
+func (s *Server) handleGetFleetRun(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	run, err := s.Fleet.Run(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, run)
+}
+
+func (s *Server) handleFinishFleetRun(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	run, err := s.Fleet.FinishRun(c.Request().Context(), id, token(c).Principal(), c.Request().Header.Get(echo.HeaderAuthorization))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, run)
+}
+
+func (s *Server) handleFleetReconciliation(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	rep, err := s.Fleet.Reconciliation(c.Request().Context(), id, c.Request().Header.Get(echo.HeaderAuthorization))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, rep)
+}
+
+// handleFleetPack records the download, as a node's pack does, then
+// builds the fleet pack; nothing is written until every part is in.
+func (s *Server) handleFleetPack(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Fleet.Run(c.Request().Context(), id); err != nil {
+		return err
+	}
+	if err := s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": "fleet-evidence-pack", "run_id": id, "format": "zip"}); err != nil {
+		return err
+	}
+	return s.Fleet.WritePack(c.Request().Context(), &lazyDownload{s: s, c: c, name: "fleet-evidence-pack-" + sanitizeFilename(id) + ".zip"},
+		id, c.Request().Header.Get(echo.HeaderAuthorization))
+}
+
+func (s *Server) handleFleetPartReconciliation(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	part, err := s.Fleet.Part(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, part)
+}
+
+func (s *Server) handleFleetPart(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	return s.Fleet.WritePart(c.Request().Context(), &lazyDownload{s: s, c: c, name: "fleet-part-" + sanitizeFilename(id) + ".zip"}, id)
+}
+
+func (s *Server) handleFleetLog(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	return c.JSON(http.StatusOK, s.Fleet.LogStatus(c.Request().Context()))
+}
+
+func (s *Server) handleFleetCosign(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	var req fleetCosignRequest
+	if err := s.bind(c, &req, s.MaxBodyBytes); err != nil {
+		return err
+	}
+	t, err := s.Fleet.Cosign(c.Request().Context(), req.Size)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, t)
+}
+
+// lazyDownload starts a ZIP download at its first write, so that an error
+// before it still reaches the client as a problem.
+type lazyDownload struct {
+	s       *Server
+	c       echo.Context
+	name    string
+	started bool
+}
+
+func (d *lazyDownload) Write(p []byte) (int, error) {
+	if !d.started {
+		d.started = true
+		d.s.startDownload(d.c, MIMEZIP, d.name, true)
+	}
+	return d.c.Response().Write(p)
+}

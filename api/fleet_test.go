@@ -1,0 +1,201 @@
+package api_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/api"
+	"github.com/auditd/auditd/auth"
+	"github.com/auditd/auditd/reports"
+)
+
+// fakeFleet is a fleet of two nodes, "a" (this one, whose part is the
+// env's run reconciled from the real ledger) and "b", which never answers.
+type fakeFleet struct {
+	e *env
+
+	mu    sync.Mutex
+	calls []string // what was asked, with the authorization passed on
+}
+
+func withFleet(f *fakeFleet) envOption {
+	return func(e *env) {
+		f.e = e
+		e.srv.Fleet = f
+	}
+}
+
+func (f *fakeFleet) record(call string) {
+	f.mu.Lock()
+	f.calls = append(f.calls, call)
+	f.mu.Unlock()
+}
+
+func (f *fakeFleet) run(id string) (api.FleetRun, error) {
+	if id != f.e.runID {
+		return api.FleetRun{}, auditd.Errorf(auditd.ENOTFOUND, "No fleet run %s.", id)
+	}
+	return api.FleetRun{ID: id, Name: "fleet", Node: "a", CreatedAt: start, Parts: []string{"a", "b"}}, nil
+}
+
+func (f *fakeFleet) CreateRun(_ context.Context, principal, name string, idle time.Duration) (api.FleetRun, error) {
+	f.record("create " + principal + " " + name + " " + idle.String())
+	r, err := f.run(f.e.runID)
+	r.Name, r.IdleTimeout = name, auditd.Duration(idle)
+	return r, err
+}
+
+func (f *fakeFleet) Run(_ context.Context, id string) (api.FleetRun, error) { return f.run(id) }
+
+func (f *fakeFleet) FinishRun(_ context.Context, id, principal, authorization string) (api.FleetRun, error) {
+	f.record("finish " + principal + " " + authorization)
+	return f.run(id)
+}
+
+func (f *fakeFleet) Part(ctx context.Context, id string) (reports.FleetPart, error) {
+	if _, err := f.run(id); err != nil {
+		return reports.FleetPart{}, err
+	}
+	rep, err := reports.NewReconciler(f.e.ledger).Reconcile(ctx, id, nil)
+	if err != nil {
+		return reports.FleetPart{}, err
+	}
+	head, _ := f.e.ledger.Head()
+	return reports.FleetPart{Node: "a", Report: rep, Logged: head, FleetLeaf: 3}, nil
+}
+
+func (f *fakeFleet) Reconciliation(ctx context.Context, id, authorization string) (*reports.FleetReport, error) {
+	f.record("reconcile " + authorization)
+	a, err := f.Part(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return reports.CombineFleet(id, []reports.FleetPart{a, {Node: "b", Error: "node b: connection refused"}}), nil
+}
+
+func (f *fakeFleet) WritePack(_ context.Context, w io.Writer, id, authorization string) error {
+	f.record("pack " + authorization)
+	_, err := io.WriteString(w, "PK\x03\x04 fake fleet pack")
+	return err
+}
+
+func (f *fakeFleet) WritePart(_ context.Context, w io.Writer, id string) error {
+	if _, err := f.run(id); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "PK\x03\x04 fake part")
+	return err
+}
+
+func (f *fakeFleet) Cosign(_ context.Context, size uint64) (api.FleetTree, error) {
+	if size > 7 {
+		return api.FleetTree{}, &auditd.Error{Code: auditd.EINVALID, Field: "size", Message: "The fleet log holds 7 leaves."}
+	}
+	return api.FleetTree{Origin: "auditd-fleet", Size: size, Root: "cm9vdA=="}, nil
+}
+
+func (f *fakeFleet) LogStatus(context.Context) api.FleetLogStatus {
+	return api.FleetLogStatus{Node: "a", Posted: 12, Leaf: 3, Cosigned: 7, Posts: 4, Failures: 1, LastError: "post: etcd: context deadline exceeded", LastErrorAt: start}
+}
+
+// The fleet routes answer as the contract says (every response is held to
+// openapi.yaml by the env), pass the caller's token on to the fleet, and
+// answer 503 on a node not in a fleet.
+func TestFleetRoutes(t *testing.T) {
+	f := &fakeFleet{}
+	e := newEnv(t, withFleet(f))
+	op, aud := e.secret[auth.RoleOperator], e.secret[auth.RoleAuditor]
+	id := e.runID
+
+	r := e.do(request{method: "POST", path: "/v1/fleet/runs", secret: op, body: `{"name":"pipeline","idle_timeout":"10m"}`})
+	if r.status != http.StatusCreated || r.header.Get("Location") != "/v1/fleet/runs/"+id {
+		t.Fatalf("create: %d %s %s", r.status, r.header.Get("Location"), r.body)
+	}
+	if r := e.do(request{method: "POST", path: "/v1/fleet/runs", secret: op, body: `{"idle_timeout":"10m"}`}); r.status != http.StatusBadRequest || r.problem(t).Field != "name" {
+		t.Errorf("create without a name: %d %s", r.status, r.body)
+	}
+	if r := e.do(request{method: "POST", path: "/v1/fleet/runs", secret: aud, body: `{"name":"x"}`}); r.status != http.StatusForbidden {
+		t.Errorf("an auditor creates a fleet run: %d", r.status)
+	}
+	var run api.FleetRun
+	e.do(request{path: "/v1/fleet/runs/" + id, secret: aud}).decode(t, &run)
+	if strings.Join(run.Parts, ",") != "a,b" {
+		t.Errorf("the run's parts: %v", run.Parts)
+	}
+	if r := e.do(request{path: "/v1/fleet/runs/not-a-ulid", secret: aud}); r.status != http.StatusNotFound {
+		t.Errorf("a malformed id: %d", r.status)
+	}
+	if r := e.do(request{method: "POST", path: "/v1/fleet/runs/" + id + "/finish", secret: op}); r.status != http.StatusOK {
+		t.Errorf("finish: %d %s", r.status, r.body)
+	}
+
+	var rep reports.FleetReport
+	r = e.do(request{path: "/v1/fleet/runs/" + id + "/reconciliation", secret: aud})
+	r.decode(t, &rep)
+	if f1 := rep.Checks[len(rep.Checks)-2]; rep.Balanced || f1.ID != "F1" || f1.Pass || f1.Note != "no part from b" || len(rep.Parts) != 2 {
+		t.Errorf("a fleet run with node b's part missing: balanced %t, failed %v\n%s", rep.Balanced, rep.Failed(), r.body)
+	}
+	var part reports.FleetPart
+	e.do(request{path: "/v1/fleet/runs/" + id + "/part", secret: aud}).decode(t, &part)
+	if part.Node != "a" || part.Report == nil || part.Report.RunID != id || part.Logged != e.head() {
+		t.Errorf("the part: %+v", part)
+	}
+
+	before := e.head()
+	r = e.do(request{path: "/v1/fleet/runs/" + id + "/evidence-pack.zip", secret: aud})
+	if r.status != http.StatusOK || r.header.Get("Content-Type") != "application/zip" || !strings.HasPrefix(string(r.body), "PK") {
+		t.Errorf("fleet pack: %d %s %q", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	if evs := e.eventsAfter(before); len(evs) != 1 || evs[0].Type != auditd.EventExport || !strings.Contains(evs[0].Detail, "fleet-evidence-pack") {
+		t.Errorf("the fleet pack's download on record: %+v", evs)
+	}
+	if r := e.do(request{path: "/v1/fleet/runs/" + id + "/part.zip", secret: aud}); r.status != http.StatusOK || r.header.Get("Content-Type") != "application/zip" {
+		t.Errorf("part: %d %s", r.status, r.body)
+	}
+	if r := e.do(request{path: "/v1/fleet/runs/01JAAAAAAAAAAAAAAAAAAAAAAA/part.zip", secret: aud}); r.status != http.StatusNotFound {
+		t.Errorf("the part of an unknown run: %d", r.status)
+	}
+
+	var st api.FleetLogStatus
+	e.do(request{path: "/v1/fleet/log", secret: aud}).decode(t, &st)
+	if st.Failures != 1 || st.LastError == "" {
+		t.Errorf("log status: %+v", st)
+	}
+	if r := e.do(request{method: "POST", path: "/v1/fleet/log/cosignatures", secret: op, body: `{"size":7}`}); r.status != http.StatusOK {
+		t.Errorf("cosign: %d %s", r.status, r.body)
+	}
+	if r := e.do(request{method: "POST", path: "/v1/fleet/log/cosignatures", secret: op, body: `{"size":9}`}); r.status != http.StatusBadRequest || r.problem(t).Field != "size" {
+		t.Errorf("cosign past the head: %d %s", r.status, r.body)
+	}
+	if r := e.do(request{method: "POST", path: "/v1/fleet/log/cosignatures", secret: op, body: `{"size":0}`}); r.status != http.StatusBadRequest {
+		t.Errorf("cosign size 0: %d %s", r.status, r.body)
+	}
+
+	f.mu.Lock()
+	calls := strings.Join(f.calls, "\n")
+	f.mu.Unlock()
+	for _, want := range []string{"create operator-test (", " pipeline 10m0s", "finish operator-test (", ") Bearer " + op, "reconcile Bearer " + aud, "pack Bearer " + aud} {
+		if !strings.Contains(calls, want) {
+			t.Errorf("the fleet was not asked %q; it was asked:\n%s", want, calls)
+		}
+	}
+}
+
+func TestFleetRoutesWithoutFleet(t *testing.T) {
+	e := newEnv(t, func(e *env) { e.srv.Fleet = nil })
+	for _, r := range []request{
+		{method: "POST", path: "/v1/fleet/runs", secret: e.secret[auth.RoleOperator], body: `{"name":"x"}`},
+		{path: "/v1/fleet/runs/" + e.runID + "/reconciliation", secret: e.secret[auth.RoleAuditor]},
+		{path: "/v1/fleet/log", secret: e.secret[auth.RoleAuditor]},
+	} {
+		if got := e.do(r); got.status != http.StatusServiceUnavailable || !strings.Contains(got.problem(t).Detail, "--fleet-etcd") {
+			t.Errorf("%s %s on a node not in a fleet: %d %s", r.method, r.path, got.status, got.body)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/auditd/auditd/reports"
+)
+
+// reconcileFleet prints a fleet run's reconciliation, over every node's
+// part, from any node of the fleet (GET /v1/fleet/runs/{id}/reconciliation).
+// Exit codes as for one node's run: 0 balanced and succeeded, 1 not
+// balanced or not succeeded (unless allowPartial), 2 on any error.
+func reconcileFleet(ctx context.Context, server, runID, token, format string, allowPartial bool, stdout, stderr io.Writer) int {
+	if format == "csv" {
+		fmt.Fprintln(stderr, "auditd reconcile: --fleet: --format csv is not there for a fleet run; use table or json")
+		return 2
+	}
+	rep, err := fetchFleetReconciliation(ctx, http.DefaultClient, server, runID, token)
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
+		return 2
+	}
+	if format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = writeFleetTable(stdout, rep)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
+		return 2
+	}
+	var verdicts []string
+	if !rep.Balanced {
+		verdicts = append(verdicts, fmt.Sprintf("the fleet reconciliation does not balance: %s failed", strings.Join(rep.Failed(), ", ")))
+	}
+	if rep.Status != "succeeded" && !allowPartial {
+		verdicts = append(verdicts, fmt.Sprintf("fleet run %s is %s, not succeeded (--allow-partial accepts it)", runID, rep.Status))
+	}
+	for _, v := range verdicts {
+		fmt.Fprintf(stderr, "auditd reconcile: %s\n", v)
+	}
+	if len(verdicts) > 0 {
+		return 1
+	}
+	return 0
+}
+
+func fetchFleetReconciliation(ctx context.Context, client *http.Client, server, runID, token string) (*reports.FleetReport, error) {
+	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
+	defer cancel()
+	u := strings.TrimRight(server, "/") + "/v1/fleet/runs/" + url.PathEscape(runID) + "/reconciliation"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("server URL: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("server: %s", problem(resp))
+	}
+	var rep reports.FleetReport
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&rep); err != nil {
+		return nil, fmt.Errorf("server: decode fleet reconciliation: %w", err)
+	}
+	if rep.RunID != runID || len(rep.Checks) == 0 {
+		return nil, fmt.Errorf("server: response is not the fleet reconciliation of run %s", runID)
+	}
+	return &rep, nil
+}
+
+// writeFleetTable prints the checks over the fleet, then each node's part.
+func writeFleetTable(w io.Writer, rep *reports.FleetReport) error {
+	fmt.Fprintf(w, "fleet run %s: %s, balanced: %t, %d dispatches over %d nodes\n", rep.RunID, rep.Status, rep.Balanced, rep.Counts.Dispatches, len(rep.Parts))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tSTATUS\tEXPECTED\tACTUAL\tNOTE")
+	for _, c := range rep.Checks {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", c.ID, c.Status, c.Expected, c.Actual, c.Note)
+	}
+	fmt.Fprintln(tw, "NODE\tSTATUS\tBALANCED\tDISPATCHES\tLOGGED")
+	for _, p := range rep.Parts {
+		if p.Report == nil {
+			fmt.Fprintf(tw, "%s\tmissing\t-\t-\t%s\n", p.Node, p.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\tsize %d (fleet leaf %d)\n", p.Node, p.Report.Run.Status, p.Report.Balanced, p.Report.Counts.Dispatches, p.Logged, p.FleetLeaf)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/pack"
+)
+
+// WritePack writes the fleet pack of the run: every node's part (each
+// node's pack and fleet leaf, WritePart), the fleet checkpoint of the log
+// once every part is in it, cosigned by every node of the run, and each
+// node leaf's inclusion proof in it. Nothing is written unless every part
+// and every cosignature came.
+func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorization string) error {
+	run, err := f.Run(ctx, id)
+	if err != nil {
+		return err
+	}
+	parts := make([]*pack.FleetPack, len(run.Parts))
+	errs := make([]error, len(run.Parts))
+	var wg sync.WaitGroup
+	for i, node := range run.Parts {
+		tmp, err := os.CreateTemp("", "auditd-fleet-part-*.zip")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		defer tmp.Close()
+		wg.Go(func() { parts[i], errs[i] = f.fetchPart(ctx, tmp, node, id, authorization) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, errPeerConflict) || auditd.ErrorCode(err) == auditd.ECONFLICT:
+			return auditd.Errorf(auditd.ECONFLICT, "Fleet run %s: node %s's part has not ended: %v", id, run.Parts[i], err)
+		case err != nil:
+			return auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: node %s's part: %v", id, run.Parts[i], err)
+		}
+	}
+	head, err := f.flog.Head(ctx)
+	if err != nil {
+		return err
+	}
+	for _, node := range run.Parts {
+		if node == f.node {
+			_, err = f.Cosign(ctx, head.Size)
+		} else {
+			err = f.peerCall(ctx, node, http.MethodPost, "/v1/fleet/log/cosignatures", authorization, map[string]uint64{"size": head.Size}, nil)
+		}
+		if err != nil {
+			return auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: node %s does not cosign the fleet log at %d: %v", id, node, head.Size, err)
+		}
+	}
+	cp, _, err := f.flog.Checkpoint(ctx, head.Size)
+	if err != nil {
+		return err
+	}
+	m := pack.FleetManifest{Origin: head.Origin, TreeSize: head.Size, Runs: []string{id}}
+	packs := map[string]io.Reader{}
+	limits := map[string]pack.FleetLimit{}
+	for _, fp := range parts {
+		n := fp.Manifest.Nodes[0]
+		proof, err := f.flog.ProveLeaf(ctx, n.LeafIndex, head.Size)
+		if err != nil {
+			return err
+		}
+		for _, h := range proof {
+			n.Inclusion = append(n.Inclusion, base64.StdEncoding.EncodeToString(h[:]))
+		}
+		m.Nodes = append(m.Nodes, n)
+		packs[n.Name] = fp.NodePack(n.Name)
+		m.SlotSlack = max(m.SlotSlack, fp.Manifest.SlotSlack)
+		for _, l := range fp.Manifest.Limits {
+			if old, ok := limits[l.Source]; !ok || l.Limit*old.Window < old.Limit*l.Window {
+				limits[l.Source] = l // the strictest a node holds
+			}
+		}
+	}
+	for _, src := range slices.Sorted(maps.Keys(limits)) {
+		m.Limits = append(m.Limits, limits[src])
+	}
+	return pack.WriteFleet(w, pack.FleetParts{Manifest: m, Checkpoint: cp, Packs: packs})
+}
+
+// fetchPart writes node's part of run id to tmp and opens it.
+func (f *fleetRuns) fetchPart(ctx context.Context, tmp *os.File, node, id, authorization string) (*pack.FleetPack, error) {
+	if node == f.node {
+		if err := f.WritePart(ctx, tmp, id); err != nil {
+			return nil, err
+		}
+	} else {
+		resp, err := f.peerDo(ctx, node, http.MethodGet, "/v1/fleet/runs/"+id+"/part.zip", authorization, nil)
+		if err != nil {
+			return nil, err
+		}
+		_, err = io.Copy(tmp, resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	size, err := tmp.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, err
+	}
+	fp, err := pack.OpenFleet(tmp, size)
+	if err != nil {
+		return nil, err
+	}
+	if len(fp.Manifest.Nodes) != 1 || fp.Manifest.Nodes[0].Name != node || fp.Nodes[node] == nil {
+		return nil, fmt.Errorf("not a part of node %s", node)
+	}
+	return fp, nil
+}

@@ -1,0 +1,359 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/internal/etcdtest"
+	"github.com/auditd/auditd/internal/nginxtest"
+	"github.com/auditd/auditd/ledger"
+	"github.com/auditd/auditd/pack"
+	"github.com/auditd/auditd/reports"
+)
+
+// fleetRunNode is one auditd node of a fleet test, restartable in place.
+type fleetRunNode struct {
+	name, data string
+	url        atomic.Pointer[string]
+	child      *child
+}
+
+func (n *fleetRunNode) start(t *testing.T, config, token, etcd string) {
+	t.Helper()
+	n.child = startServe(t, n.data, config, token, "--fleet-etcd", etcd, "--node", n.name)
+	n.url.Store(&n.child.url)
+}
+
+// proxyWorkers sends requests of run through the node's proxy route, each
+// worker until stop is closed, and counts the answers by status (-1: the
+// connection broke, as it does to a node killed).
+func proxyWorkers(nodes []*fleetRunNode, perNode int, run, token string, stop <-chan struct{}) (wait func() map[int]int) {
+	counts := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 30 * time.Second}
+	for n, node := range nodes {
+		for w := range perNode {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					req, _ := http.NewRequest("GET", fmt.Sprintf("%s/proxy/up/n%d/w%d/r%d.json", *node.url.Load(), n+1, w, i), nil)
+					req.Header.Set("Proxy-Authorization", "Bearer "+token)
+					req.Header.Set("Auditd-Run", run)
+					code := -1
+					if resp, err := client.Do(req); err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						code = resp.StatusCode
+					}
+					mu.Lock()
+					counts[code]++
+					mu.Unlock()
+					if code != http.StatusOK {
+						time.Sleep(50 * time.Millisecond)
+					}
+				}
+			})
+		}
+	}
+	return func() map[int]int {
+		wg.Wait()
+		return counts
+	}
+}
+
+// startFleetRun starts three auditd nodes of one fleet over a real etcd,
+// config declaring their sources, and creates a fleet run on node 1.
+// Node 3 reaches etcd through cut, a proxy the test can cut.
+func startFleetRun(t *testing.T, config, token string) (nodes []*fleetRunNode, id, etcd string, cut *etcdtest.Proxy) {
+	t.Helper()
+	etcd = etcdtest.Start(t, 1).Endpoints()[0]
+	cut = etcdtest.StartProxy(t, etcd)
+	dir := t.TempDir()
+	for i := range 3 {
+		n := &fleetRunNode{name: fmt.Sprintf("node%d", i+1), data: filepath.Join(dir, fmt.Sprintf("node%d", i+1))}
+		ep := etcd
+		if i == 2 {
+			ep = cut.URL()
+		}
+		n.start(t, config, token, ep)
+		nodes = append(nodes, n)
+	}
+	var run struct {
+		ID string `json:"id"`
+	}
+	if code := nodes[0].child.call(t, "POST", "/v1/fleet/runs", token, map[string]any{"name": "fleet pipeline", "idle_timeout": "10m"}, &run); code != http.StatusCreated {
+		t.Fatalf("create fleet run: %d\n%s", code, nodes[0].child.logs)
+	}
+	return nodes, run.ID, etcd, cut
+}
+
+// kill SIGKILLs the node (no shutdown, no last post to the fleet log) and
+// starts it again on its data directory.
+func (n *fleetRunNode) kill(t *testing.T, config, token, etcd string) {
+	t.Helper()
+	n.child.cmd.Process.Kill()
+	n.child.cmd.Wait()
+	n.start(t, config, token, etcd)
+}
+
+// settleFleetRun finishes the fleet run from node 3, waits for every part
+// to end, and reconciles it from node 3 over the API and from node 1 with
+// auditd reconcile --fleet: balanced, with every request the upstream
+// counted a dispatch on record (those a SIGKILL cut off on record as
+// interrupted, answered or not).
+func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstream int) *reports.FleetReport {
+	t.Helper()
+	var run struct {
+		Parts []string `json:"parts"`
+	}
+	if st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token); st != http.StatusConflict {
+		t.Errorf("the fleet pack of a fleet run still running: %d %s", st, b)
+	}
+	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+id+"/finish", token, nil, &run); code != http.StatusOK {
+		t.Fatalf("finish the fleet run: %d\n%s", code, nodes[2].child.logs)
+	}
+	for _, n := range nodes {
+		n.child.awaitRun(t, id, token, 30*time.Second, nil)
+	}
+	if len(run.Parts) != 3 {
+		t.Fatalf("the fleet run's parts: %v, want the three nodes", run.Parts)
+	}
+	var rep reports.FleetReport
+	if code := nodes[2].child.call(t, "GET", "/v1/fleet/runs/"+id+"/reconciliation", token, nil, &rep); code != http.StatusOK {
+		t.Fatalf("fleet reconciliation: %d", code)
+	}
+	c := rep.Counts
+	t.Logf("the upstream counted %d; the fleet's ledgers: %d dispatches (%d 2xx, %d 429, %d interrupted), status %s",
+		upstream, c.Dispatches, c.Status2xx, c.Status429, c.Interrupted, rep.Status)
+	for _, p := range rep.Parts {
+		if p.Report != nil {
+			t.Logf("part of %s: %s, %d dispatches, logged at %d (fleet leaf %d)", p.Node, p.Report.Run.Status, p.Report.Counts.Dispatches, p.Logged, p.FleetLeaf)
+		}
+	}
+	if !rep.Balanced || len(rep.Parts) != 3 {
+		t.Errorf("the fleet reconciliation does not balance: %v\n%+v", rep.Failed(), rep.Checks)
+	}
+	if answered := c.Dispatches - c.Interrupted; int64(upstream) < answered || int64(upstream) > c.Dispatches {
+		t.Errorf("the upstream counted %d requests; the ledgers hold %d dispatches, %d of them interrupted", upstream, c.Dispatches, c.Interrupted)
+	}
+	for _, n := range nodes {
+		var st struct {
+			Posted   uint64 `json:"posted_size"`
+			Cosigned uint64 `json:"cosigned_size"`
+			Failures int64  `json:"failures"`
+		}
+		if code := n.child.call(t, "GET", "/v1/fleet/log", token, nil, &st); code != http.StatusOK || st.Posted == 0 || st.Cosigned == 0 {
+			t.Errorf("%s's posting to the fleet log: %d %+v", n.name, code, st)
+		}
+	}
+	var table bytes.Buffer
+	code := runOut(context.Background(), []string{"reconcile", "--fleet", "--server", nodes[0].child.url, "--run", id, "--token", token, "--allow-partial"}, &table)
+	if code != 0 || !strings.Contains(table.String(), "node2") {
+		t.Errorf("auditd reconcile --fleet: exit %d\n%s", code, table.String())
+	}
+	t.Logf("auditd reconcile --fleet:\n%s", table.String())
+	return &rep
+}
+
+// fleetPackOf downloads the fleet run's pack from node 1 and checks that
+// it verifies; it returns the pack and the nodes' published keys.
+func fleetPackOf(t *testing.T, nodes []*fleetRunNode, id, token string) (*pack.FleetPack, map[string]string) {
+	t.Helper()
+	keys := map[string]string{}
+	for _, n := range nodes {
+		k, err := ledger.ReadPublicKey(n.data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[n.name] = k
+	}
+	st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token)
+	if st != http.StatusOK {
+		t.Fatalf("fleet pack: %d %s", st, b)
+	}
+	checkFleetPack(t, b, keys, "")
+	fp, err := pack.OpenFleet(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := 0
+	for _, n := range fp.Manifest.Nodes {
+		blocks += len(n.Blocks)
+	}
+	if blocks == 0 || len(fp.Manifest.Limits) != 1 || fp.Manifest.SlotSlack == 0 {
+		t.Errorf("the pack's over-limit proof: %d blocks, limits %+v, slack %d", blocks, fp.Manifest.Limits, fp.Manifest.SlotSlack)
+	}
+	return fp, keys
+}
+
+// One proxy run across three auditd nodes sharing a budget through etcd:
+// it is created on one node, Go clients send its requests through all
+// three, one node is SIGKILLed and restarted midway. The fleet
+// reconciliation balances against the upstream's own count; the fleet
+// pack, its reservations taken from the nodes' ledgers, verifies offline
+// with auditd verify --pack and with the outsider's verifier; a pack with
+// a node's part dropped, or with reservations that overlap, fails both.
+func TestFleetRunAcrossNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and three auditd nodes")
+	}
+	const limit, token = 25, "fleetrun-admin-token-0123456789abcdef"
+	// A slow upstream: some requests are always on the wire, so the
+	// SIGKILL cuts some off after their dispatch was recorded.
+	var arrived atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		time.Sleep(300 * time.Millisecond)
+		io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(up.Close)
+	config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
+	nodes, id, etcd, cut := startFleetRun(t, config, token)
+
+	stop := make(chan struct{})
+	wait := proxyWorkers(nodes, 4, id, token, stop)
+	time.Sleep(3 * time.Second)
+	nodes[1].kill(t, config, token, etcd)
+	// Node 3 cut off from etcd: its posts to the fleet log fail, and say so.
+	cut.Cut()
+	time.Sleep(3 * time.Second)
+	var st struct {
+		Failures  int64  `json:"failures"`
+		LastError string `json:"last_error"`
+	}
+	nodes[2].child.call(t, "GET", "/v1/fleet/log", token, nil, &st)
+	cut.Heal()
+	time.Sleep(time.Second)
+	close(stop)
+	t.Logf("the clients' statuses: %v; node 3's posting while cut off: %+v", wait(), st)
+	if st.Failures == 0 || st.LastError == "" {
+		t.Errorf("node 3, cut off from etcd, shows no failure to post: %+v", st)
+	}
+	rep := settleFleetRun(t, nodes, id, token, int(arrived.Load()))
+	if rep.Counts.Interrupted == 0 {
+		t.Log("the SIGKILL cut off no request on the wire this time")
+	}
+
+	fp, keys := fleetPackOf(t, nodes, id, token)
+	rewrite := func(edit func(m *pack.FleetManifest)) []byte {
+		m := fp.Manifest
+		m.Nodes = append([]pack.FleetNode(nil), m.Nodes...)
+		edit(&m)
+		packs := map[string]io.Reader{}
+		for _, n := range m.Nodes {
+			packs[n.Name] = fp.NodePack(n.Name)
+		}
+		var out bytes.Buffer
+		if err := pack.WriteFleet(&out, pack.FleetParts{Manifest: m, Checkpoint: fp.Checkpoint, Packs: packs}); err != nil {
+			t.Fatal(err)
+		}
+		return out.Bytes()
+	}
+	t.Run("DroppedNode", func(t *testing.T) {
+		checkFleetPack(t, rewrite(func(m *pack.FleetManifest) { m.Nodes = append(m.Nodes[:1], m.Nodes[2:]...) }), keys, "node node2: the pack has no part of it")
+	})
+	t.Run("OverlappingReservations", func(t *testing.T) {
+		checkFleetPack(t, rewrite(func(m *pack.FleetManifest) {
+			for i := range m.Nodes {
+				if len(m.Nodes[i].Blocks) > 0 {
+					bs := append([]pack.FleetBlock(nil), m.Nodes[i].Blocks...)
+					bs[0].Count *= 1000 // reaches into the blocks after it
+					m.Nodes[i].Blocks = bs
+					return
+				}
+			}
+		}), keys, "overlaps")
+	})
+}
+
+// Sixteen Python client processes (requests and httpx) send one fleet
+// run's requests through three nodes to an nginx gateway whose quota is
+// the source's limit; one node is SIGKILLed midway, its clients cut off,
+// and restarted, with five more clients. nginx refuses none, the fleet
+// reconciliation balances against nginx's own log, and the fleet pack
+// verifies.
+func TestFleetRunPythonWorkers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd, nginx, three auditd nodes and 21 Python processes")
+	}
+	const quota, token = 20, "fleetrun-python-token-0123456789abcdef"
+	python(t)
+	gw := nginxtest.Start(t, nginxtest.Config{Template: "gateway.conf.tmpl", Rate: quota, Burst: 10})
+	config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: gw\n    base_url: %s/a\n    limit: %d\n    window: 1s\n    concurrency: 16\n", gw.URL, quota))
+	nodes, id, etcd, _ := startFleetRun(t, config, token)
+
+	first := []*clients{startClients(t, 6, 25, nodes[0].child.url, token, id, "gw", ""),
+		startClients(t, 5, 25, nodes[1].child.url, token, id, "gw", ""),
+		startClients(t, 5, 25, nodes[2].child.url, token, id, "gw", "")}
+	time.Sleep(4 * time.Second)
+	nodes[1].kill(t, config, token, etcd)
+	again := startClients(t, 5, 10, nodes[1].child.url, token, id, "gw", "")
+	ok, broken := 0, 0
+	for _, c := range append(first, again) {
+		for _, r := range c.wait(t) {
+			ok += r.Statuses["200"]
+			broken += r.Errors
+		}
+	}
+	gw.Stop(t) // every line logged
+	lines := gatewayLog(t, gw)
+	refused := 0
+	for _, l := range lines {
+		if l.status != http.StatusOK {
+			refused++
+		}
+	}
+	t.Logf("the clients got %d 200s and %d broken connections; nginx logged %d requests, refused %d", ok, broken, len(lines), refused)
+	if refused > 0 {
+		t.Errorf("the gateway refused %d requests: the fleet went over its quota", refused)
+	}
+	settleFleetRun(t, nodes, id, token, len(lines))
+	fleetPackOf(t, nodes, id, token)
+}
+
+// runOut is run with one output for stdout and stderr.
+func runOut(ctx context.Context, args []string, out io.Writer) int { return run(ctx, args, out, out) }
+
+// checkFleetPack verifies a fleet pack with auditd verify --pack and with
+// the outsider's verifier: both accept it when fault is empty, else both
+// refuse it and verify names fault.
+func checkFleetPack(t *testing.T, b []byte, keys map[string]string, fault string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fleet-pack.zip")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--pack", path}
+	for name, k := range keys {
+		args = append(args, "--node-key", name+"="+k)
+	}
+	var out bytes.Buffer
+	code := runVerify(context.Background(), args, &out, &out)
+	outside := outsideVerifyFleet(b, keys)
+	switch {
+	case fault == "" && (code != 0 || outside != nil):
+		t.Errorf("auditd verify --pack: exit %d\n%s\nthe outsider: %v", code, out.String(), outside)
+	case fault != "" && (code != 1 || !strings.Contains(out.String(), fault)):
+		t.Errorf("auditd verify --pack: exit %d, want 1 naming %q\n%s", code, fault, out.String())
+	case fault != "" && outside == nil:
+		t.Error("the outsider's verifier accepts it")
+	default:
+		t.Logf("auditd verify --pack: exit %d: %s; the outsider: %v", code, strings.TrimSpace(out.String()), outside)
+	}
+}

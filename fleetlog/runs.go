@@ -1,0 +1,131 @@
+package fleetlog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultRunsPrefix is where a Runs keeps its keys unless told otherwise.
+const DefaultRunsPrefix = "/auditd/fleetruns/"
+
+// ErrRunExists means a fleet run of that id was created already.
+var ErrRunExists = errors.New("fleet run exists")
+
+// Run is a fleet run as etcd holds it: one proxy-mode run id that every
+// node of the fleet takes requests for, each node keeping its own part
+// (a local run of the same id) in its own ledger.
+type Run struct {
+	ID          string        `json:"id"`
+	Name        string        `json:"name"`
+	Node        string        `json:"node"` // the node it was created on
+	InitiatedBy string        `json:"initiated_by,omitempty"`
+	CreatedAt   time.Time     `json:"created_at"`
+	IdleTimeout time.Duration `json:"idle_timeout,omitempty"`
+	// Parts are the nodes holding a part of the run, by name: filled by
+	// Runs.Get, not stored in the run's value.
+	Parts []string `json:"-"`
+}
+
+// Runs is the fleet's directory of fleet runs and of the nodes' API
+// addresses, in etcd. Keys, under its prefix (DefaultRunsPrefix):
+//
+//	run/<id>              the Run, as JSON, written once
+//	part/<id>/<node>      the node's part: written by the node when it first takes the run
+//	peer/<node>           the node's API base URL
+type Runs struct {
+	client *clientv3.Client
+	prefix string
+}
+
+// NewRuns returns the directory under prefix (DefaultRunsPrefix when
+// empty) on client.
+func NewRuns(client *clientv3.Client, prefix string) *Runs {
+	if prefix == "" {
+		prefix = DefaultRunsPrefix
+	}
+	return &Runs{client: client, prefix: prefix}
+}
+
+func (r *Runs) runKey(id string) string        { return r.prefix + "run/" + id }
+func (r *Runs) partDir(id string) string       { return r.prefix + "part/" + id + "/" }
+func (r *Runs) peerKey(node string) string     { return r.prefix + "peer/" + node }
+func (r *Runs) partKey(id, node string) string { return r.partDir(id) + node }
+
+// Create stores run unless a run of its id exists (ErrRunExists), and
+// records its creating node's part.
+func (r *Runs) Create(ctx context.Context, run Run) error {
+	if !validName(run.Node) || run.ID == "" || strings.ContainsAny(run.ID, "/ \n") {
+		return fmt.Errorf("fleet run %q of node %q: %w", run.ID, run.Node, ErrBadLeaf)
+	}
+	b, err := json.Marshal(run)
+	if err != nil {
+		return err
+	}
+	resp, err := r.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(r.runKey(run.ID)), "=", 0)).
+		Then(clientv3.OpPut(r.runKey(run.ID), string(b)), clientv3.OpPut(r.partKey(run.ID, run.Node), "")).Commit()
+	if err != nil {
+		return fmt.Errorf("create fleet run %s: %w", run.ID, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("fleet run %s: %w", run.ID, ErrRunExists)
+	}
+	return nil
+}
+
+// Get returns the fleet run of id with its parts; ok is false when there
+// is none.
+func (r *Runs) Get(ctx context.Context, id string) (run Run, ok bool, err error) {
+	resp, err := r.client.Txn(ctx).Then(clientv3.OpGet(r.runKey(id)),
+		clientv3.OpGet(r.partDir(id), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return Run{}, false, fmt.Errorf("fleet run %s: %w", id, err)
+	}
+	if _, ok, err = decode(resp.Responses[0].GetResponseRange().Kvs, &run); !ok || err != nil {
+		return Run{}, false, err
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		run.Parts = append(run.Parts, string(kv.Key[len(r.partDir(id)):]))
+	}
+	sort.Strings(run.Parts)
+	return run, true, nil
+}
+
+// Join records node's part of the fleet run id (again is harmless).
+func (r *Runs) Join(ctx context.Context, id, node string) error {
+	if !validName(node) {
+		return fmt.Errorf("join fleet run %s: node name %q: %w", id, node, ErrBadLeaf)
+	}
+	if _, err := r.client.Put(ctx, r.partKey(id, node), ""); err != nil {
+		return fmt.Errorf("join fleet run %s: %w", id, err)
+	}
+	return nil
+}
+
+// SetPeer records node's API base URL, where the other nodes ask for its
+// part of a fleet run.
+func (r *Runs) SetPeer(ctx context.Context, node, url string) error {
+	if _, err := r.client.Put(ctx, r.peerKey(node), url); err != nil {
+		return fmt.Errorf("fleet peer %s: %w", node, err)
+	}
+	return nil
+}
+
+// Peers returns every node's API base URL, by name.
+func (r *Runs) Peers(ctx context.Context) (map[string]string, error) {
+	resp, err := r.client.Get(ctx, r.prefix+"peer/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("fleet peers: %w", err)
+	}
+	out := map[string]string{}
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key[len(r.prefix+"peer/"):])] = string(kv.Value)
+	}
+	return out, nil
+}

@@ -1,0 +1,56 @@
+package fleetlog_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/fleetlog"
+	"github.com/auditd/auditd/internal/etcdtest"
+)
+
+// A fleet run is created once, found from any node with the parts that
+// joined it, and each node's API address is published for the others.
+func TestFleetRuns(t *testing.T) {
+	ctx := context.Background()
+	c := etcdtest.Start(t, 1)
+	a := fleetlog.NewRuns(etcdtest.NewClient(t, c.Endpoints()...), "")
+	b := fleetlog.NewRuns(etcdtest.NewClient(t, c.Endpoints()...), "")
+	run := fleetlog.Run{ID: "01JFLEETRUN000000000000000", Name: "pipeline", Node: "a", InitiatedBy: "op", CreatedAt: time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC), IdleTimeout: time.Minute}
+	if err := a.Create(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Create(ctx, run); !errors.Is(err, fleetlog.ErrRunExists) {
+		t.Errorf("a second create of the run: %v, want ErrRunExists", err)
+	}
+	if err := b.Join(ctx, run.ID, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Join(ctx, run.ID, "b"); err != nil { // again: harmless
+		t.Fatal(err)
+	}
+	if err := b.Join(ctx, run.ID, "no/slash"); err == nil {
+		t.Error("a node name with a slash joined")
+	}
+	got, ok, err := b.Get(ctx, run.ID)
+	if err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	if !slices.Equal(got.Parts, []string{"a", "b"}) || got.Name != "pipeline" || got.IdleTimeout != time.Minute || got.InitiatedBy != "op" {
+		t.Errorf("the run as node b finds it: %+v", got)
+	}
+	if _, ok, err := a.Get(ctx, "01JNOSUCHRUN00000000000000"); ok || err != nil {
+		t.Errorf("an unknown run: %v %v", ok, err)
+	}
+	for node, url := range map[string]string{"a": "http://10.0.0.1:8080", "b": "http://10.0.0.2:8080"} {
+		if err := a.SetPeer(ctx, node, url); err != nil {
+			t.Fatal(err)
+		}
+	}
+	peers, err := b.Peers(ctx)
+	if err != nil || len(peers) != 2 || peers["b"] != "http://10.0.0.2:8080" {
+		t.Errorf("peers: %v %v", peers, err)
+	}
+}
