@@ -49,6 +49,8 @@ type entry struct {
 	hold       int           // rounds to hold before the next probe above it, and a probe must hold
 	probing    bool          // the pace is a probe above the refused rate
 	probedAt   time.Time     // when the last probe began
+	base       rate          // the pace held clean before the last probe
+	retry      bool          // the last probe was refused: hold at base, probe no further than it
 	gain       float64       // share above the refused rate the next probe tries
 	clean      int           // probes in a row that held
 	resumed    bool          // slow start resumed after clean probes; until a refusal

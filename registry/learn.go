@@ -191,6 +191,9 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// allows (windowSpent).
 		return false, nil
 	}
+	if x.probing && !sent.Before(x.probedAt) && x.base.limit > 0 {
+		return r.probeRefused(ctx, x, obs, sent, now)
+	}
 	// The pace the refused request was sent at bounds the server's rate
 	// from above, and what it was found to admit, from below: recovery
 	// climbs back toward the lower of the refused pace and a step above
@@ -247,7 +250,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	} else if x.st.Phase == PhaseSteady && x.st.Refused > 0 {
 		x.missed++ // refused on the way back up
 	}
-	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed = false, 0, false, o.ProbeGain, 0, false
+	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed, x.retry = false, 0, false, o.ProbeGain, 0, false, false
 	x.lastCut, x.pacedSum, x.paused = now, 0, 0
 	x.st.Refused = refused
 	x.st.Phase = PhaseSteady
@@ -317,13 +320,13 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		// After resumeAfter clean probes in a row, with nothing refused
 		// for as long as a hold may last, the limit has risen: slow start
 		// resumes from this pace, within the cap.
-		x.probing, x.held, x.hold = false, 0, o.ProbeHold
+		x.probing, x.held, x.hold, x.retry = false, 0, o.ProbeHold, false
 		x.st.Refused = cur / (1 - g)
 		if x.clean++; x.clean >= resumeAfter && now.Sub(x.lastCut) >= x.holdTime() {
 			x.st.Phase, x.clean, x.resumed = PhaseStart, 0, true
 		}
 		return false, r.persist(x)
-	case cur < (top-g)*x.st.Refused && x.faster(min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2)), o):
+	case !x.retry && cur < (top-g)*x.st.Refused && x.faster(min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2)), o):
 		// Recovering after a cut: halve the distance each round, up to
 		// just under the rate refused.
 		next = min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2))
@@ -335,8 +338,12 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 			return false, nil
 		}
 		// Held clean at the top: the margin below the refused rate can go.
-		x.held, x.probing, x.missed = 0, true, 0
+		x.held, x.probing, x.missed, x.base = 0, true, 0, x.rate()
 		next = x.st.Refused * (1 + max(g, x.gain))
+		if x.retry {
+			// The last probe was refused: no further than its pace.
+			next = min(x.st.Refused, cur*(1+2*g))
+		}
 	}
 	l, w := x.limitFor(next, o)
 	if !(rate{l, w}).faster(x.rate()) {
@@ -365,6 +372,30 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	return moved, err
 }
 
+// probeRefused takes x back to the pace it held clean before its probe,
+// after a refusal of a request sent at the probe's pace: a pace never proven
+// refused once says the server's rate lies between the two, not that it
+// dropped, and costs nothing more than that refusal. The probe's pace is
+// the rate refused, and the next probe waits twice as long.
+func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation, sent, now time.Time) (bool, error) {
+	o := &r.opts
+	x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
+	x.probing, x.held, x.proven, x.clean, x.resumed, x.missed, x.retry = false, 0, true, 0, false, 0, true
+	x.lastCut, x.pacedSum, x.paused = now, 0, 0
+	x.st.Refused = x.rateAt(sent)
+	old := x.st
+	c := change{cause: CauseThrottle, runID: obs.RunID, sourceID: obs.SourceID, status: obs.Status}
+	moved, err := r.move(ctx, x, old, x.base.limit, x.base.window, c, now)
+	if err != nil {
+		x.episode = 0 // the cut did not happen
+		return false, err
+	}
+	if !moved {
+		return false, r.persist(x)
+	}
+	return true, nil
+}
+
 // resumeAfter is how many probes in a row must hold for slow start to
 // resume: a limit that has risen lets every probe through.
 const resumeAfter = 2
@@ -372,7 +403,7 @@ const resumeAfter = 2
 // maxHoldTime bounds the time a pace holds under the rate last refused
 // before it probes, and a probe must hold to count, whatever the hold in
 // rounds: a limit that rose is found within a few of it.
-const maxHoldTime = 2 * time.Minute
+const maxHoldTime = 30 * time.Second
 
 // holdTime is the longest x holds before a probe: maxHoldTime, two windows
 // of a spent window, or holdRequests intervals of the pace, whichever is
