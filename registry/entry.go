@@ -42,6 +42,7 @@ type entry struct {
 	roundCount int           // successes in the current round
 	rose       time.Time     // when the pace last rose
 	lastCut    time.Time     // last cut by a refusal
+	refusedAt  time.Time     // the last refusal
 	upAgain    time.Time     // the first success after an outage: what was admitted before says nothing since
 	prev       rate          // the pace before the last change
 	changed    time.Time     // when the pace last changed

@@ -170,6 +170,8 @@ func (r *Registry) onSuccess(ctx context.Context, e, g *entry, obs *Observation,
 // the rate the server admitted over the busy spell before it.
 func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent, now time.Time, o *Options) (bool, error) {
 	x.roundCount = 0
+	prev := x.refusedAt
+	x.refusedAt = now
 	// A request sent before the last cut was paced at the old rate; one
 	// sent just after it meets a server still full of the faster pace (a
 	// bucket that has not drained, a window that still holds it). Neither
@@ -221,6 +223,14 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		if x.upAgain.After(since) {
 			since = x.upAgain
 		}
+		drained := prev.After(since) && x.paused == 0
+		if drained {
+			// From one refusal to the next the server goes from full to
+			// full: what it admitted in between is its rate. A window
+			// that still held a faster pace at the last cut has drained
+			// since the refusals after it.
+			since = prev
+		}
 		adm, ok := x.hist.admitted(now, since, x.paused)
 		if ok && adm < bad {
 			if adm < o.Decrease*x.paced(now) {
@@ -237,7 +247,14 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			}
 		}
 		next = o.Decrease * bad
-		if !x.proven && !x.lastCut.IsZero() {
+		if drained && ok && adm < o.Decrease*x.paced(now) {
+			// The server's rate now, measured: pace just under it. What
+			// the window still held of the old pace a little after the
+			// refusal before blurs it low: recovery may head a few steps
+			// past it.
+			next = (1 - o.ProbeGain) * adm
+			refused = min(x.rateAt(sent), adm*(1+drainedMargin*o.ProbeGain))
+		} else if !x.proven && !x.lastCut.IsZero() {
 			// Refused again before a round proved the pace of the last cut:
 			// the server is still well behind; halve.
 			next = min(next, x.rateAt(sent)/2)
@@ -395,6 +412,10 @@ func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation,
 	}
 	return true, nil
 }
+
+// drainedMargin is how many ProbeGains past the rate admitted between two
+// refusals recovery may head.
+const drainedMargin = 6
 
 // resumeAfter is how many probes in a row must hold for slow start to
 // resume: a limit that has risen lets every probe through.
