@@ -247,7 +247,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			}
 		}
 		next = o.Decrease * bad
-		if drained && ok && adm < o.Decrease*x.paced(now) {
+		if (drained || !x.proven) && ok && adm < o.Decrease*x.paced(now) {
 			// The server's rate now, measured: pace just under it. What
 			// the window still held of the old pace a little after the
 			// refusal before blurs it low: recovery may head a few steps
