@@ -397,7 +397,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation, sent, now time.Time) (bool, error) {
 	o := &r.opts
 	x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
-	x.probing, x.held, x.proven, x.clean, x.resumed, x.missed, x.retry = false, 0, true, 0, false, 0, true
+	x.probing, x.held, x.proven, x.clean, x.resumed, x.missed, x.retry = false, 0, false, 0, false, 0, true
 	x.lastCut, x.pacedSum, x.paused = now, 0, 0
 	x.st.Refused = x.rateAt(sent)
 	old := x.st
