@@ -175,7 +175,7 @@ func convergeCases(rates []float64) []convergeCase {
 		convergeCase{file: "quota_countdown.yaml", final: 1, window: 10 * time.Minute, rates: few(0.5, 2), long: true, finish: true},
 	)
 	for _, k := range []float64{2, 4, 8} {
-		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: k, rates: []float64{0.5, 2}, pending: true})
+		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: k, rates: []float64{0.5, 2}})
 	}
 	for _, k := range []float64{0.5, 0.25} {
 		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: k, rates: []float64{2, 5, 20}, drop: true, pending: true})
