@@ -52,10 +52,13 @@ type entry struct {
 	probedAt   time.Time     // when the last probe began
 	base       rate          // the pace held clean before the last probe
 	retry      bool          // the last probe was refused: hold at base, probe no further than it
+	stableFrom time.Time     // the first of the probes refused in a row since a probe held or a cut; zero when none
 	gain       float64       // share above the refused rate the next probe tries
 	clean      int           // probes in a row that held
 	resumed    bool          // slow start resumed after clean probes; until a refusal
 	proven     bool          // a round has proved the pace since the last cut
+	good       float64       // the pace the last round proved, in requests per second
+	dropAt     time.Time     // the last cut that found the server well behind the pace
 	missed     int           // refusals met recovering since a probe last held
 	episode    int           // refusals counted since the last success: one episode, cut once
 	episodeAt  time.Time     // the first refusal of the current or last episode

@@ -243,7 +243,14 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			// window full of it after a drop): recovery heads back
 			// toward the pace refused, and the next cut measures again.
 			if now.Sub(since) >= roundTime {
-				refused = min(refused, adm*(1+o.ProbeGain))
+				// Never under a pace a round proved since the cut after
+				// a drop: the server admitted that one whole, whatever
+				// the pauses blur of it.
+				proved := 0.0
+				if x.proven && now.Sub(x.dropAt) < probeMemory {
+					proved = x.good
+				}
+				refused = min(refused, max(adm*(1+o.ProbeGain), proved))
 			}
 		}
 		next = o.Decrease * bad
@@ -254,10 +261,12 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			// past it.
 			next = (1 - o.ProbeGain) * adm
 			refused = min(x.rateAt(sent), adm*(1+drainedMargin*o.ProbeGain))
+			x.dropAt = now
 		} else if !x.proven && !x.lastCut.IsZero() {
 			// Refused again before a round proved the pace of the last cut:
 			// the server is still well behind; halve.
 			next = min(next, x.rateAt(sent)/2)
+			x.dropAt = now
 		}
 	}
 	if x.probing || now.Sub(x.probedAt) < probeMemory {
@@ -268,7 +277,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		x.missed++ // refused on the way back up
 	}
 	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed, x.retry = false, 0, false, o.ProbeGain, 0, false, false
-	x.lastCut, x.pacedSum, x.paused = now, 0, 0
+	x.lastCut, x.pacedSum, x.paused, x.stableFrom = now, 0, 0, time.Time{}
 	x.st.Refused = refused
 	x.st.Phase = PhaseSteady
 	l, w := x.limitFor(next, o)
@@ -307,6 +316,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	}
 	x.proven = true
 	cur := x.rate().perSecond()
+	x.good = cur
 	g := o.ProbeGain
 	if x.st.Refused <= 0 {
 		x.st.Refused = cur / (1 - g) // steady with nothing refused: hold here, then probe
@@ -329,7 +339,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		// refuses the pace that overspends it only at its end.
 		// Neither waits longer than maxHoldTime, or two windows.
 		held := now.Sub(x.probedAt)
-		if x.held++; (x.held < max(x.hold, o.ProbeHold) && held < x.holdTime()) || held < max(probeProof, x.cycleLen) {
+		if x.held++; (x.held < max(x.hold, o.ProbeHold) && held < x.holdTime(now)) || held < max(probeProof, x.cycleLen) {
 			return false, nil
 		}
 		x.missed = 0
@@ -337,9 +347,9 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		// After resumeAfter clean probes in a row, with nothing refused
 		// for as long as a hold may last, the limit has risen: slow start
 		// resumes from this pace, within the cap.
-		x.probing, x.held, x.hold, x.retry = false, 0, o.ProbeHold, false
+		x.probing, x.held, x.hold, x.retry, x.stableFrom = false, 0, o.ProbeHold, false, time.Time{}
 		x.st.Refused = cur / (1 - g)
-		if x.clean++; x.clean >= resumeAfter && now.Sub(x.lastCut) >= x.holdTime() {
+		if x.clean++; x.clean >= resumeAfter && now.Sub(x.lastCut) >= x.holdTime(now) {
 			x.st.Phase, x.clean, x.resumed = PhaseStart, 0, true
 		}
 		return false, r.persist(x)
@@ -351,7 +361,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	default:
 		// Just under the rate refused (as near as whole requests per
 		// window go): hold, then probe past it.
-		if x.held++; x.held < max(x.hold, o.ProbeHold) && now.Sub(x.changed) < x.holdTime() {
+		if x.held++; x.held < max(x.hold, o.ProbeHold) && now.Sub(x.changed) < x.holdTime(now) {
 			return false, nil
 		}
 		// Held clean at the top: the margin below the refused rate can go.
@@ -400,6 +410,9 @@ func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation,
 	x.probing, x.held, x.proven, x.clean, x.resumed, x.missed, x.retry = false, 0, false, 0, false, 0, true
 	x.lastCut, x.pacedSum, x.paused = now, 0, 0
 	x.st.Refused = x.rateAt(sent)
+	if x.stableFrom.IsZero() {
+		x.stableFrom = now
+	}
 	old := x.st
 	c := change{cause: CauseThrottle, runID: obs.RunID, sourceID: obs.SourceID, status: obs.Status}
 	moved, err := r.move(ctx, x, old, x.base.limit, x.base.window, c, now)
@@ -428,10 +441,19 @@ const maxHoldTime = 30 * time.Second
 
 // holdTime is the longest x holds before a probe: maxHoldTime, two windows
 // of a spent window, or holdRequests intervals of the pace, whichever is
-// longest (a probe refused every holdRequests requests is refusal enough).
-func (e *entry) holdTime() time.Duration {
-	return max(maxHoldTime, 2*e.cycleLen, holdRequests*e.interval())
+// longest (a probe refused every holdRequests requests is refusal enough);
+// twice that once every probe for stableTime has been refused.
+func (e *entry) holdTime(now time.Time) time.Duration {
+	d := max(maxHoldTime, 2*e.cycleLen, holdRequests*e.interval())
+	if !e.stableFrom.IsZero() && now.Sub(e.stableFrom) >= stableTime {
+		d *= 2
+	}
+	return d
 }
+
+// stableTime is how long probes must have been refused, every one, for the
+// limit to count as stable: it is probed half as often.
+const stableTime = 5 * time.Minute
 
 // holdRequests is the fewest requests between two probes that maxHoldTime
 // lets go.
