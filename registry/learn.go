@@ -208,6 +208,11 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// The first refusal: back to the pace of the last clean round. What
 		// was admitted before is slow start's, and says nothing yet.
 		next = bad / o.Growth
+		if p := x.prev.perSecond(); p < bad && !sent.Before(x.changed) {
+			// The pace before the round refused, when the ceiling (or
+			// whole requests) made that round less than Growth.
+			next = max(next, p)
+		}
 		x.hist = history{}
 		if x.resumed {
 			// Slow start resumed from a pace proven clean: the limit is
