@@ -265,7 +265,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			// refusal before blurs it low: recovery may head a few steps
 			// past it.
 			next = (1 - o.ProbeGain) * adm
-			refused = min(x.rateAt(sent), adm*(1+drainedMargin*o.ProbeGain))
+			refused = min(refused, adm*(1+drainedMargin*o.ProbeGain))
 			x.dropAt = now
 		} else if !x.proven && !x.lastCut.IsZero() {
 			// Refused again before a round proved the pace of the last cut:
