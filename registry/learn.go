@@ -165,9 +165,9 @@ func (r *Registry) onSuccess(ctx context.Context, e, g *entry, obs *Observation,
 }
 
 // refuse cuts entry x after a refusal of a request sent at sent, unless the
-// request left before x's last cut (it was paced at the old rate). The cut
-// goes to Decrease times the lower of the pace the request was sent at and
-// the rate the server admitted over the busy spell before it.
+// request left before x's last cut (it was paced at the old rate): in slow
+// start back to the pace of the last clean round, a probe back to the pace
+// before it (probeRefused), else as steadyCut says.
 func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent, now time.Time, o *Options) (bool, error) {
 	x.roundCount = 0
 	prev := x.refusedAt
@@ -220,59 +220,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			refused = min(bad, next*(1+o.ProbeGain))
 		}
 	default:
-		// What the server admitted since the last cut bounds its rate from
-		// above only where it fell short of the pace in force meanwhile
-		// (refusals, pauses it asked for); otherwise it is only the pace
-		// that was sent, and the refused pace is the bound.
-		since := x.lastCut
-		if x.upAgain.After(since) {
-			since = x.upAgain
-		}
-		drained := prev.After(since) && x.paused == 0
-		if drained {
-			// From one refusal to the next the server goes from full to
-			// full: what it admitted in between is its rate. A window
-			// that still held a faster pace at the last cut has drained
-			// since the refusals after it.
-			since = prev
-		}
-		adm, ok := x.hist.admitted(now, since, x.paused)
-		if ok && adm < bad {
-			if adm < o.Decrease*x.paced(now) {
-				bad = adm
-			}
-			// Either way the server's rate is not far above what it
-			// admitted: recovery heads a step past it, not to the
-			// refused pace. Over a short spell what it admitted is
-			// blurred by what it still held of the faster pace (a
-			// window full of it after a drop): recovery heads back
-			// toward the pace refused, and the next cut measures again.
-			if now.Sub(since) >= roundTime {
-				// Never under a pace a round proved since the cut after
-				// a drop: the server admitted that one whole, whatever
-				// the pauses blur of it.
-				proved := 0.0
-				if x.proven && now.Sub(x.dropAt) < probeMemory {
-					proved = x.good
-				}
-				refused = min(refused, max(adm*(1+o.ProbeGain), proved))
-			}
-		}
-		next = o.Decrease * bad
-		if (drained || !x.proven) && ok && adm < o.Decrease*x.paced(now) {
-			// The server's rate now, measured: pace just under it. What
-			// the window still held of the old pace a little after the
-			// refusal before blurs it low: recovery may head a few steps
-			// past it.
-			next = (1 - o.ProbeGain) * adm
-			refused = min(refused, adm*(1+drainedMargin*o.ProbeGain))
-			x.dropAt = now
-		} else if !x.proven && !x.lastCut.IsZero() {
-			// Refused again before a round proved the pace of the last cut:
-			// the server is still well behind; halve.
-			next = min(next, x.rateAt(sent)/2)
-			x.dropAt = now
-		}
+		next, refused = x.steadyCut(sent, now, prev, o)
 	}
 	if x.probing || now.Sub(x.probedAt) < probeMemory {
 		// The probe above the last refusal was refused too (or soon after
@@ -404,6 +352,73 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	return moved, err
 }
 
+// steadyCut returns the pace to cut x to after a refusal, in steady state,
+// of a request sent at sent, and the rate to take for refused; prev is the
+// refusal before this one. The cut goes to Decrease times the lower of the
+// pace the request was sent at and what the server admitted since the last
+// cut; when the server was found well behind (refused again since the cut,
+// or before a round proved its pace: a limit that dropped), just under what
+// it admitted since the refusal before, or half the pace when too little was
+// admitted to say.
+func (x *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
+	bad := x.rateAt(sent)
+	refused = bad
+	// What the server admitted since the last cut bounds its rate from
+	// above only where it fell short of the pace in force meanwhile
+	// (refusals, pauses it asked for); otherwise it is only the pace
+	// that was sent, and the refused pace is the bound.
+	since := x.lastCut
+	if x.upAgain.After(since) {
+		since = x.upAgain
+	}
+	drained := prev.After(since) && x.paused == 0
+	if drained {
+		// From one refusal to the next the server goes from full to
+		// full: what it admitted in between is its rate. A window
+		// that still held a faster pace at the last cut has drained
+		// since the refusals after it.
+		since = prev
+	}
+	adm, ok := x.hist.admitted(now, since, x.paused)
+	if ok && adm < bad {
+		if adm < o.Decrease*x.paced(now) {
+			bad = adm
+		}
+		// Either way the server's rate is not far above what it
+		// admitted: recovery heads a step past it, not to the
+		// refused pace. Over a short spell what it admitted is
+		// blurred by what it still held of the faster pace (a
+		// window full of it after a drop): recovery heads back
+		// toward the pace refused, and the next cut measures again.
+		if now.Sub(since) >= roundTime {
+			// Never under a pace a round proved since the cut after
+			// a drop: the server admitted that one whole, whatever
+			// the pauses blur of it.
+			proved := 0.0
+			if x.proven && now.Sub(x.dropAt) < probeMemory {
+				proved = x.good
+			}
+			refused = min(refused, max(adm*(1+o.ProbeGain), proved))
+		}
+	}
+	next = o.Decrease * bad
+	if (drained || !x.proven) && ok && adm < o.Decrease*x.paced(now) {
+		// The server is well behind the pace (a limit that dropped), and
+		// what it admitted is its rate now: pace just under it. What a
+		// window still held of the old pace blurs that low, so recovery
+		// may head up to drainedMargin steps past it.
+		next = (1 - o.ProbeGain) * adm
+		refused = min(refused, adm*(1+drainedMargin*o.ProbeGain))
+		x.dropAt = now
+	} else if !x.proven && !x.lastCut.IsZero() {
+		// Refused again before a round proved the pace of the last cut:
+		// the server is still well behind; halve.
+		next = min(next, x.rateAt(sent)/2)
+		x.dropAt = now
+	}
+	return next, refused
+}
+
 // probeRefused takes x back to the pace it held clean before its probe,
 // after a refusal of a request sent at the probe's pace: a pace never proven
 // refused once says the server's rate lies between the two, not that it
@@ -431,8 +446,8 @@ func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation,
 	return true, nil
 }
 
-// drainedMargin is how many ProbeGains past the rate admitted between two
-// refusals recovery may head.
+// drainedMargin is how many ProbeGains past what a server well behind the
+// pace admitted recovery may head.
 const drainedMargin = 6
 
 // resumeAfter is how many probes in a row must hold for slow start to
@@ -441,7 +456,9 @@ const resumeAfter = 2
 
 // maxHoldTime bounds the time a pace holds under the rate last refused
 // before it probes, and a probe must hold to count, whatever the hold in
-// rounds: a limit that rose is found within a few of it.
+// rounds: a limit that rose is found within a minute or two of it. A
+// refused probe costs one refusal (probeRefused): one every holdRequests
+// requests at most is under 2% of them.
 const maxHoldTime = 30 * time.Second
 
 // holdTime is the longest x holds before a probe: maxHoldTime, two windows
@@ -461,7 +478,7 @@ func (e *entry) holdTime(now time.Time) time.Duration {
 const stableTime = 5 * time.Minute
 
 // holdRequests is the fewest requests between two probes that maxHoldTime
-// lets go.
+// lets go: at slow paces the hold is counted in requests, not time.
 const holdRequests = 60
 
 // rateAt returns the pace in force at t, in requests per second.
