@@ -352,7 +352,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	return moved, err
 }
 
-// steadyCut returns the pace to cut x to after a refusal, in steady state,
+// steadyCut returns the pace to cut e to after a refusal, in steady state,
 // of a request sent at sent, and the rate to take for refused; prev is the
 // refusal before this one. The cut goes to Decrease times the lower of the
 // pace the request was sent at and what the server admitted since the last
@@ -360,18 +360,18 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 // or before a round proved its pace: a limit that dropped), just under what
 // it admitted since the refusal before, or half the pace when too little was
 // admitted to say.
-func (x *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
-	bad := x.rateAt(sent)
+func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
+	bad := e.rateAt(sent)
 	refused = bad
 	// What the server admitted since the last cut bounds its rate from
 	// above only where it fell short of the pace in force meanwhile
 	// (refusals, pauses it asked for); otherwise it is only the pace
 	// that was sent, and the refused pace is the bound.
-	since := x.lastCut
-	if x.upAgain.After(since) {
-		since = x.upAgain
+	since := e.lastCut
+	if e.upAgain.After(since) {
+		since = e.upAgain
 	}
-	drained := prev.After(since) && x.paused == 0
+	drained := prev.After(since) && e.paused == 0
 	if drained {
 		// From one refusal to the next the server goes from full to
 		// full: what it admitted in between is its rate. A window
@@ -379,9 +379,9 @@ func (x *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused 
 		// since the refusals after it.
 		since = prev
 	}
-	adm, ok := x.hist.admitted(now, since, x.paused)
+	adm, ok := e.hist.admitted(now, since, e.paused)
 	if ok && adm < bad {
-		if adm < o.Decrease*x.paced(now) {
+		if adm < o.Decrease*e.paced(now) {
 			bad = adm
 		}
 		// Either way the server's rate is not far above what it
@@ -395,26 +395,26 @@ func (x *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused 
 			// a drop: the server admitted that one whole, whatever
 			// the pauses blur of it.
 			proved := 0.0
-			if x.proven && now.Sub(x.dropAt) < probeMemory {
-				proved = x.good
+			if e.proven && now.Sub(e.dropAt) < probeMemory {
+				proved = e.good
 			}
 			refused = min(refused, max(adm*(1+o.ProbeGain), proved))
 		}
 	}
 	next = o.Decrease * bad
-	if (drained || !x.proven) && ok && adm < o.Decrease*x.paced(now) {
+	if (drained || !e.proven) && ok && adm < o.Decrease*e.paced(now) {
 		// The server is well behind the pace (a limit that dropped), and
 		// what it admitted is its rate now: pace just under it. What a
 		// window still held of the old pace blurs that low, so recovery
 		// may head up to drainedMargin steps past it.
 		next = (1 - o.ProbeGain) * adm
 		refused = min(refused, adm*(1+drainedMargin*o.ProbeGain))
-		x.dropAt = now
-	} else if !x.proven && !x.lastCut.IsZero() {
+		e.dropAt = now
+	} else if !e.proven && !e.lastCut.IsZero() {
 		// Refused again before a round proved the pace of the last cut:
 		// the server is still well behind; halve.
-		next = min(next, x.rateAt(sent)/2)
-		x.dropAt = now
+		next = min(next, e.rateAt(sent)/2)
+		e.dropAt = now
 	}
 	return next, refused
 }
