@@ -76,7 +76,9 @@
 //     due within half the last pause; a probe past the pace must hold a
 //     whole window to count.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
-//     (or as many as the pace sends in ten seconds, if fewer) halves the
+//     (or as many as the pace sends in ten seconds, if fewer; and two
+//     seconds of them at least, which a window that has just drained does
+//     not hide in a burst) halves the
 //     distance back toward the rate last refused (or a step above what was
 //     admitted since the cut before, if lower), up to Options.ProbeGain below it, and a further
 //     ProbeGain below for each refusal met on the way back up; there

@@ -259,8 +259,11 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now time.Time, o *Options) (bool, error) {
 	// A round after the first refusal is ProbeAfter successes, or as many
 	// as the pace sends in roundTime if fewer (a slow pace must not take
-	// minutes a round), and never fewer than a slow start's.
-	need := max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))))
+	// minutes a round), and never fewer than a slow start's, nor than the
+	// pace sends in minSpan: a window that has just drained admits a burst
+	// of the pace, which proves nothing of it.
+	need := max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))),
+		int(math.Ceil(float64(minSpan)/float64(x.interval()))))
 	if x.st.Phase != PhaseSteady {
 		need = max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
 	}
