@@ -175,10 +175,20 @@ func convergeCases(rates []float64) []convergeCase {
 		convergeCase{file: "quota_countdown.yaml", final: 1, window: 10 * time.Minute, rates: few(0.5, 2), long: true, finish: true},
 	)
 	for _, k := range []float64{2, 4, 8} {
-		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: k, rates: []float64{0.5, 2}, pending: true})
+		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: k, rates: []float64{0.5, 2}})
 	}
-	for _, k := range []float64{0.5, 0.25} {
-		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: k, rates: []float64{2, 5, 20}, drop: true, pending: true})
+	// Drops, to a half and a quarter. Pending, for the pace 10 s after the
+	// drop: from 5/s to 1.5/s it is 0.87/s (a window of three requests
+	// admits too few between two refusals to measure, and the source
+	// halves).
+	for _, d := range []struct {
+		k            float64
+		rates, unmet []float64
+	}{{0.5, []float64{2, 5, 20}, nil}, {0.25, []float64{2, 20}, []float64{5}}} {
+		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: d.k, rates: d.rates, drop: true})
+		if d.unmet != nil {
+			cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: d.k, rates: d.unmet, drop: true, pending: true})
+		}
 	}
 	for i := range cases {
 		if cases[i].rates == nil {

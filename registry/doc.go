@@ -40,10 +40,21 @@
 //     blurs it, and recovery heads back toward the pace refused, the next
 //     cut measuring again. A refusal of a request sent before
 //     the last cut, or within a second (two intervals of the pace) after it,
-//     does not cut again; one after that, before a round proved the new
-//     pace, halves it. Refusals with no success between them are one
-//     episode (a spent window refuses whatever the pace): only its first
-//     cuts, lowers the rate last refused or doubles the probe hold. A
+//     does not cut again. Drops: a refusal after a cut, with refusals
+//     since it (and no waits the server asked for), measures what the
+//     server admitted since the refusal before it (a window that still held
+//     the faster pace at the cut has drained since); so does one before a
+//     round proved the pace of the last cut, since the cut. When the server
+//     admitted less than nine tenths of the pace, the cut goes to
+//     1-ProbeGain times that, and recovery heads no further than 1.3 times
+//     it (what a window held of the old pace blurs a short spell low);
+//     without enough successes to measure, a refusal before a round proved
+//     the pace halves it. For a minute after such a cut, the rate refused
+//     that a later cut takes from ten seconds or more of successes is never
+//     below the pace a round proved since its cut (auditd's own pauses blur
+//     what was admitted low). Refusals with no success between them are
+//     one episode (a spent window refuses whatever the pace): only its
+//     first cuts, lowers the rate last refused or doubles the probe hold. A
 //     refusal that says nothing of when to come back (no Retry-After) also
 //     pauses the source (Decision.Pause) for a second, or two intervals of
 //     the new pace up to five seconds, while the server's bucket drains;
@@ -65,23 +76,34 @@
 //     due within half the last pause; a probe past the pace must hold a
 //     whole window to count.
 //   - Recovery and probing: each clean round of Options.ProbeAfter successes
-//     (or as many as the pace sends in ten seconds, if fewer) halves the
+//     (or as many as the pace sends in ten seconds, if fewer; and two
+//     seconds of them at least, which a window that has just drained does
+//     not hide in a burst) halves the
 //     distance back toward the rate last refused (or a step above what was
 //     admitted since the cut before, if lower), up to Options.ProbeGain below it, and a further
 //     ProbeGain below for each refusal met on the way back up; there
 //     the pace holds for Options.ProbeHold rounds, then probes
 //     Options.ProbeGain past it. A probe must hold as long, and ten seconds,
-//     to count (a gateway's burst hides a slightly fast pace for seconds);
-//     a refused probe doubles the hold, up to Options.MaxHold rounds. A
-//     probe the ceiling blocks is none: a refusal after it doubles nothing.
-//     Whatever the hold in rounds, a pace holds no longer than two minutes
-//     (or 60 of its intervals, or two windows of a spent window) before it
-//     probes, nor must a probe hold longer to count.
+//     to count (a gateway's burst hides a slightly fast pace for seconds).
+//     A refused probe costs that one refusal: the pace goes back to the one
+//     held clean before the probe (cause throttle, the probe's pace the rate
+//     refused), holds there with no recovery past it, and the next probe
+//     goes no further than the pace refused; the hold doubles, up to
+//     Options.MaxHold rounds. Only a refusal of the pace held clean after
+//     that is a drop, and cuts. A probe the ceiling blocks is none: a
+//     refusal after it doubles nothing. Whatever the hold in rounds, a pace
+//     holds no longer than 30 seconds (or 60 of its intervals, or two
+//     windows of a spent window) before it probes, nor must a probe hold
+//     longer to count: a probe refused every 60 requests at most is under
+//     2% refused. Once every probe for five minutes has been refused, the
+//     limit is stable and that bound doubles.
 //   - Rising limits: after two probes in a row have held, with nothing
 //     refused for as long as a hold may last, the limit has risen: slow
 //     start resumes from the last clean pace, within the ceiling. Its first
-//     refusal cuts back to the pace of its last clean round, and takes the
-//     limit for a step above that pace rather than near the one refused.
+//     refusal cuts back to the pace of its last clean round (the pace
+//     before the round refused, when the ceiling made that round less than
+//     a doubling), and takes the limit for a step above that pace rather
+//     than near the one refused.
 //   - An advertised quota (RateLimit-Policy q and w, X-RateLimit-Limit and
 //     -Window) sets the pace and caps it. A limit advertised without a window
 //     learns its window from the longest Reset seen, rounded up to a common

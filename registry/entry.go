@@ -42,6 +42,7 @@ type entry struct {
 	roundCount int           // successes in the current round
 	rose       time.Time     // when the pace last rose
 	lastCut    time.Time     // last cut by a refusal
+	refusedAt  time.Time     // the last refusal
 	upAgain    time.Time     // the first success after an outage: what was admitted before says nothing since
 	prev       rate          // the pace before the last change
 	changed    time.Time     // when the pace last changed
@@ -49,10 +50,15 @@ type entry struct {
 	hold       int           // rounds to hold before the next probe above it, and a probe must hold
 	probing    bool          // the pace is a probe above the refused rate
 	probedAt   time.Time     // when the last probe began
+	base       rate          // the pace held clean before the last probe
+	retry      bool          // the last probe was refused: hold at base, probe no further than it
+	stableFrom time.Time     // the first of the probes refused in a row since a probe held or a cut; zero when none
 	gain       float64       // share above the refused rate the next probe tries
 	clean      int           // probes in a row that held
 	resumed    bool          // slow start resumed after clean probes; until a refusal
 	proven     bool          // a round has proved the pace since the last cut
+	good       float64       // the pace the last round proved, in requests per second
+	dropAt     time.Time     // the last cut that found the server well behind the pace
 	missed     int           // refusals met recovering since a probe last held
 	episode    int           // refusals counted since the last success: one episode, cut once
 	episodeAt  time.Time     // the first refusal of the current or last episode

@@ -165,11 +165,13 @@ func (r *Registry) onSuccess(ctx context.Context, e, g *entry, obs *Observation,
 }
 
 // refuse cuts entry x after a refusal of a request sent at sent, unless the
-// request left before x's last cut (it was paced at the old rate). The cut
-// goes to Decrease times the lower of the pace the request was sent at and
-// the rate the server admitted over the busy spell before it.
+// request left before x's last cut (it was paced at the old rate): in slow
+// start back to the pace of the last clean round, a probe back to the pace
+// before it (probeRefused), else as steadyCut says.
 func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent, now time.Time, o *Options) (bool, error) {
 	x.roundCount = 0
+	prev := x.refusedAt
+	x.refusedAt = now
 	// A request sent before the last cut was paced at the old rate; one
 	// sent just after it meets a server still full of the faster pace (a
 	// bucket that has not drained, a window that still holds it). Neither
@@ -191,6 +193,9 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// allows (windowSpent).
 		return false, nil
 	}
+	if x.probing && !sent.Before(x.probedAt) && x.base.limit > 0 {
+		return r.probeRefused(ctx, x, obs, sent, now)
+	}
 	// The pace the refused request was sent at bounds the server's rate
 	// from above, and what it was found to admit, from below: recovery
 	// climbs back toward the lower of the refused pace and a step above
@@ -203,6 +208,11 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 		// The first refusal: back to the pace of the last clean round. What
 		// was admitted before is slow start's, and says nothing yet.
 		next = bad / o.Growth
+		if p := x.prev.perSecond(); p < bad && !sent.Before(x.changed) {
+			// The pace before the round refused, when the ceiling (or
+			// whole requests) made that round less than Growth.
+			next = max(next, p)
+		}
 		x.hist = history{}
 		if x.resumed {
 			// Slow start resumed from a pace proven clean: the limit is
@@ -210,35 +220,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 			refused = min(bad, next*(1+o.ProbeGain))
 		}
 	default:
-		// What the server admitted since the last cut bounds its rate from
-		// above only where it fell short of the pace in force meanwhile
-		// (refusals, pauses it asked for); otherwise it is only the pace
-		// that was sent, and the refused pace is the bound.
-		since := x.lastCut
-		if x.upAgain.After(since) {
-			since = x.upAgain
-		}
-		adm, ok := x.hist.admitted(now, since, x.paused)
-		if ok && adm < bad {
-			if adm < o.Decrease*x.paced(now) {
-				bad = adm
-			}
-			// Either way the server's rate is not far above what it
-			// admitted: recovery heads a step past it, not to the
-			// refused pace. Over a short spell what it admitted is
-			// blurred by what it still held of the faster pace (a
-			// window full of it after a drop): recovery heads back
-			// toward the pace refused, and the next cut measures again.
-			if now.Sub(since) >= roundTime {
-				refused = min(refused, adm*(1+o.ProbeGain))
-			}
-		}
-		next = o.Decrease * bad
-		if !x.proven && !x.lastCut.IsZero() {
-			// Refused again before a round proved the pace of the last cut:
-			// the server is still well behind; halve.
-			next = min(next, x.rateAt(sent)/2)
-		}
+		next, refused = x.steadyCut(sent, now, prev, o)
 	}
 	if x.probing || now.Sub(x.probedAt) < probeMemory {
 		// The probe above the last refusal was refused too (or soon after
@@ -247,8 +229,8 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	} else if x.st.Phase == PhaseSteady && x.st.Refused > 0 {
 		x.missed++ // refused on the way back up
 	}
-	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed = false, 0, false, o.ProbeGain, 0, false
-	x.lastCut, x.pacedSum, x.paused = now, 0, 0
+	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed, x.retry = false, 0, false, o.ProbeGain, 0, false, false
+	x.lastCut, x.pacedSum, x.paused, x.stableFrom = now, 0, 0, time.Time{}
 	x.st.Refused = refused
 	x.st.Phase = PhaseSteady
 	l, w := x.limitFor(next, o)
@@ -277,8 +259,11 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now time.Time, o *Options) (bool, error) {
 	// A round after the first refusal is ProbeAfter successes, or as many
 	// as the pace sends in roundTime if fewer (a slow pace must not take
-	// minutes a round), and never fewer than a slow start's.
-	need := max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))))
+	// minutes a round), and never fewer than a slow start's, nor than the
+	// pace sends in minSpan: a window that has just drained admits a burst
+	// of the pace, which proves nothing of it.
+	need := max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))),
+		int(math.Ceil(float64(minSpan)/float64(x.interval()))))
 	if x.st.Phase != PhaseSteady {
 		need = max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
 	}
@@ -287,6 +272,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	}
 	x.proven = true
 	cur := x.rate().perSecond()
+	x.good = cur
 	g := o.ProbeGain
 	if x.st.Refused <= 0 {
 		x.st.Refused = cur / (1 - g) // steady with nothing refused: hold here, then probe
@@ -309,7 +295,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		// refuses the pace that overspends it only at its end.
 		// Neither waits longer than maxHoldTime, or two windows.
 		held := now.Sub(x.probedAt)
-		if x.held++; (x.held < max(x.hold, o.ProbeHold) && held < x.holdTime()) || held < max(probeProof, x.cycleLen) {
+		if x.held++; (x.held < max(x.hold, o.ProbeHold) && held < x.holdTime(now)) || held < max(probeProof, x.cycleLen) {
 			return false, nil
 		}
 		x.missed = 0
@@ -317,13 +303,13 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		// After resumeAfter clean probes in a row, with nothing refused
 		// for as long as a hold may last, the limit has risen: slow start
 		// resumes from this pace, within the cap.
-		x.probing, x.held, x.hold = false, 0, o.ProbeHold
+		x.probing, x.held, x.hold, x.retry, x.stableFrom = false, 0, o.ProbeHold, false, time.Time{}
 		x.st.Refused = cur / (1 - g)
-		if x.clean++; x.clean >= resumeAfter && now.Sub(x.lastCut) >= x.holdTime() {
+		if x.clean++; x.clean >= resumeAfter && now.Sub(x.lastCut) >= x.holdTime(now) {
 			x.st.Phase, x.clean, x.resumed = PhaseStart, 0, true
 		}
 		return false, r.persist(x)
-	case cur < (top-g)*x.st.Refused && x.faster(min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2)), o):
+	case !x.retry && cur < (top-g)*x.st.Refused && x.faster(min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2)), o):
 		// Recovering after a cut: halve the distance each round, up to
 		// just under the rate refused.
 		next = min(top*x.st.Refused, max(cur+x.unit(), (cur+x.st.Refused)/2))
@@ -331,12 +317,16 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	default:
 		// Just under the rate refused (as near as whole requests per
 		// window go): hold, then probe past it.
-		if x.held++; x.held < max(x.hold, o.ProbeHold) && now.Sub(x.changed) < x.holdTime() {
+		if x.held++; x.held < max(x.hold, o.ProbeHold) && now.Sub(x.changed) < x.holdTime(now) {
 			return false, nil
 		}
 		// Held clean at the top: the margin below the refused rate can go.
-		x.held, x.probing, x.missed = 0, true, 0
+		x.held, x.probing, x.missed, x.base = 0, true, 0, x.rate()
 		next = x.st.Refused * (1 + max(g, x.gain))
+		if x.retry {
+			// The last probe was refused: no further than its pace.
+			next = min(x.st.Refused, cur*(1+2*g))
+		}
 	}
 	l, w := x.limitFor(next, o)
 	if !(rate{l, w}).faster(x.rate()) {
@@ -365,24 +355,133 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	return moved, err
 }
 
+// steadyCut returns the pace to cut e to after a refusal, in steady state,
+// of a request sent at sent, and the rate to take for refused; prev is the
+// refusal before this one. The cut goes to Decrease times the lower of the
+// pace the request was sent at and what the server admitted since the last
+// cut; when the server was found well behind (refused again since the cut,
+// or before a round proved its pace: a limit that dropped), just under what
+// it admitted since the refusal before, or half the pace when too little was
+// admitted to say.
+func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
+	bad := e.rateAt(sent)
+	refused = bad
+	// What the server admitted since the last cut bounds its rate from
+	// above only where it fell short of the pace in force meanwhile
+	// (refusals, pauses it asked for); otherwise it is only the pace
+	// that was sent, and the refused pace is the bound.
+	since := e.lastCut
+	if e.upAgain.After(since) {
+		since = e.upAgain
+	}
+	drained := prev.After(since) && e.paused == 0
+	if drained {
+		// From one refusal to the next the server goes from full to
+		// full: what it admitted in between is its rate. A window
+		// that still held a faster pace at the last cut has drained
+		// since the refusals after it.
+		since = prev
+	}
+	adm, ok := e.hist.admitted(now, since, e.paused)
+	if ok && adm < bad {
+		if adm < o.Decrease*e.paced(now) {
+			bad = adm
+		}
+		// Either way the server's rate is not far above what it
+		// admitted: recovery heads a step past it, not to the
+		// refused pace. Over a short spell what it admitted is
+		// blurred by what it still held of the faster pace (a
+		// window full of it after a drop): recovery heads back
+		// toward the pace refused, and the next cut measures again.
+		if now.Sub(since) >= roundTime {
+			// Never under a pace a round proved since the cut after
+			// a drop: the server admitted that one whole, whatever
+			// the pauses blur of it.
+			proved := 0.0
+			if e.proven && now.Sub(e.dropAt) < probeMemory {
+				proved = e.good
+			}
+			refused = min(refused, max(adm*(1+o.ProbeGain), proved))
+		}
+	}
+	next = o.Decrease * bad
+	if (drained || !e.proven) && ok && adm < o.Decrease*e.paced(now) {
+		// The server is well behind the pace (a limit that dropped), and
+		// what it admitted is its rate now: pace just under it. What a
+		// window still held of the old pace blurs that low, so recovery
+		// may head up to drainedMargin steps past it.
+		next = (1 - o.ProbeGain) * adm
+		refused = min(refused, adm*(1+drainedMargin*o.ProbeGain))
+		e.dropAt = now
+	} else if !e.proven && !e.lastCut.IsZero() {
+		// Refused again before a round proved the pace of the last cut:
+		// the server is still well behind; halve.
+		next = min(next, e.rateAt(sent)/2)
+		e.dropAt = now
+	}
+	return next, refused
+}
+
+// probeRefused takes x back to the pace it held clean before its probe,
+// after a refusal of a request sent at the probe's pace: a pace never proven
+// refused once says the server's rate lies between the two, not that it
+// dropped, and costs nothing more than that refusal. The probe's pace is
+// the rate refused, and the next probe waits twice as long.
+func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation, sent, now time.Time) (bool, error) {
+	o := &r.opts
+	x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
+	x.probing, x.held, x.proven, x.clean, x.resumed, x.missed, x.retry = false, 0, false, 0, false, 0, true
+	x.lastCut, x.pacedSum, x.paused = now, 0, 0
+	x.st.Refused = x.rateAt(sent)
+	if x.stableFrom.IsZero() {
+		x.stableFrom = now
+	}
+	old := x.st
+	c := change{cause: CauseThrottle, runID: obs.RunID, sourceID: obs.SourceID, status: obs.Status}
+	moved, err := r.move(ctx, x, old, x.base.limit, x.base.window, c, now)
+	if err != nil {
+		x.episode = 0 // the cut did not happen
+		return false, err
+	}
+	if !moved {
+		return false, r.persist(x)
+	}
+	return true, nil
+}
+
+// drainedMargin is how many ProbeGains past what a server well behind the
+// pace admitted recovery may head.
+const drainedMargin = 6
+
 // resumeAfter is how many probes in a row must hold for slow start to
 // resume: a limit that has risen lets every probe through.
 const resumeAfter = 2
 
 // maxHoldTime bounds the time a pace holds under the rate last refused
 // before it probes, and a probe must hold to count, whatever the hold in
-// rounds: a limit that rose is found within a few of it.
-const maxHoldTime = 2 * time.Minute
+// rounds: a limit that rose is found within a minute or two of it. A
+// refused probe costs one refusal (probeRefused): one every holdRequests
+// requests at most is under 2% of them.
+const maxHoldTime = 30 * time.Second
 
 // holdTime is the longest x holds before a probe: maxHoldTime, two windows
 // of a spent window, or holdRequests intervals of the pace, whichever is
-// longest (a probe refused every holdRequests requests is refusal enough).
-func (e *entry) holdTime() time.Duration {
-	return max(maxHoldTime, 2*e.cycleLen, holdRequests*e.interval())
+// longest (a probe refused every holdRequests requests is refusal enough);
+// twice that once every probe for stableTime has been refused.
+func (e *entry) holdTime(now time.Time) time.Duration {
+	d := max(maxHoldTime, 2*e.cycleLen, holdRequests*e.interval())
+	if !e.stableFrom.IsZero() && now.Sub(e.stableFrom) >= stableTime {
+		d *= 2
+	}
+	return d
 }
 
+// stableTime is how long probes must have been refused, every one, for the
+// limit to count as stable: it is probed half as often.
+const stableTime = 5 * time.Minute
+
 // holdRequests is the fewest requests between two probes that maxHoldTime
-// lets go.
+// lets go: at slow paces the hold is counted in requests, not time.
 const holdRequests = 60
 
 // rateAt returns the pace in force at t, in requests per second.

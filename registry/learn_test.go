@@ -21,11 +21,14 @@ import (
 // perSecond is a limit per window in requests per second.
 func perSecond(l registry.Limits) float64 { return float64(l.Limit) / l.Window.Seconds() }
 
-// round sends n successes of source id at its current pace.
+// round sends a round of source id at its current pace: n successes, or as
+// many as two seconds hold, if more.
 func (h *harness) round(tb testing.TB, id string, n int) {
 	tb.Helper()
 	l := h.limits(tb, id)
-	h.succeed(tb, id, n, l.Window/time.Duration(l.Limit))
+	iv := l.Window / time.Duration(l.Limit)
+	// A round lasts two seconds at least, however many successes that is.
+	h.succeed(tb, id, max(n, int(math.Ceil(float64(2*time.Second)/float64(iv)))), iv)
 }
 
 // startRound sends source id a round of slow start: DefaultStartRound
