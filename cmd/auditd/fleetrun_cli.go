@@ -7,9 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
 )
 
@@ -101,4 +103,51 @@ func writeFleetTable(w io.Writer, rep *reports.FleetReport) error {
 		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\tsize %d (fleet leaf %d)\n", p.Node, p.Report.Run.Status, p.Report.Balanced, p.Report.Counts.Dispatches, p.Logged, p.FleetLeaf)
 	}
 	return tw.Flush()
+}
+
+// packFleet downloads a finished fleet run's evidence pack from any node
+// of the fleet (GET /v1/fleet/runs/{id}/evidence-pack.zip) into out, whole
+// or not at all, and names what it holds. Exit codes: 0 written, 2 on any
+// error (a run still running is the server's 409, said as it said it).
+func packFleet(ctx context.Context, server, runID, token, out string, stdout, stderr io.Writer) int {
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "auditd pack: --fleet: %v\n", err)
+		return 2
+	}
+	u := strings.TrimRight(server, "/") + "/v1/fleet/runs/" + url.PathEscape(runID) + "/evidence-pack.zip"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return fail(fmt.Errorf("server URL: %w", err))
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fail(fmt.Errorf("server: %w", err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fail(fmt.Errorf("server: %s", problem(resp)))
+	}
+	err = writeFileAtomic(out, func(w io.Writer) error {
+		_, err := io.Copy(w, resp.Body)
+		return err
+	})
+	if err != nil {
+		return fail(fmt.Errorf("write %s: %w", out, err))
+	}
+	fp, closer, err := pack.OpenFleetFile(out)
+	if err != nil {
+		os.Remove(out) // not a fleet pack: nothing half-right is left behind
+		return fail(fmt.Errorf("the server's answer is not a fleet pack: %w", err))
+	}
+	defer closer.Close()
+	names := make([]string, len(fp.Manifest.Nodes))
+	for i, n := range fp.Manifest.Nodes {
+		names[i] = n.Name
+	}
+	fmt.Fprintf(stdout, "wrote %s: fleet run %s, %s (%s), fleet log %s at size %d\n",
+		out, runID, plural(int64(len(names)), "node"), strings.Join(names, ", "), fp.Manifest.Origin, fp.Manifest.TreeSize)
+	return 0
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -125,6 +126,14 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	if st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token); st != http.StatusConflict {
 		t.Errorf("the fleet pack of a fleet run still running: %d %s", st, b)
 	}
+	early := filepath.Join(t.TempDir(), "early.zip")
+	var out bytes.Buffer
+	if code := runOut(context.Background(), []string{"pack", "--fleet", "--server", nodes[0].child.url, "--run", id, "--token", token, "--out", early}, &out); code != 2 {
+		t.Errorf("auditd pack --fleet of a run still running: exit %d, want 2\n%s", code, out.String())
+	}
+	if _, err := os.Stat(early); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("auditd pack --fleet of a run still running left %s behind (%v)", early, err)
+	}
 	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+id+"/finish", token, nil, &run); code != http.StatusOK {
 		t.Fatalf("finish the fleet run: %d\n%s", code, nodes[2].child.logs)
 	}
@@ -171,8 +180,8 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	return &rep
 }
 
-// fleetPackOf downloads the fleet run's pack from node 1 and checks that
-// it verifies; it returns the pack and the nodes' published keys.
+// fleetPackOf downloads the fleet run's pack from node 1 with auditd
+// pack --fleet and checks that it verifies; it returns the pack and the nodes' published keys.
 func fleetPackOf(t *testing.T, nodes []*fleetRunNode, id, token string) (*pack.FleetPack, map[string]string) {
 	t.Helper()
 	keys := map[string]string{}
@@ -183,9 +192,17 @@ func fleetPackOf(t *testing.T, nodes []*fleetRunNode, id, token string) (*pack.F
 		}
 		keys[n.name] = k
 	}
-	st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token)
-	if st != http.StatusOK {
-		t.Fatalf("fleet pack: %d %s", st, b)
+	path := filepath.Join(t.TempDir(), "fleet-run.zip")
+	var out bytes.Buffer
+	if code := runOut(context.Background(), []string{"pack", "--fleet", "--server", nodes[0].child.url, "--run", id, "--token", token, "--out", path}, &out); code != 0 {
+		t.Fatalf("auditd pack --fleet: exit %d\n%s", code, out.String())
+	}
+	if want := fmt.Sprintf("%d nodes", len(nodes)); !strings.Contains(out.String(), want) {
+		t.Errorf("auditd pack --fleet says %q, want it to name %s", out.String(), want)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
 	}
 	checkFleetPack(t, b, keys, "")
 	fp, err := pack.OpenFleet(bytes.NewReader(b), int64(len(b)))

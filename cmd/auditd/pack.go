@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,6 +38,9 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	award := fs.String("award", "", "instead of --run: every run of the award (`FAIN`) started in [--from, --to)")
 	from := fs.String("from", "", "with --award: RFC 3339 `time` or date; default the first run")
 	to := fs.String("to", "", "with --award: RFC 3339 `time` or date; default now")
+	fleet := fs.Bool("fleet", false, "instead of --data: download the fleet run's pack (one --run) from --server, any node of the fleet")
+	server := fs.String("server", "", "with --fleet: a fleet node's `URL`")
+	token := fs.String("token", "", "with --fleet: API `token` (default $AUDITD_TOKEN)")
 	if err := fs.Parse(args); err != nil {
 		return parseStatus(err)
 	}
@@ -45,6 +49,12 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch {
+	case *fleet && (len(runs) != 1 || *server == "" || *out == "" || *award != ""):
+		return fail(errors.New("--fleet takes one --run, --server URL (any node of the fleet) and --out"))
+	case *fleet:
+		return packFleet(ctx, *server, runs[0], cmp.Or(*token, os.Getenv("AUDITD_TOKEN")), *out, stdout, stderr)
+	case *server != "" || *token != "":
+		return fail(errors.New("--server and --token go with --fleet"))
 	case fs.NArg() > 0:
 		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	case (len(runs) == 0) == (*award == ""):
