@@ -1052,7 +1052,9 @@ type Source struct {
 	Id      *string            `json:"id,omitempty"`
 
 	// Limit The ceiling: at most this many cost units in any window.
-	Limit       *int `json:"limit,omitempty"`
+	Limit *int `json:"limit,omitempty"`
+
+	// MaxAttempts Tries of a request (default 5). Of a batch item's page, a refusal that shows only a window or quota spent (a refusal after the first with no success between, a 429 with Remaining 0 and a Reset, a Retry-After honoured) spends none; such refusals lasting 15 minutes end the page.
 	MaxAttempts *int `json:"max_attempts,omitempty"`
 
 	// Proxy How the proxy route treats the source's requests (docs/PROXY.md).
@@ -1141,7 +1143,9 @@ type SourceState struct {
 	} `json:"learned"`
 
 	// Limit The ceiling: at most this many cost units in any window.
-	Limit       *int       `json:"limit,omitempty"`
+	Limit *int `json:"limit,omitempty"`
+
+	// MaxAttempts Tries of a request (default 5). Of a batch item's page, a refusal that shows only a window or quota spent (a refusal after the first with no success between, a 429 with Remaining 0 and a Reset, a Retry-After honoured) spends none; such refusals lasting 15 minutes end the page.
 	MaxAttempts *int       `json:"max_attempts,omitempty"`
 	PausedUntil *time.Time `json:"paused_until,omitempty"`
 
