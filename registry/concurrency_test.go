@@ -75,6 +75,7 @@ func TestConcurrencyConvergence(t *testing.T) {
 				if got, _ := p.lim.Concurrency("up"); got != st.Concurrency {
 					t.Errorf("the limiter has %d slots, the registry shows %d", got, st.Concurrency)
 				}
+				p.checkShown(allowed, after.rate())
 				if p.peak > n+1 {
 					t.Errorf("%d in flight at the server at most, want no more than one past %d", p.peak, n)
 				}
@@ -103,6 +104,8 @@ func TestConcurrencyOperatorCeiling(t *testing.T) {
 			if st.Concurrency != tc.want {
 				t.Fatalf("concurrency %d, want %d\n%s", st.Concurrency, tc.want, p.trace())
 			}
+			allowed := float64(tc.want) / concLatency.Seconds()
+			p.checkShown(allowed, p.between(time.Minute, 2*time.Minute).rate())
 		})
 	}
 }
@@ -362,6 +365,23 @@ func (p *concPacer) trace() string {
 // checkConcEvents asserts that each concurrency change is on record with
 // the slots before and after it, moves no rate, and that the last says
 // what the registry holds.
+// checkShown fails the test unless the pace the registry shows for the
+// source (what the API, metrics and snapshots show) is what it is sent at,
+// within 20% of what its slots allow, and no more than 20% past the
+// throughput sent: the slots, not a pace shown and not acted on, hold it.
+func (p *concPacer) checkShown(allowed, sent float64) {
+	p.tb.Helper()
+	lim, err := p.reg.Limits("up")
+	if err != nil {
+		p.tb.Fatal(err)
+	}
+	l, w := lim.Pace()
+	shown := float64(l) / w.Seconds()
+	if shown < 0.8*allowed || shown > 1.2*allowed || shown > 1.2*sent {
+		p.tb.Errorf("pace shown %d/%v (%.3g/s): want within 20%% of the %.3g/s the slots allow, and of the %.3g/s sent", l, w, shown, allowed, sent)
+	}
+}
+
 func (p *concPacer) checkConcEvents() {
 	p.tb.Helper()
 	last := limiter.DefaultConcurrency

@@ -132,6 +132,16 @@
 // (limiter.SetConcurrency), State.Concurrency shows them, and a
 // registry.snapshot names them when learning moved them from the start.
 //
+// Slots bind a source's sends at what they let through: the slots over the
+// mean latency of its successes. A pace at 90% of that or more is not what
+// holds the source back, and its rounds grow it no further (a probe of one
+// slot more lets it grow into the probe). When the slots can grow no
+// further (the ceiling, or one below a number refused) and a round of
+// successes used every one, a pace more than 15% past what they let
+// through comes down to 5% past it (so that it does not bind in their
+// place): a registry.changed of cause slots, the slots left alone. So the pace shown (State, Limits, a snapshot) is the one the
+// source is sent at, not slow start's last step past it.
+//
 // Learned paces are expressed over short windows (about 20 requests each,
 // the advertised window when the server gave one), and the limiter counts a
 // slower pace's window from the cut: so a cut never stalls a source for a

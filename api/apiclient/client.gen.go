@@ -1130,7 +1130,7 @@ type SourceState struct {
 	Headers *map[string]string `json:"headers,omitempty"`
 	Id      string             `json:"id"`
 	Learned struct {
-		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers; docs/EVENTS.md).
+		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config, concurrency, slots (429 in older ledgers; docs/EVENTS.md).
 		Cause     *string    `json:"cause,omitempty"`
 		ChangedAt *time.Time `json:"changed_at,omitempty"`
 
@@ -1213,7 +1213,7 @@ type SourceTimeline struct {
 
 	// LimitChanges The source's registry.changed events in the range, in order (its learned-limit history).
 	LimitChanges []struct {
-		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers; docs/EVENTS.md).
+		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config, concurrency, slots (429 in older ledgers; docs/EVENTS.md).
 		Cause    string `json:"cause"`
 		NewLimit int    `json:"new_limit"`
 
