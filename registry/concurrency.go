@@ -38,9 +38,11 @@ const (
 	// times it (cause slots), so that the pace shown is the one acted on.
 	// A little above, not at it: a pace rounded down to whole requests
 	// under what the slots let through would bind in their place, and
-	// cost a few percent of what the server allows.
+	// so would one cut by a refusal the slots' count mistook for the
+	// pace's (a request counted out before the server counted it out),
+	// each costing a few percent of what the server allows.
 	slotsSlack = 1.15
-	slotsAbove = 1.05
+	slotsAbove = 1.1
 	// latencyWeight is the weight of a success's latency in the source's
 	// running mean (an exponentially weighted moving average).
 	latencyWeight = 0.1
@@ -175,7 +177,13 @@ func (r *Registry) learnConcurrency(ctx context.Context, e *entry, obs *Observat
 		}
 		return false, r.setConcurrency(ctx, e, obs, n+1, now, d)
 	case obs.refused():
-		if k < 2 || k <= c.okMax || c.okMax == 0 {
+		// A refusal of the probe, sent with its slot in use, is the
+		// probe's, whatever a success before it showed: the count in
+		// flight is the client's, which holds answers the server has
+		// already counted out, so a success may come with one more than
+		// the server took.
+		probe := c.probing && k >= n && c.okMax > 0
+		if !probe && (k < 2 || k <= c.okMax || c.okMax == 0) {
 			// A rate's refusal: it came with no more in flight than a
 			// success; or no success lately says what the server takes
 			// (an outage's 503s refuse at any number in flight).

@@ -453,3 +453,55 @@ func TestConcurrencyRefusalNeedsRecentSuccess(t *testing.T) {
 		t.Fatalf("changes by cause %v, want one throttle and one concurrency", causes)
 	}
 }
+
+// TestConcurrencyProbeRefusal: the client's count in flight holds answers
+// the server has already counted out, so a request sent with one more than
+// the server takes may succeed. Such a success does not make the refusal of
+// a later probe of that many the pace's: the probe is cut back, and the
+// pace is left alone.
+func TestConcurrencyProbeRefusal(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	led := &memLedger{clock: clk}
+	reg, err := registry.Open(MustOpenDB(t), registry.Options{Ledger: led, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := reg.PutSource(ctx, "test", auditd.Source{ID: "s", BaseURL: "http://s.test"}); err != nil {
+		t.Fatal(err)
+	}
+	observe := func(status, inFlight int) registry.Decision {
+		t.Helper()
+		d, err := reg.Observe(ctx, registry.Observation{SourceID: "s", Status: status, InFlight: inFlight})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	observe(http.StatusOK, 2)
+	if d := observe(http.StatusTooManyRequests, 3); d.Concurrency != 2 {
+		t.Fatalf("a refusal with 3 in flight after a success with 2: %+v, want the slots cut to 2", d)
+	}
+	observe(http.StatusOK, 3) // sent before the cut, counted 3 by the client
+	clk.Advance(31 * time.Second)
+	probed := false
+	for range 4 { // a round at full use, after the hold
+		if d := observe(http.StatusOK, 2); d.ConcurrencyChanged {
+			if probed = d.Concurrency == 3; !probed {
+				t.Fatalf("a round at full use after the hold: %+v, want a probe of 3 slots", d)
+			}
+			break
+		}
+	}
+	if !probed {
+		t.Fatal("no probe of 3 slots after the hold")
+	}
+	if d := observe(http.StatusTooManyRequests, 3); !d.ConcurrencyChanged || d.Concurrency != 2 {
+		t.Fatalf("the probe refused with 3 in flight: %+v, want the slots back at 2", d)
+	}
+	for _, e := range led.ofType(auditd.EventRegistryChanged) {
+		if e.Cause == registry.CauseThrottle {
+			t.Errorf("a throttle change (%d/%v -> %d/%v): the refusals were the slots', not the pace's", e.OldLimit, e.OldWindow, e.NewLimit, e.NewWindow)
+		}
+	}
+}

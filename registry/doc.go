@@ -123,7 +123,10 @@
 // successes with every slot in use (as many as there are slots) adds one
 // slot, up to the number refused; that one is probed after 30 seconds
 // (doubling with each refused probe, up to 8 minutes), and a success with
-// that many in flight forgets the refusal. A source starts with the
+// that many in flight forgets the refusal. A refusal sent with the probe's
+// slot in use is the probe's, whatever a success before it showed: the
+// count in flight is the client's, which still holds answers the server
+// has counted out, so a success may come with one more than it takes. A source starts with the
 // concurrency the operator configured, which is a ceiling never exceeded,
 // else with the limiter's default, a start that grows up to
 // MaxConcurrency. Each move is a registry.changed of cause concurrency
@@ -138,8 +141,9 @@
 // slot more lets it grow into the probe). When the slots can grow no
 // further (the ceiling, or one below a number refused) and a round of
 // successes used every one, a pace more than 15% past what they let
-// through comes down to 5% past it (so that it does not bind in their
-// place): a registry.changed of cause slots, the slots left alone. So the pace shown (State, Limits, a snapshot) is the one the
+// through comes down to 10% past it (so that neither its rounding nor a
+// cut of 10% makes it bind much in their place): a registry.changed of cause
+// slots, the slots left alone. So the pace shown (State, Limits, a snapshot) is the one the
 // source is sent at, not slow start's last step past it.
 //
 // Learned paces are expressed over short windows (about 20 requests each,
