@@ -144,9 +144,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		maxAttempts = src.MaxAttempts
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
-	// refusedFrom is when the page's refusals that spent no attempt began,
-	// none since answered otherwise: RefusalBound later they end it.
-	var refusedFrom time.Time
+	var refused spell     // refusals of a spent window, in a row
 	lastReason := ""
 	recordFailures := 0    // dispatch records the ledger refused in a row
 	var throttled *attempt // the dispatch a throttle answered, until the page's next dispatch
@@ -228,22 +226,39 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			throttled = a
 		}
 		lastReason = reason
-		if !a.windowSpent {
-			refusedFrom = time.Time{}
-			continue
-		}
-		// A window or quota spent refuses whatever was asked: the page
-		// waits for it as the gates say, spending none of its attempts,
-		// unless the refusals outlast any window worth waiting for.
-		it.attempts.forgive(pg.index)
-		now := l.cfg.Clock.Now()
-		if refusedFrom.IsZero() {
-			refusedFrom = now
-		} else if now.Sub(refusedFrom) >= RefusalBound {
-			return nil, pageFailed, fmt.Sprintf("refused for %v, %d attempts answered by a spent window or quota that never reset; last: %s",
-				now.Sub(refusedFrom).Round(time.Second), it.attempts.spent(pg.index)-it.attempts.charged(pg.index), reason)
+		if end := refused.note(a, it.attempts, l.cfg.Clock.Now(), reason); end != "" {
+			return nil, pageFailed, end
 		}
 	}
+}
+
+// spell is a page's refusals in a row that showed only a window or quota
+// spent (attempt.windowSpent).
+type spell struct {
+	from time.Time // the first of them; zero when the last answer was another
+}
+
+// note takes the answer to a, a dispatch of a page of an item with
+// attempts ia, which came back at now for reason. A window or quota spent
+// refuses whatever was asked: the page waits for it as the gates say,
+// spending none of its attempts, unless the refusals outlast any window
+// worth waiting for (RefusalBound). note returns why the page ends then,
+// else "".
+func (s *spell) note(a *attempt, ia *itemAttempts, now time.Time, reason string) string {
+	if !a.windowSpent {
+		s.from = time.Time{}
+		return ""
+	}
+	ia.forgive(a.page)
+	if s.from.IsZero() {
+		s.from = now
+		return ""
+	}
+	if now.Sub(s.from) < RefusalBound {
+		return ""
+	}
+	return fmt.Sprintf("refused for %v, %d attempts answered by a spent window or quota that never reset; last: %s",
+		now.Sub(s.from).Round(time.Second), ia.spent(a.page)-ia.charged(a.page), reason)
 }
 
 // RefusalBound is how long a page may meet refusals that show only a

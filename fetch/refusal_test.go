@@ -135,3 +135,36 @@ func TestRefusalsThatNeverEndEndTheItem(t *testing.T) {
 	}
 	t.Logf("%s: %s (%d refusals)", failed.ItemKey, failed.Reason, refusals)
 }
+
+// Refusals of a spent window recorded before a restart spend none of the
+// page's attempts after it either: the item resumes waiting for the window
+// rather than ending on attempts it never spent, and the refusal bound
+// still ends it.
+func TestWindowRefusalsSurviveARestart(t *testing.T) {
+	h := newHarness(t, fixedWindowScenario)
+	const maxAttempts = 2
+	h.source(t, auditd.Source{ID: "d", MaxAttempts: maxAttempts}, "daily")
+	ctx := context.Background()
+	run, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "daily", Items: []auditd.Item{
+		{Key: "first", SourceID: "d", Path: "/q?n=1"},
+		{Key: "second", SourceID: "d", Path: "/q?n=2"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.drive(func() bool { return count(h.events(t, run.ID), auditd.EventThrottle, "d") > maxAttempts }, 100_000) {
+		t.Fatalf("no more than %d refusals before the restart", maxAttempts)
+	}
+	h.close(t)
+	h.open(t, h.dir)
+	v := h.finish(t, run.ID)
+	h.reconcile(t, run.ID)
+	if v.Counts.Succeeded != 1 || v.Counts.Failed != 1 {
+		t.Fatalf("run %s, %+v: want the day's one request to succeed and the other item to fail", v.Status, v.Counts)
+	}
+	for _, e := range h.events(t, run.ID) {
+		if e.Type == auditd.EventItemFinished && e.Outcome == auditd.ItemFailed && !strings.HasPrefix(e.Reason, "refused for ") {
+			t.Errorf("%s failed with %q after the restart; want the refusal bound named", e.ItemKey, e.Reason)
+		}
+	}
+}
