@@ -48,9 +48,9 @@ const (
 	latencyWeight = 0.1
 )
 
-// CauseSlots: the pace brought down to what the source's slots let
-// through (its requests in flight over their latency), which sent less
-// than the pace allowed: the slots, not the pace, were what held it.
+// CauseSlots is the cause of a pace brought down to what the source's
+// slots let through (its requests in flight over their latency), which
+// sent less than the pace allowed: the slots, not the pace, held it.
 const CauseSlots = "slots"
 
 // concLearner is what a source's concurrency learning keeps in memory.
