@@ -101,7 +101,7 @@ type Event struct {
 	OldWindow     time.Duration
 	NewWindow     time.Duration
 	Group         string  // gateway group of the source
-	Cause         string  // what taught the registry a change: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers)
+	Cause         string  // what taught the registry a change: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config, concurrency, slots (429 in older ledgers)
 	Snapshot      string  // when a registry snapshot was taken: run.start or run.end
 	Outcome       Outcome // outcome of a response, item or run
 	Reason        string  // why, in words: an item's end short of success, a copy served from cache, a run resumed, a dispatch interrupted

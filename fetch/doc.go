@@ -28,6 +28,16 @@
 // falls back on any copy that verifies; a proxied request's (proxied)
 // posts them and falls back only when its source serves stale copies.
 //
+// A batch item's page is tried up to its source's max_attempts, but a
+// refusal that shows only a window or quota spent (registry.Decision.Spent:
+// an episode's refusals after its first, a 429 with Remaining 0 and a
+// Reset; or a Retry-After the gates honour) spends none of them: the page
+// waits for the window as the gates say, each refusal recorded as a
+// throttle like any other. Refusals of that kind that last RefusalBound
+// end the page, with a reason naming them. On resume the throttles an
+// earlier life recorded spend none either (the registry's episodes are not
+// kept across a restart).
+//
 // The Loop keeps runs and their workers. Three parts of it are types of
 // their own, embedded in it: recorder (recorder.go: the ledger's records
 // and the send locks that order them), copies (copies.go: last good

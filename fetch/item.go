@@ -144,6 +144,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		maxAttempts = src.MaxAttempts
 	}
 	var retryAt time.Time // own backoff after a 5xx or transport error
+	var refused spell     // refusals of a spent window, in a row
 	lastReason := ""
 	recordFailures := 0    // dispatch records the ledger refused in a row
 	var throttled *attempt // the dispatch a throttle answered, until the page's next dispatch
@@ -154,8 +155,12 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			}
 			return nil, pageAbandon, ""
 		}
-		if spent := it.attempts.spent(pg.index); spent >= maxAttempts {
-			return nil, pageFailed, fmt.Sprintf("%d attempts spent; last: %s", spent, lastReason)
+		if charged := it.attempts.charged(pg.index); charged >= maxAttempts {
+			reason := fmt.Sprintf("%d attempts spent", charged)
+			if free := it.attempts.spent(pg.index) - charged; free > 0 {
+				reason += fmt.Sprintf(" (and %d refusals of a spent window or quota)", free)
+			}
+			return nil, pageFailed, reason + "; last: " + lastReason
 		}
 		// A source that is down is answered from the item's last good copy
 		// at once rather than waited for (admit).
@@ -221,8 +226,49 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 			throttled = a
 		}
 		lastReason = reason
+		if end := refused.note(a, it.attempts, l.cfg.Clock.Now(), reason); end != "" {
+			return nil, pageFailed, end
+		}
 	}
 }
+
+// spell is a page's refusals in a row that showed only a window or quota
+// spent (attempt.windowSpent).
+type spell struct {
+	from time.Time // the first of them; zero when the last answer was another
+}
+
+// note takes the answer to a, a dispatch of a page of an item with
+// attempts ia, which came back at now for reason. A window or quota spent
+// refuses whatever was asked: the page waits for it as the gates say,
+// spending none of its attempts, unless the refusals outlast any window
+// worth waiting for (RefusalBound). note returns why the page ends then,
+// else "".
+func (s *spell) note(a *attempt, ia *itemAttempts, now time.Time, reason string) string {
+	if !a.windowSpent {
+		s.from = time.Time{}
+		return ""
+	}
+	ia.forgive(a.page)
+	if s.from.IsZero() {
+		s.from = now
+		return ""
+	}
+	if now.Sub(s.from) < RefusalBound {
+		return ""
+	}
+	return fmt.Sprintf("refused for %v, %d attempts answered by a spent window or quota that never reset; last: %s",
+		now.Sub(s.from).Round(time.Second), ia.spent(a.page)-ia.charged(a.page), reason)
+}
+
+// RefusalBound is how long a page may meet refusals that show only a
+// window or quota spent (registry.Decision.Spent, or a Retry-After the
+// gates honour) before it ends failed. Such refusals spend none of the
+// page's attempts: the server would refuse any request until its window
+// resets. The bound is long enough for a window of ten minutes spent just
+// after it began, and the pauses of the episode around its boundary; an
+// upstream that refuses for good ends the page with a reason that says so.
+const RefusalBound = 15 * time.Minute
 
 // pageVerdict says what the answer x to a dispatch of a page (its outcome
 // out, the error found in its body) means: the page's end (final), or
@@ -269,6 +315,9 @@ type attempt struct {
 	// it, as recorded, and the pause it asked for; zero otherwise.
 	throttledAt time.Time
 	pause       time.Duration
+	// windowSpent is set when a refusal answered it that showed only a
+	// window or quota spent: it spends none of the page's attempts.
+	windowSpent bool
 }
 
 // exchange is what came back for one dispatch.
@@ -330,7 +379,8 @@ func (l *Loop) settle(ctx context.Context, ar *activeRun, src *auditd.Source, it
 		}
 	}
 	l.recordBreaker(ctx, ar, it, v.Breaker)
-	l.learn(ctx, ar, it.SourceID, x.status, out, a.sent, hint, a.permit.InFlight)
+	spent := l.learn(ctx, ar, it.SourceID, x.status, out, a.sent, hint, a.permit.InFlight)
+	a.windowSpent = v.Class == limiter.ClassThrottled && (spent || v.HasRetryAfter && !v.Clamped)
 	return out, bodyErr, v.Wait
 }
 

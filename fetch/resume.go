@@ -44,6 +44,8 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			delete(ar.resumed, e.ItemKey)
 		case auditd.EventDispatch:
 			ar.seen(request{key: e.ItemKey, page: int(e.Page)}, e.Attempt)
+		case auditd.EventThrottle:
+			ar.forgiven(request{key: e.ItemKey, page: int(e.Page)})
 		}
 		return nil
 	})

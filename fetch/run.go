@@ -62,10 +62,30 @@ type job struct {
 }
 
 // itemAttempts counts an item's dispatches: the last attempt number of each
-// page, and all of them together.
+// page, and all of them together; and of each page, the dispatches a
+// refusal answered that spent none of its attempts (forgive).
 type itemAttempts struct {
 	total int
 	pages []uint32
+	free  []uint32
+}
+
+// charged is how many of a page's attempts count against its MaxAttempts.
+func (ia *itemAttempts) charged(page int) int {
+	n := ia.spent(page)
+	if page < len(ia.free) {
+		n -= int(ia.free[page])
+	}
+	return n
+}
+
+// forgive takes a dispatch of a page off what counts against its
+// MaxAttempts: a refusal that showed only a window or quota spent.
+func (ia *itemAttempts) forgive(page int) {
+	for len(ia.free) <= page {
+		ia.free = append(ia.free, 0)
+	}
+	ia.free[page]++
 }
 
 // spent is how many attempts a page has had.
@@ -128,6 +148,16 @@ func (ar *activeRun) takeAttempts(key string) itemAttempts {
 	}
 	delete(ar.resumed, key)
 	return *ia
+}
+
+// forgiven forgives request r's throttle recorded by an earlier life of
+// the run, before any worker starts: whether it only showed a spent window
+// is the registry's memory of the episode, which a restart does not keep,
+// and the refusal bound (RefusalBound) still ends a page refused for good.
+func (ar *activeRun) forgiven(r request) {
+	if ia := ar.resumed[r.key]; ia != nil {
+		ia.forgive(r.page)
+	}
 }
 
 // seen counts a dispatch of request r recorded by an earlier life of the

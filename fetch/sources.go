@@ -104,13 +104,15 @@ func Pace(reg *registry.Registry) func(sourceID string) (limit int, window time.
 
 // learn hands a response to the registry and applies what it decided: a new
 // pace or concurrency for the source's gates, or a pause the server asked for.
-func (g *gates) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint, inFlight int) {
+// It reports whether the response was a refusal that showed only a window
+// or quota spent (registry.Decision.Spent).
+func (g *gates) learn(ctx context.Context, ar *activeRun, sourceID string, status int, out auditd.Outcome, sent time.Time, h hints.Hint, inFlight int) (spent bool) {
 	d, err := g.registry.Observe(ctx, registry.Observation{
 		RunID: ar.id, SourceID: sourceID, Status: status, Outcome: out, Sent: sent, Hint: h, InFlight: inFlight,
 	})
 	if err != nil {
 		g.log.Error("registry observe", "source", sourceID, "err", err)
-		return
+		return false
 	}
 	if d.Retune {
 		limit, window := d.Pace()
@@ -126,4 +128,5 @@ func (g *gates) learn(ctx context.Context, ar *activeRun, sourceID string, statu
 	if d.Pause > 0 {
 		g.limiter.Pause(sourceID, g.clock.Now().Add(d.Pause))
 	}
+	return d.Spent
 }

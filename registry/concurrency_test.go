@@ -75,6 +75,7 @@ func TestConcurrencyConvergence(t *testing.T) {
 				if got, _ := p.lim.Concurrency("up"); got != st.Concurrency {
 					t.Errorf("the limiter has %d slots, the registry shows %d", got, st.Concurrency)
 				}
+				p.checkShown(allowed, after.rate())
 				if p.peak > n+1 {
 					t.Errorf("%d in flight at the server at most, want no more than one past %d", p.peak, n)
 				}
@@ -103,6 +104,8 @@ func TestConcurrencyOperatorCeiling(t *testing.T) {
 			if st.Concurrency != tc.want {
 				t.Fatalf("concurrency %d, want %d\n%s", st.Concurrency, tc.want, p.trace())
 			}
+			allowed := float64(tc.want) / concLatency.Seconds()
+			p.checkShown(allowed, p.between(time.Minute, 2*time.Minute).rate())
 		})
 	}
 }
@@ -362,6 +365,23 @@ func (p *concPacer) trace() string {
 // checkConcEvents asserts that each concurrency change is on record with
 // the slots before and after it, moves no rate, and that the last says
 // what the registry holds.
+// checkShown fails the test unless the pace the registry shows for the
+// source (what the API, metrics and snapshots show) is what it is sent at,
+// within 20% of what its slots allow, and no more than 20% past the
+// throughput sent: the slots, not a pace shown and not acted on, hold it.
+func (p *concPacer) checkShown(allowed, sent float64) {
+	p.tb.Helper()
+	lim, err := p.reg.Limits("up")
+	if err != nil {
+		p.tb.Fatal(err)
+	}
+	l, w := lim.Pace()
+	shown := float64(l) / w.Seconds()
+	if shown < 0.8*allowed || shown > 1.2*allowed || shown > 1.2*sent {
+		p.tb.Errorf("pace shown %d/%v (%.3g/s): want within 20%% of the %.3g/s the slots allow, and of the %.3g/s sent", l, w, shown, allowed, sent)
+	}
+}
+
 func (p *concPacer) checkConcEvents() {
 	p.tb.Helper()
 	last := limiter.DefaultConcurrency
@@ -431,5 +451,57 @@ func TestConcurrencyRefusalNeedsRecentSuccess(t *testing.T) {
 	}
 	if causes[registry.CauseThrottle] != 1 || causes[registry.CauseConcurrency] != 1 {
 		t.Fatalf("changes by cause %v, want one throttle and one concurrency", causes)
+	}
+}
+
+// TestConcurrencyProbeRefusal: the client's count in flight holds answers
+// the server has already counted out, so a request sent with one more than
+// the server takes may succeed. Such a success does not make the refusal of
+// a later probe of that many the pace's: the probe is cut back, and the
+// pace is left alone.
+func TestConcurrencyProbeRefusal(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	led := &memLedger{clock: clk}
+	reg, err := registry.Open(MustOpenDB(t), registry.Options{Ledger: led, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := reg.PutSource(ctx, "test", auditd.Source{ID: "s", BaseURL: "http://s.test"}); err != nil {
+		t.Fatal(err)
+	}
+	observe := func(status, inFlight int) registry.Decision {
+		t.Helper()
+		d, err := reg.Observe(ctx, registry.Observation{SourceID: "s", Status: status, InFlight: inFlight})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	observe(http.StatusOK, 2)
+	if d := observe(http.StatusTooManyRequests, 3); d.Concurrency != 2 {
+		t.Fatalf("a refusal with 3 in flight after a success with 2: %+v, want the slots cut to 2", d)
+	}
+	observe(http.StatusOK, 3) // sent before the cut, counted 3 by the client
+	clk.Advance(31 * time.Second)
+	probed := false
+	for range 4 { // a round at full use, after the hold
+		if d := observe(http.StatusOK, 2); d.ConcurrencyChanged {
+			if probed = d.Concurrency == 3; !probed {
+				t.Fatalf("a round at full use after the hold: %+v, want a probe of 3 slots", d)
+			}
+			break
+		}
+	}
+	if !probed {
+		t.Fatal("no probe of 3 slots after the hold")
+	}
+	if d := observe(http.StatusTooManyRequests, 3); !d.ConcurrencyChanged || d.Concurrency != 2 {
+		t.Fatalf("the probe refused with 3 in flight: %+v, want the slots back at 2", d)
+	}
+	for _, e := range led.ofType(auditd.EventRegistryChanged) {
+		if e.Cause == registry.CauseThrottle {
+			t.Errorf("a throttle change (%d/%v -> %d/%v): the refusals were the slots', not the pace's", e.OldLimit, e.OldWindow, e.NewLimit, e.NewWindow)
+		}
 	}
 }

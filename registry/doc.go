@@ -145,7 +145,10 @@
 // successes with every slot in use (as many as there are slots) adds one
 // slot, up to the number refused; that one is probed after 30 seconds
 // (doubling with each refused probe, up to 8 minutes), and a success with
-// that many in flight forgets the refusal. A source starts with the
+// that many in flight forgets the refusal. A refusal sent with the probe's
+// slot in use is the probe's, whatever a success before it showed: the
+// count in flight is the client's, which still holds answers the server
+// has counted out, so a success may come with one more than it takes. A source starts with the
 // concurrency the operator configured, which is a ceiling never exceeded,
 // else with the limiter's default, a start that grows up to
 // MaxConcurrency. Each move is a registry.changed of cause concurrency
@@ -153,6 +156,17 @@
 // Decision.ConcurrencyChanged asks the caller to set the limiter's slots
 // (limiter.SetConcurrency), State.Concurrency shows them, and a
 // registry.snapshot names them when learning moved them from the start.
+//
+// Slots bind a source's sends at what they let through: the slots over the
+// mean latency of its successes. A pace at 90% of that or more is not what
+// holds the source back, and its rounds grow it no further (a probe of one
+// slot more lets it grow into the probe). When the slots can grow no
+// further (the ceiling, or one below a number refused) and a round of
+// successes used every one, a pace more than 15% past what they let
+// through comes down to 10% past it (so that neither its rounding nor a
+// cut of 10% makes it bind much in their place): a registry.changed of cause
+// slots, the slots left alone. So the pace shown (State, Limits, a snapshot) is the one the
+// source is sent at, not slow start's last step past it.
 //
 // Learned paces are expressed over short windows (about 20 requests each,
 // the advertised window when the server gave one), and the limiter counts a

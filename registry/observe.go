@@ -94,6 +94,13 @@ type Decision struct {
 	// SetConcurrency(source, d.Concurrency).
 	Concurrency        int
 	ConcurrencyChanged bool
+
+	// Spent reports that the refusal observed shows only a window or a
+	// quota spent, not a request at fault: a refusal of an episode after its
+	// first, of a source seen to have a fixed window, or saying nothing is
+	// left until a Reset; never a plain 503. The fetch loop does not count it against the
+	// request's attempts.
+	Spent bool
 }
 
 // Refusal reports whether the registry takes obs, a response not yet
@@ -193,6 +200,9 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 		if g != nil {
 			x = g
 		}
+		// A plain 503 may be an outage's first: it spends attempts.
+		plain := obs.Status == http.StatusServiceUnavailable && !h.HasRetryAfter
+		d.Spent = !plain && (quotaSpent(h) || x.episode > 1 || x.windowed)
 		drain := max(settle, min(2*x.interval(), maxDrain))
 		switch {
 		case untilReset:

@@ -1111,7 +1111,9 @@ type Source struct {
 	Id      *string            `json:"id,omitempty"`
 
 	// Limit The ceiling: at most this many cost units in any window.
-	Limit       *int `json:"limit,omitempty"`
+	Limit *int `json:"limit,omitempty"`
+
+	// MaxAttempts Tries of a request (default 5). Of a batch item's page, a refusal that shows only a window or quota spent (a refusal after the first with no success between, a 429 with Remaining 0 and a Reset, a Retry-After honoured) spends none; such refusals lasting 15 minutes end the page.
 	MaxAttempts *int `json:"max_attempts,omitempty"`
 
 	// Proxy How the proxy route treats the source's requests (docs/PROXY.md).
@@ -1187,7 +1189,7 @@ type SourceState struct {
 	Headers *map[string]string `json:"headers,omitempty"`
 	Id      string             `json:"id"`
 	Learned struct {
-		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers; docs/EVENTS.md).
+		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config, concurrency, slots (429 in older ledgers; docs/EVENTS.md).
 		Cause     *string    `json:"cause,omitempty"`
 		ChangedAt *time.Time `json:"changed_at,omitempty"`
 
@@ -1200,7 +1202,9 @@ type SourceState struct {
 	} `json:"learned"`
 
 	// Limit The ceiling: at most this many cost units in any window.
-	Limit       *int       `json:"limit,omitempty"`
+	Limit *int `json:"limit,omitempty"`
+
+	// MaxAttempts Tries of a request (default 5). Of a batch item's page, a refusal that shows only a window or quota spent (a refusal after the first with no success between, a 429 with Remaining 0 and a Reset, a Retry-After honoured) spends none; such refusals lasting 15 minutes end the page.
 	MaxAttempts *int       `json:"max_attempts,omitempty"`
 	PausedUntil *time.Time `json:"paused_until,omitempty"`
 
@@ -1268,7 +1272,7 @@ type SourceTimeline struct {
 
 	// LimitChanges The source's registry.changed events in the range, in order (its learned-limit history).
 	LimitChanges []struct {
-		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config (429 in older ledgers; docs/EVENTS.md).
+		// Cause What taught it: header, throttle, slow_start, recover, probe_up, window_spent, outage, operator, config, concurrency, slots (429 in older ledgers; docs/EVENTS.md).
 		Cause    string `json:"cause"`
 		NewLimit int    `json:"new_limit"`
 

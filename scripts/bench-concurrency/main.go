@@ -225,11 +225,13 @@ type tally struct {
 	res   *result
 }
 
-func (t *tally) add(refused bool) {
+// add counts a request that left at sent, refused or not: the first
+// minute is judged by when a request left, as bench-pacing does.
+func (t *tally) add(sent time.Time, refused bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.res.sent++
-	late := time.Since(t.start) >= time.Minute
+	late := sent.Sub(t.start) >= time.Minute
 	if late {
 		t.res.late++
 	}
@@ -297,11 +299,12 @@ func (c *bcase) oracleFetch(ctx context.Context, base string, res *result) error
 			return false, nil
 		}
 		for {
+			at := time.Now()
 			status, h, err := get(ctx, fmt.Sprintf("%s/item/%d", base, i))
 			if err != nil {
 				return false, err
 			}
-			t.add(refusal(status))
+			t.add(at, refusal(status))
 			if !refusal(status) {
 				return true, nil
 			}
@@ -324,11 +327,12 @@ func (c *bcase) retryFetch(ctx context.Context, base string, res *result) error 
 		}
 		wait := time.Second
 		for {
+			at := time.Now()
 			status, h, err := get(ctx, fmt.Sprintf("%s/item/%d", base, i))
 			if err != nil {
 				return false, err
 			}
-			t.add(refusal(status))
+			t.add(at, refusal(status))
 			if !refusal(status) {
 				return true, nil
 			}
@@ -427,7 +431,7 @@ func (c *bcase) learn(ctx context.Context, base, dbPath string, res *result) err
 			if err != nil {
 				return false, err
 			}
-			sent := clk.Now()
+			sent := clk.Now() // the real clock: also when the request left
 			status, h, err := get(ctx, fmt.Sprintf("%s/item/%d", base, i))
 			if err != nil {
 				p.Release()
@@ -464,7 +468,7 @@ func (c *bcase) learn(ctx context.Context, base, dbPath string, res *result) err
 			if d.Pause > 0 {
 				lim.Pause(id, clk.Now().Add(d.Pause))
 			}
-			t.add(refusal(status))
+			t.add(sent, refusal(status))
 			if !refusal(status) {
 				return true, nil
 			}

@@ -39,12 +39,21 @@ func (c *bcase) runAuditd(ctx context.Context, ad *auditd) error {
 		}
 	}
 	start := time.Now()
-	counts, err := ad.fetch(ctx, c.source(), "measured", c.n)
+	id, err := ad.submit(ctx, c.source(), "measured", c.n)
+	if err != nil {
+		return err
+	}
+	counts, err := ad.await(ctx, id)
 	if err != nil {
 		return err
 	}
 	c.elapsed = time.Since(start)
 	c.sent, c.refused = counts.Dispatches, counts.Status429+counts.Status5xx
+	t, err := ad.timed(ctx, id)
+	if err != nil {
+		return err
+	}
+	c.late, c.lateRefused = t.late, t.lateRefused
 	if counts.Succeeded != c.n {
 		c.note = fmt.Sprintf("%d of %d succeeded", counts.Succeeded, c.n)
 	}
@@ -211,6 +220,75 @@ func (a *auditd) fetch(ctx context.Context, source, name string, n int) (*runCou
 		return nil, err
 	}
 	return a.await(ctx, id)
+}
+
+// timed tallies run id's requests from its ledger: each dispatch at the
+// time on record, refused when its answer (throttle or response) was a 429
+// or a 5xx, as the run's counts count refusals.
+func (a *auditd) timed(ctx context.Context, id string) (*tally, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", a.url+"/v1/runs/"+id+"/events?type=dispatch,throttle,response", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("events of run %s: %d %s", id, resp.StatusCode, body)
+	}
+	type attempt struct {
+		key           string
+		page, attempt int
+	}
+	sent := map[attempt]time.Time{}
+	type request struct {
+		at      time.Time
+		refused bool
+	}
+	var requests []request
+	dec := json.NewDecoder(resp.Body)
+	for dec.More() {
+		var e struct {
+			Type    string    `json:"type"`
+			ItemKey string    `json:"item_key"`
+			Page    int       `json:"page"`
+			Attempt int       `json:"attempt"`
+			Time    time.Time `json:"time"`
+			Status  int       `json:"status"`
+		}
+		if err := dec.Decode(&e); err != nil {
+			return nil, fmt.Errorf("events of run %s: %w", id, err)
+		}
+		k := attempt{e.ItemKey, e.Page, e.Attempt}
+		if e.Type == "dispatch" {
+			sent[k] = e.Time
+			continue
+		}
+		at, ok := sent[k]
+		if !ok {
+			return nil, fmt.Errorf("run %s: a %s of %v with no dispatch before it", id, e.Type, k)
+		}
+		delete(sent, k)
+		requests = append(requests, request{at, e.Status == http.StatusTooManyRequests || e.Status >= 500})
+	}
+	for _, at := range sent { // a transport error: sent, not refused
+		requests = append(requests, request{at, false})
+	}
+	t := &tally{}
+	for _, r := range requests { // the first minute counts from the first dispatch
+		if t.first.IsZero() || r.at.Before(t.first) {
+			t.first = r.at
+		}
+	}
+	for _, r := range requests {
+		t.add(r.at, r.refused)
+	}
+	return t, nil
 }
 
 // dispatches sums the dispatches of every run of source.

@@ -32,9 +32,39 @@ func get(ctx context.Context, url string) (int, string, error) {
 
 func refusal(status int) bool { return status == 429 || status == 503 }
 
+// tally counts a client's requests and refusals, over the whole fetch and
+// after its first minute (from its first request), which is how the
+// targets judge refusals: slow start's overshoot is the first minute's.
+// Safe for concurrent use.
+type tally struct {
+	mu                sync.Mutex
+	first             time.Time
+	sent, refused     int
+	late, lateRefused int
+}
+
+// add counts a request sent at at, refused or not.
+func (t *tally) add(at time.Time, refused bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.first.IsZero() || at.Before(t.first) {
+		t.first = at // a first request that came back after a later one
+	}
+	t.sent++
+	if refused {
+		t.refused++
+	}
+	if at.Sub(t.first) >= time.Minute {
+		t.late++
+		if refused {
+			t.lateRefused++
+		}
+	}
+}
+
 // oracle fetches n items one at a time, paced by x/time/rate at the hidden
 // rate and burst.
-func (c *bcase) oracle(ctx context.Context, n int, prefix string) (sent, refused int, err error) {
+func (c *bcase) oracle(ctx context.Context, n int, prefix string, t *tally) error {
 	lim := rate.NewLimiter(rate.Limit(c.shape.Rate), c.shape.Burst)
 	if c.shape.Go != nil {
 		// Told the limit's changes too: each takes effect on time. A Go
@@ -54,15 +84,15 @@ func (c *bcase) oracle(ctx context.Context, n int, prefix string) (sent, refused
 	}
 	for i := 0; i < n; {
 		if err := lim.Wait(ctx); err != nil {
-			return sent, refused, err
+			return err
 		}
+		at := time.Now()
 		status, ra, err := get(ctx, fmt.Sprintf("%s%s%d", c.base(), prefix, i))
 		if err != nil {
-			return sent, refused, err
+			return err
 		}
-		sent++
+		t.add(at, refusal(status))
 		if refusal(status) {
-			refused++
 			if d, ok := retryAfter(ra); ok {
 				time.Sleep(d)
 			}
@@ -70,12 +100,12 @@ func (c *bcase) oracle(ctx context.Context, n int, prefix string) (sent, refused
 		}
 		i++
 	}
-	return sent, refused, nil
+	return nil
 }
 
 // retry fetches n items four at a time, unpaced, retrying refusals after
 // Retry-After or 1s, 2s, 4s ... 30s.
-func (c *bcase) retry(ctx context.Context, n int, prefix string) (sent, refused int, err error) {
+func (c *bcase) retry(ctx context.Context, n int, prefix string, t *tally) error {
 	var mu sync.Mutex
 	next := 0
 	var wg sync.WaitGroup
@@ -94,16 +124,16 @@ func (c *bcase) retry(ctx context.Context, n int, prefix string) (sent, refused 
 				}
 				wait := time.Second
 				for {
+					at := time.Now()
 					status, ra, err := get(ctx, fmt.Sprintf("%s%s%d", c.base(), prefix, i))
-					mu.Lock()
-					sent++
-					if err != nil && first == nil {
-						first = err
+					t.add(at, refusal(status))
+					if err != nil {
+						mu.Lock()
+						if first == nil {
+							first = err
+						}
+						mu.Unlock()
 					}
-					if refusal(status) {
-						refused++
-					}
-					mu.Unlock()
 					if err != nil {
 						return
 					}
@@ -124,7 +154,7 @@ func (c *bcase) retry(ctx context.Context, n int, prefix string) (sent, refused 
 		}()
 	}
 	wg.Wait()
-	return sent, refused, first
+	return first
 }
 
 func retryAfter(v string) (time.Duration, bool) {

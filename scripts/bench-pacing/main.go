@@ -24,7 +24,9 @@
 // measured from the end of the maintenance, for every client.
 //
 // It prints, per shape and size: the time to fetch n items against the
-// oracle's, the share of requests refused for rate, and how many requests
+// oracle's, the share of requests refused for rate (over the whole fetch,
+// and after its first minute, each request timed when it left: auditd's by
+// its dispatch event in the ledger), and how many requests
 // each server received (nginx's access log, or the simulator's count),
 // which for auditd must equal the dispatches its ledger holds, and the
 // pace auditd shows at the end against the shape's rate at the end.
@@ -275,12 +277,15 @@ type bcase struct {
 	port   int
 	flag   string // the maintenance flag file nginx checks
 
-	elapsed  time.Duration // first request (or the outage's end) to the nth success
-	sent     int           // requests the client counted (auditd: dispatches)
-	refused  int           // refusals for rate (429, a plain 503 outside maintenance)
-	received int           // what the server counted (nginx's log), maintenance included
-	note     string
-	err      error
+	elapsed time.Duration // first request (or the outage's end) to the nth success
+	sent    int           // requests the client counted (auditd: dispatches)
+	refused int           // refusals for rate (429, a plain 503 outside maintenance)
+	// late and lateRefused are the requests sent a minute or more after
+	// the client's first (of the measured fetch), and of them the refused.
+	late, lateRefused int
+	received          int // what the server counted (nginx's log), maintenance included
+	note              string
+	err               error
 
 	learned float64 // auditd's: the pace it shows at the end, a second
 
@@ -337,8 +342,9 @@ func (c *bcase) run(ctx context.Context, ad *auditd) error {
 		fetch = c.retry
 	}
 	start := time.Now()
-	sent, refused, err := fetch(ctx, c.n, fmt.Sprintf("/api/%s/", c.client))
-	c.elapsed, c.sent, c.refused = time.Since(start), sent, refused
+	var t tally
+	err := fetch(ctx, c.n, fmt.Sprintf("/api/%s/", c.client), &t)
+	c.elapsed, c.sent, c.refused, c.late, c.lateRefused = time.Since(start), t.sent, t.refused, t.late, t.lateRefused
 	return err
 }
 
