@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/reports"
 )
 
 // quietScenario is a harness whose simulated upstreams go unused: the
@@ -163,6 +164,25 @@ func TestProxySeedWorkedExample(t *testing.T) {
 	}
 	if total != 150 || busiest(arr, time.Second) > 120 {
 		t.Fatalf("the gateway took %d records, at most %d in a second; want 150, at most 120", total, busiest(arr, time.Second))
+	}
+
+	// The reconciliation holds the source to its ceiling in records (R9):
+	// its busiest window holds one batch, 75 of 120.
+	rep, err := reports.NewReconciler(h.ledger).Reconcile(ctx, pr.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Control) != 1 {
+		t.Fatalf("control evidence %+v, want mro's", rep.Control)
+	}
+	if c := rep.Control[0]; c.SourceID != "mro" || c.Unit != reports.UnitRecords || c.Peak != 75 || c.Requests != 1 ||
+		c.Limit != 120 || c.Burst != 0 || c.Window != time.Second || !c.Within || c.PeakSeq != dispatched[0].Seq {
+		t.Errorf("control evidence %+v, want mro's 75 records in one request against 120 per 1s at seq %d", c, dispatched[0].Seq)
+	}
+	for _, c := range rep.Checks {
+		if c.ID == reports.R9 && (c.Status != reports.StatusPass || c.Expected != 2 || c.Actual != 2) {
+			t.Errorf("R9 %+v, want both dispatches within", c)
+		}
 	}
 }
 

@@ -117,7 +117,7 @@ func derivedRows(reps []*reports.Report, fn func(sheet string, vals ...any)) {
 	}
 	for _, r := range reps {
 		for _, c := range r.Control {
-			fn(reports.SheetControl, r.Run.ID, c.SourceID, c.Peak, c.Limit, c.Burst, c.Window.Seconds(), c.PeakAt, c.PeakSeq, c.Within)
+			fn(reports.SheetControl, r.Run.ID, c.SourceID, c.Peak, c.Unit, c.Requests, c.Limit, c.Burst, c.Window.Seconds(), c.PeakAt, c.PeakSeq, c.Within)
 		}
 	}
 	for _, r := range reps {

@@ -144,7 +144,7 @@ var (
 		{"Failed", 10}, {"Shed", 10}, {"Pending", 10}, {"Dispatches", 10}, {"Retries", 10}, {"Throttles", 10},
 		{"Head at start", 66}, {"Head at end", 66}, {"Balanced", 10}}}
 	specDispatches = sheetSpec{SheetDispatches, []column{{"Seq", 10}, {"Run", 30}, {"Item", 24}, {"Page", 6}, {"Attempt", 8},
-		{"Source", 16}, {"Method", 8}, {"Path (credentials stripped)", 60}, {"Dispatched at", 26}, {"Completed at", 26},
+		{"Cost (records)", 9}, {"Source", 16}, {"Method", 8}, {"Path (credentials stripped)", 60}, {"Dispatched at", 26}, {"Completed at", 26},
 		{"Result event", 18}, {"Status", 8}, {"Body error code", 10}, {"Outcome", 14}, {"Error", 40}, {"Bytes", 12},
 		{"Latency (s)", 10}, {"Payload SHA-256", 66}, {"Event hash", 66}}}
 	specWaits = sheetSpec{SheetWaits, []column{{"Seq", 10}, {"Run", 30}, {"Source", 16}, {"Item", 24}, {"Page", 6},
@@ -156,8 +156,8 @@ var (
 	specRegistry = sheetSpec{SheetRegistry, []column{{"Seq", 10}, {"Run", 30}, {"Source", 16}, {"Time", 26}, {"Event", 18},
 		{"Cause (what taught it)", 20}, {"Group", 14}, {"Old limit", 10}, {"New limit", 10}, {"Old window (s)", 12},
 		{"New window (s)", 12}, {"Event hash", 66}}}
-	specControl = sheetSpec{SheetControl, []column{{"Run", 30}, {"Source", 16}, {"Most requests in one window", 14},
-		{"Limit in force", 10}, {"Burst", 8}, {"Window (s)", 10}, {"Busiest window ends at", 26}, {"At seq", 10},
+	specControl = sheetSpec{SheetControl, []column{{"Run", 30}, {"Source", 16}, {"Most in one window", 14},
+		{"Counted in", 10}, {"Requests in that window", 12}, {"Limit in force", 10}, {"Burst", 8}, {"Window (s)", 10}, {"Busiest window ends at", 26}, {"At seq", 10},
 		{"Within limit", 10}}}
 	specReconciliation = sheetSpec{SheetReconciliation, []column{{"Run", 30}, {"Scope", 12}, {"Check", 7}, {"Status", 7},
 		{"Expected", 10}, {"Actual", 10}, {"Difference", 10}, {"First offending seqs", 24}, {"Note", 40}, {"Identity", 80}}}
@@ -420,7 +420,7 @@ func (b *bookWriter) control() error {
 	}
 	for _, r := range b.m.Reports {
 		for _, c := range r.Control {
-			if err := w.row(r.Run.ID, c.SourceID, c.Peak, c.Limit, c.Burst, seconds(c.Window), c.PeakAt, c.PeakSeq, c.Within); err != nil {
+			if err := w.row(r.Run.ID, c.SourceID, c.Peak, c.Unit, c.Requests, c.Limit, c.Burst, seconds(c.Window), c.PeakAt, c.PeakSeq, c.Within); err != nil {
 				return err
 			}
 		}

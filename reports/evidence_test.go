@@ -233,7 +233,7 @@ func TestExport_TiesToReconciliation(t *testing.T) {
 	// Dispatch outcomes tie to R2's terms.
 	byOutcome := map[string]int64{}
 	for _, r := range wb.sheets["Dispatches"][1:] {
-		byOutcome[r[10]]++
+		byOutcome[r[11]]++
 	}
 	if got := byOutcome["response"] + byOutcome["throttle"]; got != rep.Counts.Status2xx+rep.Counts.Status429+rep.Counts.Status5xx+rep.Counts.StatusOther {
 		t.Errorf("dispatch rows with a status: %d, reconciliation %+v", got, rep.Counts)
@@ -243,7 +243,7 @@ func TestExport_TiesToReconciliation(t *testing.T) {
 	}
 	var staged int64
 	for _, r := range wb.sheets["Dispatches"][1:] {
-		if r[17] != "" {
+		if r[18] != "" {
 			staged++
 		}
 	}

@@ -14,6 +14,7 @@ type dispatchRow struct {
 	run, item, source string
 	method, path      string
 	page, attempt     uint32
+	cost              int64 // what its admission was charged (records.go)
 	at                time.Time
 	hash              [32]byte
 	result            auditd.EventType // "" until the outcome arrives
@@ -55,6 +56,7 @@ func (j *joiner) observe(e *auditd.Event) error {
 		r := j.newRow()
 		r.seq, r.run, r.item, r.source, r.method, r.path = e.Seq, e.RunID, e.ItemKey, e.SourceID, e.Method, e.Path
 		r.page, r.attempt, r.at, r.hash = e.Page, e.Attempt, e.Time, e.Hash
+		r.cost = dispatchCost(e)
 		j.q = append(j.q, r)
 		j.open[reqKey{e.ItemKey, e.Page}] = r
 	case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
@@ -158,6 +160,6 @@ func (j *joiner) write(r *dispatchRow) error {
 			latency, errText = seconds(r.latency), j.redact.sourceText(r.source, r.errText)
 		}
 	}
-	return j.w.row(r.seq, r.run, r.item, r.page, r.attempt, r.source, r.method, j.redact.sourcePath(r.source, r.path), r.at,
+	return j.w.row(r.seq, r.run, r.item, r.page, r.attempt, r.cost, r.source, r.method, j.redact.sourcePath(r.source, r.path), r.at,
 		completed, kind, status, r.bodyErr, outcome, errText, bytes, latency, r.payload, hexHash(r.hash))
 }

@@ -57,7 +57,7 @@ var checkDescriptions = [numChecks]string{
 	"succeeded items (expected) = staged payloads whose hash verifies (actual)",
 	"live counters compared (expected) = live counters equal to the recount from raw events (actual)",
 	"events in the run's ledger range (expected) = events with contiguous sequence numbers whose hash chain verifies (actual)",
-	"dispatches (expected) = dispatches within the limit in force (plus configured burst) in their sliding window (actual)",
+	"dispatches (expected) = dispatches within the limit in force (plus configured burst) in their sliding window, and, where a dispatch cost more than 1, within the configured ceiling in records (actual)",
 	"items delivered, succeeded or cached (expected) = items acknowledged by the pipeline (actual)",
 }
 
@@ -150,18 +150,26 @@ type LiveCounters struct {
 }
 
 // ControlEvidence is R9's evidence for one source: the busiest sliding
-// window seen against the limit in force at that moment.
+// window seen against the bound in force at that moment: the limit in
+// force in requests, or, for a source whose dispatches cost more than 1,
+// whichever came closer of that and its configured ceiling in records
+// (reports/records.go).
 type ControlEvidence struct {
 	SourceID string `json:"source"`
-	// Peak is the most requests in one window, at the dispatch PeakSeq,
-	// taken where the margin to the allowance was smallest.
-	Peak    int64         `json:"peak"`
-	PeakSeq uint64        `json:"peak_seq,omitempty"`
-	PeakAt  time.Time     `json:"peak_at,omitzero"`
-	Limit   int           `json:"limit"`
-	Burst   int           `json:"burst"`
-	Window  time.Duration `json:"window_ns"`
-	Within  bool          `json:"within"`
+	// Peak is the most units (Unit) in one window, at the dispatch
+	// PeakSeq, taken where the margin to the allowance was smallest.
+	Peak int64 `json:"peak"`
+	// Unit is what Peak, Limit and Burst count: UnitRequests or
+	// UnitRecords (the costs the window's dispatches were charged).
+	Unit string `json:"unit"`
+	// Requests is how many dispatches the window held.
+	Requests int64         `json:"requests"`
+	PeakSeq  uint64        `json:"peak_seq,omitempty"`
+	PeakAt   time.Time     `json:"peak_at,omitzero"`
+	Limit    int           `json:"limit"`
+	Burst    int           `json:"burst"`
+	Window   time.Duration `json:"window_ns"`
+	Within   bool          `json:"within"`
 }
 
 // RunSummary identifies the run and its place in the ledger.

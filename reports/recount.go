@@ -60,11 +60,12 @@ type scope struct {
 	// R5: breaker state.
 	breaker string
 
-	// R9: limit in force and dispatch times inside the current window.
+	// R9: limit in force and the dispatches inside the current window
+	// (records.go).
 	limit, burst int
 	window       time.Duration
-	times        []int64 // unix nanos, ascending; times[head:] are live
-	head         int
+	win          recordWindow // requests, against the limit in force
+	ceil         ceiling      // records, against the configured ceiling
 	control      ControlEvidence
 	margin       int64 // smallest allowance - count seen; starts high
 	limited      bool  // a limit was ever recorded
@@ -179,7 +180,7 @@ func (rc *recount) source(id string) *scope {
 	}
 	id = strings.Clone(id)
 	s := &scope{id: id, breaker: breakerClosed, violated: make(map[uint64]bool), margin: 1 << 62}
-	s.control.SourceID = id
+	s.control.SourceID, s.control.Unit = id, UnitRequests
 	s.burst = rc.bursts[id]
 	rc.sources[id] = s
 	return s
@@ -261,20 +262,13 @@ func (rc *recount) registry(s *scope, e *auditd.Event) {
 		// counts them (limiter.Budget.SetLimit).
 		if e.Type == auditd.EventRegistryChanged && s.limited &&
 			float64(e.NewLimit)*float64(s.window) < float64(s.limit)*float64(e.NewWindow) {
-			s.head = len(s.times)
+			s.win.restart()
 		}
 		s.limit, s.window, s.limited = e.NewLimit, e.NewWindow, true
 	}
-	// A snapshot records the burst the limiter allowed; a burst given to
-	// the Reconciler wins.
-	if _, given := rc.bursts[s.id]; !given && e.Type == auditd.EventRegistrySnapshot && e.Detail != "" {
-		var d struct {
-			Burst int `json:"burst"`
-		}
-		if json.Unmarshal([]byte(e.Detail), &d) == nil && d.Burst > 0 {
-			s.burst = d.Burst
-		}
-	}
+	// A snapshot records the burst the limiter allowed and the configured
+	// ceiling (records.go).
+	rc.snapshotDetail(s, e)
 }
 
 // resumed forgets what a restart lost: an item whose response came back
@@ -439,37 +433,6 @@ func (rc *recount) pauseFor(s *scope) *pause {
 	return rc.pauses[key]
 }
 
-func (rc *recount) window(s *scope, e *auditd.Event) {
-	c := &s.checks[8]
-	t := e.Time.UnixNano()
-	s.times = append(s.times, t)
-	if !s.limited {
-		c.actual++ // unchecked; the scope reports n/a
-		return
-	}
-	for s.head < len(s.times) && s.times[s.head] <= t-int64(s.window) {
-		s.head++
-	}
-	if s.head > 1024 && s.head*2 > len(s.times) {
-		s.times = append(s.times[:0], s.times[s.head:]...)
-		s.head = 0
-	}
-	n := int64(len(s.times) - s.head)
-	allowed := int64(s.limit + s.burst)
-	if n > allowed {
-		c.offend(e.Seq, rc.maxOffending)
-	} else {
-		c.actual++
-	}
-	if m := allowed - n; m < s.margin {
-		s.margin = m
-		s.control = ControlEvidence{
-			SourceID: s.id, Peak: n, PeakSeq: e.Seq, PeakAt: e.Time.UTC(),
-			Limit: s.limit, Burst: s.burst, Window: s.window,
-		}
-	}
-}
-
 func (rc *recount) outcome(s *scope, e *auditd.Event) {
 	most := rc.maxOffending
 	switch e.Type {
@@ -517,6 +480,9 @@ func (rc *recount) outcome(s *scope, e *auditd.Event) {
 		return
 	}
 	req.outstanding = false
+	if e.Type == auditd.EventThrottle {
+		s.refused(req.dispatchSeq) // R9: the upstream took none of its records
+	}
 	req.retryable = retryable(e)
 	rc.reqs[k] = req
 }

@@ -296,6 +296,24 @@ func (e ProblemCode) Valid() bool {
 	}
 }
 
+// Defines values for ReconciliationControlUnit.
+const (
+	ReconciliationControlUnitRecords  ReconciliationControlUnit = "records"
+	ReconciliationControlUnitRequests ReconciliationControlUnit = "requests"
+)
+
+// Valid indicates whether the value is a known member of the ReconciliationControlUnit enum.
+func (e ReconciliationControlUnit) Valid() bool {
+	switch e {
+	case ReconciliationControlUnitRecords:
+		return true
+	case ReconciliationControlUnitRequests:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Role.
 const (
 	Admin    Role = "admin"
@@ -954,16 +972,18 @@ type Reconciliation struct {
 	} `json:"cached,omitempty"`
 	Checks []Check `json:"checks"`
 
-	// Control Per source, the busiest window of requests against the limit in force (R9).
+	// Control Per source, the busiest window against its bound (R9): requests against the limit in force (plus burst), or, for a source whose dispatches cost more than 1 (the records each carried), whichever came closer of that and its configured ceiling in records (no burst). unit says which; requests is how many dispatches the window held.
 	Control []struct {
-		Burst    int        `json:"burst"`
-		Limit    int        `json:"limit"`
-		Peak     int        `json:"peak"`
-		PeakAt   *time.Time `json:"peak_at,omitempty"`
-		PeakSeq  *int       `json:"peak_seq,omitempty"`
-		Source   string     `json:"source"`
-		WindowNs int        `json:"window_ns"`
-		Within   bool       `json:"within"`
+		Burst    int                       `json:"burst"`
+		Limit    int                       `json:"limit"`
+		Peak     int                       `json:"peak"`
+		PeakAt   *time.Time                `json:"peak_at,omitempty"`
+		PeakSeq  *int                      `json:"peak_seq,omitempty"`
+		Requests int                       `json:"requests"`
+		Source   string                    `json:"source"`
+		Unit     ReconciliationControlUnit `json:"unit"`
+		WindowNs int                       `json:"window_ns"`
+		Within   bool                      `json:"within"`
 	} `json:"control"`
 
 	// Counts The recount, by kind of event and outcome.
@@ -991,6 +1011,9 @@ type Reconciliation struct {
 		Source   string          `json:"source"`
 	} `json:"sources"`
 }
+
+// ReconciliationControlUnit defines model for Reconciliation.Control.Unit.
+type ReconciliationControlUnit string
 
 // RetentionStatus defines model for RetentionStatus.
 type RetentionStatus struct {

@@ -33,6 +33,7 @@ type outsideEvent struct {
 	seq                    uint64
 	typ, run, source, item string
 	method, path           string
+	detail                 string
 	page, attempt          uint64
 	status                 int64
 	time                   time.Time
@@ -78,6 +79,8 @@ func decodeOutside(b []byte) (outsideEvent, error) {
 				e.method = s
 			case 12:
 				e.path = s
+			case 37:
+				e.detail = s
 			}
 		case tag == 1 || tag == 6 || tag == 7:
 			v, w := binary.Uvarint(b[i:])
@@ -312,6 +315,15 @@ func outsideVerify(packBytes []byte, key string) error {
 		if e.page == 0 {
 			checks[4].want = "0"
 		}
+		// A dispatch's cost (records) is its Detail's {"cost":N}; 1 when
+		// it names none.
+		var d struct {
+			Cost int64 `json:"cost"`
+		}
+		if json.Unmarshal([]byte(e.detail), &d) != nil || d.Cost < 1 {
+			d.Cost = 1
+		}
+		checks = append(checks, struct{ title, want string }{"Cost (records)", strconv.FormatInt(d.Cost, 10)})
 		for _, c := range checks {
 			if got := cellAt(row, c.title); got != c.want {
 				return fmt.Errorf("evidence.xlsx: Dispatches row %d (seq %d) %s is %q; its leaf says %q", i+2, seq, c.title, got, c.want)

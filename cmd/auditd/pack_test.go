@@ -60,7 +60,9 @@ func packRun(t *testing.T, data, config, name string, items int) string {
 	srv := startServe(t, data, config, token)
 	var reqItems []map[string]any
 	for i := range items {
-		reqItems = append(reqItems, map[string]any{"key": fmt.Sprintf("%s-%03d", name, i), "source": "county", "path": fmt.Sprintf("/q?n=%d", i)})
+		// Items carry 1 to 3 records: the source is held to its ceiling
+		// in records (R9), and the workbook shows each dispatch's cost.
+		reqItems = append(reqItems, map[string]any{"key": fmt.Sprintf("%s-%03d", name, i), "source": "county", "path": fmt.Sprintf("/q?n=%d", i), "cost": 1 + i%3})
 	}
 	var created struct {
 		ID string `json:"id"`
@@ -96,7 +98,7 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	up := packUpstream(t)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "sources.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf("sources:\n  - id: county\n    base_url: %s\n    limit: 100\n    window: 1s\n    concurrency: 4\n", up.URL)), 0o600); err != nil {
+	if err := os.WriteFile(config, []byte(fmt.Sprintf("sources:\n  - id: county\n    base_url: %s\n    limit: 100\n    window: 1s\n    burst: 3\n    concurrency: 4\n", up.URL)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(dir, "data")
@@ -151,6 +153,11 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 				return replaceNth(t, x, `/q?n=7<`, `/q?n=8<`, 1)
 			})
 		}, `column "Path (credentials stripped)"`, false},
+		{"RowCost", func(t *testing.T, b []byte) []byte {
+			return editWorkbookSheet(t, b, "Dispatches", func(x []byte) []byte {
+				return editCell(t, x, "F3", func(v string) string { n, _ := strconv.Atoi(v); return strconv.Itoa(n + 1) })
+			})
+		}, `sheet "Dispatches" row 3 (event `, false},
 		{"RowDeleted", func(t *testing.T, b []byte) []byte {
 			return editWorkbookSheet(t, b, "Dispatches", func(x []byte) []byte {
 				return regexp.MustCompile(`<row r="5">.*?</row>`).ReplaceAll(x, nil)
