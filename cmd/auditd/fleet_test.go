@@ -183,6 +183,24 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	cut.Cut()
 	cutAt := time.Now()
 	time.Sleep(5 * time.Second) // longer than the blocks it holds
+	// The metrics show the cut on node 3 and only there.
+	for i, n := range nodes {
+		m := parseMetrics(t, scrape(t, n.url+"/metrics"))
+		series := fmt.Sprintf(`{key="up",node="node%d"}`, i+1)
+		want := 0.0
+		if i == 2 {
+			want = 1
+		}
+		if got, ok := m["auditd_fleet_cut_off"+series]; !ok || got != want {
+			t.Errorf("node %d: auditd_fleet_cut_off %v (present %v) during the cut, want %v", i+1, got, ok, want)
+		}
+		if m["auditd_fleet_slots_used_total"+series] == 0 || m["auditd_fleet_reservations_total"+series] == 0 {
+			t.Errorf("node %d: no slots used or reservations in its metrics after 13 s of load", i+1)
+		}
+		t.Logf("node %d metrics: reserved %v, used %v, wasted %v, held %v, last reservation %v s", i+1,
+			m["auditd_fleet_slots_reserved_total"+series], m["auditd_fleet_slots_used_total"+series],
+			m["auditd_fleet_slots_wasted_total"+series], m["auditd_fleet_slots_held"+series], m["auditd_fleet_reservation_seconds"+series])
+	}
 	cut.Heal()
 	healAt := time.Now()
 	time.Sleep(3 * time.Second)

@@ -264,6 +264,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 			return err
 		}
 		stop.push("leave fleet", fl.close)
+		srv.Registry.MustRegister(fl) // the auditd_fleet_* metrics
 	}
 	stop.push("drain fetch loop", loop.Close)
 	if err := loop.Start(ctx); err != nil {
