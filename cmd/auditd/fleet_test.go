@@ -201,6 +201,22 @@ func TestFleetSharesOneBudget(t *testing.T) {
 			m["auditd_fleet_slots_reserved_total"+series], m["auditd_fleet_slots_used_total"+series],
 			m["auditd_fleet_slots_wasted_total"+series], m["auditd_fleet_slots_held"+series], m["auditd_fleet_reservation_seconds"+series])
 	}
+	// Node 3, out of slots and cut off, answers a request it cannot admit
+	// by its deadline with 503 and a Retry-After, end to end.
+	req, _ := http.NewRequest("GET", nodes[2].url+"/proxy/up/n3/cut.json", nil)
+	req.Header.Set("Proxy-Authorization", "Bearer "+token)
+	req.Header.Set("Auditd-Run", runs[2])
+	req.Header.Set("Auditd-Deadline", "1")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Errorf("node 3 during the cut: %v", err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("node 3 during the cut answered %d, Retry-After %q, want 503 with one: %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+		t.Logf("node 3 during the cut: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
 	cut.Heal()
 	healAt := time.Now()
 	time.Sleep(3 * time.Second)
