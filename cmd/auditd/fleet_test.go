@@ -77,6 +77,12 @@ func maxInWindow(at []time.Time, window time.Duration) int {
 // fleetLoad sends requests through every node's proxy route, workers per
 // node, until stop is closed, counting statuses per node.
 func fleetLoad(t *testing.T, nodes []*child, runs []string, token string, workers int, stop <-chan struct{}) (wait func() []map[int]int) {
+	return fleetLoadWithin(t, nodes, runs, token, "", workers, stop)
+}
+
+// fleetLoadWithin is fleetLoad with every request's Auditd-Deadline set to
+// deadline (none when empty).
+func fleetLoadWithin(t *testing.T, nodes []*child, runs []string, token, deadline string, workers int, stop <-chan struct{}) (wait func() []map[int]int) {
 	counts := make([]map[int]int, len(nodes))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -94,6 +100,9 @@ func fleetLoad(t *testing.T, nodes []*child, runs []string, token string, worker
 					req, _ := http.NewRequest("GET", fmt.Sprintf("%s/proxy/up/n%d/w%d/r%d.json", node.url, n+1, w, i), nil)
 					req.Header.Set("Proxy-Authorization", "Bearer "+token)
 					req.Header.Set("Auditd-Run", runs[n])
+					if deadline != "" {
+						req.Header.Set("Auditd-Deadline", deadline)
+					}
 					resp, err := client.Do(req)
 					code := -1
 					if err == nil {
