@@ -263,8 +263,8 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		if err != nil {
 			return err
 		}
-		stop.push("leave fleet", fl.close)
 		srv.Registry.MustRegister(fl) // the auditd_fleet_* metrics
+		stop.push("leave fleet", fl.close)
 	}
 	stop.push("drain fetch loop", loop.Close)
 	if err := loop.Start(ctx); err != nil {
