@@ -59,18 +59,24 @@ func BenchmarkTake(b *testing.B) {
 
 // BenchmarkWritesAtFullPace runs one source at full pace (every slot taken
 // as it comes) on 1 and 3 nodes against a real etcd and reports etcd writes
-// (granted reservations) per second and per second of the rate; the target
-// is at most rate/10 plus a constant.
+// (granted reservations) per second and per second of the rate, and the
+// share of the limit handed out (util); the target is at most rate/10
+// writes a second plus a constant.
 func BenchmarkWritesAtFullPace(b *testing.B) {
-	c := etcdtest.Start(b, 1)
+	cluster := etcdtest.Start(b, 1)
 	rate := fleet.Rate{Limit: 1000, Window: time.Second}
-	for _, nodes := range []int{1, 3} {
-		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
-			key := fmt.Sprintf("k%d-%d", nodes, b.N) // a fresh key per run
+	// lag: serve's --fleet-lag, added to the skew guard as serve adds it.
+	for _, c := range []struct {
+		nodes int
+		lag   time.Duration
+	}{{1, 0}, {3, 0}, {3, 100 * time.Millisecond}} {
+		nodes := c.nodes
+		b.Run(fmt.Sprintf("nodes=%d/lag=%v", nodes, c.lag), func(b *testing.B) {
+			key := fmt.Sprintf("k%d-%v-%d", nodes, c.lag, b.N) // a fresh key per run
 			var all []*fleet.Slots
 			for range nodes {
-				st := fleet.NewStore(etcdtest.NewClient(b, c.Endpoints()...), clock.Real{}, "")
-				s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: key, Rate: rate})
+				st := fleet.NewStore(etcdtest.NewClient(b, cluster.Endpoints()...), clock.Real{}, "")
+				s, err := fleet.NewSlots(st, clock.Real{}, fleet.Config{Key: key, Rate: rate, MaxSkew: fleet.DefaultMaxSkew + c.lag})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -106,6 +112,9 @@ func BenchmarkWritesAtFullPace(b *testing.B) {
 			b.ReportMetric(float64(blocks)/float64(used), "writes/slot")
 			b.ReportMetric(float64(used)/elapsed.Seconds(), "slots/s")
 			b.ReportMetric(float64(wasted)/float64(used+wasted), "wasted/slot")
+			// Slots handed out as a share of the limit over the run, ramp
+			// included; the skew guard caps it at Window/(Window+Grace+MaxSkew).
+			b.ReportMetric(float64(used)/(elapsed.Seconds()*float64(rate.Limit)/rate.Window.Seconds()), "util")
 		})
 	}
 }

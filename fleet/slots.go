@@ -99,6 +99,9 @@ type Stats struct {
 	// what it holds and then nothing until etcd answers again.
 	CutOff      bool
 	PausedUntil time.Time
+	// Trip is the last granted reservation's round trip to etcd, capped
+	// at Lead.
+	Trip time.Duration
 }
 
 // NewSlots returns the Slots of cfg.Key on backend, with time read from c. It
@@ -284,6 +287,7 @@ func (s *Slots) Stats() Stats {
 	s.expire(s.clock.Now().UnixNano())
 	st := s.stats
 	st.Held = s.count()
+	st.Trip = s.trip
 	if s.pause != 0 {
 		st.PausedUntil = time.Unix(0, s.pause)
 	}

@@ -77,6 +77,12 @@ func maxInWindow(at []time.Time, window time.Duration) int {
 // fleetLoad sends requests through every node's proxy route, workers per
 // node, until stop is closed, counting statuses per node.
 func fleetLoad(t *testing.T, nodes []*child, runs []string, token string, workers int, stop <-chan struct{}) (wait func() []map[int]int) {
+	return fleetLoadWithin(t, nodes, runs, token, "", workers, stop)
+}
+
+// fleetLoadWithin is fleetLoad with every request's Auditd-Deadline set to
+// deadline (none when empty).
+func fleetLoadWithin(t *testing.T, nodes []*child, runs []string, token, deadline string, workers int, stop <-chan struct{}) (wait func() []map[int]int) {
 	counts := make([]map[int]int, len(nodes))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -94,6 +100,9 @@ func fleetLoad(t *testing.T, nodes []*child, runs []string, token string, worker
 					req, _ := http.NewRequest("GET", fmt.Sprintf("%s/proxy/up/n%d/w%d/r%d.json", node.url, n+1, w, i), nil)
 					req.Header.Set("Proxy-Authorization", "Bearer "+token)
 					req.Header.Set("Auditd-Run", runs[n])
+					if deadline != "" {
+						req.Header.Set("Auditd-Deadline", deadline)
+					}
 					resp, err := client.Do(req)
 					code := -1
 					if err == nil {
@@ -183,6 +192,40 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	cut.Cut()
 	cutAt := time.Now()
 	time.Sleep(5 * time.Second) // longer than the blocks it holds
+	// The metrics show the cut on node 3 and only there.
+	for i, n := range nodes {
+		m := parseMetrics(t, scrape(t, n.url+"/metrics"))
+		series := fmt.Sprintf(`{key="up",node="node%d"}`, i+1)
+		want := 0.0
+		if i == 2 {
+			want = 1
+		}
+		if got, ok := m["auditd_fleet_cut_off"+series]; !ok || got != want {
+			t.Errorf("node %d: auditd_fleet_cut_off %v (present %v) during the cut, want %v", i+1, got, ok, want)
+		}
+		if m["auditd_fleet_slots_used_total"+series] == 0 || m["auditd_fleet_reservations_total"+series] == 0 {
+			t.Errorf("node %d: no slots used or reservations in its metrics after 13 s of load", i+1)
+		}
+		t.Logf("node %d metrics: reserved %v, used %v, wasted %v, held %v, last reservation %v s", i+1,
+			m["auditd_fleet_slots_reserved_total"+series], m["auditd_fleet_slots_used_total"+series],
+			m["auditd_fleet_slots_wasted_total"+series], m["auditd_fleet_slots_held"+series], m["auditd_fleet_reservation_seconds"+series])
+	}
+	// Node 3, out of slots and cut off, answers a request it cannot admit
+	// by its deadline with 503 and a Retry-After, end to end.
+	req, _ := http.NewRequest("GET", nodes[2].url+"/proxy/up/n3/cut.json", nil)
+	req.Header.Set("Proxy-Authorization", "Bearer "+token)
+	req.Header.Set("Auditd-Run", runs[2])
+	req.Header.Set("Auditd-Deadline", "1")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Errorf("node 3 during the cut: %v", err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("node 3 during the cut answered %d, Retry-After %q, want 503 with one: %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+		t.Logf("node 3 during the cut: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
 	cut.Heal()
 	healAt := time.Now()
 	time.Sleep(3 * time.Second)

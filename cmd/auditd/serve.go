@@ -265,6 +265,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		if err != nil {
 			return err
 		}
+		srv.Registry.MustRegister(fl) // the auditd_fleet_* metrics
 		stop.push("leave fleet", fl.close)
 		if fruns, err = newFleetRuns(o.fleet, fl.client, o.dataDir, led, db, loop, store, reps, packs, reg, log); err != nil {
 			return err
