@@ -641,4 +641,3 @@ func getEventAt(events *bolt.Bucket, seq uint64) (auditd.Event, error) {
 	}
 	return e, nil
 }
-
