@@ -30,6 +30,8 @@ const (
 	// DefaultCompactEvery is how many items end between two compactions
 	// of staging during runs (compactStaging).
 	DefaultCompactEvery = 10_000
+	// DefaultOpenIdleTimeout is Config.OpenIdleTimeout's default.
+	DefaultOpenIdleTimeout = time.Hour
 )
 
 // Ledger is what the loop needs of the ledger (*ledger.Ledger).
@@ -94,6 +96,9 @@ type Config struct {
 	DrainTimeout time.Duration // default DefaultDrainTimeout
 	CodeVersion  string        // recorded with every run
 	CompactEvery int           // default DefaultCompactEvery
+	// OpenIdleTimeout finishes an open batch run that has had no page for
+	// this long, unless the run names its own; default DefaultOpenIdleTimeout.
+	OpenIdleTimeout time.Duration
 }
 
 // Loop runs runs. Create with New, then Start; Close drains it.
@@ -151,6 +156,9 @@ func New(cfg Config) (*Loop, error) {
 	}
 	if cfg.CompactEvery == 0 {
 		cfg.CompactEvery = DefaultCompactEvery
+	}
+	if cfg.OpenIdleTimeout == 0 {
+		cfg.OpenIdleTimeout = DefaultOpenIdleTimeout
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}}
