@@ -28,8 +28,13 @@ const (
 	// runs.MaxItemsInRun, in pages.
 	MaxItemsPerSubmit = 100_000
 	// DefaultCompactEvery is how many items end between two compactions
-	// of staging during runs (compactStaging).
-	DefaultCompactEvery = 10_000
+	// of staging during runs (compactStaging). A compaction's memory is
+	// the index pages it rewrites, about one per item moved once the
+	// last-good index outgrows the batch (its keys are hashes): 10,000
+	// made a transient of some 60 MB at 1,000,000 items against 30 at
+	// 250,000 (docs/bench/fetch.md); 1,000 keeps it a few MB at any size,
+	// for about the same pages written per item.
+	DefaultCompactEvery = 1_000
 	// DefaultOpenIdleTimeout is Config.OpenIdleTimeout's default.
 	DefaultOpenIdleTimeout = time.Hour
 )
