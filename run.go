@@ -91,7 +91,8 @@ type Run struct {
 	HeadAtEnd   string    `json:"head_at_end,omitempty"`
 	ItemCount   int       `json:"item_count"`
 	// Mode is RunProxy for a run whose items are proxied requests;
-	// IdleTimeout then ends it after that long without one.
+	// IdleTimeout then ends it after that long without one, and an open
+	// batch run after that long without a page.
 	Mode        RunMode  `json:"mode,omitempty"`
 	IdleTimeout Duration `json:"idle_timeout,omitempty"`
 	// Open is true while a batch run takes more pages of items (POST
@@ -209,7 +210,7 @@ type NewRun struct {
 	IdempotencyKey string        // a second submit with the same key returns the first run
 	Principal      string        // who submitted it
 	Mode           RunMode       // RunProxy: no Items; requests through the proxy route become them
-	IdleTimeout    time.Duration // a proxy run ends after this long without a request; 0: DefaultIdleTimeout
+	IdleTimeout    time.Duration // a proxy run ends after this long without a request (0: DefaultIdleTimeout), an open batch run after this long without a page (0: the loop's default)
 	Open           bool          // a batch run that takes more pages of items until it is finished
 }
 

@@ -66,6 +66,8 @@ func TestBadInput(t *testing.T) {
 		{"RunAwardYear", request{method: "POST", path: "/v1/runs", body: runBody("", `"award":{"award_year":1800}`)}, auth.RoleOperator, 400, "award.award_year"},
 		{"RunUEILowerCase", request{method: "POST", path: "/v1/runs", body: runBody("", `"award":{"recipient_uei":"abcdef123456"}`)}, auth.RoleOperator, 400, "award.recipient_uei"},
 		{"RunDeadlinePast", request{method: "POST", path: "/v1/runs", body: runBody("", `"deadline":"2020-01-01T00:00:00Z"`)}, auth.RoleOperator, 400, "deadline"},
+		{"RunIdleTimeoutNotOpen", request{method: "POST", path: "/v1/runs", body: runBody("", `"idle_timeout":"10m"`)}, auth.RoleOperator, 400, "idle_timeout"},
+		{"RunOpenIdleTimeoutTooLong", request{method: "POST", path: "/v1/runs", body: `{"name":"n","open":true,"items":[],"idle_timeout":"200h"}`}, auth.RoleOperator, 400, "idle_timeout"},
 		{"RunIdempotencyKeyTooLong", request{method: "POST", path: "/v1/runs", body: runBody("", ""), header: map[string]string{"Idempotency-Key": strings.Repeat("k", 201)}}, auth.RoleOperator, 400, "Idempotency-Key"},
 		// PUT /v1/sources/{id}.
 		{"SourceIDMismatch", request{method: "PUT", path: "/v1/sources/county", body: `{"id":"city","base_url":"https://x.example"}`}, auth.RoleAdmin, 400, "id"},

@@ -35,11 +35,12 @@ type createRunRequest struct {
 	Open     bool          `json:"open,omitempty"`
 	Deadline time.Time     `json:"deadline,omitzero"`
 	Replay   bool          `json:"replay,omitempty"`
-	// IdleTimeout ends a proxy-mode run after this long without a request.
+	// IdleTimeout ends a proxy-mode run after this long without a request,
+	// and finishes an open batch run after this long without a page.
 	IdleTimeout auditd.Duration `json:"idle_timeout,omitempty"`
 }
 
-// maxIdleTimeout bounds a proxy-mode run's idle timeout.
+// maxIdleTimeout bounds a run's idle timeout.
 const maxIdleTimeout = 7 * 24 * time.Hour
 
 // IdempotencyKeyHeader makes a retried POST /v1/runs return the first run.
@@ -149,8 +150,11 @@ func (s *Server) checkRun(c echo.Context, req *createRunRequest) error {
 	if len(req.Items) == 0 && !req.Open {
 		return invalid("items", "items must be at least 1 entries (or the run open, to take its items in pages).")
 	}
-	if req.IdleTimeout != 0 {
-		return invalid("idle_timeout", "idle_timeout is for proxy-mode runs.")
+	switch {
+	case req.IdleTimeout != 0 && !req.Open:
+		return invalid("idle_timeout", "idle_timeout is for proxy-mode runs and open batch runs.")
+	case req.IdleTimeout.D() > maxIdleTimeout:
+		return invalid("idle_timeout", "idle_timeout is at most %v.", maxIdleTimeout)
 	}
 	return s.checkItems(c, req.Items)
 }

@@ -28,8 +28,15 @@ const (
 	// runs.MaxItemsInRun, in pages.
 	MaxItemsPerSubmit = 100_000
 	// DefaultCompactEvery is how many items end between two compactions
-	// of staging during runs (compactStaging).
-	DefaultCompactEvery = 10_000
+	// of staging during runs (compactStaging). A compaction's memory is
+	// the index pages it rewrites, about one per item moved once the
+	// last-good index outgrows the batch (its keys are hashes): 10,000
+	// made a transient of some 60 MB at 1,000,000 items against 30 at
+	// 250,000 (docs/bench/fetch.md); 1,000 keeps it a few MB at any size,
+	// for about the same pages written per item.
+	DefaultCompactEvery = 1_000
+	// DefaultOpenIdleTimeout is Config.OpenIdleTimeout's default.
+	DefaultOpenIdleTimeout = time.Hour
 )
 
 // Ledger is what the loop needs of the ledger (*ledger.Ledger).
@@ -94,6 +101,9 @@ type Config struct {
 	DrainTimeout time.Duration // default DefaultDrainTimeout
 	CodeVersion  string        // recorded with every run
 	CompactEvery int           // default DefaultCompactEvery
+	// OpenIdleTimeout finishes an open batch run that has had no page for
+	// this long, unless the run names its own; default DefaultOpenIdleTimeout.
+	OpenIdleTimeout time.Duration
 }
 
 // Loop runs runs. Create with New, then Start; Close drains it.
@@ -151,6 +161,9 @@ func New(cfg Config) (*Loop, error) {
 	}
 	if cfg.CompactEvery == 0 {
 		cfg.CompactEvery = DefaultCompactEvery
+	}
+	if cfg.OpenIdleTimeout == 0 {
+		cfg.OpenIdleTimeout = DefaultOpenIdleTimeout
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Loop{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, active: map[string]*activeRun{}}

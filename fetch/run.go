@@ -1,6 +1,7 @@
 package fetch
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -188,6 +189,10 @@ type batchFeed struct {
 	sources map[string]bool // sources with a feeder
 	wake    chan struct{}   // closed, and replaced, when items are queued or the run closes
 	closed  chan struct{}   // closed when the open run closes
+	// lastPage is when the open run was launched or last took a page;
+	// reason, why it closed when it did so by itself (run.finished's).
+	lastPage time.Time
+	reason   string
 }
 
 // state returns how far the feeders may read, whether more may come, and
@@ -213,7 +218,7 @@ func (l *Loop) launch(ar *activeRun, sources []string) {
 	ar.recordCtx = context.WithoutCancel(ctx)
 	run := ar.live.Run()
 	feed := &batchFeed{queued: uint32(run.ItemCount), open: run.Open, sources: map[string]bool{},
-		wake: make(chan struct{}), closed: make(chan struct{})}
+		wake: make(chan struct{}), closed: make(chan struct{}), lastPage: l.cfg.Clock.Now()}
 	ar.mu.Lock()
 	ar.cancel, ar.ctx, ar.feed = cancel, ctx, feed
 	ar.mu.Unlock()
@@ -224,11 +229,8 @@ func (l *Loop) launch(ar *activeRun, sources []string) {
 	if feed.open {
 		feed.workers.Add(1)
 		go func() {
-			select {
-			case <-feed.closed:
-			case <-ctx.Done():
-			}
-			feed.workers.Done()
+			defer feed.workers.Done()
+			l.holdOpen(ctx, ar, feed, cmp.Or(run.IdleTimeout.D(), l.cfg.OpenIdleTimeout))
 		}()
 	}
 	feed.mu.Lock()
@@ -248,6 +250,58 @@ func (l *Loop) launch(ar *activeRun, sources []string) {
 			l.log.Error("finish run", "run", ar.id, "err", err)
 		}
 	}()
+}
+
+// holdOpen keeps open batch run ar from ending until it is closed, or
+// cancelled, or the loop stops; it closes the run itself once no page has
+// come for idle, and says so in the run's end (endReason).
+func (l *Loop) holdOpen(ctx context.Context, ar *activeRun, feed *batchFeed, idle time.Duration) {
+	for {
+		feed.mu.Lock()
+		idleFor := l.cfg.Clock.Now().Sub(feed.lastPage)
+		feed.mu.Unlock()
+		if idleFor >= idle {
+			if _, err := l.closeBatch(ctx, ar); err == nil {
+				feed.mu.Lock()
+				feed.reason = fmt.Sprintf("idle for %v: no page within the run's idle timeout", idle)
+				feed.mu.Unlock()
+				return
+			} else if auditd.ErrorCode(err) != auditd.ECONFLICT {
+				// The store refused the close: try again after a while.
+				l.log.Error("close idle open run", "run", ar.id, "err", err)
+				idleFor = idle - min(idle, minRecordBackoff<<10)
+			}
+		}
+		timer := l.cfg.Clock.NewTimer(idle - idleFor)
+		select {
+		case <-feed.closed:
+		case <-ctx.Done():
+		case <-timer.C():
+		}
+		timer.Stop()
+		select {
+		case <-feed.closed:
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+	}
+}
+
+// endReason is why the run ended, for its run.finished: who finished a
+// proxy run or why it ended by itself, an open batch run's idle timeout;
+// empty when its items ended.
+func (ar *activeRun) endReason() string {
+	ar.mu.Lock()
+	feed := ar.feed
+	ar.mu.Unlock()
+	if feed == nil {
+		return ar.proxy.endReason()
+	}
+	feed.mu.Lock()
+	defer feed.mu.Unlock()
+	return feed.reason
 }
 
 // feedSource starts the feeder and the workers of a source of run ar, once;
@@ -380,6 +434,7 @@ func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (au
 	}
 	feed.mu.Lock()
 	feed.queued = uint32(ar.live.Run().ItemCount)
+	feed.lastPage = l.cfg.Clock.Now()
 	runCtx := ar.runCtx()
 	for _, src := range fresh {
 		l.feedSource(runCtx, ar, feed, src)
@@ -449,7 +504,7 @@ func (l *Loop) finish(ctx context.Context, ar *activeRun) error {
 	if err := l.cfg.Registry.EndRun(ctx, ar.id, sources); err != nil {
 		return err
 	}
-	ev, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunFinished, Outcome: auditd.Outcome(status), Reason: ar.proxy.endReason()})
+	ev, err := l.record(ctx, ar, auditd.Event{Type: auditd.EventRunFinished, Outcome: auditd.Outcome(status), Reason: ar.endReason()})
 	if err != nil {
 		return err
 	}

@@ -343,3 +343,45 @@ func BenchmarkRunMemory(b *testing.B) {
 		b.ReportMetric(heapInUse(), "MB-heap-end")
 	})
 }
+
+// TestOpenBatchRunIdleTimeout: an open batch run that takes no page for its
+// idle timeout is closed by itself, on the fake clock: a page resets the
+// timeout, the run ends once its items have, and its run.finished says
+// why.
+func TestOpenBatchRunIdleTimeout(t *testing.T) {
+	h := newHarness(t, "name: idle\nseed: 1\nupstreams:\n  - name: up\n    path: /x\n")
+	h.source(t, auditd.Source{ID: "s", Limit: 100, Window: auditd.Duration(time.Second)}, "up")
+	ctx := context.Background()
+	v, _, err := h.loop.Submit(ctx, auditd.NewRun{Name: "idle", Open: true, IdleTimeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.IdleTimeout.D() != 10*time.Minute {
+		t.Fatalf("the run shows idle_timeout %v, want 10m", v.IdleTimeout.D())
+	}
+	h.clk.Advance(6 * time.Minute)
+	pageAt := h.clk.Now()
+	items := []auditd.Item{{Key: "a", SourceID: "s", Path: "/x?a"}, {Key: "b", SourceID: "s", Path: "/x?b"}}
+	if _, err := h.loop.AddItems(ctx, v.ID, items); err != nil {
+		t.Fatal(err)
+	}
+	// Ten minutes after the start, four after the page: still open.
+	if !h.drive(func() bool { return h.clk.Now().Sub(pageAt) >= 4*time.Minute }, 10_000) {
+		t.Fatal("the clock never reached ten minutes after the start")
+	}
+	if v, err = h.runs.Run(ctx, v.ID); err != nil || v.Status != auditd.RunRunning || !v.Open || v.Counts.Succeeded != 2 {
+		t.Fatalf("four minutes after its page: %s, open %v, %d succeeded (%v); want running, open, 2", v.Status, v.Open, v.Counts.Succeeded, err)
+	}
+	v = h.finish(t, v.ID)
+	if v.Status != auditd.RunSucceeded || v.Open || v.FinishedAt.Sub(pageAt) < 10*time.Minute {
+		t.Fatalf("run %s, open %v, finished %v after its page; want succeeded, closed, 10m or more", v.Status, v.Open, v.FinishedAt.Sub(pageAt))
+	}
+	ev := h.events(t, v.ID)
+	if last := ev[len(ev)-1]; last.Type != auditd.EventRunFinished || last.Reason != "idle for 10m0s: no page within the run's idle timeout" {
+		t.Fatalf("last event %s %q", last.Type, last.Reason)
+	}
+	if _, err := h.loop.AddItems(ctx, v.ID, []auditd.Item{{Key: "c", SourceID: "s", Path: "/x?c"}}); auditd.ErrorCode(err) != auditd.ECONFLICT {
+		t.Fatalf("a page after the idle close: %v, want a conflict", err)
+	}
+	h.reconcile(t, v.ID)
+}

@@ -1,6 +1,7 @@
 package fetch
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -68,6 +69,9 @@ func (l *Loop) Submit(ctx context.Context, nr auditd.NewRun) (auditd.RunView, bo
 		run.IdleTimeout = auditd.Duration(nr.IdleTimeout)
 	} else {
 		run.Replay, run.ItemCount, run.Open = nr.Replay, len(nr.Items), nr.Open
+		if nr.Open {
+			run.IdleTimeout = auditd.Duration(cmp.Or(nr.IdleTimeout, l.cfg.OpenIdleTimeout))
+		}
 	}
 	live, err := l.cfg.Runs.Create(run, nr)
 	if errors.Is(err, runs.ErrKeyTaken) {

@@ -633,24 +633,11 @@ func getEventAt(events *bolt.Bucket, seq uint64) (auditd.Event, error) {
 	if err != nil {
 		return e, err
 	}
-	if err := decodeRecord(v, &e); err != nil {
+	if err := decodeRecord(v, &e, nil); err != nil {
 		return e, err
 	}
 	if e.Seq != seq {
 		return e, fmt.Errorf("%w: event stored as %d says it is %d", ErrCorrupt, seq, e.Seq)
 	}
 	return e, nil
-}
-
-// decodeRecord decodes a stored event record into e.
-func decodeRecord(v []byte, e *auditd.Event) error {
-	if len(v) < 2*sha256.Size+1 {
-		return fmt.Errorf("%w: record of %d bytes", ErrCorrupt, len(v))
-	}
-	if err := UnmarshalCanonical(v[sha256.Size:len(v)-sha256.Size], e); err != nil {
-		return err
-	}
-	copy(e.PrevHash[:], v)
-	copy(e.Hash[:], v[len(v)-sha256.Size:])
-	return nil
 }

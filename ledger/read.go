@@ -51,6 +51,7 @@ var errChunkFull = errors.New("scan chunk full")
 // fn is reused for the next one: fn must copy what it keeps.
 func (r *Reader) Scan(from, to uint64, fn func(*auditd.Event) error) error {
 	next, head := max(from, 1), to
+	st := new(stringTable)
 	for {
 		done, n := false, 0
 		err := r.db.View(func(tx *bolt.Tx) error {
@@ -79,7 +80,7 @@ func (r *Reader) Scan(from, to uint64, fn func(*auditd.Event) error) error {
 					next = seq
 					return nil
 				}
-				if err := decodeRecord(v, &e); err != nil {
+				if err := decodeRecord(v, &e, st); err != nil {
 					return fmt.Errorf("scan event %d: %w", seq, err)
 				}
 				if err := fn(&e); err != nil {
@@ -101,6 +102,7 @@ func (r *Reader) ScanRun(runID string, after uint64, fn func(*auditd.Event) erro
 	if runID == "" {
 		return auditd.Errorf(auditd.EINVALID, "run id is required")
 	}
+	st := new(stringTable)
 	for {
 		more, n := false, 0
 		err := r.db.View(func(tx *bolt.Tx) error {
@@ -122,7 +124,7 @@ func (r *Reader) ScanRun(runID string, after uint64, fn func(*auditd.Event) erro
 				if v == nil {
 					return fmt.Errorf("scan run %s: %w: indexed event %d missing", runID, ErrCorrupt, seq)
 				}
-				if err := decodeRecord(v, &e); err != nil {
+				if err := decodeRecord(v, &e, st); err != nil {
 					return fmt.Errorf("scan run %s: event %d: %w", runID, seq, err)
 				}
 				after, n = seq, n+1

@@ -139,15 +139,17 @@ type recount struct {
 	statusNote string
 	first      uint64
 	last       uint64
+	headAtEnd  [32]byte
 	total      LedgerCounts // events of the run, all scopes
 
-	sources map[string]*scope
-	items   map[string]*item
-	reqs    map[reqKey]request
-	groupOf map[string]string
-	pauses  map[string]*pause
-	hasAck  bool
-	cached  []CachedItem
+	sources   map[string]*scope
+	lastScope *scope // the one source returned last
+	items     map[string]*item
+	reqs      map[reqKey]request
+	groupOf   map[string]string
+	pauses    map[string]*pause
+	hasAck    bool
+	cached    []CachedItem
 
 	chain *chainCheck
 }
@@ -175,7 +177,11 @@ func (r *Reconciler) newRecount(runID string) *recount {
 // source returns the scope of source id, creating it. The id is cloned: the
 // reader may reuse the memory behind the event it hands out.
 func (rc *recount) source(id string) *scope {
+	if s := rc.lastScope; s != nil && s.id == id {
+		return s // most events are of the source before them
+	}
 	if s, ok := rc.sources[id]; ok {
+		rc.lastScope = s
 		return s
 	}
 	id = strings.Clone(id)
@@ -197,8 +203,7 @@ func (rc *recount) observe(e *auditd.Event) {
 		rc.first = e.Seq
 		rc.run.HeadAtStart = hex.EncodeToString(e.PrevHash[:])
 	}
-	rc.last = e.Seq
-	rc.run.HeadAtEnd = hex.EncodeToString(e.Hash[:])
+	rc.last, rc.headAtEnd = e.Seq, e.Hash // encoded once, in report
 
 	s := rc.source(e.SourceID)
 	s.counts.Events++

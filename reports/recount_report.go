@@ -2,6 +2,7 @@ package reports
 
 import (
 	"cmp"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"sort"
@@ -27,6 +28,9 @@ func (rc *recount) report(live *LiveCounters) *Report {
 	// first request, never null.
 	rep := &Report{RunID: rc.run.ID, Run: rc.run, Cached: rc.cached, Sources: []SourceReport{}, Control: []ControlEvidence{}}
 	rep.Run.FirstSeq, rep.Run.LastSeq = rc.first, rc.last
+	if rc.first != 0 {
+		rep.Run.HeadAtEnd = hex.EncodeToString(rc.headAtEnd[:])
+	}
 	ids := make([]string, 0, len(rc.sources))
 	for id := range rc.sources {
 		ids = append(ids, id)

@@ -906,7 +906,7 @@ type NewRun struct {
 	// Deadline Past it, unfinished items are shed (a proxy-mode run's requests wait no longer). It must be in the future (400 naming deadline).
 	Deadline *time.Time `json:"deadline,omitempty"`
 
-	// IdleTimeout A Go duration; a proxy-mode run ends after this long without a request (default 15m, at most 168h).
+	// IdleTimeout A Go duration, at most 168h: a proxy-mode run ends after this long without a request (default 15m); an open batch run is closed after this long without a page (default the server's, 1h). 400 on a batch run that is not open.
 	IdleTimeout *string `json:"idle_timeout,omitempty"`
 
 	// Items Required, at least one, for a batch run submitted whole; an open run's first page (maybe none); absent for a proxy-mode run. A run larger than 100,000 items comes in pages (open).
@@ -916,7 +916,7 @@ type NewRun struct {
 	Mode *RunMode `json:"mode,omitempty"`
 	Name string   `json:"name"`
 
-	// Open A batch run that takes its items in pages: items is the first, each further one comes with POST /v1/runs/{id}/items, and POST /v1/runs/{id}/finish closes it. It ends once closed and its items have ended.
+	// Open A batch run that takes its items in pages: items is the first, each further one comes with POST /v1/runs/{id}/items, and POST /v1/runs/{id}/finish closes it. It ends once closed and its items have ended. An open run that takes no page for its idle_timeout closes by itself; its run.finished says so.
 	Open *bool `json:"open,omitempty"`
 
 	// Replay Read staged payloads instead of re-fetching (batch runs).

@@ -28,6 +28,15 @@ type fileConfig struct {
 	// Fleet joins the node to a fleet sharing each source's budget through
 	// etcd (docs/FLEET.md); the --fleet-etcd and --node flags win over it.
 	Fleet fleetOptions `yaml:"fleet"`
+	// Runs holds the defaults of runs (runs.open_idle_timeout).
+	Runs runDefaults `yaml:"runs"`
+}
+
+// runDefaults are what a run gets when its submit does not say.
+type runDefaults struct {
+	// OpenIdleTimeout finishes an open batch run that takes no page for
+	// this long (a Go duration; default fetch.DefaultOpenIdleTimeout, 1h).
+	OpenIdleTimeout auditd.Duration `yaml:"open_idle_timeout"`
 }
 
 // upstreamPolicy lists CIDR prefixes (or single addresses) upstream
@@ -81,6 +90,9 @@ func loadConfig(path string, validate func(*auditd.Source) (field, msg string)) 
 	}
 	if _, err := fetch.NewPolicy(cfg.Upstream.Allow, cfg.Upstream.Deny); err != nil {
 		return nil, fmt.Errorf("%s: upstream: %w", path, err)
+	}
+	if cfg.Runs.OpenIdleTimeout < 0 {
+		return nil, fmt.Errorf("%s: runs.open_idle_timeout: %v is negative", path, cfg.Runs.OpenIdleTimeout.D())
 	}
 	nodes := sourceNodes(&root)
 	seen := map[string]int{}

@@ -38,6 +38,8 @@ func TestConfigErrorsNameLineAndField(t *testing.T) {
 		{"HeaderCRLF", "sources:\n  - id: a\n    base_url: http://x\n    headers: {X-A: \"a\\r\\nb\"}\n", "sources[0].headers[X-A]"},
 		{"UpstreamBadCIDR", "upstream: {deny: [10.0.0.0/33]}\nsources:\n  - id: a\n    base_url: http://x\n", `upstream: deny "10.0.0.0/33"`},
 		{"UpstreamUnknownKey", "upstream: {block: [10.0.0.0/8]}\n", `:1: upstream: unknown field "block": the fields here are allow, deny`},
+		{"OpenIdleTimeoutNegative", "runs:\n  open_idle_timeout: -1m\n", "runs.open_idle_timeout"},
+		{"OpenIdleTimeoutInWords", "runs:\n  open_idle_timeout: an hour\n", `:2: runs.open_idle_timeout: "an hour" is not a duration`},
 		// Mistakes told in the file's words: the line, the field as
 		// written, a suggestion; never a Go type.
 		{"UnknownTopLevel", "sourcs:\n  - id: a\n", `:1: unknown field "sourcs": did you mean "sources"?`},
@@ -104,5 +106,19 @@ func TestConfigFleet(t *testing.T) {
 	want := fleetOptions{Etcd: []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"}, Node: "east-1", Lag: 60 * time.Millisecond}
 	if !reflect.DeepEqual(cfg.Fleet, want) {
 		t.Fatalf("fleet = %+v, want %+v", cfg.Fleet, want)
+	}
+}
+
+func TestConfigOpenIdleTimeout(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte("runs:\n  open_idle_timeout: 90m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(p, validateSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Runs.OpenIdleTimeout.D(); got != 90*time.Minute {
+		t.Fatalf("runs.open_idle_timeout = %v, want 1h30m", got)
 	}
 }

@@ -224,9 +224,14 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	clientOpts := fetch.DefaultClientOptions()
 	clientOpts.Policy = policy
+	var openIdle time.Duration
+	if cfg != nil {
+		openIdle = cfg.Runs.OpenIdleTimeout.D()
+	}
 	loop, err := fetch.New(fetch.Config{
 		Ledger: led, Runs: store, Registry: reg, Limiter: lim, Staging: stage,
 		Client: fetch.NewClient(clientOpts), Logger: log, CodeVersion: codeVersion(),
+		OpenIdleTimeout: openIdle,
 	})
 	if err != nil {
 		return err
