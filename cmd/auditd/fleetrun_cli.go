@@ -56,29 +56,11 @@ func reconcileFleet(ctx context.Context, server, runID, token, format string, al
 	return 0
 }
 
+// fetchFleetReconciliation gets GET {server}/v1/fleet/runs/{id}/reconciliation.
 func fetchFleetReconciliation(ctx context.Context, client *http.Client, server, runID, token string) (*reports.FleetReport, error) {
-	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
-	defer cancel()
-	u := strings.TrimRight(server, "/") + "/v1/fleet/runs/" + url.PathEscape(runID) + "/reconciliation"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, fmt.Errorf("server URL: %w", err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("server: %s", problem(resp))
-	}
 	var rep reports.FleetReport
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&rep); err != nil {
-		return nil, fmt.Errorf("server: decode fleet reconciliation: %w", err)
+	if err := getReport(ctx, client, server, "/v1/fleet/runs/"+url.PathEscape(runID)+"/reconciliation", token, "fleet reconciliation", &rep); err != nil {
+		return nil, err
 	}
 	if rep.RunID != runID || len(rep.Checks) == 0 {
 		return nil, fmt.Errorf("server: response is not the fleet reconciliation of run %s", runID)

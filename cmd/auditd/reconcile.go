@@ -329,12 +329,25 @@ func humanDuration(d time.Duration) string {
 // fetchReconciliation gets GET {server}/v1/runs/{id}/reconciliation, the
 // same JSON the offline path computes.
 func fetchReconciliation(ctx context.Context, client *http.Client, server, runID, token string) (*reports.Report, error) {
+	var rep reports.Report
+	if err := getReport(ctx, client, server, "/v1/runs/"+url.PathEscape(runID)+"/reconciliation", token, "reconciliation", &rep); err != nil {
+		return nil, err
+	}
+	if rep.Run.ID != runID || len(rep.Checks) == 0 {
+		return nil, fmt.Errorf("server: response is not the reconciliation of run %s", runID)
+	}
+	return &rep, nil
+}
+
+// getReport decodes the JSON answer to GET {server}{path} into v, what
+// names in its errors; any answer but 200 is the server's problem, said as
+// it said it.
+func getReport(ctx context.Context, client *http.Client, server, path, token, what string, v any) error {
 	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
 	defer cancel()
-	u := strings.TrimRight(server, "/") + "/v1/runs/" + url.PathEscape(runID) + "/reconciliation"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(server, "/")+path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("server URL: %w", err)
+		return fmt.Errorf("server URL: %w", err)
 	}
 	req.Header.Set("Accept", "application/json")
 	if token != "" {
@@ -342,20 +355,16 @@ func fetchReconciliation(ctx context.Context, client *http.Client, server, runID
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
+		return fmt.Errorf("server: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("server: %s", problem(resp))
+		return fmt.Errorf("server: %s", problem(resp))
 	}
-	var rep reports.Report
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&rep); err != nil {
-		return nil, fmt.Errorf("server: decode reconciliation: %w", err)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(v); err != nil {
+		return fmt.Errorf("server: decode %s: %w", what, err)
 	}
-	if rep.Run.ID != runID || len(rep.Checks) == 0 {
-		return nil, fmt.Errorf("server: response is not the reconciliation of run %s", runID)
-	}
-	return &rep, nil
+	return nil
 }
 
 // problem describes a failed response from its problem+json body when it
