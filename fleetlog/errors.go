@@ -17,8 +17,6 @@ var (
 	ErrBadCheckpoint = errors.New("bad node checkpoint")
 	// ErrKeyMismatch means a node posted under another key than its first.
 	ErrKeyMismatch = errors.New("node key changed")
-	// ErrBadKey means a key does not parse.
-	ErrBadKey = errors.New("bad key")
 	// ErrBadLeaf means a fleet leaf does not parse.
 	ErrBadLeaf = errors.New("bad fleet leaf")
 	// ErrCorrupt means the log's state in etcd does not hold together.

@@ -261,7 +261,7 @@ func TestCosignedCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	cli := etcdtest.NewClient(t, c.Endpoints()...)
 	var vs []*witness.Verifier
-	var cosigners []*fleetlog.Cosigner
+	var cosigners []*witness.Cosigner
 	l := fleetlog.New(cli, fleetlog.Config{})
 	for _, name := range []string{"a", "b", "c"} {
 		n := newNode(t, name)
@@ -269,7 +269,7 @@ func TestCosignedCheckpoint(t *testing.T) {
 		if _, err := l.Post(ctx, n.post(t, 0)); err != nil {
 			t.Fatal(err)
 		}
-		cs, err := fleetlog.NewCosigner(n.skey)
+		cs, err := witness.NewCosigner(n.skey)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -340,7 +340,7 @@ func FuzzParseLeaf(f *testing.F) {
 func TestCosignerOfAnyKey(t *testing.T) {
 	for range 20 {
 		n := newNode(t, "k")
-		c, err := fleetlog.NewCosigner(n.skey)
+		c, err := witness.NewCosigner(n.skey)
 		if err != nil {
 			t.Fatalf("NewCosigner(%s...): %v", n.skey[:24], err)
 		}
@@ -358,7 +358,7 @@ func TestCosignRefusesARewrittenHead(t *testing.T) {
 	cli := etcdtest.NewClient(t, c.Endpoints()...)
 	l := fleetlog.New(cli, fleetlog.Config{})
 	n := newNode(t, "a")
-	cs, err := fleetlog.NewCosigner(n.skey)
+	cs, err := witness.NewCosigner(n.skey)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/auditd/auditd/witness"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/mod/sumdb/tlog"
 )
@@ -103,7 +104,7 @@ func (l *Log) ProveTree(ctx context.Context, size, old uint64) (tlog.TreeProof, 
 // Cosign adds c's cosignature to the fleet checkpoint of the tree of size
 // leaves (at most the head), after checking from the stored hashes that it
 // is consistent with the last tree c cosigned through this Log.
-func (l *Log) Cosign(ctx context.Context, c *Cosigner, size uint64) (Tree, error) {
+func (l *Log) Cosign(ctx context.Context, c *witness.Cosigner, size uint64) (Tree, error) {
 	h, err := l.Head(ctx)
 	if err != nil {
 		return Tree{}, err
@@ -120,20 +121,20 @@ func (l *Log) Cosign(ctx context.Context, c *Cosigner, size uint64) (Tree, error
 		return Tree{}, fmt.Errorf("cosign fleet tree %d: %w", size, err)
 	}
 	l.mu.Lock()
-	prev, seen := l.cosigned[c.name]
+	prev, seen := l.cosigned[c.Name()]
 	l.mu.Unlock()
 	if seen && prev.Size <= size {
 		if root, err := tlog.TreeHash(int64(prev.Size), r); err != nil || root != prev.Root {
-			return Tree{}, fmt.Errorf("cosign fleet tree %d: not consistent with the tree of %d %s cosigned: %w", size, prev.Size, c.name, ErrInconsistent)
+			return Tree{}, fmt.Errorf("cosign fleet tree %d: not consistent with the tree of %d %s cosigned: %w", size, prev.Size, c.Name(), ErrInconsistent)
 		}
 	}
-	line := c.sign(t.Text(), l.clock.Now())
-	if _, err := l.client.Put(ctx, l.cosigDir(size)+c.name, line); err != nil {
+	line := c.Sign(t.Text(), l.clock.Now())
+	if _, err := l.client.Put(ctx, l.cosigDir(size)+c.Name(), line); err != nil {
 		return Tree{}, fmt.Errorf("cosign fleet tree %d: %w", size, err)
 	}
 	l.mu.Lock()
 	if !seen || prev.Size <= size {
-		l.cosigned[c.name] = t
+		l.cosigned[c.Name()] = t
 	}
 	l.mu.Unlock()
 	return t, nil

@@ -17,6 +17,10 @@
 // does. The package implements the format itself: the production binary
 // depends on golang.org/x/mod/sumdb/note only.
 //
+// Cosigner makes such signatures with a note signer key: a fleet node
+// cosigns the fleet log's checkpoints with its ledger's key (package
+// fleetlog).
+//
 // Store keeps the cosigned checkpoints in the bbolt file (bucket
 // witness.cosigned), so that packs can be proven against them.
 package witness

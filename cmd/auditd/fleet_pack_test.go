@@ -26,6 +26,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/witness"
 )
 
 const fleetRun = "01JFLEET0RUN00000000000000"
@@ -130,7 +131,7 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs, err := fleetlog.NewCosigner(string(skey))
+		cs, err := witness.NewCosigner(string(skey))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/runs"
+	"github.com/auditd/auditd/witness"
 )
 
 // fleetPostEvery is how often a fleet node posts its ledger's checkpoint
@@ -49,7 +50,7 @@ type fleetRuns struct {
 	lag      time.Duration
 	flog     *fleetlog.Log
 	dir      *fleetlog.Runs
-	cosigner *fleetlog.Cosigner
+	cosigner *witness.Cosigner
 	db       *bolt.DB
 	led      *ledger.Ledger
 	loop     *fetch.Loop
@@ -83,7 +84,7 @@ func newFleetRuns(o fleetOptions, client *clientv3.Client, dataDir string, led *
 	if err != nil {
 		return nil, fmt.Errorf("fleet log: %w", err)
 	}
-	cs, err := fleetlog.NewCosigner(string(skey))
+	cs, err := witness.NewCosigner(string(skey))
 	if err != nil {
 		return nil, fmt.Errorf("fleet log: %w", err)
 	}
