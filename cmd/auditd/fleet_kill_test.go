@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -31,17 +30,11 @@ func TestFleetNodeKilledAndRestarted(t *testing.T) {
 	cluster := etcdtest.Start(t, 3)
 	eps := cluster.Endpoints()
 	up := startFleetUpstream(t)
-	dir := t.TempDir()
-	config := writeConfig(t, dir, fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
 	flags := func(i int) []string {
-		return []string{"--fleet-etcd", eps[i], "--node", fmt.Sprintf("node%d", i+1), "--fleet-lag", "100ms"}
+		return []string{"--fleet-etcd", eps[i], "--fleet-lag", "100ms"}
 	}
-	var nodes []*child
-	var runs []string
-	for i := range 3 {
-		nodes = append(nodes, startServe(t, filepath.Join(dir, fmt.Sprintf("node%d", i+1)), config, token, flags(i)...))
-		runs = append(runs, nodes[i].proxyRun(t, token))
-	}
+	f := startFleetNodes(t, up.URL, limit, token, flags)
+	nodes, runs := f.nodes, f.runs
 
 	stop := make(chan struct{})
 	wait := fleetLoad(t, nodes, runs, token, 4, stop)
@@ -53,7 +46,7 @@ func TestFleetNodeKilledAndRestarted(t *testing.T) {
 	killedAt := time.Now()
 	time.Sleep(3 * time.Second)
 	// Back on the same address, so that its clients find it again.
-	back := restartServe(t, nodes[1], filepath.Join(dir, "node2"), config, token, flags(1)...)
+	back := restartServe(t, nodes[1], f.datas[1], f.config, token, append(flags(1), "--node", "node2")...)
 	restartedAt := time.Now()
 	time.Sleep(4 * time.Second)
 	close(stop)
@@ -64,12 +57,7 @@ func TestFleetNodeKilledAndRestarted(t *testing.T) {
 	if auditd.RunStatus(run.Status).Terminal() {
 		t.Errorf("node 2's proxy run is %s after the restart, want it open", run.Status)
 	}
-	for _, n := range []*child{nodes[0], nodes[2], back} {
-		n.cmd.Process.Signal(syscall.SIGTERM)
-		if err := n.cmd.Wait(); err != nil {
-			t.Errorf("graceful shutdown: %v\n%s", err, n.logs)
-		}
-	}
+	stopGracefully(t, nodes[0], nodes[2], back)
 
 	all := up.log()
 	if most := maxInWindow(slices.Clone(all), time.Second); most > limit {

@@ -2,11 +2,8 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,17 +24,10 @@ func TestFleetStopsWithoutQuorum(t *testing.T) {
 	const lag = 100 * time.Millisecond
 	cluster := etcdtest.Start(t, 3)
 	up := startFleetUpstream(t)
-	dir := t.TempDir()
-	config := writeConfig(t, dir, fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
-	var nodes []*child
-	var datas, runs []string
-	for i := range 3 {
-		data := filepath.Join(dir, fmt.Sprintf("node%d", i+1))
-		nodes = append(nodes, startServe(t, data, config, token, "--fleet-etcd", strings.Join(cluster.Endpoints(), ","),
-			"--node", fmt.Sprintf("node%d", i+1), "--fleet-lag", lag.String()))
-		datas = append(datas, data)
-		runs = append(runs, nodes[i].proxyRun(t, token))
-	}
+	f := startFleetNodes(t, up.URL, limit, token, func(int) []string {
+		return []string{"--fleet-etcd", strings.Join(cluster.Endpoints(), ","), "--fleet-lag", lag.String()}
+	})
+	nodes, datas, runs := f.nodes, f.datas, f.runs
 
 	stop := make(chan struct{})
 	// A short deadline: without a quorum the requests end with 503 rather
@@ -61,12 +51,7 @@ func TestFleetStopsWithoutQuorum(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	close(stop)
 	counts := wait()
-	for _, n := range nodes {
-		n.cmd.Process.Signal(syscall.SIGTERM)
-		if err := n.cmd.Wait(); err != nil {
-			t.Errorf("graceful shutdown: %v\n%s", err, n.logs)
-		}
-	}
+	stopGracefully(t, nodes...)
 
 	all := up.log()
 	if most := maxInWindow(slices.Clone(all), time.Second); most > limit {

@@ -169,20 +169,14 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	eps := cluster.Endpoints()
 	cut := etcdtest.StartProxy(t, eps[2]) // node 3 reaches etcd only through it
 	up := startFleetUpstream(t)
-	dir := t.TempDir()
-	config := writeConfig(t, dir, fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", up.URL, limit))
-	var nodes []*child
-	var datas, runs []string
-	for i := range 3 {
+	f := startFleetNodes(t, up.URL, limit, token, func(i int) []string {
 		ep := eps[i]
 		if i == 2 {
 			ep = cut.URL()
 		}
-		data := filepath.Join(dir, fmt.Sprintf("node%d", i+1))
-		nodes = append(nodes, startServe(t, data, config, token, "--fleet-etcd", ep, "--node", fmt.Sprintf("node%d", i+1), "--fleet-lag", fleetLag.String()))
-		datas = append(datas, data)
-		runs = append(runs, nodes[i].proxyRun(t, token))
-	}
+		return []string{"--fleet-etcd", ep, "--fleet-lag", fleetLag.String()}
+	})
+	nodes, datas, runs := f.nodes, f.datas, f.runs
 
 	stop := make(chan struct{})
 	wait := fleetLoad(t, nodes, runs, token, 6, stop)
@@ -233,12 +227,7 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	close(stop)
 	counts := wait()
-	for _, n := range nodes {
-		n.cmd.Process.Signal(syscall.SIGTERM)
-		if err := n.cmd.Wait(); err != nil {
-			t.Errorf("graceful shutdown: %v\n%s", err, n.logs)
-		}
-	}
+	stopGracefully(t, nodes...)
 
 	all := up.log()
 	if most := maxInWindow(slices.Clone(all), time.Second); most > limit {
@@ -358,4 +347,41 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// fleetNodes are three auditd nodes of a fleet test, each with its data
+// directory and a proxy run open.
+type fleetNodes struct {
+	nodes       []*child
+	datas, runs []string
+	dir, config string
+}
+
+// startFleetNodes starts three nodes named node1 to node3 sharing source
+// "up" at upstream, told limit a second, each with the fleet flags flags(i)
+// gives (--fleet-etcd and the like), and opens a proxy run on each.
+func startFleetNodes(t *testing.T, upstream string, limit int, token string, flags func(i int) []string) *fleetNodes {
+	t.Helper()
+	f := &fleetNodes{dir: t.TempDir()}
+	f.config = writeConfig(t, f.dir, fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", upstream, limit))
+	for i := range 3 {
+		data := filepath.Join(f.dir, fmt.Sprintf("node%d", i+1))
+		n := startServe(t, data, f.config, token, append(flags(i), "--node", fmt.Sprintf("node%d", i+1))...)
+		f.nodes = append(f.nodes, n)
+		f.datas = append(f.datas, data)
+		f.runs = append(f.runs, n.proxyRun(t, token))
+	}
+	return f
+}
+
+// stopGracefully stops each node with SIGTERM and fails the test if one
+// does not shut down cleanly.
+func stopGracefully(t *testing.T, nodes ...*child) {
+	t.Helper()
+	for _, n := range nodes {
+		n.cmd.Process.Signal(syscall.SIGTERM)
+		if err := n.cmd.Wait(); err != nil {
+			t.Errorf("graceful shutdown: %v\n%s", err, n.logs)
+		}
+	}
 }
