@@ -36,11 +36,7 @@ func verifyPack(path, key, previous string, witnesses []string, stdout, stderr i
 		return 2
 	}
 	if !r.OK {
-		fmt.Fprintf(stdout, "pack NOT verified: %s\n", plural(int64(len(r.Problems)), "problem"))
-		for _, pr := range r.Problems {
-			fmt.Fprintf(stdout, "  - %s\n", pr)
-		}
-		return 1
+		return notVerified(stdout, "pack", r.Problems)
 	}
 	var rows []string
 	for name, n := range r.Rows {
@@ -103,11 +99,7 @@ func verifyFleetPack(path string, nodeKeys []string, stdout, stderr io.Writer) i
 		return 2
 	}
 	if !r.OK {
-		fmt.Fprintf(stdout, "fleet pack NOT verified: %s\n", plural(int64(len(r.Problems)), "problem"))
-		for _, pr := range r.Problems {
-			fmt.Fprintf(stdout, "  - %s\n", pr)
-		}
-		return 1
+		return notVerified(stdout, "fleet pack", r.Problems)
 	}
 	names := make([]string, 0, len(r.Nodes))
 	for name := range r.Nodes {
@@ -128,4 +120,14 @@ func verifyFleetPack(path string, nodeKeys []string, stdout, stderr io.Writer) i
 		fmt.Fprintln(stdout, "note: checked with the nodes' keys the pack carries; pass --node-key NAME=KEY for each node to rule out a pack re-signed whole")
 	}
 	return 0
+}
+
+// notVerified lists the problems that failed a pack (what names it) and
+// returns verify's exit code for that, 1.
+func notVerified(stdout io.Writer, what string, problems []string) int {
+	fmt.Fprintf(stdout, "%s NOT verified: %s\n", what, plural(int64(len(problems)), "problem"))
+	for _, pr := range problems {
+		fmt.Fprintf(stdout, "  - %s\n", pr)
+	}
+	return 1
 }
