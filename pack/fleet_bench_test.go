@@ -18,6 +18,7 @@ import (
 	"github.com/auditd/auditd/internal/etcdtest"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/pack"
+	"github.com/auditd/auditd/witness"
 )
 
 // benchFleet is the 1M-event run of bench_test.go split over three nodes
@@ -155,7 +156,7 @@ func buildBenchFleet(b *testing.B, w io.Writer, fl *benchFleet, dbs [3]*bolt.DB,
 		if err != nil {
 			b.Fatal(err)
 		}
-		cs, err := fleetlog.NewCosigner(string(skey))
+		cs, err := witness.NewCosigner(string(skey))
 		if err != nil {
 			b.Fatal(err)
 		}

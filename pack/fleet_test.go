@@ -25,6 +25,7 @@ import (
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
+	"github.com/auditd/auditd/witness"
 )
 
 // fleetBase is when the fleet run's first event happened.
@@ -140,7 +141,7 @@ func newFleetFixture(tb testing.TB, items int) *fleetFixture {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		cs, err := fleetlog.NewCosigner(string(skey))
+		cs, err := witness.NewCosigner(string(skey))
 		if err != nil {
 			tb.Fatal(err)
 		}
