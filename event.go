@@ -17,7 +17,7 @@ const (
 	EventRunResumed       EventType = "run.resumed"          // Reason (restart)
 	EventRunFinished      EventType = "run.finished"         // Outcome: run status
 	EventItemQueued       EventType = "item.queued"          // Method, Path
-	EventDispatch         EventType = "dispatch"             // Method, Path (credentials stripped), Probe
+	EventDispatch         EventType = "dispatch"             // Method, Path (credentials stripped), Probe, Detail (its cost when above 1: CostDetail)
 	EventWait             EventType = "wait"                 // Gate, Wait (planned), Actual
 	EventResponse         EventType = "response"             // Status, Bytes, Latency, Outcome, BodyError
 	EventThrottle         EventType = "throttle"             // Status, RetryAfterRaw, RetryAfter, Clamped, Backoff, Wait

@@ -410,7 +410,7 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 		n++
 	}
 	buf[n] = auditd.Event{Type: auditd.EventDispatch, RunID: ar.id, SourceID: it.SourceID, ItemKey: it.Key,
-		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe, Detail: costDetail(a.permit.Cost)}
+		Page: uint32(a.page), Attempt: a.n, Method: it.Method, Path: path, Probe: a.permit.Probe, Detail: auditd.CostDetail(a.permit.Cost)}
 	e := buf[:n+1]
 	f, err := l.queueDispatch(ar, it.SourceID, a.permit, e)
 	if err != nil {
@@ -608,30 +608,6 @@ func resultOf(it *auditd.Item, e *auditd.Event) (*auditd.ItemResult, error) {
 		res.Pages = 1
 	}
 	return res, nil
-}
-
-// costDetail is a dispatch's Detail: the cost its admission was charged,
-// when above 1 (`{"cost":75}`); "" for a request of cost 1, as every
-// dispatch was before costs.
-func costDetail(cost int) string {
-	if cost <= 1 {
-		return ""
-	}
-	return `{"cost":` + strconv.Itoa(cost) + `}`
-}
-
-// dispatchCost is the cost a dispatch was charged: its Detail's, else 1.
-func dispatchCost(e *auditd.Event) int {
-	if e.Detail == "" {
-		return 1
-	}
-	var d struct {
-		Cost int `json:"cost"`
-	}
-	if json.Unmarshal([]byte(e.Detail), &d) != nil || d.Cost < 1 {
-		return 1
-	}
-	return d.Cost
 }
 
 // costRefusal says why a unit of work (an item, a proxied request) of cost

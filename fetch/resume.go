@@ -180,7 +180,7 @@ func (g *gates) seedGates() error {
 		switch e.Type {
 		case auditd.EventDispatch:
 			if b, err := g.limiter.Budget(e.SourceID); err == nil {
-				b.Record(e.Time, dispatchCost(e))
+				b.Record(e.Time, auditd.DispatchCost(e))
 			}
 		case auditd.EventThrottle:
 			if until := e.Time.Add(e.Wait); until.After(now) {

@@ -56,7 +56,7 @@ func (j *joiner) observe(e *auditd.Event) error {
 		r := j.newRow()
 		r.seq, r.run, r.item, r.source, r.method, r.path = e.Seq, e.RunID, e.ItemKey, e.SourceID, e.Method, e.Path
 		r.page, r.attempt, r.at, r.hash = e.Page, e.Attempt, e.Time, e.Hash
-		r.cost = dispatchCost(e)
+		r.cost = int64(auditd.DispatchCost(e))
 		j.q = append(j.q, r)
 		j.open[reqKey{e.ItemKey, e.Page}] = r
 	case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:

@@ -3,7 +3,6 @@ package reports
 import (
 	"encoding/json"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -87,21 +86,6 @@ type ceiling struct {
 	costed bool // a dispatch of the source cost other than 1
 }
 
-// dispatchCost is the cost a dispatch was charged: its Detail's, else 1.
-// A Detail that does not decode, or names no cost, counts 1.
-func dispatchCost(e *auditd.Event) int64 {
-	if !strings.Contains(e.Detail, `"cost"`) {
-		return 1
-	}
-	var d struct {
-		Cost int64 `json:"cost"`
-	}
-	if json.Unmarshal([]byte(e.Detail), &d) != nil || d.Cost < 1 {
-		return 1
-	}
-	return d.Cost
-}
-
 // snapshotDetail takes from a registry snapshot of s the burst the limiter
 // allowed (unless the Reconciler was given one) and the configured ceiling.
 func (rc *recount) snapshotDetail(s *scope, e *auditd.Event) {
@@ -133,7 +117,7 @@ func (s *scope) refused(dispatchSeq uint64) {
 // window holds dispatch e of s to R9.
 func (rc *recount) window(s *scope, e *auditd.Event) {
 	c := &s.checks[8]
-	t, cost := e.Time.UnixNano(), dispatchCost(e)
+	t, cost := e.Time.UnixNano(), int64(auditd.DispatchCost(e))
 	s.win.add(e.Seq, t, cost)
 	s.ceil.costed = s.ceil.costed || cost != 1
 	if s.ceil.limit > 0 {
