@@ -152,11 +152,7 @@ func buildBenchFleet(b *testing.B, w io.Writer, fl *benchFleet, dbs [3]*bolt.DB,
 		b.Fatal(err)
 	}
 	for n := range dbs {
-		skey, err := os.ReadFile(filepath.Join(fl.dirs[n], ledger.PrivateKeyFile))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cs, err := witness.NewCosigner(string(skey))
+		cs, err := witness.ReadCosigner(filepath.Join(fl.dirs[n], ledger.PrivateKeyFile))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -137,11 +137,7 @@ func newFleetFixture(tb testing.TB, items int) *fleetFixture {
 		tb.Fatal(err)
 	}
 	for _, n := range f.nodes {
-		skey, err := os.ReadFile(filepath.Join(n.dir, ledger.PrivateKeyFile))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		cs, err := witness.NewCosigner(string(skey))
+		cs, err := witness.ReadCosigner(filepath.Join(n.dir, ledger.PrivateKeyFile))
 		if err != nil {
 			tb.Fatal(err)
 		}

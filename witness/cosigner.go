@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 )
@@ -45,4 +46,14 @@ func (c *Cosigner) Sign(text string, t time.Time) string {
 	sig = binary.BigEndian.AppendUint64(sig, secs)
 	sig = append(sig, ed25519.Sign(c.priv, signedMessage(secs, []byte(text)))...)
 	return "\u2014 " + c.name + " " + base64.StdEncoding.EncodeToString(sig) + "\n"
+}
+
+// ReadCosigner returns the cosigner of the note signer key in the file at
+// path (a ledger's ledger.key).
+func ReadCosigner(path string) (*Cosigner, error) {
+	skey, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read cosigner key: %w", err)
+	}
+	return NewCosigner(string(skey))
 }

@@ -127,11 +127,7 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, name := range names {
-		skey, err := os.ReadFile(filepath.Join(dirs[name], ledger.PrivateKeyFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs, err := witness.NewCosigner(string(skey))
+		cs, err := witness.ReadCosigner(filepath.Join(dirs[name], ledger.PrivateKeyFile))
 		if err != nil {
 			t.Fatal(err)
 		}

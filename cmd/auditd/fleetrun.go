@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -80,11 +79,7 @@ type fleetRuns struct {
 // newFleetRuns wires fleet runs on the fleet's etcd client; start runs it.
 func newFleetRuns(o fleetOptions, client *clientv3.Client, dataDir string, led *ledger.Ledger, db *bolt.DB, loop *fetch.Loop,
 	store *runs.Store, reps *reports.Service, packs livePacks, reg *registry.Registry, log *slog.Logger) (*fleetRuns, error) {
-	skey, err := os.ReadFile(filepath.Join(dataDir, ledger.PrivateKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("fleet log: %w", err)
-	}
-	cs, err := witness.NewCosigner(string(skey))
+	cs, err := witness.ReadCosigner(filepath.Join(dataDir, ledger.PrivateKeyFile))
 	if err != nil {
 		return nil, fmt.Errorf("fleet log: %w", err)
 	}
