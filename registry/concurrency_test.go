@@ -411,16 +411,11 @@ func (p *concPacer) checkConcEvents() {
 // minute with no success (a server down for maintenance answering 503 and
 // Retry-After to everything) leave the slots alone and go to the pace.
 func TestConcurrencyRefusalNeedsRecentSuccess(t *testing.T) {
-	clk := clock.NewFake(epoch)
-	led := &memLedger{clock: clk}
-	reg, err := registry.Open(MustOpenDB(t), registry.Options{Ledger: led, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := newHarness(t, registry.Options{})
+	h.led.clock = h.clk
+	clk, led, reg := h.clk, h.led, h.reg
 	ctx := context.Background()
-	if err := reg.PutSource(ctx, "test", auditd.Source{ID: "s", BaseURL: "http://s.test"}); err != nil {
-		t.Fatal(err)
-	}
+	h.put(t, auditd.Source{ID: "s", BaseURL: "http://s.test"})
 	observe := func(status, inFlight int) registry.Decision {
 		t.Helper()
 		obs := registry.Observation{SourceID: "s", Status: status, InFlight: inFlight}
@@ -460,16 +455,11 @@ func TestConcurrencyRefusalNeedsRecentSuccess(t *testing.T) {
 // a later probe of that many the pace's: the probe is cut back, and the
 // pace is left alone.
 func TestConcurrencyProbeRefusal(t *testing.T) {
-	clk := clock.NewFake(epoch)
-	led := &memLedger{clock: clk}
-	reg, err := registry.Open(MustOpenDB(t), registry.Options{Ledger: led, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := newHarness(t, registry.Options{})
+	h.led.clock = h.clk
+	clk, led, reg := h.clk, h.led, h.reg
 	ctx := context.Background()
-	if err := reg.PutSource(ctx, "test", auditd.Source{ID: "s", BaseURL: "http://s.test"}); err != nil {
-		t.Fatal(err)
-	}
+	h.put(t, auditd.Source{ID: "s", BaseURL: "http://s.test"})
 	observe := func(status, inFlight int) registry.Decision {
 		t.Helper()
 		d, err := reg.Observe(ctx, registry.Observation{SourceID: "s", Status: status, InFlight: inFlight})
