@@ -78,7 +78,7 @@ func BenchmarkWritesAtFullPace(b *testing.B) {
 			// behind the blocks the last run's nodes still held.
 			key := fmt.Sprintf("k%d-%v-%d-%d", nodes, c.lag, b.N, time.Now().UnixNano())
 			var (
-				mu     sync.Mutex
+				mu      sync.Mutex
 				granted []fleet.Block
 			)
 			record := func(e fleet.Event) {
