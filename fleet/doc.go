@@ -49,10 +49,11 @@
 // The time base: slot times are Unix nanoseconds of wall time. A grant
 // starts at the stored arrival time or at the time the reserving node asks
 // from, whichever is later; Slots asks from its now (clock.Clock.Now) plus
-// its last reservation's round trip (at most Lead), so that a slow grant
-// does not arrive with its first slots past their grace. Every node compares
-// slots with its own wall clock. MaxSkew is an assumption the operator states (the
-// nodes keep NTP time), not something the package measures.
+// its last reservation's round trip (at most Lead) less half the grace, so
+// that a grant arrives with its first slot due and not past its grace.
+// Every node compares slots with its own wall clock. MaxSkew is an
+// assumption the operator states (the nodes keep NTP time), not something
+// the package measures.
 //
 // Caveats:
 //   - Pacing on wall time, unlike limiter's monotonic pacing: a node's wall

@@ -138,14 +138,17 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 	if s.need > 0 {
 		return 0, true
 	}
-	if s.usedRun == 0 {
-		return 0, false // idle: hold nothing more until a taker asks
+	if s.usedRun < 2 {
+		// Idle, or sparse: one slot used since the last grant is no sign
+		// of demand to reserve ahead for. Hold nothing more (to waste)
+		// until a taker asks.
+		return 0, false
 	}
 	last, ok := s.lastLocked()
 	if !ok {
 		return 0, true
 	}
-	wait := last - int64(s.cfg.Lead) - now
+	wait := last - s.ahead() - now
 	return time.Duration(wait), wait <= 0
 }
 
@@ -167,17 +170,19 @@ func (s *Slots) size() int {
 	return s.want
 }
 
-// reserve asks for count slots from when the grant should reach this node:
-// now plus the last reservation's round trip, so that a block's first slots
-// are not past their grace on arrival.
+// reserve asks for count slots from half a grace before the grant should
+// reach this node (now plus the last reservation's round trip): a block's
+// first slot is then due on arrival, so a request waiting for it goes at
+// once, and is not past its grace unless the round trip grew by more than
+// half of it.
 func (s *Slots) reserve(ctx context.Context, count int) (Block, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	s.mu.Lock()
-	trip := s.trip
+	early := max(s.trip-s.cfg.Grace/2, 0)
 	s.mu.Unlock()
 	start := s.clock.Now()
-	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(trip), count, time.Duration(s.interval))
+	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(early), count, time.Duration(s.interval))
 	if err == nil {
 		s.mu.Lock()
 		s.trip = min(s.clock.Now().Sub(start), s.cfg.Lead)
@@ -191,6 +196,7 @@ func (s *Slots) add(b Block) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.held = append(s.held, b)
+	s.span = int64(b.Count) * b.Interval.Nanoseconds()
 	s.stats.Blocks++
 	s.stats.Reserved += int64(b.Count)
 	s.need = 0
