@@ -127,8 +127,10 @@ func (s *Slots) reserveLoop(ctx context.Context) {
 			s.setCut(false)
 			s.notify(Event{Kind: EventRejoined, Key: s.cfg.Key, At: s.clock.Now()})
 		}
-		s.add(b)
+		// Reported before it is held: a Notify that records the grant
+		// durably has it on record before any of its slots is used.
 		s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
+		s.add(b)
 	}
 }
 

@@ -49,8 +49,11 @@ type Config struct {
 	// default DefaultRetry.
 	Retry time.Duration
 	// Notify, when set, receives every reservation, pause, cut-off and
-	// rejoin this node acts on, in order, from the Slots' goroutines; it
-	// must not block for long.
+	// rejoin this node acts on, in order, from the Slots' goroutines. A
+	// grant (EventReserved) is reported before any of its slots is handed
+	// out, so a Notify that records it durably before returning has every
+	// grant on record ahead of its slots' use. Notify must not block for
+	// longer than such a record takes.
 	Notify func(Event)
 }
 

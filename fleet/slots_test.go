@@ -93,19 +93,49 @@ func openSlots(t *testing.T, cfg fleet.Config) (*fleet.Slots, *clock.Fake, *memB
 	t.Helper()
 	fc := clock.NewFake(t0)
 	mb := newMemBackend(fc)
-	events := make(chan fleet.Event, 64)
+	reported, events := make(chan fleet.Event, 64), make(chan fleet.Event, 64)
 	cfg.Key = "src"
 	if cfg.Rate.Limit == 0 {
 		cfg.Rate = fleet.Rate{Limit: 10, Window: time.Second}
 	}
-	cfg.Notify = func(e fleet.Event) { events <- e }
+	cfg.Notify = func(e fleet.Event) { reported <- e }
 	s, err := fleet.NewSlots(mb, fc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Open()
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	go forwardActedOn(t.Context(), s, reported, events)
 	return s, fc, mb, events
+}
+
+// forwardActedOn passes on each event of s once s acted on it: a grant,
+// reported before it is held, once it is held.
+func forwardActedOn(ctx context.Context, s *fleet.Slots, in <-chan fleet.Event, out chan<- fleet.Event) {
+	var grants int64
+	for {
+		var e fleet.Event
+		select {
+		case e = <-in:
+		case <-ctx.Done():
+			return
+		}
+		if e.Kind == fleet.EventReserved {
+			grants++
+			for {
+				changed := s.Changed()
+				if s.Stats().Blocks >= grants {
+					break
+				}
+				select {
+				case <-changed:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		out <- e
+	}
 }
 
 // next returns the next event, failing the test if none comes (a guard
@@ -290,6 +320,40 @@ func TestSlotsSparseNodeReservesOnlyWhenAsked(t *testing.T) {
 	fc.Advance(time.Second)
 	if st := s.Stats(); st.Used != 5 || st.Wasted > 5 {
 		t.Fatalf("stats %+v, want five used and at most one wasted a grant", st)
+	}
+}
+
+// TestSlotsGrantReportedBeforeItsSlotsAreHandedOut holds Notify on a grant:
+// until it returns, the grant's slots are not handed out.
+func TestSlotsGrantReportedBeforeItsSlotsAreHandedOut(t *testing.T) {
+	fc := clock.NewFake(t0)
+	reported, release := make(chan fleet.Event, 1), make(chan struct{})
+	s, err := fleet.NewSlots(newMemBackend(fc), fc, fleet.Config{Key: "src", Rate: fleet.Rate{Limit: 10, Window: time.Second},
+		Notify: func(e fleet.Event) {
+			if e.Kind == fleet.EventReserved {
+				reported <- e
+				<-release
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Open()
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	s.Earliest(fc.Now(), 1)
+	next(t, reported)
+	if _, ok := s.Earliest(fc.Now(), 1); ok {
+		t.Fatal("a slot handed out while its grant was being reported")
+	}
+	changed := s.Changed()
+	close(release)
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second): // a guard against a hang
+		t.Fatal("the grant was not held once reported")
+	}
+	if !s.Take(fc.Now(), 1) {
+		t.Fatal("the reported grant's slot refused")
 	}
 }
 
