@@ -63,7 +63,8 @@ func BenchmarkTake(b *testing.B) {
 // share of the limit handed out (util); the target is at most rate/10
 // writes a second plus a constant. Where util falls short it says why:
 // granted is the share of the run's slot times some node held (1 less the
-// gaps between blocks), wasted/slot the share of held slots nobody took.
+// gaps between blocks), wasted/slot the share of held slots nobody took;
+// even is how evenly the nodes, each at full demand, shared the slots.
 func BenchmarkWritesAtFullPace(b *testing.B) {
 	cluster := etcdtest.Start(b, 1)
 	rate := fleet.Rate{Limit: 1000, Window: time.Second}
@@ -120,10 +121,15 @@ func BenchmarkWritesAtFullPace(b *testing.B) {
 			end := time.Now()
 			elapsed := end.Sub(start)
 			var blocks, used, wasted int64
+			least := int64(b.N)
 			for _, s := range all {
 				st := s.Stats()
 				blocks, used, wasted = blocks+st.Blocks, used+st.Used, wasted+st.Wasted
+				least = min(least, st.Used)
 			}
+			// The least any node used against an even split: 1 when the
+			// nodes, every one at full demand, shared the rate evenly.
+			b.ReportMetric(float64(least)*float64(nodes)/float64(used), "even")
 			b.ReportMetric(float64(blocks)/elapsed.Seconds(), "writes/s")
 			b.ReportMetric(float64(blocks)/float64(used), "writes/slot")
 			b.ReportMetric(float64(used)/elapsed.Seconds(), "slots/s")
