@@ -97,7 +97,7 @@ func (s *Slots) reserveLoop(ctx context.Context) {
 		wait, need := s.due(now.UnixNano())
 		count := 0
 		if need {
-			count = s.size()
+			count = s.size(now.UnixNano())
 		}
 		s.mu.Unlock()
 
@@ -154,14 +154,19 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 	return time.Duration(wait), wait <= 0
 }
 
-// size returns how many slots to reserve next, and starts counting the run
-// the reservation will serve. A node whose last run wasted slots asks for a
+// size returns how many slots to reserve at now, and starts counting the
+// run the reservation will serve. A node asked for slots after a spell
+// with none (its last slot more than a grace ago) starts again from what
+// the taker asks, as a new node does: sparse demand takes one slot a
+// request and wastes none. A node whose last run wasted slots asks for a
 // little more than it used, but no less than half its last ask (a taker
 // woken late once does not collapse its blocks); one that used at least
 // half asks for twice as many, up to Block's worth of the rate. The caller
 // holds s.mu.
-func (s *Slots) size() int {
+func (s *Slots) size(now int64) int {
 	switch {
+	case s.need > 0 && s.count() == 0 && now >= s.lastSlot+int64(s.cfg.Grace):
+		s.want = 1
 	case s.lostRun > 0:
 		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
 	case s.usedRun > 0 && s.usedRun >= s.want/2:
@@ -199,6 +204,7 @@ func (s *Slots) add(b Block) {
 	defer s.mu.Unlock()
 	s.held = append(s.held, b)
 	s.span = int64(b.Count) * b.Interval.Nanoseconds()
+	s.lastSlot = b.Slot(b.Count - 1).UnixNano()
 	s.stats.Blocks++
 	s.stats.Reserved += int64(b.Count)
 	s.need = 0

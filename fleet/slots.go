@@ -75,18 +75,19 @@ type Slots struct {
 	interval int64 // nanoseconds between slots, the skew guard included
 	max      int   // most slots one reservation takes
 
-	mu      sync.Mutex
-	held    []Block       // granted and not yet spent, in time order
-	next    int           // held[0]'s next slot
-	pause   int64         // unix nanoseconds: no slot before it is handed out
-	want    int           // size of the next reservation
-	span    int64         // nanoseconds the last granted block spans
-	trip    time.Duration // how long the last reservation took, up to Lead
-	need    int           // largest cost a taker found too few slots for since the last reservation; 0 when none
-	usedRun int           // slots used since the last reservation
-	lostRun int           // slots wasted since the last reservation
-	stats   Stats
-	changed chan struct{} // closed on any change a taker could care about; nil when nobody waits
+	mu       sync.Mutex
+	held     []Block       // granted and not yet spent, in time order
+	next     int           // held[0]'s next slot
+	pause    int64         // unix nanoseconds: no slot before it is handed out
+	want     int           // size of the next reservation
+	span     int64         // nanoseconds the last granted block spans
+	lastSlot int64         // unix nanoseconds of the last granted block's last slot
+	trip     time.Duration // how long the last reservation took, up to Lead
+	need     int           // largest cost a taker found too few slots for since the last reservation; 0 when none
+	usedRun  int           // slots used since the last reservation
+	lostRun  int           // slots wasted since the last reservation
+	stats    Stats
+	changed  chan struct{} // closed on any change a taker could care about; nil when nobody waits
 
 	kick   chan struct{}
 	cancel context.CancelFunc
