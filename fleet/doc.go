@@ -13,10 +13,10 @@
 //
 // Slots is the node side of one key: it hands out the slots of the blocks
 // it holds, with no etcd call on the way (Earliest, Take), while one
-// goroutine reserves the next block before the held ones run out and
-// another follows the key's pause. Notify reports every grant, pause,
-// cut-off and rejoin the node acts on, with the etcd revision of grants and
-// pauses, for the node's ledger.
+// goroutine reserves the next block before the held ones run out (once
+// half the last is used) and another follows the key's pause. Notify
+// reports every grant, pause, cut-off and rejoin the node acts on, with the
+// etcd revision of grants and pauses, for the node's ledger.
 //
 // Invariants:
 //   - A slot is granted once. Every grant is a compare-and-swap on the
@@ -49,10 +49,11 @@
 // The time base: slot times are Unix nanoseconds of wall time. A grant
 // starts at the stored arrival time or at the time the reserving node asks
 // from, whichever is later; Slots asks from its now (clock.Clock.Now) plus
-// its last reservation's round trip (at most Lead), so that a slow grant
-// does not arrive with its first slots past their grace. Every node compares
-// slots with its own wall clock. MaxSkew is an assumption the operator states (the
-// nodes keep NTP time), not something the package measures.
+// its last reservation's round trip (at most Lead) less half the grace, so
+// that a grant arrives with its first slot due and not past its grace.
+// Every node compares slots with its own wall clock. MaxSkew is an
+// assumption the operator states (the nodes keep NTP time), not something
+// the package measures.
 //
 // Caveats:
 //   - Pacing on wall time, unlike limiter's monotonic pacing: a node's wall
@@ -69,10 +70,19 @@
 //   - Block sizes follow demand: a node's first block is one slot; the next
 //     is twice the last while the node uses at least half of what it asked
 //     for, up to Block's worth of the rate; after a run that wasted slots it
-//     is a quarter more than the run used, and at least half the last. At full pace each busy node
-//     reserves about once per Block (etcd writes per second per key: the
-//     busy nodes over Block), and a node whose demand stops wastes at most
-//     what it holds plus one block.
+//     is a quarter more than the run used, and at least half the last. At
+//     full pace each busy node reserves about once per Block (etcd writes
+//     per second per key: the busy nodes over Block), and a node whose
+//     demand stops wastes at most what it holds plus one block.
+//   - When the next block is reserved: once the node has used two slots
+//     since its last grant and half its last block's span (at least Lead)
+//     is left before its last held slot, or when a taker finds too few. A
+//     reservation late by less than that half leaves no gap between the
+//     node's blocks. A sparse node (one slot used per grant, its takers
+//     further apart than the grace) reserves only when asked, and a node
+//     asked after a grace with no slot starts again from one slot: one
+//     etcd write, one slot and one round trip of waiting per request,
+//     nothing held ahead to waste.
 //   - A cost of n slots needs n held slots within Grace of each other
 //     (Slots.Check): (n-1) intervals less than Grace.
 //   - Store keeps the last state it saw of each key, so that a node's next

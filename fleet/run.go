@@ -97,7 +97,7 @@ func (s *Slots) reserveLoop(ctx context.Context) {
 		wait, need := s.due(now.UnixNano())
 		count := 0
 		if need {
-			count = s.size()
+			count = s.size(now.UnixNano())
 		}
 		s.mu.Unlock()
 
@@ -127,8 +127,10 @@ func (s *Slots) reserveLoop(ctx context.Context) {
 			s.setCut(false)
 			s.notify(Event{Kind: EventRejoined, Key: s.cfg.Key, At: s.clock.Now()})
 		}
-		s.add(b)
+		// Reported before it is held: a Notify that records the grant
+		// durably has it on record before any of its slots is used.
 		s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
+		s.add(b)
 	}
 }
 
@@ -138,25 +140,33 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 	if s.need > 0 {
 		return 0, true
 	}
-	if s.usedRun == 0 {
-		return 0, false // idle: hold nothing more until a taker asks
+	if s.usedRun < 2 {
+		// Idle, or sparse: one slot used since the last grant is no sign
+		// of demand to reserve ahead for. Hold nothing more (to waste)
+		// until a taker asks.
+		return 0, false
 	}
 	last, ok := s.lastLocked()
 	if !ok {
 		return 0, true
 	}
-	wait := last - int64(s.cfg.Lead) - now
+	wait := last - s.ahead() - now
 	return time.Duration(wait), wait <= 0
 }
 
-// size returns how many slots to reserve next, and starts counting the run
-// the reservation will serve. A node whose last run wasted slots asks for a
+// size returns how many slots to reserve at now, and starts counting the
+// run the reservation will serve. A node asked for slots after a spell
+// with none (its last slot more than a grace ago) starts again from what
+// the taker asks, as a new node does: sparse demand takes one slot a
+// request and wastes none. A node whose last run wasted slots asks for a
 // little more than it used, but no less than half its last ask (a taker
 // woken late once does not collapse its blocks); one that used at least
 // half asks for twice as many, up to Block's worth of the rate. The caller
 // holds s.mu.
-func (s *Slots) size() int {
+func (s *Slots) size(now int64) int {
 	switch {
+	case s.need > 0 && s.count() == 0 && now >= s.lastSlot+int64(s.cfg.Grace):
+		s.want = 1
 	case s.lostRun > 0:
 		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
 	case s.usedRun > 0 && s.usedRun >= s.want/2:
@@ -167,17 +177,19 @@ func (s *Slots) size() int {
 	return s.want
 }
 
-// reserve asks for count slots from when the grant should reach this node:
-// now plus the last reservation's round trip, so that a block's first slots
-// are not past their grace on arrival.
+// reserve asks for count slots from half a grace before the grant should
+// reach this node (now plus the last reservation's round trip): a block's
+// first slot is then due on arrival, so a request waiting for it goes at
+// once, and is not past its grace unless the round trip grew by more than
+// half of it.
 func (s *Slots) reserve(ctx context.Context, count int) (Block, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	s.mu.Lock()
-	trip := s.trip
+	early := max(s.trip-s.cfg.Grace/2, 0)
 	s.mu.Unlock()
 	start := s.clock.Now()
-	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(trip), count, time.Duration(s.interval))
+	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(early), count, time.Duration(s.interval))
 	if err == nil {
 		s.mu.Lock()
 		s.trip = min(s.clock.Now().Sub(start), s.cfg.Lead)
@@ -191,6 +203,8 @@ func (s *Slots) add(b Block) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.held = append(s.held, b)
+	s.span = int64(b.Count) * b.Interval.Nanoseconds()
+	s.lastSlot = b.Slot(b.Count - 1).UnixNano()
 	s.stats.Blocks++
 	s.stats.Reserved += int64(b.Count)
 	s.need = 0

@@ -33,8 +33,9 @@ type Config struct {
 	// Block is the most time of the rate one reservation takes; default
 	// DefaultBlock. A node with little demand takes less (see doc.go).
 	Block time.Duration
-	// Lead is how long before its held slots run out a node reserves the
-	// next block; default DefaultLead.
+	// Lead is the least time before its held slots run out that a node
+	// reserves the next block; default DefaultLead. A node reserves earlier,
+	// once half its last block's span is left, when that is longer.
 	Lead time.Duration
 	// Grace is how long after its time a slot may still be taken; a slot
 	// nobody takes by then is wasted. Default DefaultGrace.
@@ -48,8 +49,11 @@ type Config struct {
 	// default DefaultRetry.
 	Retry time.Duration
 	// Notify, when set, receives every reservation, pause, cut-off and
-	// rejoin this node acts on, in order, from the Slots' goroutines; it
-	// must not block for long.
+	// rejoin this node acts on, in order, from the Slots' goroutines. A
+	// grant (EventReserved) is reported before any of its slots is handed
+	// out, so a Notify that records it durably before returning has every
+	// grant on record ahead of its slots' use. Notify must not block for
+	// longer than such a record takes.
 	Notify func(Event)
 }
 
@@ -71,17 +75,19 @@ type Slots struct {
 	interval int64 // nanoseconds between slots, the skew guard included
 	max      int   // most slots one reservation takes
 
-	mu      sync.Mutex
-	held    []Block       // granted and not yet spent, in time order
-	next    int           // held[0]'s next slot
-	pause   int64         // unix nanoseconds: no slot before it is handed out
-	want    int           // size of the next reservation
-	trip    time.Duration // how long the last reservation took, up to Lead
-	need    int           // largest cost a taker found too few slots for since the last reservation; 0 when none
-	usedRun int           // slots used since the last reservation
-	lostRun int           // slots wasted since the last reservation
-	stats   Stats
-	changed chan struct{} // closed on any change a taker could care about; nil when nobody waits
+	mu       sync.Mutex
+	held     []Block       // granted and not yet spent, in time order
+	next     int           // held[0]'s next slot
+	pause    int64         // unix nanoseconds: no slot before it is handed out
+	want     int           // size of the next reservation
+	span     int64         // nanoseconds the last granted block spans
+	lastSlot int64         // unix nanoseconds of the last granted block's last slot
+	trip     time.Duration // how long the last reservation took, up to Lead
+	need     int           // largest cost a taker found too few slots for since the last reservation; 0 when none
+	usedRun  int           // slots used since the last reservation
+	lostRun  int           // slots wasted since the last reservation
+	stats    Stats
+	changed  chan struct{} // closed on any change a taker could care about; nil when nobody waits
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -174,10 +180,18 @@ func (s *Slots) Take(now time.Time, cost int) bool {
 	}
 	s.stats.Used += int64(cost)
 	s.usedRun += cost
-	if end, ok := s.lastLocked(); !ok || end-n < int64(s.cfg.Lead) {
+	if end, ok := s.lastLocked(); !ok || end-n <= s.ahead() {
 		s.poke()
 	}
 	return true
+}
+
+// ahead is how long before its last held slot a node that is using its
+// slots reserves the next block: half the last block's span, so that a
+// reservation late by up to that much still leaves no gap between the
+// node's blocks, and never less than Lead. The caller holds s.mu.
+func (s *Slots) ahead() int64 {
+	return max(int64(s.cfg.Lead), s.span/2)
 }
 
 // earliestLocked drops what has expired at now and returns the time of the

@@ -93,19 +93,49 @@ func openSlots(t *testing.T, cfg fleet.Config) (*fleet.Slots, *clock.Fake, *memB
 	t.Helper()
 	fc := clock.NewFake(t0)
 	mb := newMemBackend(fc)
-	events := make(chan fleet.Event, 64)
+	reported, events := make(chan fleet.Event, 64), make(chan fleet.Event, 64)
 	cfg.Key = "src"
 	if cfg.Rate.Limit == 0 {
 		cfg.Rate = fleet.Rate{Limit: 10, Window: time.Second}
 	}
-	cfg.Notify = func(e fleet.Event) { events <- e }
+	cfg.Notify = func(e fleet.Event) { reported <- e }
 	s, err := fleet.NewSlots(mb, fc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Open()
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	go forwardActedOn(t.Context(), s, reported, events)
 	return s, fc, mb, events
+}
+
+// forwardActedOn passes on each event of s once s acted on it: a grant,
+// reported before it is held, once it is held.
+func forwardActedOn(ctx context.Context, s *fleet.Slots, in <-chan fleet.Event, out chan<- fleet.Event) {
+	var grants int64
+	for {
+		var e fleet.Event
+		select {
+		case e = <-in:
+		case <-ctx.Done():
+			return
+		}
+		if e.Kind == fleet.EventReserved {
+			grants++
+			for {
+				changed := s.Changed()
+				if s.Stats().Blocks >= grants {
+					break
+				}
+				select {
+				case <-changed:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		out <- e
+	}
 }
 
 // next returns the next event, failing the test if none comes (a guard
@@ -181,14 +211,18 @@ func TestSlotsWasteWhatExpires(t *testing.T) {
 	}
 }
 
-// grow takes the first block's slot at t0, which has the node reserve a
-// second block of two (Block 300ms over 103ms slots), and returns it.
+// grow takes the first block's slot at t0 and asks for another, which has
+// the node reserve a second block of two, and returns it. One slot used is
+// no sign of demand: the node reserves nothing more until asked.
 func grow(t *testing.T, s *fleet.Slots, fc *clock.Fake, events <-chan fleet.Event) fleet.Block {
 	t.Helper()
 	s.Earliest(fc.Now(), 1)
 	first := next(t, events).Block
 	if !s.Take(fc.Now(), 1) {
 		t.Fatal("slot 0 refused")
+	}
+	if _, ok := s.Earliest(fc.Now(), 1); ok {
+		t.Fatal("a slot held after the first block's only one was taken")
 	}
 	b := next(t, events).Block
 	if b.Count != 2 || !b.First.Equal(first.End()) {
@@ -197,24 +231,129 @@ func grow(t *testing.T, s *fleet.Slots, fc *clock.Fake, events <-chan fleet.Even
 	return b
 }
 
-func TestSlotsReserveAheadBeforeRunningOut(t *testing.T) {
-	s, fc, mb, events := openSlots(t, fleet.Config{Block: 300 * time.Millisecond, Lead: 150 * time.Millisecond})
+// takeAt takes the slots of b at the given indexes, each at its time.
+func takeAt(t *testing.T, s *fleet.Slots, fc *clock.Fake, b fleet.Block, slots ...int) {
+	t.Helper()
+	for _, i := range slots {
+		fc.Set(b.Slot(i))
+		if !s.Take(fc.Now(), 1) {
+			t.Fatalf("slot %d at %v refused", i, b.Slot(i))
+		}
+	}
+}
+
+// grow4 spends grow's block of two, which has the node, out of slots and
+// having used two, reserve a block of four, and returns it.
+func grow4(t *testing.T, s *fleet.Slots, fc *clock.Fake, events <-chan fleet.Event) fleet.Block {
+	t.Helper()
 	b := grow(t, s, fc, events)
-	fc.Set(b.First)
-	if !s.Take(fc.Now(), 1) {
-		t.Fatal("slot refused")
+	takeAt(t, s, fc, b, 0, 1)
+	c := next(t, events).Block
+	if c.Count != 4 || !c.First.Equal(b.End()) {
+		t.Fatalf("third block %+v, want four slots from %v", c, b.End())
 	}
-	// The last held slot is within Lead: the next block is reserved now,
-	// while that slot is still held.
+	return c
+}
+
+// TestSlotsReserveAheadBeforeRunningOut has a Lead longer than half a
+// block: once the node has used two slots of its block and its last slot
+// is within Lead, it reserves the next block while it still holds slots.
+func TestSlotsReserveAheadBeforeRunningOut(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: time.Second, Lead: 250 * time.Millisecond})
+	c := grow4(t, s, fc, events) // slots 103ms apart: its last is 309ms after its first
+	takeAt(t, s, fc, c, 0, 1)
 	e := next(t, events)
-	if e.Kind != fleet.EventReserved || !e.Block.First.Equal(b.End()) {
-		t.Fatalf("prefetch %+v, want a block at %v", e, b.End())
+	if e.Kind != fleet.EventReserved || !e.Block.First.Equal(c.End()) {
+		t.Fatalf("prefetch %+v, want a block at %v", e, c.End())
 	}
-	if st := s.Stats(); st.Held != 1+e.Block.Count || st.Blocks != 3 {
-		t.Fatalf("stats %+v, want the second block's last slot and the third held", st)
+	if st := s.Stats(); st.Held != 2+e.Block.Count || st.Blocks != 4 {
+		t.Fatalf("stats %+v, want the third block's last two slots and the fourth held", st)
 	}
-	if mb.callCount() != 3 {
-		t.Fatalf("%d reservations, want 3", mb.callCount())
+	if mb.callCount() != 4 {
+		t.Fatalf("%d reservations, want 4", mb.callCount())
+	}
+}
+
+// TestSlotsReserveOnceHalfTheBlockIsUsed has a Lead far below half a block:
+// a node reserves its next block once half its last block's span is left,
+// so that a reservation that comes late leaves no gap between its blocks.
+func TestSlotsReserveOnceHalfTheBlockIsUsed(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: time.Second, Lead: time.Millisecond})
+	c := grow4(t, s, fc, events)
+	takeAt(t, s, fc, c, 0, 1)
+	d := next(t, events).Block
+	if d.Count != 8 || !d.First.Equal(c.End()) {
+		t.Fatalf("fourth block %+v, want eight slots from %v", d, c.End())
+	}
+	takeAt(t, s, fc, c, 2, 3)
+	takeAt(t, s, fc, d, 0, 1, 2, 3) // four of eight: half its span is left
+	e := next(t, events).Block
+	if e.Count != 9 || !e.First.Equal(d.End()) {
+		t.Fatalf("fifth block %+v, want nine slots (a second's worth) from %v", e, d.End())
+	}
+	if st := s.Stats(); st.Held != 4+e.Count {
+		t.Fatalf("stats %+v, want the fourth block's last four slots and the fifth held", st)
+	}
+	if n := mb.callCount(); n != 5 {
+		t.Fatalf("%d reservations, want 5", n)
+	}
+}
+
+// TestSlotsSparseNodeReservesOnlyWhenAsked has a node use one slot of each
+// grant, its takers far apart: it reserves when a taker asks and holds
+// nothing ahead to waste.
+func TestSlotsSparseNodeReservesOnlyWhenAsked(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Rate: fleet.Rate{Limit: 1000, Window: time.Second}})
+	for i := range 5 {
+		fc.Advance(time.Second)
+		if _, ok := s.Earliest(fc.Now(), 1); ok {
+			t.Fatalf("request %d: a slot held a second after the last request", i)
+		}
+		b := next(t, events).Block // the grant its ask brought, held before it is reported
+		if !s.Take(fc.Now(), 1) {
+			t.Fatalf("request %d: the slot granted at %v refused at once", i, b.First)
+		}
+	}
+	if n := mb.callCount(); n != 5 {
+		t.Fatalf("%d reservations for five requests, want 5", n)
+	}
+	fc.Advance(time.Second)
+	if st := s.Stats(); st.Used != 5 || st.Reserved != 5 || st.Wasted != 0 {
+		t.Fatalf("stats %+v, want a slot reserved and used a request, none wasted", st)
+	}
+}
+
+// TestSlotsGrantReportedBeforeItsSlotsAreHandedOut holds Notify on a grant:
+// until it returns, the grant's slots are not handed out.
+func TestSlotsGrantReportedBeforeItsSlotsAreHandedOut(t *testing.T) {
+	fc := clock.NewFake(t0)
+	reported, release := make(chan fleet.Event, 1), make(chan struct{})
+	s, err := fleet.NewSlots(newMemBackend(fc), fc, fleet.Config{Key: "src", Rate: fleet.Rate{Limit: 10, Window: time.Second},
+		Notify: func(e fleet.Event) {
+			if e.Kind == fleet.EventReserved {
+				reported <- e
+				<-release
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Open()
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	s.Earliest(fc.Now(), 1)
+	next(t, reported)
+	if _, ok := s.Earliest(fc.Now(), 1); ok {
+		t.Fatal("a slot handed out while its grant was being reported")
+	}
+	changed := s.Changed()
+	close(release)
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second): // a guard against a hang
+		t.Fatal("the grant was not held once reported")
+	}
+	if !s.Take(fc.Now(), 1) {
+		t.Fatal("the reported grant's slot refused")
 	}
 }
 
@@ -232,28 +371,22 @@ func TestSlotsIdleNodeReservesNothing(t *testing.T) {
 }
 
 func TestSlotsCutOffStopsAtTheBlockAndRejoins(t *testing.T) {
-	s, fc, mb, events := openSlots(t, fleet.Config{Block: 300 * time.Millisecond, Lead: 150 * time.Millisecond})
-	b := grow(t, s, fc, events)
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: time.Second, Lead: 150 * time.Millisecond})
+	c := grow4(t, s, fc, events)
 	mb.setFail(errors.New("etcd unreachable"))
-	fc.Set(b.First)
-	if !s.Take(fc.Now(), 1) {
-		t.Fatal("slot refused")
-	}
+	takeAt(t, s, fc, c, 0, 1) // half the block used: the node reserves ahead
 	if e := next(t, events); e.Kind != fleet.EventCutOff || e.Err == nil {
 		t.Fatalf("event %+v, want cut_off", e)
 	}
 	// What it holds it still hands out...
-	fc.Set(b.Slot(1))
-	if !s.Take(fc.Now(), 1) {
-		t.Fatal("held slot refused while cut off")
-	}
+	takeAt(t, s, fc, c, 2, 3)
 	// ...and then nothing: it never guesses.
 	fc.Advance(time.Second)
 	if _, ok := s.Earliest(fc.Now(), 1); ok {
 		t.Fatal("a slot while cut off and out of slots")
 	}
-	if st := s.Stats(); !st.CutOff || st.Used != 3 || st.Reserved != 3 {
-		t.Fatalf("stats %+v, want all 3 reserved used, no more", st)
+	if st := s.Stats(); !st.CutOff || st.Used != 7 || st.Reserved != 7 {
+		t.Fatalf("stats %+v, want all 7 reserved used, no more", st)
 	}
 	fc.WaitForTimers(1) // the loop waits to try again
 	mb.setFail(nil)
@@ -364,7 +497,7 @@ func TestSlotsGuardKeepsLateTakesUnderTheLimit(t *testing.T) {
 // TestSlotsAskForBlocksFromWhenTheyArrive has every reservation take 30ms,
 // more than a slot's grace: the first block, asked for from now, arrives
 // with its slot expired; the next is asked for from now plus the round trip
-// and arrives usable.
+// less half the grace, and arrives due and usable.
 func TestSlotsAskForBlocksFromWhenTheyArrive(t *testing.T) {
 	s, fc, mb, events := openSlots(t, fleet.Config{Rate: fleet.Rate{Limit: 1000, Window: time.Second}})
 	mb.mu.Lock()
@@ -378,8 +511,11 @@ func TestSlotsAskForBlocksFromWhenTheyArrive(t *testing.T) {
 		t.Fatalf("the first slot arrived usable: %+v", s.Stats())
 	}
 	b := next(t, events).Block
-	if want := t0.Add(60 * time.Millisecond); !b.First.Equal(want) {
-		t.Fatalf("second block at %v, want %v (asked at t0+30ms, plus 30ms)", b.First, want)
+	if want := t0.Add(50 * time.Millisecond); !b.First.Equal(want) {
+		t.Fatalf("second block at %v, want %v (asked at t0+30ms, plus 30ms less 10ms)", b.First, want)
+	}
+	if !fc.Now().Equal(t0.Add(60 * time.Millisecond)) {
+		t.Fatalf("clock %v, want t0+60ms after two round trips", fc.Now())
 	}
 	if !s.Take(fc.Now(), 1) {
 		t.Fatalf("slot at %v refused on arrival at %v", b.First, fc.Now())

@@ -59,9 +59,12 @@ type fleetNode struct {
 	mu     sync.Mutex
 	shares map[string]*fleetShare // by key
 	queue  []fleet.Event          // events for the ledger, in order
-	wake   chan struct{}
-	cancel context.CancelFunc
-	done   chan struct{}
+	// writing is held while queued events are written, so that two
+	// writers (run, and notify of a grant) keep their order.
+	writing sync.Mutex
+	wake    chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 // fleetShare is one key's Slots with the rate it was made at and a member
@@ -174,11 +177,20 @@ func (n *fleetNode) closeShare(s *fleetShare) {
 	_ = s.Close(ctx) // its held slots are wasted, never given back
 }
 
-// notify queues e for the ledger (fleet.Config.Notify: it must not block).
+// notify queues e for the ledger (fleet.Config.Notify). A grant is written
+// at once, with what was queued before it, and durable before notify
+// returns: Slots hands out none of its slots until then, so no dispatch on
+// record uses a slot whose grant is not (a SIGKILL between the two would
+// leave a dispatch outside every recorded block). Other events are written
+// by run without holding up the Slots.
 func (n *fleetNode) notify(e fleet.Event) {
 	n.mu.Lock()
 	n.queue = append(n.queue, e)
 	n.mu.Unlock()
+	if e.Kind == fleet.EventReserved {
+		n.drain(context.Background())
+		return
+	}
 	select {
 	case n.wake <- struct{}{}:
 	default:
@@ -205,6 +217,8 @@ func (n *fleetNode) run(ctx context.Context) {
 }
 
 func (n *fleetNode) drain(ctx context.Context) {
+	n.writing.Lock()
+	defer n.writing.Unlock()
 	n.mu.Lock()
 	q := n.queue
 	n.queue = nil
