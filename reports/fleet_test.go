@@ -1,7 +1,10 @@
 package reports_test
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,4 +73,64 @@ func TestCombineFleet(t *testing.T) {
 			t.Errorf("R2 failing on node b: %+v", r2)
 		}
 	})
+}
+
+// A fleet run's workbook holds every node's rows of every sheet behind
+// the node's name, cell for cell as the node's own workbook has them, the
+// fleet's checks after the nodes' reconciliations, and a Manifest whose
+// hashes are those of its rows.
+func TestWriteFleetEvidence(t *testing.T) {
+	node, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
+	one := readWorkbook(t, node)
+	parts := []reports.FleetWorkbook{{Node: "b", Book: bytes.NewReader(node), Size: int64(len(node))},
+		{Node: "a", Book: bytes.NewReader(node), Size: int64(len(node))}}
+	rep := reports.CombineFleet(fixtureRun, []reports.FleetPart{nodePart(t, "a", 3), nodePart(t, "b", 4)})
+	var buf bytes.Buffer
+	if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fixtureRun, Parts: parts, Report: rep, GeneratedAt: generatedAt}); err != nil {
+		t.Fatal(err)
+	}
+	wb := readWorkbook(t, buf.Bytes())
+	if want := one.names; !slices.Equal(wb.names, want) {
+		t.Fatalf("the fleet workbook's sheets: %q, want a run workbook's %q", wb.names, want)
+	}
+	for _, name := range one.names[1:] {
+		rows, own := wb.sheets[name], one.sheets[name]
+		if rows[0][0] != reports.FleetNodeColumn || !slices.Equal(rows[0][1:], own[0]) {
+			t.Errorf("%s: header %q, want Node then %q", name, rows[0], own[0])
+		}
+		for i, node := range []string{"a", "b"} {
+			for j, r := range own[1:] {
+				got := rows[1+i*(len(own)-1)+j]
+				if got[0] != node || !slices.Equal(got[1:], r) {
+					t.Errorf("%s, node %s's row %d: %q, want %q", name, node, j+2, got, r)
+				}
+			}
+		}
+		extra := len(rows) - 1 - 2*(len(own)-1)
+		if name == reports.SheetReconciliation {
+			if want := len(rep.Checks) + len(rep.Sources[0].Checks)*len(rep.Sources); extra != want || rows[len(rows)-1][0] != reports.FleetRowsNode {
+				t.Errorf("Reconciliation: %d rows after the nodes', want the fleet's %d checks", extra, want)
+			}
+		} else if extra != 0 {
+			t.Errorf("%s: %d rows more than the nodes'", name, extra)
+		}
+	}
+	// The Manifest: each node's key, and each sheet's hash over its rows.
+	fields := map[string][]string{}
+	for _, r := range wb.sheets[reports.SheetManifest][1:] {
+		fields[r[0]] = r
+	}
+	if got := fields["Node a: "+reports.ManifestFieldPublicKey]; got == nil || got[1] != (fixedCheckpoint{}).PublicKey() {
+		t.Errorf("the Manifest's key of node a: %q", got)
+	}
+	for _, name := range wb.names[1:] {
+		if got, want := fields[name], rowsHash(wb.sheets[name]); got == nil || got[2] != want {
+			t.Errorf("the Manifest's hash of %s: %q, want %s", name, got, want)
+		}
+	}
+	// A node whose workbook is not a run's is named.
+	bad := []reports.FleetWorkbook{parts[0], {Node: "c", Book: bytes.NewReader(buf.Bytes()), Size: int64(buf.Len())}}
+	if err := reports.WriteFleetEvidence(io.Discard, reports.FleetEvidence{RunID: fixtureRun, Parts: bad}); err == nil || !strings.Contains(err.Error(), "node c") {
+		t.Errorf("a node's workbook with a Node column already: %v", err)
+	}
 }

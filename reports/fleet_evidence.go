@@ -1,0 +1,296 @@
+package reports
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/xuri/excelize/v2"
+)
+
+// FleetNodeColumn is the first column of every sheet of a fleet run's
+// evidence workbook but the Manifest: the node a row came from.
+const FleetNodeColumn = "Node"
+
+// FleetRowsNode is the Node of the Reconciliation rows that are the
+// fleet's own checks (R1 to R10 over the sum, F1, F2), after the nodes'.
+const FleetRowsNode = "fleet"
+
+// FleetWorkbook is one node's evidence workbook of its part of a fleet
+// run (GET /v1/runs/{id}/evidence.xlsx on that node).
+type FleetWorkbook struct {
+	Node string
+	Book io.ReaderAt
+	Size int64
+}
+
+// FleetEvidence says what a fleet run's evidence workbook covers.
+type FleetEvidence struct {
+	RunID string
+	// Parts are the nodes' workbooks, one per node holding a part.
+	Parts []FleetWorkbook
+	// Report is the fleet reconciliation; its checks end the
+	// Reconciliation sheet, as node FleetRowsNode.
+	Report *FleetReport
+	// GeneratedAt is recorded in the Manifest (zero: nothing).
+	GeneratedAt time.Time
+	// TmpDir holds the temporary file of the ZIP ("" is os.TempDir).
+	TmpDir string
+}
+
+// fleetSheets are the populations a fleet workbook may carry, in order.
+var fleetSheets = append(slices.Clone(sheetOrder[1:]), SheetRetention)
+
+var fleetSpecs = func() map[string]sheetSpec {
+	m := map[string]sheetSpec{}
+	for _, s := range append(eventSpecs[:], specAward, specRuns, specControl, specReconciliation, specCached, specRetention) {
+		m[s.name] = sheetSpec{s.name, append([]column{{FleetNodeColumn, 12}}, s.columns...)}
+	}
+	return m
+}()
+
+// WriteFleetEvidence writes the evidence workbook of a fleet run: the
+// sheets a run's workbook has, each holding every node's rows, node after
+// node in name order, behind a Node column; the Reconciliation sheet ends
+// with the fleet's checks. The Manifest names each node's signed
+// checkpoint and public key, which its rows are proven against (the fleet
+// pack), and each sheet's rows and SHA-256 as a run's Manifest does.
+// Nothing is written to w unless every node's workbook was read whole; a
+// node's workbook whose sheet has other columns than a run's is an error
+// naming the node and the sheet.
+func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
+	parts := slices.Clone(fe.Parts)
+	slices.SortFunc(parts, func(a, b FleetWorkbook) int { return strings.Compare(a.Node, b.Node) })
+	books := make([]*excelize.File, len(parts))
+	for i, p := range parts {
+		f, err := excelize.OpenReader(io.NewSectionReader(p.Book, 0, p.Size))
+		if err != nil {
+			return fmt.Errorf("node %s: its evidence workbook: %w", p.Node, err)
+		}
+		defer f.Close()
+		books[i] = f
+	}
+	out := excelize.NewFile()
+	defer out.Close()
+	id := "fleet run=" + fe.RunID
+	if err := docProps(out, "Evidence: "+id, id, fe.GeneratedAt); err != nil {
+		return err
+	}
+	st, err := newStyles(out)
+	if err != nil {
+		return err
+	}
+	if err := out.SetSheetName("Sheet1", SheetManifest); err != nil {
+		return err
+	}
+	var stats []SheetStat
+	for _, name := range fleetSheets {
+		s, err := fleetSheet(out, st, name, parts, books, fe.Report)
+		if err != nil {
+			return err
+		}
+		stats = append(stats, s...)
+	}
+	if err := fleetManifest(out, st, fe, parts, books, stats); err != nil {
+		return err
+	}
+	out.SetActiveSheet(0)
+	return writeWorkbook(out, w, fe.TmpDir)
+}
+
+// fleetSheet writes population name from every node's workbook (the
+// Retention sheet only when a node has one).
+func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkbook, books []*excelize.File, rep *FleetReport) ([]SheetStat, error) {
+	if name == SheetRetention && !slices.ContainsFunc(books, func(f *excelize.File) bool { idx, _ := f.GetSheetIndex(name); return idx >= 0 }) {
+		return nil, nil
+	}
+	spec := fleetSpecs[name]
+	sw, err := newSheetWriter(out, st, spec, DefaultRowLimit)
+	if err != nil {
+		return nil, err
+	}
+	for i, f := range books {
+		for n := 1; ; n++ {
+			sheet := partName(name, n)
+			if idx, _ := f.GetSheetIndex(sheet); idx < 0 {
+				break
+			}
+			if err := copyRows(sw, f, sheet, parts[i].Node, spec); err != nil {
+				return nil, fmt.Errorf("node %s: sheet %s: %w", parts[i].Node, sheet, err)
+			}
+		}
+	}
+	if name == SheetReconciliation && rep != nil {
+		checks := slices.Clone(rep.Checks)
+		for _, s := range rep.Sources {
+			checks = append(checks, s.Checks...)
+		}
+		for _, c := range checks {
+			if err := sw.row(FleetRowsNode, rep.RunID, c.Scope, c.ID, string(c.Status), c.Expected, c.Actual, c.Difference,
+				joinSeqs(c.Offending), c.Note, c.Description); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return sw.close()
+}
+
+// copyRows writes the data rows of a node's sheet to sw, the node first.
+func copyRows(sw *sheetWriter, f *excelize.File, sheet, node string, spec sheetSpec) error {
+	rows, err := f.GetRows(sheet, excelize.Options{RawCellValue: true})
+	if err != nil {
+		return err
+	}
+	want := make([]string, len(spec.columns)-1)
+	for i, c := range spec.columns[1:] {
+		want[i] = c.title
+	}
+	if len(rows) == 0 || !slices.Equal(rows[0], want) {
+		return fmt.Errorf("its header is not a run workbook's (%q)", rows[:min(len(rows), 1)])
+	}
+	dates := map[int]bool{}
+	for r, row := range rows[1:] {
+		vals := make([]any, len(spec.columns))
+		vals[0] = node
+		if len(row) > len(want) {
+			return fmt.Errorf("row %d has %d cells, more than its %d columns", r+2, len(row), len(want))
+		}
+		for c, raw := range row {
+			if raw == "" {
+				continue
+			}
+			v, err := cellValue(f, sheet, c+1, r+2, raw, dates)
+			if err != nil {
+				return fmt.Errorf("row %d, column %s: %w", r+2, want[c], err)
+			}
+			vals[c+1] = v
+		}
+		if err := sw.row(vals...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cellValue is a cell's value as the run's export gave it: a bool, a
+// date (a number in the date style), a number or a string.
+func cellValue(f *excelize.File, sheet string, col, row int, raw string, dates map[int]bool) (any, error) {
+	cell, err := excelize.CoordinatesToCellName(col, row)
+	if err != nil {
+		return nil, err
+	}
+	typ, err := f.GetCellType(sheet, cell)
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case excelize.CellTypeBool:
+		return raw == "1" || raw == "TRUE", nil
+	case excelize.CellTypeUnset, excelize.CellTypeNumber:
+	default:
+		return raw, nil
+	}
+	x, err := strconv.ParseFloat(raw, 64)
+	if err != nil {
+		return nil, err
+	}
+	style, err := f.GetCellStyle(sheet, cell)
+	if err != nil {
+		return nil, err
+	}
+	isDate, ok := dates[style]
+	if !ok {
+		s, err := f.GetStyle(style)
+		isDate = err == nil && s.CustomNumFmt != nil && *s.CustomNumFmt == dateFormat
+		dates[style] = isDate
+	}
+	if isDate {
+		return excelEpoch.Add(time.Duration(math.Round(x*86400e6)) * time.Microsecond), nil
+	}
+	return x, nil
+}
+
+// excelEpoch is day 0 of a spreadsheet date serial (1900 date system).
+var excelEpoch = time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC)
+
+// fleetManifest writes the Manifest of a fleet workbook: the fleet run,
+// its nodes, each node's checkpoint and key as its own Manifest says, and
+// every sheet's rows and hash.
+func fleetManifest(out *excelize.File, st styles, fe FleetEvidence, parts []FleetWorkbook, books []*excelize.File, stats []SheetStat) error {
+	w, err := newSheetWriter(out, st, specManifest, 1<<30)
+	if err != nil {
+		return err
+	}
+	nodes := make([]string, len(parts))
+	for i, p := range parts {
+		nodes[i] = p.Node
+	}
+	var generated any
+	if !fe.GeneratedAt.IsZero() {
+		generated = fe.GeneratedAt
+	}
+	var balanced any
+	if fe.Report != nil {
+		balanced = fe.Report.Balanced
+	}
+	rows := [][]any{
+		{"Label", Label, nil},
+		{"Export id", "fleet run=" + fe.RunID, nil},
+		{"Generated at (UTC)", generated, nil},
+		{"Filters", "fleet run=" + fe.RunID, nil},
+		{"Runs", fe.RunID, nil},
+		{"Nodes", strings.Join(nodes, " "), nil},
+		{"Reconciliation balanced", balanced, nil},
+	}
+	for i, f := range books {
+		fields, err := manifestFields(f)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", parts[i].Node, err)
+		}
+		rows = append(rows,
+			[]any{"Node " + parts[i].Node + ": " + ManifestFieldCheckpoint, fields[ManifestFieldCheckpoint], nil},
+			[]any{"Node " + parts[i].Node + ": " + ManifestFieldPublicKey, fields[ManifestFieldPublicKey], nil})
+	}
+	rows = append(rows,
+		[]any{"How to verify", "Each row's Node column names the node whose ledger holds it; its Seq is that node's sequence number. The fleet run's evidence pack (GET /v1/fleet/runs/{id}/evidence-pack.zip, auditd pack --fleet) holds every node's leaves and proofs against the checkpoints above and the fleet checkpoint the nodes cosigned: auditd verify --pack FILE --node-key NAME=KEY for each node. Each sheet's SHA-256 below is over its rows as shown: cells as text joined by tabs (tab, newline and backslash escaped as \\t, \\n, \\\\), one line per row, header row first.", nil},
+		[]any{"Timestamps", "UTC, RFC 3339 with milliseconds; durations in seconds", nil},
+		[]any{ManifestFieldSheet, "Rows", "SHA-256 of rows"})
+	for _, r := range rows {
+		if err := w.row(r...); err != nil {
+			return err
+		}
+	}
+	for _, s := range stats {
+		if err := w.row(s.Name, s.Rows, s.SHA256); err != nil {
+			return err
+		}
+	}
+	_, err = w.close()
+	return err
+}
+
+// manifestFields reads the Field and Value columns of a run workbook's
+// Manifest, up to its list of sheets.
+func manifestFields(f *excelize.File) (map[string]string, error) {
+	rows, err := f.GetRows(SheetManifest)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, r := range rows[min(len(rows), 1):] {
+		if len(r) == 0 || r[0] == ManifestFieldSheet {
+			break
+		}
+		if len(r) > 1 {
+			out[r[0]] = r[1]
+		}
+	}
+	if out[ManifestFieldPublicKey] == "" {
+		return nil, fmt.Errorf("its workbook's Manifest names no public key")
+	}
+	return out, nil
+}
