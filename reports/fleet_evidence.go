@@ -3,6 +3,7 @@ package reports
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/xuri/excelize/v2"
+
+	"github.com/auditd/auditd"
 )
 
 // FleetNodeColumn is the first column of every sheet of a fleet run's
@@ -292,5 +295,52 @@ func manifestFields(f *excelize.File) (map[string]string, error) {
 	if out[ManifestFieldPublicKey] == "" {
 		return nil, fmt.Errorf("its workbook's Manifest names no public key")
 	}
+	return out, nil
+}
+
+// FleetTimeline is a fleet run's timeline: every node's part of the run
+// per source and time bucket, each row naming its node. Buckets are
+// aligned to the same instants on every node (multiples of Bucket), so
+// the rows of one Start add up to the fleet's.
+type FleetTimeline struct {
+	RunID string `json:"run_id"`
+	// From is the earliest start of a node's first bucket and To the
+	// latest end of a node's last; absent when no node recorded anything.
+	From          time.Time       `json:"from,omitzero"`
+	To            time.Time       `json:"to,omitzero"`
+	Bucket        auditd.Duration `json:"bucket"`
+	BucketSeconds float64         `json:"bucket_seconds"`
+	// Sources are sorted by source, then node.
+	Sources []FleetSourceTimeline `json:"sources"`
+}
+
+// FleetSourceTimeline is one node's share of one source's timeline.
+type FleetSourceTimeline struct {
+	Node     string                `json:"node"`
+	Timeline auditd.SourceTimeline `json:"timeline"`
+}
+
+// CombineFleetTimelines puts the nodes' timelines of run runID, keyed by
+// node, into one; every one must have the bucket width of the first.
+func CombineFleetTimelines(runID string, parts map[string]*auditd.Timeline) (*FleetTimeline, error) {
+	out := &FleetTimeline{RunID: runID, Sources: []FleetSourceTimeline{}}
+	for _, node := range slices.Sorted(maps.Keys(parts)) {
+		tl := parts[node]
+		if out.Bucket == 0 {
+			out.Bucket, out.BucketSeconds = tl.Bucket, tl.BucketSeconds
+		} else if tl.Bucket != out.Bucket {
+			return nil, fmt.Errorf("node %s's timeline has buckets of %v, not %v", node, tl.Bucket.D(), out.Bucket.D())
+		}
+		if !tl.From.IsZero() && (out.From.IsZero() || tl.From.Before(out.From)) {
+			out.From = tl.From
+		}
+		if tl.To.After(out.To) {
+			out.To = tl.To
+		}
+		for _, s := range tl.Sources {
+			out.Sources = append(out.Sources, FleetSourceTimeline{Node: node, Timeline: s})
+		}
+	}
+	slices.SortStableFunc(out.Sources, func(a, b FleetSourceTimeline) int { return strings.Compare(a.Timeline.SourceID, b.Timeline.SourceID) })
 	return out, nil
 }
