@@ -69,7 +69,9 @@ func (f *fakeFleet) Part(ctx context.Context, id string) (reports.FleetPart, err
 		return reports.FleetPart{}, err
 	}
 	head, _ := f.e.ledger.Head()
-	return reports.FleetPart{Node: "a", Report: rep, Logged: head, FleetLeaf: 3}, nil
+	ds := &reports.PartDispatches{Limits: []reports.FleetLimit{{Source: "county", Limit: 10, Window: int64(time.Second)}},
+		Sources: []reports.SourceDispatches{{Source: "county", At: []int64{start.UnixNano()}, Seq: []uint64{2}}}}
+	return reports.FleetPart{Node: "a", Report: rep, Logged: head, FleetLeaf: 3, Dispatches: ds}, nil
 }
 
 func (f *fakeFleet) Reconciliation(ctx context.Context, id, authorization string) (*reports.FleetReport, error) {
@@ -170,7 +172,7 @@ func TestFleetRoutes(t *testing.T) {
 	}
 	var part reports.FleetPart
 	e.do(request{path: "/v1/fleet/runs/" + id + "/part", secret: aud}).decode(t, &part)
-	if part.Node != "a" || part.Report == nil || part.Report.RunID != id || part.Logged != e.head() {
+	if part.Node != "a" || part.Report == nil || part.Report.RunID != id || part.Logged != e.head() || part.Dispatches == nil || part.Dispatches.Sources[0].Seq[0] != 2 {
 		t.Errorf("the part: %+v", part)
 	}
 

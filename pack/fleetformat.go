@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/auditd/auditd/reports"
 )
 
 // FleetFormat names this version of the fleet pack in fleet.json.
@@ -71,12 +73,8 @@ type FleetBlock struct {
 
 // FleetLimit is a limit in force on a source from From (Unix
 // nanoseconds; 0 for always): at most Limit dispatches in any Window.
-type FleetLimit struct {
-	Source string `json:"source"`
-	Limit  int64  `json:"limit"`
-	Window int64  `json:"window_nanos"`
-	From   int64  `json:"from_unix_nano,omitempty"`
-}
+// It is the fleet reconciliation's, whose R9 checks the same windows.
+type FleetLimit = reports.FleetLimit
 
 // FleetParts is what WriteFleet puts in a fleet pack.
 type FleetParts struct {

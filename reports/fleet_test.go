@@ -3,10 +3,13 @@ package reports_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/auditd/auditd/reports"
 )
@@ -132,5 +135,55 @@ func TestWriteFleetEvidence(t *testing.T) {
 	bad := []reports.FleetWorkbook{parts[0], {Node: "c", Book: bytes.NewReader(buf.Bytes()), Size: int64(buf.Len())}}
 	if err := reports.WriteFleetEvidence(io.Discard, reports.FleetEvidence{RunID: fixtureRun, Parts: bad}); err == nil || !strings.Contains(err.Error(), "node c") {
 		t.Errorf("a node's workbook with a Node column already: %v", err)
+	}
+}
+
+// R9 of a fleet run holds every node's dispatches together to the limit
+// the fleet shares: two nodes each within it, together over it, fail R9
+// of the total and of the source, naming the node and event that passed
+// it; parts that carry no dispatches leave R9 the nodes' sum.
+func TestCombineFleetR9(t *testing.T) {
+	a, b := nodePart(t, "a", 10), nodePart(t, "b", 10)
+	src := a.Report.Sources[0].SourceID
+	limit := []reports.FleetLimit{{Source: src, Limit: 4, Window: int64(time.Second)}}
+	at := func(ms ...int64) []int64 {
+		out := make([]int64, len(ms))
+		for i, m := range ms {
+			out[i] = 1_800_000_000_000_000_000 + m*int64(time.Millisecond)
+		}
+		return out
+	}
+	// a dispatches at 0, 300, 600 ms; b at 100, 400, 2000 ms: the window
+	// ending at a's 600 ms holds 5.
+	a.Dispatches = &reports.PartDispatches{Limits: limit, Sources: []reports.SourceDispatches{{Source: src, At: at(0, 300, 600), Seq: []uint64{3, 7, 9}}}}
+	b.Dispatches = &reports.PartDispatches{Limits: limit, Sources: []reports.SourceDispatches{{Source: src, At: at(100, 400, 2000), Seq: []uint64{4, 8, 12}}}}
+	for _, p := range []*reports.FleetPart{&a, &b} { // as a node's API sends it
+		raw, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*p = reports.FleetPart{}
+		if err := json.Unmarshal(raw, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := reports.CombineFleet(synthRunID, []reports.FleetPart{a, b})
+	r9 := check(rep, reports.R9)
+	if rep.Balanced || r9.Pass || r9.Expected-r9.Actual != 1 || !strings.Contains(r9.Note, "5 dispatches") || !strings.Contains(r9.Note, "node a's event 9") {
+		t.Errorf("R9 over two nodes together over the limit: balanced %t, %+v", rep.Balanced, r9)
+	}
+	if s := rep.Sources[0]; s.Balanced || !strings.Contains(fmt.Sprint(s.Checks), "node a's event 9") {
+		t.Errorf("the source's R9: %+v", s)
+	}
+	if rep.Parts[0].Dispatches != nil {
+		t.Error("the report repeats the parts' dispatches")
+	}
+	a.Dispatches.Limits[0].Limit, b.Dispatches.Limits[0].Limit = 5, 6 // the same dispatches within 5, the strictest
+	if rep := reports.CombineFleet(synthRunID, []reports.FleetPart{a, b}); !rep.Balanced {
+		t.Errorf("R9 within the limit: %v %+v", rep.Failed(), check(rep, reports.R9))
+	}
+	a.Dispatches, b.Dispatches = nil, nil
+	if rep := reports.CombineFleet(synthRunID, []reports.FleetPart{a, b}); !rep.Balanced {
+		t.Errorf("parts without dispatches: %v", rep.Failed())
 	}
 }
