@@ -189,6 +189,12 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 		t.Errorf("auditd reconcile --server (no --fleet) of a fleet run: exit %d, %v, %d parts, %d dispatches (want 3, %d)\n%s",
 			code, err, len(plain.Parts), plain.Counts.Dispatches, c.Dispatches, table.String())
 	}
+	// R9 over the fleet reads each part's dispatches: node 1's are all there.
+	var part reports.FleetPart
+	if code := nodes[0].child.call(t, "GET", "/v1/fleet/runs/"+id+"/part", token, nil, &part); code != http.StatusOK || part.Dispatches == nil ||
+		len(part.Dispatches.Sources) != 1 || int64(len(part.Dispatches.Sources[0].At)) != part.Report.Counts.Dispatches {
+		t.Errorf("node 1's part: %d, its dispatches for R9 over the fleet %+v", code, part.Dispatches)
+	}
 	checkFleetEvidence(t, nodes, id, token, &rep)
 	return &rep
 }
