@@ -158,7 +158,8 @@ func copyRows(sw *sheetWriter, f *excelize.File, sheet, node string, spec sheetS
 	dates := map[int]bool{}
 	for r, row := range rows[1:] {
 		vals := make([]any, len(spec.columns))
-		vals[0] = node
+		cells := make([]any, len(spec.columns))
+		vals[0], cells[0] = node, node
 		if len(row) > len(want) {
 			return fmt.Errorf("row %d has %d cells, more than its %d columns", r+2, len(row), len(want))
 		}
@@ -170,17 +171,43 @@ func copyRows(sw *sheetWriter, f *excelize.File, sheet, node string, spec sheetS
 			if err != nil {
 				return fmt.Errorf("row %d, column %s: %w", r+2, want[c], err)
 			}
-			vals[c+1] = v
+			vals[c+1], cells[c+1] = v, v
+			if d, ok := v.(date); ok {
+				vals[c+1], cells[c+1] = d.shown, excelize.Cell{StyleID: sw.st.date, Value: d.stored}
+			}
 		}
-		if err := sw.row(vals...); err != nil {
+		if err := sw.rowAs(vals, cells); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// date is a date cell: the time its serial holds to the nanosecond,
+// which excelize writes back as the same serial, and the time it shows
+// (to the microsecond, a serial's precision), which the sheet's hash takes.
+type date struct {
+	stored, shown time.Time
+}
+
+// rowAs writes a row whose cells are given as written (a date as its
+// serial, styled) and as shown (vals: a date as a time.Time, for the
+// sheet's hash), continuing on a new sheet as row does.
+func (w *sheetWriter) rowAs(vals, cells []any) error {
+	if w.rows >= w.limit {
+		if err := w.flush(); err != nil {
+			return err
+		}
+		if err := w.open(); err != nil {
+			return err
+		}
+	}
+	w.hashRow(vals)
+	return w.setRow(cells)
+}
+
 // cellValue is a cell's value as the run's export gave it: a bool, a
-// date (a number in the date style), a number or a string.
+// date (a number in the date style), a float64 or a string.
 func cellValue(f *excelize.File, sheet string, col, row int, raw string, dates map[int]bool) (any, error) {
 	cell, err := excelize.CoordinatesToCellName(col, row)
 	if err != nil {
@@ -212,7 +239,11 @@ func cellValue(f *excelize.File, sheet string, col, row int, raw string, dates m
 		dates[style] = isDate
 	}
 	if isDate {
-		return excelEpoch.Add(time.Duration(math.Round(x*86400e6)) * time.Microsecond), nil
+		// The day and its fraction apart: x * 86400e9 whole is past
+		// float64's integers, and would lose the microseconds.
+		days, frac := math.Modf(x)
+		t := excelEpoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
+		return date{stored: t, shown: t.Round(time.Microsecond)}, nil
 	}
 	return x, nil
 }

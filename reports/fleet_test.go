@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xuri/excelize/v2"
+
 	"github.com/auditd/auditd/reports"
 )
 
@@ -118,6 +120,27 @@ func TestWriteFleetEvidence(t *testing.T) {
 			t.Errorf("%s: %d rows more than the nodes'", name, extra)
 		}
 	}
+	// Every cell as stored, a date's serial to the digit.
+	raw := func(b []byte, sheet string) [][]string {
+		f, err := excelize.OpenReader(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		rows, err := f.GetRows(sheet, excelize.Options{RawCellValue: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	for _, sheet := range []string{reports.SheetRuns, reports.SheetDispatches, reports.SheetWaits} {
+		own, fleet := raw(node, sheet), raw(buf.Bytes(), sheet)
+		for j, r := range own[1:] {
+			if got := fleet[1+j]; !slices.Equal(got[1:], r) {
+				t.Errorf("%s row %d as stored: %q, want %q", sheet, j+2, got[1:], r)
+			}
+		}
+	}
 	// The Manifest: each node's key, and each sheet's hash over its rows.
 	fields := map[string][]string{}
 	for _, r := range wb.sheets[reports.SheetManifest][1:] {
@@ -187,3 +210,4 @@ func TestCombineFleetR9(t *testing.T) {
 		t.Errorf("parts without dispatches: %v", rep.Failed())
 	}
 }
+
