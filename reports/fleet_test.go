@@ -210,4 +210,3 @@ func TestCombineFleetR9(t *testing.T) {
 		t.Errorf("parts without dispatches: %v", rep.Failed())
 	}
 }
-
