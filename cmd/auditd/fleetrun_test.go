@@ -279,6 +279,9 @@ func fleetPackOf(t *testing.T, nodes []*fleetRunNode, id, token string) (*pack.F
 	for _, n := range fp.Manifest.Nodes {
 		blocks += len(n.Blocks)
 	}
+	if fp.Workbook == nil {
+		t.Error("the fleet pack carries no fleet workbook")
+	}
 	if blocks == 0 || len(fp.Manifest.Limits) != 1 || fp.Manifest.SlotSlack == 0 {
 		t.Errorf("the pack's over-limit proof: %d blocks, limits %+v, slack %d", blocks, fp.Manifest.Limits, fp.Manifest.SlotSlack)
 	}
