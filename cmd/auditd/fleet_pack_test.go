@@ -179,7 +179,9 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		}
 		return buf.Bytes()
 	}
-	write := func(m pack.FleetManifest, packs map[string][]byte) []byte { return writeBook(m, packs, merge(packs, nil)) }
+	write := func(m pack.FleetManifest, packs map[string][]byte) []byte {
+		return writeBook(m, packs, merge(packs, nil))
+	}
 	verify := func(b []byte) (*pack.FleetReport, error) {
 		fp, err := pack.OpenFleet(bytes.NewReader(b), int64(len(b)))
 		if err != nil {
