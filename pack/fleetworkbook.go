@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/auditd/auditd/reports"
@@ -161,7 +162,7 @@ func checkFleetSheet(sheet string, fleet *sheetRows, own map[string]*sheetRows, 
 			continue
 		}
 		got, want := trimRow(row[1:]), trimRow(o.rows[sheet][j])
-		if !slices.Equal(got, want) {
+		if !slices.EqualFunc(got, want, sameCell) {
 			r.fail("node %s: %s: sheet %s row %d is %q; the node's own workbook's row %d is %q", node, FileFleetWorkbook, sheet, i+2,
 				strings.Join(got, "\t"), j+2, strings.Join(want, "\t"))
 		}
@@ -171,6 +172,18 @@ func checkFleetSheet(sheet string, fleet *sheetRows, own map[string]*sheetRows, 
 			r.fail("node %s: %s: sheet %s holds %d of the node's %d rows", node, FileFleetWorkbook, sheet, have, n)
 		}
 	}
+}
+
+// sameCell reports whether two stored cell texts are the same value: the
+// same text, or the same number (a spreadsheet writes 1.5 as "1.5" or
+// "1.50000000000000").
+func sameCell(a, b string) bool {
+	if a == b {
+		return true
+	}
+	x, errX := strconv.ParseFloat(a, 64)
+	y, errY := strconv.ParseFloat(b, 64)
+	return errX == nil && errY == nil && x == y
 }
 
 // trimRow drops a row's trailing empty cells.

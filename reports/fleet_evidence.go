@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -68,14 +66,13 @@ var fleetSpecs = func() map[string]sheetSpec {
 func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 	parts := slices.Clone(fe.Parts)
 	slices.SortFunc(parts, func(a, b FleetWorkbook) int { return strings.Compare(a.Node, b.Node) })
-	books := make([]*excelize.File, len(parts))
+	books := make([]*nodeBook, len(parts))
 	for i, p := range parts {
-		f, err := excelize.OpenReader(io.NewSectionReader(p.Book, 0, p.Size))
+		b, err := openNodeBook(p.Book, p.Size)
 		if err != nil {
 			return fmt.Errorf("node %s: its evidence workbook: %w", p.Node, err)
 		}
-		defer f.Close()
-		books[i] = f
+		books[i] = b
 	}
 	out := excelize.NewFile()
 	defer out.Close()
@@ -107,8 +104,8 @@ func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 
 // fleetSheet writes population name from every node's workbook (the
 // Retention sheet only when a node has one).
-func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkbook, books []*excelize.File, rep *FleetReport) ([]SheetStat, error) {
-	if name == SheetRetention && !slices.ContainsFunc(books, func(f *excelize.File) bool { idx, _ := f.GetSheetIndex(name); return idx >= 0 }) {
+func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkbook, books []*nodeBook, rep *FleetReport) ([]SheetStat, error) {
+	if name == SheetRetention && !slices.ContainsFunc(books, func(b *nodeBook) bool { return b.has(name) }) {
 		return nil, nil
 	}
 	spec := fleetSpecs[name]
@@ -119,7 +116,7 @@ func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkboo
 	for i, f := range books {
 		for n := 1; ; n++ {
 			sheet := partName(name, n)
-			if idx, _ := f.GetSheetIndex(sheet); idx < 0 {
+			if !f.has(sheet) {
 				break
 			}
 			if err := copyRows(sw, f, sheet, parts[i].Node, spec); err != nil {
@@ -143,44 +140,37 @@ func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkboo
 }
 
 // copyRows writes the data rows of a node's sheet to sw, the node first.
-func copyRows(sw *sheetWriter, f *excelize.File, sheet, node string, spec sheetSpec) error {
-	rows, err := f.GetRows(sheet, excelize.Options{RawCellValue: true})
-	if err != nil {
-		return err
-	}
+func copyRows(sw *sheetWriter, b *nodeBook, sheet, node string, spec sheetSpec) error {
 	want := make([]string, len(spec.columns)-1)
 	for i, c := range spec.columns[1:] {
 		want[i] = c.title
 	}
-	if len(rows) == 0 || !slices.Equal(rows[0], want) {
-		return fmt.Errorf("its header is not a run workbook's (%q)", rows[:min(len(rows), 1)])
-	}
-	dates := map[int]bool{}
-	for r, row := range rows[1:] {
+	r := 0
+	return b.rows(sheet, func(row []nodeCell) error {
+		if r++; r == 1 {
+			if got := b.texts(row, 0); !slices.Equal(got, want) {
+				return fmt.Errorf("its header is not a run workbook's (%q)", got)
+			}
+			return nil
+		}
 		vals := make([]any, len(spec.columns))
 		cells := make([]any, len(spec.columns))
 		vals[0], cells[0] = node, node
-		if len(row) > len(want) {
-			return fmt.Errorf("row %d has %d cells, more than its %d columns", r+2, len(row), len(want))
-		}
-		for c, raw := range row {
-			if raw == "" {
-				continue
+		for _, c := range row {
+			if c.col >= len(want) {
+				return fmt.Errorf("row %d has a cell past its %d columns", r, len(want))
 			}
-			v, err := cellValue(f, sheet, c+1, r+2, raw, dates)
+			v, err := b.value(c)
 			if err != nil {
-				return fmt.Errorf("row %d, column %s: %w", r+2, want[c], err)
+				return fmt.Errorf("row %d, column %s: %w", r, want[c.col], err)
 			}
-			vals[c+1], cells[c+1] = v, v
+			vals[c.col+1], cells[c.col+1] = v, v
 			if d, ok := v.(date); ok {
-				vals[c+1], cells[c+1] = d.shown, excelize.Cell{StyleID: sw.st.date, Value: d.stored}
+				vals[c.col+1], cells[c.col+1] = d.shown, excelize.Cell{StyleID: sw.st.date, Value: d.stored}
 			}
 		}
-		if err := sw.rowAs(vals, cells); err != nil {
-			return err
-		}
-	}
-	return nil
+		return sw.rowAs(vals, cells)
+	})
 }
 
 // date is a date cell: the time its serial holds to the nanosecond,
@@ -206,55 +196,13 @@ func (w *sheetWriter) rowAs(vals, cells []any) error {
 	return w.setRow(cells)
 }
 
-// cellValue is a cell's value as the run's export gave it: a bool, a
-// date (a number in the date style), a float64 or a string.
-func cellValue(f *excelize.File, sheet string, col, row int, raw string, dates map[int]bool) (any, error) {
-	cell, err := excelize.CoordinatesToCellName(col, row)
-	if err != nil {
-		return nil, err
-	}
-	typ, err := f.GetCellType(sheet, cell)
-	if err != nil {
-		return nil, err
-	}
-	switch typ {
-	case excelize.CellTypeBool:
-		return raw == "1" || raw == "TRUE", nil
-	case excelize.CellTypeUnset, excelize.CellTypeNumber:
-	default:
-		return raw, nil
-	}
-	x, err := strconv.ParseFloat(raw, 64)
-	if err != nil {
-		return nil, err
-	}
-	style, err := f.GetCellStyle(sheet, cell)
-	if err != nil {
-		return nil, err
-	}
-	isDate, ok := dates[style]
-	if !ok {
-		s, err := f.GetStyle(style)
-		isDate = err == nil && s.CustomNumFmt != nil && *s.CustomNumFmt == dateFormat
-		dates[style] = isDate
-	}
-	if isDate {
-		// The day and its fraction apart: x * 86400e9 whole is past
-		// float64's integers, and would lose the microseconds.
-		days, frac := math.Modf(x)
-		t := excelEpoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
-		return date{stored: t, shown: t.Round(time.Microsecond)}, nil
-	}
-	return x, nil
-}
-
 // excelEpoch is day 0 of a spreadsheet date serial (1900 date system).
 var excelEpoch = time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC)
 
 // fleetManifest writes the Manifest of a fleet workbook: the fleet run,
 // its nodes, each node's checkpoint and key as its own Manifest says, and
 // every sheet's rows and hash.
-func fleetManifest(out *excelize.File, st styles, fe FleetEvidence, parts []FleetWorkbook, books []*excelize.File, stats []SheetStat) error {
+func fleetManifest(out *excelize.File, st styles, fe FleetEvidence, parts []FleetWorkbook, books []*nodeBook, stats []SheetStat) error {
 	w, err := newSheetWriter(out, st, specManifest, 1<<30)
 	if err != nil {
 		return err
@@ -309,19 +257,23 @@ func fleetManifest(out *excelize.File, st styles, fe FleetEvidence, parts []Flee
 
 // manifestFields reads the Field and Value columns of a run workbook's
 // Manifest, up to its list of sheets.
-func manifestFields(f *excelize.File) (map[string]string, error) {
-	rows, err := f.GetRows(SheetManifest)
+func manifestFields(b *nodeBook) (map[string]string, error) {
+	out := map[string]string{}
+	r, done := 0, false
+	err := b.rows(SheetManifest, func(row []nodeCell) error {
+		t := b.texts(row, 2)
+		if r++; r == 1 || done {
+			return nil
+		}
+		if t[0] == ManifestFieldSheet {
+			done = true
+			return nil
+		}
+		out[t[0]] = t[1]
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	out := map[string]string{}
-	for _, r := range rows[min(len(rows), 1):] {
-		if len(r) == 0 || r[0] == ManifestFieldSheet {
-			break
-		}
-		if len(r) > 1 {
-			out[r[0]] = r[1]
-		}
 	}
 	if out[ManifestFieldPublicKey] == "" {
 		return nil, fmt.Errorf("its workbook's Manifest names no public key")

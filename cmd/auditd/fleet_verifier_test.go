@@ -238,7 +238,7 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 				}
 				j := next[row[0]] + 1 // past the node's header
 				next[row[0]]++
-				if j >= len(own) || strings.Join(row[1:], "\t") != strings.Join(own[j], "\t") {
+				if j >= len(own) || !outsideSameRow(row[1:], own[j]) {
 					return fmt.Errorf("node %s: evidence.xlsx: sheet %s row %d is not the node's row %d", row[0], sheet, i+2, j+1)
 				}
 			}
@@ -369,4 +369,20 @@ func outsidePopulations(book []byte) (map[string][][]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// outsideSameRow compares two rows cell by cell: the same text, or the
+// same number however written ("1.5", "1.50000000000000").
+func outsideSameRow(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, errX := strconv.ParseFloat(a[i], 64)
+		y, errY := strconv.ParseFloat(b[i], 64)
+		if a[i] != b[i] && (errX != nil || errY != nil || x != y) {
+			return false
+		}
+	}
+	return true
 }
