@@ -209,44 +209,8 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 	// The fleet workbook, when there is one: behind its Node column, each
 	// node's rows of each sheet are its own verified workbook's, in order.
 	if fleetBook, err := read("evidence.xlsx"); err == nil {
-		pops, err := outsidePopulations(fleetBook)
-		if err != nil {
-			return fmt.Errorf("evidence.xlsx: %v", err)
-		}
-		for node, b := range books {
-			for sheet := range b {
-				if _, ok := pops[sheet]; !ok && sheet != "Manifest" {
-					return fmt.Errorf("node %s: evidence.xlsx lacks sheet %s", node, sheet)
-				}
-			}
-		}
-		for sheet, rows := range pops {
-			if sheet == "Manifest" {
-				continue
-			}
-			if len(rows) == 0 || len(rows[0]) == 0 || rows[0][0] != "Node" {
-				return fmt.Errorf("evidence.xlsx: sheet %s has no Node column", sheet)
-			}
-			next := map[string]int{}
-			for i, row := range rows[1:] {
-				if len(row) == 0 {
-					row = []string{""}
-				}
-				own, ok := books[row[0]][sheet]
-				if !ok {
-					return fmt.Errorf("evidence.xlsx: sheet %s row %d names node %q, which has no part", sheet, i+2, row[0])
-				}
-				j := next[row[0]] + 1 // past the node's header
-				next[row[0]]++
-				if j >= len(own) || !outsideSameRow(row[1:], own[j]) {
-					return fmt.Errorf("node %s: evidence.xlsx: sheet %s row %d is not the node's row %d", row[0], sheet, i+2, j+1)
-				}
-			}
-			for node, b := range books {
-				if own := b[sheet]; next[node] != len(own)-1 {
-					return fmt.Errorf("node %s: evidence.xlsx: sheet %s holds %d of the node's %d rows", node, sheet, next[node], len(own)-1)
-				}
-			}
+		if err := outsideCheckFleetBook(fleetBook, books); err != nil {
+			return err
 		}
 	}
 	// The over-limit proof: blocks disjoint per source, and no window of
@@ -385,4 +349,50 @@ func outsideSameRow(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// outsideCheckFleetBook holds the fleet workbook to the node workbooks
+// (books, by node): each node's rows of each sheet, behind the Node
+// column, are its own rows in order.
+func outsideCheckFleetBook(fleetBook []byte, books map[string]map[string][][]string) error {
+	pops, err := outsidePopulations(fleetBook)
+	if err != nil {
+		return fmt.Errorf("evidence.xlsx: %v", err)
+	}
+	for node, b := range books {
+		for sheet := range b {
+			if _, ok := pops[sheet]; !ok && sheet != "Manifest" {
+				return fmt.Errorf("node %s: evidence.xlsx lacks sheet %s", node, sheet)
+			}
+		}
+	}
+	for sheet, rows := range pops {
+		if sheet == "Manifest" {
+			continue
+		}
+		if len(rows) == 0 || len(rows[0]) == 0 || rows[0][0] != "Node" {
+			return fmt.Errorf("evidence.xlsx: sheet %s has no Node column", sheet)
+		}
+		next := map[string]int{}
+		for i, row := range rows[1:] {
+			if len(row) == 0 {
+				row = []string{""}
+			}
+			own, ok := books[row[0]][sheet]
+			if !ok {
+				return fmt.Errorf("evidence.xlsx: sheet %s row %d names node %q, which has no part", sheet, i+2, row[0])
+			}
+			j := next[row[0]] + 1 // past the node's header
+			next[row[0]]++
+			if j >= len(own) || !outsideSameRow(row[1:], own[j]) {
+				return fmt.Errorf("node %s: evidence.xlsx: sheet %s row %d is not the node's row %d", row[0], sheet, i+2, j+1)
+			}
+		}
+		for node, b := range books {
+			if own := b[sheet]; next[node] != len(own)-1 {
+				return fmt.Errorf("node %s: evidence.xlsx: sheet %s holds %d of the node's %d rows", node, sheet, next[node], len(own)-1)
+			}
+		}
+	}
+	return nil
 }
