@@ -98,7 +98,6 @@ func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 	if err := fleetManifest(out, st, fe, parts, books, stats); err != nil {
 		return err
 	}
-	out.SetActiveSheet(0)
 	return writeWorkbook(out, w, fe.TmpDir)
 }
 
