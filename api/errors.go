@@ -22,6 +22,8 @@ const (
 	codeTooLarge         = auditd.ETOOLARGE
 	codeUnsupportedMedia = "unsupported_media_type"
 	codeMethodNotAllowed = "method_not_allowed"
+	// codeNotInFleet: a fleet route on a node not in a fleet (fleet.go).
+	codeNotInFleet = "not_in_fleet"
 )
 
 // ProblemTypeBase prefixes every problem type URI; the code follows it.
@@ -37,6 +39,7 @@ var codeStatuses = []struct {
 	{auditd.EUNAUTHORIZED, http.StatusUnauthorized},
 	{auditd.EFORBIDDEN, http.StatusForbidden},
 	{auditd.ENOTFOUND, http.StatusNotFound},
+	{codeNotInFleet, http.StatusNotFound},
 	{codeMethodNotAllowed, http.StatusMethodNotAllowed},
 	{auditd.ECONFLICT, http.StatusConflict},
 	{codeTooLarge, http.StatusRequestEntityTooLarge},

@@ -72,18 +72,28 @@ type Fleet interface {
 	// WritePart writes this node's part of the run as a fleet pack of one
 	// node, its checkpoint posted to the fleet log first.
 	WritePart(ctx context.Context, w io.Writer, id string) error
+	// WriteEvidence writes the fleet run's evidence workbook, every
+	// node's rows behind a Node column (reports.WriteFleetEvidence).
+	WriteEvidence(ctx context.Context, w io.Writer, id, authorization string) error
+	// Timeline is every node's timeline of the run with q's bucket.
+	Timeline(ctx context.Context, id string, q auditd.TimelineQuery, authorization string) (*reports.FleetTimeline, error)
 	// Cosign cosigns the fleet log's tree of size leaves.
 	Cosign(ctx context.Context, size uint64) (FleetTree, error)
 	LogStatus(ctx context.Context) FleetLogStatus
 }
 
-var errNoFleet = auditd.Errorf(auditd.EUNAVAILABLE, "This node is not in a fleet (serve --fleet-etcd).")
+// errNoFleet is the answer of a node not in a fleet: a 404 of its own
+// problem type, which a client tells apart from a fleet run that does not
+// exist (not_found) and from etcd out of reach (unavailable).
+var errNoFleet = &auditd.Error{Code: codeNotInFleet, Message: "This node is not in a fleet (serve --fleet-etcd)."}
 
 func (s *Server) registerFleetRoutes(g *echo.Group) {
 	g.POST("/fleet/runs", s.handleCreateFleetRun, s.allow(auth.RoleOperator, costRequest))
 	g.GET("/fleet/runs/:id", s.handleGetFleetRun, s.allow(auth.RoleAuditor, costRequest))
 	g.POST("/fleet/runs/:id/finish", s.handleFinishFleetRun, s.allow(auth.RoleOperator, costRequest))
 	g.GET("/fleet/runs/:id/reconciliation", s.handleFleetReconciliation, s.allow(auth.RoleAuditor, costReconcile))
+	g.GET("/fleet/runs/:id/evidence.xlsx", s.handleFleetEvidence, s.allow(auth.RoleAuditor, costExport))
+	g.GET("/fleet/runs/:id/timeline", s.handleFleetTimeline, s.allow(auth.RoleAuditor, costTimeline))
 	g.GET("/fleet/runs/:id/evidence-pack.zip", s.handleFleetPack, s.allow(auth.RoleAuditor, costExport))
 	g.GET("/fleet/runs/:id/part", s.handleFleetPartReconciliation, s.allow(auth.RoleAuditor, costReconcile))
 	g.GET("/fleet/runs/:id/part.zip", s.handleFleetPart, s.allow(auth.RoleAuditor, costExport))
@@ -191,8 +201,62 @@ func (s *Server) handleFleetPack(c echo.Context) error {
 	if err := s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": "fleet-evidence-pack", "run_id": id, "format": "zip"}); err != nil {
 		return err
 	}
-	return s.Fleet.WritePack(c.Request().Context(), &lazyDownload{s: s, c: c, name: "fleet-evidence-pack-" + sanitizeFilename(id) + ".zip"},
+	return s.Fleet.WritePack(c.Request().Context(), &lazyDownload{s: s, c: c, mime: MIMEZIP, name: "fleet-evidence-pack-" + sanitizeFilename(id) + ".zip"},
 		id, c.Request().Header.Get(echo.HeaderAuthorization))
+}
+
+// handleFleetEvidence records the download, then builds the workbook
+// from every node's; nothing is written until every node's came.
+func (s *Server) handleFleetEvidence(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Fleet.Run(c.Request().Context(), id); err != nil {
+		return err
+	}
+	if err := s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": "fleet-evidence", "run_id": id, "format": "xlsx"}); err != nil {
+		return err
+	}
+	return s.Fleet.WriteEvidence(c.Request().Context(), &lazyDownload{s: s, c: c, mime: MIMEXLSX, name: "fleet-evidence-" + sanitizeFilename(id) + ".xlsx"},
+		id, c.Request().Header.Get(echo.HeaderAuthorization))
+}
+
+// handleFleetTimeline answers as a run's timeline does; without ?bucket=,
+// the buckets cover the fleet run from its creation to now.
+func (s *Server) handleFleetTimeline(c echo.Context) error {
+	if s.Fleet == nil {
+		return errNoFleet
+	}
+	q := c.QueryParams()
+	bucket, err := bucketParam(q)
+	if err != nil {
+		return err
+	}
+	sources, err := s.sourcesParam(q)
+	if err != nil {
+		return err
+	}
+	id, err := fleetRunID(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	run, err := s.Fleet.Run(ctx, id)
+	if err != nil {
+		return err
+	}
+	if bucket == 0 {
+		bucket = autoBucket(s.Clock.Now().Sub(run.CreatedAt))
+	}
+	tl, err := s.Fleet.Timeline(ctx, id, auditd.TimelineQuery{Bucket: bucket, Sources: sources}, c.Request().Header.Get(echo.HeaderAuthorization))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, tl)
 }
 
 func (s *Server) handleFleetPartReconciliation(c echo.Context) error {
@@ -218,7 +282,7 @@ func (s *Server) handleFleetPart(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.Fleet.WritePart(c.Request().Context(), &lazyDownload{s: s, c: c, name: "fleet-part-" + sanitizeFilename(id) + ".zip"}, id)
+	return s.Fleet.WritePart(c.Request().Context(), &lazyDownload{s: s, c: c, mime: MIMEZIP, name: "fleet-part-" + sanitizeFilename(id) + ".zip"}, id)
 }
 
 func (s *Server) handleFleetLog(c echo.Context) error {
@@ -248,6 +312,7 @@ func (s *Server) handleFleetCosign(c echo.Context) error {
 type lazyDownload struct {
 	s       *Server
 	c       echo.Context
+	mime    string
 	name    string
 	started bool
 }
@@ -255,7 +320,7 @@ type lazyDownload struct {
 func (d *lazyDownload) Write(p []byte) (int, error) {
 	if !d.started {
 		d.started = true
-		d.s.startDownload(d.c, MIMEZIP, d.name, true)
+		d.s.startDownload(d.c, d.mime, d.name, true)
 	}
 	return d.c.Response().Write(p)
 }

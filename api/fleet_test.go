@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/auth"
 	"github.com/auditd/auditd/reports"
+	"github.com/xuri/excelize/v2"
 )
 
 // fakeFleet is a fleet of two nodes, "a" (this one, whose part is the
@@ -67,7 +69,9 @@ func (f *fakeFleet) Part(ctx context.Context, id string) (reports.FleetPart, err
 		return reports.FleetPart{}, err
 	}
 	head, _ := f.e.ledger.Head()
-	return reports.FleetPart{Node: "a", Report: rep, Logged: head, FleetLeaf: 3}, nil
+	ds := &reports.PartDispatches{Limits: []reports.FleetLimit{{Source: "county", Limit: 10, Window: int64(time.Second)}},
+		Sources: []reports.SourceDispatches{{Source: "county", At: []int64{start.UnixNano()}, Seq: []uint64{2}}}}
+	return reports.FleetPart{Node: "a", Report: rep, Logged: head, FleetLeaf: 3, Dispatches: ds}, nil
 }
 
 func (f *fakeFleet) Reconciliation(ctx context.Context, id, authorization string) (*reports.FleetReport, error) {
@@ -93,6 +97,31 @@ func (f *fakeFleet) WritePart(_ context.Context, w io.Writer, id string) error {
 	return err
 }
 
+// WriteEvidence merges node a's workbook of the env's run, exported from
+// the real ledger, as both nodes' parts.
+func (f *fakeFleet) WriteEvidence(ctx context.Context, w io.Writer, id, authorization string) error {
+	f.record("evidence " + authorization)
+	var book bytes.Buffer
+	x := reports.NewExporter(reports.NewReconciler(f.e.ledger))
+	x.Ledger = f.e.ledger
+	if _, err := x.Export(ctx, &book, reports.Request{RunIDs: []string{id}, Filters: "run " + id}); err != nil {
+		return err
+	}
+	b := book.Bytes()
+	parts := []reports.FleetWorkbook{{Node: "a", Book: bytes.NewReader(b), Size: int64(len(b))}, {Node: "b", Book: bytes.NewReader(b), Size: int64(len(b))}}
+	return reports.WriteFleetEvidence(w, reports.FleetEvidence{RunID: id, Parts: parts})
+}
+
+// Timeline is node a's real timeline of the env's run, as both nodes'.
+func (f *fakeFleet) Timeline(ctx context.Context, id string, q auditd.TimelineQuery, authorization string) (*reports.FleetTimeline, error) {
+	f.record("timeline " + authorization)
+	tl, err := f.e.srv.Timelines.RunTimeline(ctx, id, q)
+	if err != nil {
+		return nil, err
+	}
+	return reports.CombineFleetTimelines(id, map[string]*auditd.Timeline{"a": tl, "b": tl})
+}
+
 func (f *fakeFleet) Cosign(_ context.Context, size uint64) (api.FleetTree, error) {
 	if size > 7 {
 		return api.FleetTree{}, &auditd.Error{Code: auditd.EINVALID, Field: "size", Message: "The fleet log holds 7 leaves."}
@@ -106,7 +135,7 @@ func (f *fakeFleet) LogStatus(context.Context) api.FleetLogStatus {
 
 // The fleet routes answer as the contract says (every response is held to
 // openapi.yaml by the env), pass the caller's token on to the fleet, and
-// answer 503 on a node not in a fleet.
+// answer 404 not_in_fleet on a node not in a fleet.
 func TestFleetRoutes(t *testing.T) {
 	f := &fakeFleet{}
 	e := newEnv(t, withFleet(f))
@@ -143,7 +172,7 @@ func TestFleetRoutes(t *testing.T) {
 	}
 	var part reports.FleetPart
 	e.do(request{path: "/v1/fleet/runs/" + id + "/part", secret: aud}).decode(t, &part)
-	if part.Node != "a" || part.Report == nil || part.Report.RunID != id || part.Logged != e.head() {
+	if part.Node != "a" || part.Report == nil || part.Report.RunID != id || part.Logged != e.head() || part.Dispatches == nil || part.Dispatches.Sources[0].Seq[0] != 2 {
 		t.Errorf("the part: %+v", part)
 	}
 
@@ -154,6 +183,23 @@ func TestFleetRoutes(t *testing.T) {
 	}
 	if evs := e.eventsAfter(before); len(evs) != 1 || evs[0].Type != auditd.EventExport || !strings.Contains(evs[0].Detail, "fleet-evidence-pack") {
 		t.Errorf("the fleet pack's download on record: %+v", evs)
+	}
+	before = e.head()
+	r = e.do(request{path: "/v1/fleet/runs/" + id + "/evidence.xlsx", secret: aud})
+	if r.status != http.StatusOK || r.header.Get("Content-Type") != api.MIMEXLSX {
+		t.Fatalf("fleet workbook: %d %s %s", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	if evs := e.eventsAfter(before); len(evs) != 1 || evs[0].Type != auditd.EventExport || !strings.Contains(evs[0].Detail, `"what":"fleet-evidence"`) {
+		t.Errorf("the fleet workbook's download on record: %+v", evs)
+	}
+	checkFleetWorkbook(t, r.body)
+	var tl reports.FleetTimeline
+	e.do(request{path: "/v1/fleet/runs/" + id + "/timeline?bucket=1m", secret: aud}).decode(t, &tl)
+	if tl.Bucket.D() != time.Minute || len(tl.Sources) != 2 || tl.Sources[0].Node != "a" || tl.Sources[1].Node != "b" || len(tl.Sources[0].Timeline.Buckets) == 0 {
+		t.Errorf("fleet timeline: %+v", tl)
+	}
+	if r := e.do(request{path: "/v1/fleet/runs/" + id + "/timeline?bucket=1ms", secret: aud}); r.status != http.StatusBadRequest || r.problem(t).Field != "bucket" {
+		t.Errorf("fleet timeline with a bucket too narrow: %d %s", r.status, r.body)
 	}
 	if r := e.do(request{path: "/v1/fleet/runs/" + id + "/part.zip", secret: aud}); r.status != http.StatusOK || r.header.Get("Content-Type") != "application/zip" {
 		t.Errorf("part: %d %s", r.status, r.body)
@@ -180,7 +226,8 @@ func TestFleetRoutes(t *testing.T) {
 	f.mu.Lock()
 	calls := strings.Join(f.calls, "\n")
 	f.mu.Unlock()
-	for _, want := range []string{"create operator-test (", " pipeline 10m0s", "finish operator-test (", ") Bearer " + op, "reconcile Bearer " + aud, "pack Bearer " + aud} {
+	for _, want := range []string{"create operator-test (", " pipeline 10m0s", "finish operator-test (", ") Bearer " + op, "reconcile Bearer " + aud, "pack Bearer " + aud,
+		"evidence Bearer " + aud, "timeline Bearer " + aud} {
 		if !strings.Contains(calls, want) {
 			t.Errorf("the fleet was not asked %q; it was asked:\n%s", want, calls)
 		}
@@ -193,9 +240,38 @@ func TestFleetRoutesWithoutFleet(t *testing.T) {
 		{method: "POST", path: "/v1/fleet/runs", secret: e.secret[auth.RoleOperator], body: `{"name":"x"}`},
 		{path: "/v1/fleet/runs/" + e.runID + "/reconciliation", secret: e.secret[auth.RoleAuditor]},
 		{path: "/v1/fleet/log", secret: e.secret[auth.RoleAuditor]},
+		{path: "/v1/fleet/runs/" + e.runID + "/evidence.xlsx", secret: e.secret[auth.RoleAuditor]},
+		{path: "/v1/fleet/runs/" + e.runID + "/timeline", secret: e.secret[auth.RoleAuditor]},
 	} {
-		if got := e.do(r); got.status != http.StatusServiceUnavailable || !strings.Contains(got.problem(t).Detail, "--fleet-etcd") {
+		got := e.do(r)
+		if p := got.problem(t); got.status != http.StatusNotFound || p.Type != api.ProblemTypeBase+"not_in_fleet" || !strings.Contains(p.Detail, "--fleet-etcd") {
 			t.Errorf("%s %s on a node not in a fleet: %d %s", r.method, r.path, got.status, got.body)
 		}
+	}
+}
+
+// checkFleetWorkbook reads a fleet workbook back: every sheet but the
+// Manifest starts with the Node column, and the Dispatches rows of node a
+// and node b are the same run's.
+func checkFleetWorkbook(t *testing.T, b []byte) {
+	t.Helper()
+	f, err := excelize.OpenReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, name := range f.GetSheetList()[1:] {
+		rows, err := f.GetRows(name)
+		if err != nil || len(rows) == 0 || rows[0][0] != reports.FleetNodeColumn {
+			t.Errorf("sheet %s: %v, header %q", name, err, rows[:min(1, len(rows))])
+		}
+	}
+	rows, _ := f.GetRows(reports.SheetDispatches)
+	nodes := map[string]int{}
+	for _, r := range rows[1:] {
+		nodes[r[0]]++
+	}
+	if len(rows) < 3 || nodes["a"] == 0 || nodes["a"] != nodes["b"] || len(nodes) != 2 {
+		t.Errorf("the Dispatches rows by node: %v", nodes)
 	}
 }

@@ -139,6 +139,8 @@ func routeCases() []routeCase {
 		{"FleetPart", auth.RoleAuditor, 200, fleetPath("/part")},
 		{"FleetPack", auth.RoleAuditor, 200, fleetPath("/evidence-pack.zip")},
 		{"FleetPartPack", auth.RoleAuditor, 200, fleetPath("/part.zip")},
+		{"FleetEvidence", auth.RoleAuditor, 200, fleetPath("/evidence.xlsx")},
+		{"FleetTimeline", auth.RoleAuditor, 200, fleetPath("/timeline?bucket=1s")},
 		{"FleetLog", auth.RoleAuditor, 200, get("/v1/fleet/log")},
 		{"FleetCosign", auth.RoleOperator, 200, func(*env) request {
 			return request{method: "POST", path: "/v1/fleet/log/cosignatures", body: `{"size":3}`}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/auditd/auditd/reports"
 )
 
 // FleetFormat names this version of the fleet pack in fleet.json.
@@ -71,12 +73,8 @@ type FleetBlock struct {
 
 // FleetLimit is a limit in force on a source from From (Unix
 // nanoseconds; 0 for always): at most Limit dispatches in any Window.
-type FleetLimit struct {
-	Source string `json:"source"`
-	Limit  int64  `json:"limit"`
-	Window int64  `json:"window_nanos"`
-	From   int64  `json:"from_unix_nano,omitempty"`
-}
+// It is the fleet reconciliation's, whose R9 checks the same windows.
+type FleetLimit = reports.FleetLimit
 
 // FleetParts is what WriteFleet puts in a fleet pack.
 type FleetParts struct {
@@ -85,6 +83,10 @@ type FleetParts struct {
 	// Packs holds each node's evidence pack, by name, proven against the
 	// checkpoint of its fleet leaf (Request.Checkpoint).
 	Packs map[string]io.Reader
+	// Workbook, when set, is the fleet run's evidence workbook merged
+	// from the node packs' (reports.WriteFleetEvidence), stored as
+	// FileFleetWorkbook.
+	Workbook io.Reader
 }
 
 // WriteFleet writes a fleet pack of parts to w. The node packs are stored,
@@ -120,6 +122,11 @@ func WriteFleet(w io.Writer, parts FleetParts) error {
 			return fmt.Errorf("fleet pack: node %s: %w", n.Name, err)
 		}
 	}
+	if parts.Workbook != nil {
+		if err := put(FileFleetWorkbook, zip.Store, parts.Workbook); err != nil {
+			return fmt.Errorf("fleet pack: %s: %w", FileFleetWorkbook, err)
+		}
+	}
 	return zw.Close()
 }
 
@@ -132,6 +139,9 @@ type FleetPack struct {
 	// pack is missing or malformed has none, and its error in Missing.
 	Nodes   map[string]*Pack
 	Missing map[string]error
+	// Workbook is the fleet workbook in place (FileFleetWorkbook), nil
+	// when the pack has none.
+	Workbook *io.SectionReader
 	// raw are the node packs' bytes, in place, by name.
 	raw map[string]*io.SectionReader
 	// unlisted are node packs in the ZIP that fleet.json does not list.
@@ -174,6 +184,16 @@ func OpenFleet(ra io.ReaderAt, size int64) (*FleetPack, error) {
 			continue
 		}
 		fp.Nodes[n.Name], fp.raw[n.Name] = p, raw
+	}
+	if f := outer.files[FileFleetWorkbook]; f != nil {
+		if f.Method != zip.Store {
+			return nil, fmt.Errorf("%w: %s is compressed; a fleet pack stores it", ErrBadPack, FileFleetWorkbook)
+		}
+		off, err := f.DataOffset()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrBadPack, FileFleetWorkbook, err)
+		}
+		fp.Workbook = io.NewSectionReader(ra, off, int64(f.CompressedSize64))
 	}
 	for name := range outer.files {
 		if node, ok := strings.CutPrefix(name, "nodes/"); ok && !listed[strings.TrimSuffix(node, ".zip")] {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/reports"
 )
 
 // placed is one block or dispatch with the node it came from.
@@ -108,13 +109,7 @@ func checkInBlocks(src string, ds, bs []placed, slack int64, r *FleetReport) {
 }
 
 // inForce returns the limit of ls in force at t, if any.
-func inForce(ls []FleetLimit, t int64) (FleetLimit, bool) {
-	i := sort.Search(len(ls), func(i int) bool { return ls[i].From > t })
-	if i == 0 {
-		return FleetLimit{}, false
-	}
-	return ls[i-1], true
-}
+func inForce(ls []FleetLimit, t int64) (FleetLimit, bool) { return reports.LimitInForce(ls, t) }
 
 func checkBlocks(src string, bs []placed, ls []FleetLimit, r *FleetReport) {
 	slices.SortFunc(bs, func(a, b placed) int { return cmp.Compare(a.block.First, b.block.First) })
@@ -146,26 +141,20 @@ func checkBlocks(src string, bs []placed, ls []FleetLimit, r *FleetReport) {
 }
 
 // checkWindows reports the first window of src's dispatches that holds
-// more than the limit in force, naming the dispatch that passed it.
+// more than the limit in force, naming the dispatch that passed it: the
+// window check of the fleet reconciliation's R9 (reports.FleetWindows).
 func checkWindows(src string, ds []placed, ls []FleetLimit, r *FleetReport) {
-	slices.SortFunc(ds, func(a, b placed) int { return cmp.Compare(a.at, b.at) })
-	over := 0
-	for j, d := range ds {
-		l, ok := inForce(ls, d.at)
-		if !ok {
-			continue
-		}
-		i := sort.Search(j, func(i int) bool { return ds[i].at > d.at-l.Window })
-		if int64(j-i+1) <= l.Limit {
-			continue
-		}
-		if over++; over == 1 {
-			r.fail("source %s: %d dispatches from %s to %s, over the limit %d per %v; the last is node %s's event %d (leaf %d)",
-				src, j-i+1, stamp(ds[i].at), stamp(d.at), l.Limit, time.Duration(l.Window), d.node, d.seq, d.seq-1)
-		}
+	fd := make([]reports.FleetDispatch, len(ds))
+	for i, d := range ds {
+		fd[i] = reports.FleetDispatch{Node: d.node, At: d.at, Seq: d.seq}
 	}
-	if over > 1 {
-		r.fail("source %s: %d more dispatches each ended a window over the limit", src, over-1)
+	over := reports.FleetWindows(src, fd, ls)
+	if over == nil {
+		return
+	}
+	r.fail("%s", over)
+	if over.Offending > 1 {
+		r.fail("source %s: %d more dispatches each ended a window over the limit", src, over.Offending-1)
 	}
 }
 

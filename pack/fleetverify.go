@@ -34,6 +34,9 @@ type FleetReport struct {
 	Nodes map[string]*Report
 	// Dispatches counts the runs' dispatches per source, over every node.
 	Dispatches map[string]int64
+	// WorkbookRows counts the fleet workbook's rows checked against the
+	// node workbooks (0: the pack has none).
+	WorkbookRows int64
 	// Problems are what does not hold, each naming the node, and within
 	// its part the entry, sheet, row or leaf.
 	Problems []string
@@ -118,6 +121,7 @@ func VerifyFleet(fp *FleetPack, opts FleetOptions) (*FleetReport, error) {
 	if err := verifyLimits(fp, r); err != nil {
 		return nil, err
 	}
+	verifyFleetWorkbook(fp, r)
 	r.OK = len(r.Problems) == 0
 	return r, nil
 }

@@ -33,6 +33,10 @@ type FleetPart struct {
 	// accepted (0: none), FleetLeaf the fleet log leaf that holds it.
 	Logged    uint64 `json:"logged_size"`
 	FleetLeaf uint64 `json:"fleet_leaf"`
+	// Dispatches are the part's dispatches on the sources the fleet
+	// limits, for R9 over the fleet (fleet_limits.go); nil leaves R9 the
+	// sum of the nodes'.
+	Dispatches *PartDispatches `json:"dispatches,omitempty"`
 }
 
 // covered reports whether the part's events are in the node's logged tree.
@@ -42,7 +46,8 @@ func (p *FleetPart) covered() bool {
 
 // FleetReport is the reconciliation of a fleet run: the nodes' parts
 // summed as one population, R1 to R10 holding over the sum only if they
-// hold on every node, and F1 and F2 over the parts.
+// hold on every node (R9 also over every node's dispatches together, when
+// the parts carry them), and F1 and F2 over the parts.
 type FleetReport struct {
 	RunID    string `json:"run_id"`
 	Balanced bool   `json:"balanced"`
@@ -127,6 +132,10 @@ func CombineFleet(runID string, parts []FleetPart) *FleetReport {
 		sr.Checks = srcChecks[id].checks()
 		sr.Balanced = allPass(sr.Checks)
 		r.Sources = append(r.Sources, *sr)
+	}
+	fleetR9(r, parts)
+	for i := range r.Parts {
+		r.Parts[i].Dispatches = nil // read; the report need not repeat them
 	}
 	return r
 }

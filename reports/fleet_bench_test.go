@@ -2,6 +2,7 @@ package reports_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"sync"
@@ -95,7 +96,8 @@ func writeSynthLedger(dir string, run synthRun) error {
 // BenchmarkFleetReconcile1M reconciles a fleet run of about 1M events over
 // three nodes' real bbolt ledgers (warm after the first iteration): each
 // node's part recounted and re-hashed at once, as the nodes do when the
-// fleet reconciliation asks them, then summed (CombineFleet).
+// fleet reconciliation asks them, with their dispatches read for R9 over
+// the fleet and sent as JSON, then summed (CombineFleet).
 func BenchmarkFleetReconcile1M(b *testing.B) {
 	dbs := openFleetLedgers(b)
 	var recs [3]*reports.Reconciler
@@ -115,7 +117,31 @@ func BenchmarkFleetReconcile1M(b *testing.B) {
 					b.Error(err)
 					return
 				}
-				parts[i] = reports.FleetPart{Node: nodes[i], Report: rep, Logged: rep.Run.LastSeq}
+				ds := &reports.PartDispatches{}
+				idx := map[string]int{}
+				for _, s := range rep.Sources {
+					idx[s.SourceID] = len(ds.Sources)
+					ds.Limits = append(ds.Limits, reports.FleetLimit{Source: s.SourceID, Limit: 1 << 40, Window: int64(time.Second)})
+					ds.Sources = append(ds.Sources, reports.SourceDispatches{Source: s.SourceID})
+				}
+				err = ledger.NewReader(dbs[i]).ScanRun(synthRunID, 0, func(e *auditd.Event) error {
+					if e.Type == auditd.EventDispatch {
+						s := &ds.Sources[idx[e.SourceID]]
+						s.At, s.Seq = append(s.At, e.Time.UnixNano()), append(s.Seq, e.Seq)
+					}
+					return nil
+				})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				raw, err := json.Marshal(reports.FleetPart{Node: nodes[i], Report: rep, Logged: rep.Run.LastSeq, Dispatches: ds})
+				if err == nil {
+					err = json.Unmarshal(raw, &parts[i])
+				}
+				if err != nil {
+					b.Error(err)
+				}
 			})
 		}
 		wg.Wait()

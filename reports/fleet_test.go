@@ -1,9 +1,17 @@
 package reports_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/xuri/excelize/v2"
 
 	"github.com/auditd/auditd/reports"
 )
@@ -70,4 +78,135 @@ func TestCombineFleet(t *testing.T) {
 			t.Errorf("R2 failing on node b: %+v", r2)
 		}
 	})
+}
+
+// A fleet run's workbook holds every node's rows of every sheet behind
+// the node's name, cell for cell as the node's own workbook has them, the
+// fleet's checks after the nodes' reconciliations, and a Manifest whose
+// hashes are those of its rows.
+func TestWriteFleetEvidence(t *testing.T) {
+	node, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
+	one := readWorkbook(t, node)
+	parts := []reports.FleetWorkbook{{Node: "b", Book: bytes.NewReader(node), Size: int64(len(node))},
+		{Node: "a", Book: bytes.NewReader(node), Size: int64(len(node))}}
+	rep := reports.CombineFleet(fixtureRun, []reports.FleetPart{nodePart(t, "a", 3), nodePart(t, "b", 4)})
+	var buf bytes.Buffer
+	if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fixtureRun, Parts: parts, Report: rep, GeneratedAt: generatedAt}); err != nil {
+		t.Fatal(err)
+	}
+	wb := readWorkbook(t, buf.Bytes())
+	if want := one.names; !slices.Equal(wb.names, want) {
+		t.Fatalf("the fleet workbook's sheets: %q, want a run workbook's %q", wb.names, want)
+	}
+	for _, name := range one.names[1:] {
+		rows, own := wb.sheets[name], one.sheets[name]
+		if rows[0][0] != reports.FleetNodeColumn || !slices.Equal(rows[0][1:], own[0]) {
+			t.Errorf("%s: header %q, want Node then %q", name, rows[0], own[0])
+		}
+		for i, node := range []string{"a", "b"} {
+			for j, r := range own[1:] {
+				got := rows[1+i*(len(own)-1)+j]
+				if got[0] != node || !slices.Equal(got[1:], r) {
+					t.Errorf("%s, node %s's row %d: %q, want %q", name, node, j+2, got, r)
+				}
+			}
+		}
+		extra := len(rows) - 1 - 2*(len(own)-1)
+		if name == reports.SheetReconciliation {
+			if want := len(rep.Checks) + len(rep.Sources[0].Checks)*len(rep.Sources); extra != want || rows[len(rows)-1][0] != reports.FleetRowsNode {
+				t.Errorf("Reconciliation: %d rows after the nodes', want the fleet's %d checks", extra, want)
+			}
+		} else if extra != 0 {
+			t.Errorf("%s: %d rows more than the nodes'", name, extra)
+		}
+	}
+	// Every cell as stored, a date's serial to the digit.
+	raw := func(b []byte, sheet string) [][]string {
+		f, err := excelize.OpenReader(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		rows, err := f.GetRows(sheet, excelize.Options{RawCellValue: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	for _, sheet := range []string{reports.SheetRuns, reports.SheetDispatches, reports.SheetWaits} {
+		own, fleet := raw(node, sheet), raw(buf.Bytes(), sheet)
+		for j, r := range own[1:] {
+			if got := fleet[1+j]; !slices.Equal(got[1:], r) {
+				t.Errorf("%s row %d as stored: %q, want %q", sheet, j+2, got[1:], r)
+			}
+		}
+	}
+	// The Manifest: each node's key, and each sheet's hash over its rows.
+	fields := map[string][]string{}
+	for _, r := range wb.sheets[reports.SheetManifest][1:] {
+		fields[r[0]] = r
+	}
+	if got := fields["Node a: "+reports.ManifestFieldPublicKey]; got == nil || got[1] != (fixedCheckpoint{}).PublicKey() {
+		t.Errorf("the Manifest's key of node a: %q", got)
+	}
+	for _, name := range wb.names[1:] {
+		if got, want := fields[name], rowsHash(wb.sheets[name]); got == nil || got[2] != want {
+			t.Errorf("the Manifest's hash of %s: %q, want %s", name, got, want)
+		}
+	}
+	// A node whose workbook is not a run's is named.
+	bad := []reports.FleetWorkbook{parts[0], {Node: "c", Book: bytes.NewReader(buf.Bytes()), Size: int64(buf.Len())}}
+	if err := reports.WriteFleetEvidence(io.Discard, reports.FleetEvidence{RunID: fixtureRun, Parts: bad}); err == nil || !strings.Contains(err.Error(), "node c") {
+		t.Errorf("a node's workbook with a Node column already: %v", err)
+	}
+}
+
+// R9 of a fleet run holds every node's dispatches together to the limit
+// the fleet shares: two nodes each within it, together over it, fail R9
+// of the total and of the source, naming the node and event that passed
+// it; parts that carry no dispatches leave R9 the nodes' sum.
+func TestCombineFleetR9(t *testing.T) {
+	a, b := nodePart(t, "a", 10), nodePart(t, "b", 10)
+	src := a.Report.Sources[0].SourceID
+	limit := []reports.FleetLimit{{Source: src, Limit: 4, Window: int64(time.Second)}}
+	at := func(ms ...int64) []int64 {
+		out := make([]int64, len(ms))
+		for i, m := range ms {
+			out[i] = 1_800_000_000_000_000_000 + m*int64(time.Millisecond)
+		}
+		return out
+	}
+	// a dispatches at 0, 300, 600 ms; b at 100, 400, 2000 ms: the window
+	// ending at a's 600 ms holds 5.
+	a.Dispatches = &reports.PartDispatches{Limits: limit, Sources: []reports.SourceDispatches{{Source: src, At: at(0, 300, 600), Seq: []uint64{3, 7, 9}}}}
+	b.Dispatches = &reports.PartDispatches{Limits: limit, Sources: []reports.SourceDispatches{{Source: src, At: at(100, 400, 2000), Seq: []uint64{4, 8, 12}}}}
+	for _, p := range []*reports.FleetPart{&a, &b} { // as a node's API sends it
+		raw, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*p = reports.FleetPart{}
+		if err := json.Unmarshal(raw, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := reports.CombineFleet(synthRunID, []reports.FleetPart{a, b})
+	r9 := check(rep, reports.R9)
+	if rep.Balanced || r9.Pass || r9.Expected-r9.Actual != 1 || !strings.Contains(r9.Note, "5 dispatches") || !strings.Contains(r9.Note, "node a's event 9") {
+		t.Errorf("R9 over two nodes together over the limit: balanced %t, %+v", rep.Balanced, r9)
+	}
+	if s := rep.Sources[0]; s.Balanced || !strings.Contains(fmt.Sprint(s.Checks), "node a's event 9") {
+		t.Errorf("the source's R9: %+v", s)
+	}
+	if rep.Parts[0].Dispatches != nil {
+		t.Error("the report repeats the parts' dispatches")
+	}
+	a.Dispatches.Limits[0].Limit, b.Dispatches.Limits[0].Limit = 5, 6 // the same dispatches within 5, the strictest
+	if rep := reports.CombineFleet(synthRunID, []reports.FleetPart{a, b}); !rep.Balanced {
+		t.Errorf("R9 within the limit: %v %+v", rep.Failed(), check(rep, reports.R9))
+	}
+	a.Dispatches, b.Dispatches = nil, nil
+	if rep := reports.CombineFleet(synthRunID, []reports.FleetPart{a, b}); !rep.Balanced {
+		t.Errorf("parts without dispatches: %v", rep.Failed())
+	}
 }

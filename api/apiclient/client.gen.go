@@ -256,6 +256,7 @@ const (
 	ProblemCodeInvalid              ProblemCode = "invalid"
 	ProblemCodeMethodNotAllowed     ProblemCode = "method_not_allowed"
 	ProblemCodeNotFound             ProblemCode = "not_found"
+	ProblemCodeNotInFleet           ProblemCode = "not_in_fleet"
 	ProblemCodeTooLarge             ProblemCode = "too_large"
 	ProblemCodeTooManyRequests      ProblemCode = "too_many_requests"
 	ProblemCodeUnauthorized         ProblemCode = "unauthorized"
@@ -278,6 +279,8 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeMethodNotAllowed:
 		return true
 	case ProblemCodeNotFound:
+		return true
+	case ProblemCodeNotInFleet:
 		return true
 	case ProblemCodeTooLarge:
 		return true
@@ -763,6 +766,22 @@ type FleetLogStatus struct {
 
 // FleetPart One node's part of a fleet run; report is absent when the node could not give it (error says why).
 type FleetPart struct {
+	// Dispatches The part's dispatches on the sources the fleet limits, and those limits (each source's ceiling), for R9 over every node's dispatches together. Absent from the parts of a fleet reconciliation, which has read them.
+	Dispatches *struct {
+		Limits []struct {
+			FromUnixNano *int   `json:"from_unix_nano,omitempty"`
+			Limit        int    `json:"limit"`
+			Source       string `json:"source"`
+			WindowNanos  int    `json:"window_nanos"`
+		} `json:"limits"`
+		Sources []struct {
+			Count int `json:"count"`
+
+			// Data For each dispatch in event order, its time (Unix nanoseconds) less the previous one's as a signed varint (zigzag), then its event's sequence number less the previous one's as an unsigned varint; the first from 0.
+			Data   []byte `json:"data"`
+			Source string `json:"source"`
+		} `json:"sources"`
+	} `json:"dispatches,omitempty"`
 	Error *string `json:"error,omitempty"`
 
 	// FleetLeaf The fleet log leaf holding it.
@@ -776,7 +795,7 @@ type FleetPart struct {
 	Report *Reconciliation `json:"report,omitempty"`
 }
 
-// FleetReconciliation A fleet run reconciled over every node's part: counts summed, R1 to R10 over the sum (failing when they fail on any node), F1 (every part present) and F2 (every part in the fleet log). status is succeeded when every part did, else the first other status of a part in node order ("missing" when a part could not be had).
+// FleetReconciliation A fleet run reconciled over every node's part: counts summed, R1 to R10 over the sum (failing when they fail on any node; R9 also over every node's dispatches together, against the limit the fleet shares), F1 (every part present) and F2 (every part in the fleet log). status is succeeded when every part did, else the first other status of a part in node order ("missing" when a part could not be had).
 type FleetReconciliation struct {
 	Balanced bool           `json:"balanced"`
 	Checks   []Check        `json:"checks"`
@@ -806,6 +825,20 @@ type FleetRun struct {
 
 	// Parts The nodes holding a part of the run, by name.
 	Parts []string `json:"parts"`
+}
+
+// FleetTimeline A fleet run's timeline: from and to span every node's buckets (absent when no node recorded anything); sources holds each node's timeline of each source, sorted by source, then node. The entries of one source add up, bucket start by bucket start, to the fleet's.
+type FleetTimeline struct {
+	// Bucket A Go duration ("1m30s", "250ms", "0s").
+	Bucket        Duration   `json:"bucket"`
+	BucketSeconds float32    `json:"bucket_seconds"`
+	From          *time.Time `json:"from,omitempty"`
+	RunId         string     `json:"run_id"`
+	Sources       []struct {
+		Node     string         `json:"node"`
+		Timeline SourceTimeline `json:"timeline"`
+	} `json:"sources"`
+	To *time.Time `json:"to,omitempty"`
 }
 
 // Hold defines model for Hold.
@@ -1592,6 +1625,15 @@ type CreateFleetRunJSONBody struct {
 	Name        string    `json:"name"`
 }
 
+// GetFleetTimelineParams defines parameters for GetFleetTimeline.
+type GetFleetTimelineParams struct {
+	// Bucket Width of a bucket, a Go duration from 100ms to 24h ("1s", "30s", "5m").
+	Bucket *Bucket `form:"bucket,omitempty" json:"bucket,omitempty"`
+
+	// Source Only these sources of the run (repeat, or separate with commas; at most 50).
+	Source *[]string `form:"source,omitempty" json:"source,omitempty"`
+}
+
 // ListCheckpointsParams defines parameters for ListCheckpoints.
 type ListCheckpointsParams struct {
 	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
@@ -2073,6 +2115,13 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/fleet/runs/{id}/evidence-pack.zip (the `GetFleetEvidencePack` operationId).
 	GetFleetEvidencePack(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetFleetEvidence The fleet run's evidence workbook, every node's rows behind a Node column.
+	//
+	// The sheets a run's workbook has (GET /v1/runs/{id}/evidence.xlsx, which every node holding a part is asked for, each recording the download), each holding every node's rows, node after node in name order, with a first column Node naming the node whose ledger holds the row (Seq is that node's sequence number). The Reconciliation sheet ends with the fleet reconciliation's checks, node "fleet". The Manifest names each node's signed checkpoint and public key and every sheet's row count and SHA-256. Recorded in this node's ledger as an export.downloaded event. A node that cannot be reached is a problem naming it, and nothing is written.
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/evidence.xlsx (the `GetFleetEvidence` operationId).
+	GetFleetEvidence(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 	//
 	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
@@ -2098,6 +2147,13 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
 	GetFleetReconciliation(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetTimeline The fleet run's timeline, every node's part per source and bucket, each naming its node.
+	//
+	// Every node holding a part is asked for its run timeline (GET /v1/runs/{id}/timeline) with the same bucket, so buckets start at the same instants on every node. Without `bucket`, the narrowest width that covers the fleet run from its creation to now in about 240 buckets. A node that cannot be reached is a problem naming it.
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/timeline (the `GetFleetTimeline` operationId).
+	GetFleetTimeline(ctx context.Context, id RunID, params *GetFleetTimelineParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetCheckpoint The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
 	//
@@ -2924,6 +2980,23 @@ func (c *Client) GetFleetEvidencePack(ctx context.Context, id RunID, reqEditors 
 	return c.Client.Do(req)
 }
 
+// GetFleetEvidence The fleet run's evidence workbook, every node's rows behind a Node column.
+//
+// The sheets a run's workbook has (GET /v1/runs/{id}/evidence.xlsx, which every node holding a part is asked for, each recording the download), each holding every node's rows, node after node in name order, with a first column Node naming the node whose ledger holds the row (Seq is that node's sequence number). The Reconciliation sheet ends with the fleet reconciliation's checks, node "fleet". The Manifest names each node's signed checkpoint and public key and every sheet's row count and SHA-256. Recorded in this node's ledger as an export.downloaded event. A node that cannot be reached is a problem naming it, and nothing is written.
+//
+// Corresponds with GET /v1/fleet/runs/{id}/evidence.xlsx (the `GetFleetEvidence` operationId).
+func (c *Client) GetFleetEvidence(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetEvidenceRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 //
 // A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
@@ -2980,6 +3053,23 @@ func (c *Client) GetFleetPartPack(ctx context.Context, id RunID, reqEditors ...R
 // Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
 func (c *Client) GetFleetReconciliation(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetFleetReconciliationRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetTimeline The fleet run's timeline, every node's part per source and bucket, each naming its node.
+//
+// Every node holding a part is asked for its run timeline (GET /v1/runs/{id}/timeline) with the same bucket, so buckets start at the same instants on every node. Without `bucket`, the narrowest width that covers the fleet run from its creation to now in about 240 buckets. A node that cannot be reached is a problem naming it.
+//
+// Corresponds with GET /v1/fleet/runs/{id}/timeline (the `GetFleetTimeline` operationId).
+func (c *Client) GetFleetTimeline(ctx context.Context, id RunID, params *GetFleetTimelineParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetTimelineRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -4813,6 +4903,40 @@ func NewGetFleetEvidencePackRequest(server string, id RunID) (*http.Request, err
 	return req, nil
 }
 
+// NewGetFleetEvidenceRequest constructs an http.Request for the GetFleetEvidence method
+func NewGetFleetEvidenceRequest(server string, id RunID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s/evidence.xlsx", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewFinishFleetRunRequest constructs an http.Request for the FinishFleetRun method
 func NewFinishFleetRunRequest(server string, id RunID) (*http.Request, error) {
 	var err error
@@ -4939,6 +5063,79 @@ func NewGetFleetReconciliationRequest(server string, id RunID) (*http.Request, e
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetFleetTimelineRequest constructs an http.Request for the GetFleetTimeline method
+func NewGetFleetTimelineRequest(server string, id RunID, params *GetFleetTimelineParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs/%s/timeline", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Bucket != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "bucket", *params.Bucket, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Source != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "source", *params.Source, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "array", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -6857,6 +7054,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/fleet/runs/{id}/evidence-pack.zip (the `GetFleetEvidencePack` operationId).
 	GetFleetEvidencePackWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetEvidencePackResponse, error)
 
+	// GetFleetEvidenceWithResponse The fleet run's evidence workbook, every node's rows behind a Node column.
+	//
+	// The sheets a run's workbook has (GET /v1/runs/{id}/evidence.xlsx, which every node holding a part is asked for, each recording the download), each holding every node's rows, node after node in name order, with a first column Node naming the node whose ledger holds the row (Seq is that node's sequence number). The Reconciliation sheet ends with the fleet reconciliation's checks, node "fleet". The Manifest names each node's signed checkpoint and public key and every sheet's row count and SHA-256. Recorded in this node's ledger as an export.downloaded event. A node that cannot be reached is a problem naming it, and nothing is written.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/evidence.xlsx (the `GetFleetEvidence` operationId).
+	GetFleetEvidenceWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetEvidenceResponse, error)
+
 	// FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 	//
 	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
@@ -6890,6 +7096,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
 	GetFleetReconciliationWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetReconciliationResponse, error)
+
+	// GetFleetTimelineWithResponse The fleet run's timeline, every node's part per source and bucket, each naming its node.
+	//
+	// Every node holding a part is asked for its run timeline (GET /v1/runs/{id}/timeline) with the same bucket, so buckets start at the same instants on every node. Without `bucket`, the narrowest width that covers the fleet run from its creation to now in about 240 buckets. A node that cannot be reached is a problem naming it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs/{id}/timeline (the `GetFleetTimeline` operationId).
+	GetFleetTimelineWithResponse(ctx context.Context, id RunID, params *GetFleetTimelineParams, reqEditors ...RequestEditorFn) (*GetFleetTimelineResponse, error)
 
 	// GetCheckpointWithResponse The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
 	//
@@ -9217,6 +9432,112 @@ func (r GetFleetEvidencePackResponse) ContentType() string {
 	return ""
 }
 
+// GetFleetEvidenceResponse401Headers the declared response headers of an HTTP 401 response for GetFleetEvidence
+type GetFleetEvidenceResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetEvidenceResponse403Headers the declared response headers of an HTTP 403 response for GetFleetEvidence
+type GetFleetEvidenceResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetEvidenceResponse404Headers the declared response headers of an HTTP 404 response for GetFleetEvidence
+type GetFleetEvidenceResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetEvidenceResponse429Headers the declared response headers of an HTTP 429 response for GetFleetEvidence
+type GetFleetEvidenceResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetEvidenceResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetEvidence
+type GetFleetEvidenceResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetEvidenceResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetEvidenceResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetEvidenceResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetEvidenceResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetEvidenceResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetEvidenceResponseDefaultHeaders
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetEvidenceResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetEvidenceResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetEvidenceResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetEvidenceResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetEvidenceResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetEvidenceResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetEvidenceResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetEvidenceResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetEvidenceResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // FinishFleetRunResponse401Headers the declared response headers of an HTTP 401 response for FinishFleetRun
 type FinishFleetRunResponse401Headers struct {
 	WWWAuthenticate *string
@@ -9670,6 +9991,133 @@ func (r GetFleetReconciliationResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetFleetReconciliationResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetTimelineResponse400Headers the declared response headers of an HTTP 400 response for GetFleetTimeline
+type GetFleetTimelineResponse400Headers struct {
+	XRequestId *string
+}
+
+// GetFleetTimelineResponse401Headers the declared response headers of an HTTP 401 response for GetFleetTimeline
+type GetFleetTimelineResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetTimelineResponse403Headers the declared response headers of an HTTP 403 response for GetFleetTimeline
+type GetFleetTimelineResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetTimelineResponse404Headers the declared response headers of an HTTP 404 response for GetFleetTimeline
+type GetFleetTimelineResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetTimelineResponse429Headers the declared response headers of an HTTP 429 response for GetFleetTimeline
+type GetFleetTimelineResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetTimelineResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetTimeline
+type GetFleetTimelineResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetTimelineResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetTimeline
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *GetFleetTimelineResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetTimelineResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetTimelineResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetTimelineResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetTimelineResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetTimelineResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetTimelineResponse) GetJSON200() *FleetTimeline {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetFleetTimelineResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetTimelineResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetTimelineResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetTimelineResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetTimelineResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetTimelineResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetTimelineResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetTimelineResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetTimelineResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetTimelineResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -14060,6 +14508,21 @@ func (c *ClientWithResponses) GetFleetEvidencePackWithResponse(ctx context.Conte
 	return ParseGetFleetEvidencePackResponse(rsp)
 }
 
+// GetFleetEvidenceWithResponse The fleet run's evidence workbook, every node's rows behind a Node column.
+//
+// The sheets a run's workbook has (GET /v1/runs/{id}/evidence.xlsx, which every node holding a part is asked for, each recording the download), each holding every node's rows, node after node in name order, with a first column Node naming the node whose ledger holds the row (Seq is that node's sequence number). The Reconciliation sheet ends with the fleet reconciliation's checks, node "fleet". The Manifest names each node's signed checkpoint and public key and every sheet's row count and SHA-256. Recorded in this node's ledger as an export.downloaded event. A node that cannot be reached is a problem naming it, and nothing is written.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs/{id}/evidence.xlsx (the `GetFleetEvidence` operationId).
+func (c *ClientWithResponses) GetFleetEvidenceWithResponse(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*GetFleetEvidenceResponse, error) {
+	rsp, err := c.GetFleetEvidence(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetEvidenceResponse(rsp)
+}
+
 // FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 //
 // A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
@@ -14116,6 +14579,21 @@ func (c *ClientWithResponses) GetFleetReconciliationWithResponse(ctx context.Con
 		return nil, err
 	}
 	return ParseGetFleetReconciliationResponse(rsp)
+}
+
+// GetFleetTimelineWithResponse The fleet run's timeline, every node's part per source and bucket, each naming its node.
+//
+// Every node holding a part is asked for its run timeline (GET /v1/runs/{id}/timeline) with the same bucket, so buckets start at the same instants on every node. Without `bucket`, the narrowest width that covers the fleet run from its creation to now in about 240 buckets. A node that cannot be reached is a problem naming it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs/{id}/timeline (the `GetFleetTimeline` operationId).
+func (c *ClientWithResponses) GetFleetTimelineWithResponse(ctx context.Context, id RunID, params *GetFleetTimelineParams, reqEditors ...RequestEditorFn) (*GetFleetTimelineResponse, error) {
+	rsp, err := c.GetFleetTimeline(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetTimelineResponse(rsp)
 }
 
 // GetCheckpointWithResponse The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
@@ -17397,6 +17875,127 @@ func ParseGetFleetEvidencePackResponse(rsp *http.Response) (*GetFleetEvidencePac
 	return response, nil
 }
 
+// ParseGetFleetEvidenceResponse parses an HTTP response from a GetFleetEvidenceWithResponse call
+func ParseGetFleetEvidenceResponse(rsp *http.Response) (*GetFleetEvidenceResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetEvidenceResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetEvidenceResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetEvidenceResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetEvidenceResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetEvidenceResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetEvidenceResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
 // ParseFinishFleetRunResponse parses an HTTP response from a FinishFleetRunWithResponse call
 func ParseFinishFleetRunResponse(rsp *http.Response) (*FinishFleetRunResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -17906,6 +18505,151 @@ func ParseGetFleetReconciliationResponse(rsp *http.Response) (*GetFleetReconcili
 		response.Headers429 = &headers
 	case true:
 		var headers GetFleetReconciliationResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetFleetTimelineResponse parses an HTTP response from a GetFleetTimelineWithResponse call
+func ParseGetFleetTimelineResponse(rsp *http.Response) (*GetFleetTimelineResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetTimelineResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetTimeline
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 400:
+		var headers GetFleetTimelineResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetFleetTimelineResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetTimelineResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetTimelineResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetTimelineResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetTimelineResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

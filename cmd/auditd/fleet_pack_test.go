@@ -148,16 +148,39 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	}
 	manifest := pack.FleetManifest{Origin: head.Origin, TreeSize: head.Size, Runs: []string{fleetRun}, Nodes: nodes,
 		Limits: []pack.FleetLimit{{Source: "county", Limit: 100, Window: int64(time.Second)}}, SlotSlack: int64(50 * time.Millisecond)}
-	write := func(m pack.FleetManifest, packs map[string][]byte) []byte {
+	// merge is the fleet workbook of the node workbooks of packs, each
+	// under the node name books gives it (its own when absent).
+	merge := func(packs map[string][]byte, books map[string]string) []byte {
+		var parts []reports.FleetWorkbook
+		for n, b := range packs {
+			if from, ok := books[n]; ok {
+				b = packs[from]
+			}
+			wb, err := zipEntry(b, "evidence.xlsx")
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts = append(parts, reports.FleetWorkbook{Node: n, Book: bytes.NewReader(wb), Size: int64(len(wb))})
+		}
+		var buf bytes.Buffer
+		if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fleetRun, Parts: parts}); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	writeBook := func(m pack.FleetManifest, packs map[string][]byte, book []byte) []byte {
 		readers := map[string]io.Reader{}
 		for n, b := range packs {
 			readers[n] = bytes.NewReader(b)
 		}
 		var buf bytes.Buffer
-		if err := pack.WriteFleet(&buf, pack.FleetParts{Manifest: m, Checkpoint: fcp, Packs: readers}); err != nil {
+		if err := pack.WriteFleet(&buf, pack.FleetParts{Manifest: m, Checkpoint: fcp, Packs: readers, Workbook: bytes.NewReader(book)}); err != nil {
 			t.Fatal(err)
 		}
 		return buf.Bytes()
+	}
+	write := func(m pack.FleetManifest, packs map[string][]byte) []byte {
+		return writeBook(m, packs, merge(packs, nil))
 	}
 	verify := func(b []byte) (*pack.FleetReport, error) {
 		fp, err := pack.OpenFleet(bytes.NewReader(b), int64(len(b)))
@@ -189,7 +212,7 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		code := runVerify(ctx, args, &stdout, &stderr)
 		return code, stdout.String() + stderr.String()
 	}
-	if code, out := verifyCLI(good); code != 0 || !strings.Contains(out, "fleet pack verified: 3 nodes (a, b, c)") {
+	if code, out := verifyCLI(good); code != 0 || !strings.Contains(out, "fleet pack verified: 3 nodes (a, b, c)") || !strings.Contains(out, "each the row of its Node's own workbook") {
 		t.Fatalf("auditd verify --pack on a good fleet pack: exit %d\n%s", code, out)
 	}
 
@@ -258,6 +281,12 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 			m.Nodes[1].Blocks[0].First += int64(300 * time.Millisecond) // after node b's first dispatches
 			return write(m, packs)
 		}, []string{"node b's dispatch event", "none of its reserved blocks"}},
+		{"WorkbookRowsOfAnotherNode", func() []byte {
+			return writeBook(manifest, packs, merge(packs, map[string]string{"b": "c"}))
+		}, []string{"node b:", "evidence.xlsx: sheet Dispatches row"}},
+		{"WorkbookNodeLeftOut", func() []byte {
+			return writeBook(manifest, packs, merge(map[string][]byte{"a": packs["a"], "c": packs["c"]}, nil))
+		}, []string{"node b:", "holds 0 of the node's"}},
 		{"DispatchesOverLimit", func() []byte {
 			m := manifest
 			m.Limits = []pack.FleetLimit{{Source: "county", Limit: 3, Window: int64(time.Second)}}

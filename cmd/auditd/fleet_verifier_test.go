@@ -126,6 +126,7 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 		node string
 	}
 	dispatches := map[string][]stamp{}
+	books := map[string]map[string][][]string{} // node: its workbook's populations
 	for _, n := range m.Nodes {
 		if keys[n.Name] != n.Key {
 			return fmt.Errorf("node %s: fleet.json key is not the published key", n.Name)
@@ -177,6 +178,13 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 		if err := outsideVerify(part, n.Key); err != nil {
 			return fmt.Errorf("node %s: %v", n.Name, err)
 		}
+		wb, err := zipEntry(part, "evidence.xlsx")
+		if err == nil {
+			books[n.Name], err = outsidePopulations(wb)
+		}
+		if err != nil {
+			return fmt.Errorf("node %s: evidence.xlsx: %v", n.Name, err)
+		}
 		bin, err := zipEntry(part, "events.bin")
 		if err != nil {
 			return fmt.Errorf("node %s: %v", n.Name, err)
@@ -196,6 +204,13 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 	for line := range strings.Lines(sigs) {
 		if f := strings.Fields(strings.TrimPrefix(line, "\u2014 ")); len(f) == 2 && !origins[f[0]] {
 			return fmt.Errorf("fleet-checkpoint.txt: cosigned by %s, a node with no part", f[0])
+		}
+	}
+	// The fleet workbook, when there is one: behind its Node column, each
+	// node's rows of each sheet are its own verified workbook's, in order.
+	if fleetBook, err := read("evidence.xlsx"); err == nil {
+		if err := outsideCheckFleetBook(fleetBook, books); err != nil {
+			return err
 		}
 	}
 	// The over-limit proof: blocks disjoint per source, and no window of
@@ -282,4 +297,102 @@ func contains(ss []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// outsidePopulations reads an XLSX's sheets (outsideSheets), each
+// continuation ("Dispatches (2)") after its first sheet without its
+// header, and drops every row's trailing empty cells.
+func outsidePopulations(book []byte) (map[string][][]string, error) {
+	sheets, err := outsideSheets(book)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][][]string{}
+	for name := range sheets {
+		if i := strings.LastIndex(name, " ("); i > 0 && strings.HasSuffix(name, ")") {
+			continue
+		}
+		for n := 1; ; n++ {
+			part := name
+			if n > 1 {
+				part = fmt.Sprintf("%s (%d)", name, n)
+			}
+			rs, ok := sheets[part]
+			if !ok {
+				break
+			}
+			if n > 1 {
+				rs = rs[min(1, len(rs)):]
+			}
+			for _, r := range rs {
+				for len(r) > 0 && r[len(r)-1] == "" {
+					r = r[:len(r)-1]
+				}
+				out[name] = append(out[name], r)
+			}
+		}
+	}
+	return out, nil
+}
+
+// outsideSameRow compares two rows cell by cell: the same text, or the
+// same number however written ("1.5", "1.50000000000000").
+func outsideSameRow(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, errX := strconv.ParseFloat(a[i], 64)
+		y, errY := strconv.ParseFloat(b[i], 64)
+		if a[i] != b[i] && (errX != nil || errY != nil || x != y) {
+			return false
+		}
+	}
+	return true
+}
+
+// outsideCheckFleetBook holds the fleet workbook to the node workbooks
+// (books, by node): each node's rows of each sheet, behind the Node
+// column, are its own rows in order.
+func outsideCheckFleetBook(fleetBook []byte, books map[string]map[string][][]string) error {
+	pops, err := outsidePopulations(fleetBook)
+	if err != nil {
+		return fmt.Errorf("evidence.xlsx: %v", err)
+	}
+	for node, b := range books {
+		for sheet := range b {
+			if _, ok := pops[sheet]; !ok && sheet != "Manifest" {
+				return fmt.Errorf("node %s: evidence.xlsx lacks sheet %s", node, sheet)
+			}
+		}
+	}
+	for sheet, rows := range pops {
+		if sheet == "Manifest" {
+			continue
+		}
+		if len(rows) == 0 || len(rows[0]) == 0 || rows[0][0] != "Node" {
+			return fmt.Errorf("evidence.xlsx: sheet %s has no Node column", sheet)
+		}
+		next := map[string]int{}
+		for i, row := range rows[1:] {
+			if len(row) == 0 {
+				row = []string{""}
+			}
+			own, ok := books[row[0]][sheet]
+			if !ok {
+				return fmt.Errorf("evidence.xlsx: sheet %s row %d names node %q, which has no part", sheet, i+2, row[0])
+			}
+			j := next[row[0]] + 1 // past the node's header
+			next[row[0]]++
+			if j >= len(own) || !outsideSameRow(row[1:], own[j]) {
+				return fmt.Errorf("node %s: evidence.xlsx: sheet %s row %d is not the node's row %d", row[0], sheet, i+2, j+1)
+			}
+		}
+		for node, b := range books {
+			if own := b[sheet]; next[node] != len(own)-1 {
+				return fmt.Errorf("node %s: evidence.xlsx: sheet %s holds %d of the node's %d rows", node, sheet, next[node], len(own)-1)
+			}
+		}
+	}
+	return nil
 }

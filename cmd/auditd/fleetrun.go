@@ -36,6 +36,10 @@ const fleetPostEvery = time.Second
 // off from etcd records the failure rather than wait for the cut to heal.
 const fleetPostTimeout = 2 * time.Second
 
+// fleetReadTimeout bounds a read of the fleet's run directory: a node cut
+// off from etcd answers 503 rather than hold the request.
+const fleetReadTimeout = 5 * time.Second
+
 // fleetPeerTimeout bounds a call to another node of the fleet.
 const fleetPeerTimeout = 2 * time.Minute
 
@@ -313,7 +317,9 @@ func (f *fleetRuns) CreateRun(ctx context.Context, principal, name string, idle 
 
 // Run returns the fleet run id as etcd has it.
 func (f *fleetRuns) Run(ctx context.Context, id string) (api.FleetRun, error) {
-	run, ok, err := f.dir.Get(ctx, id)
+	rctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
+	defer cancel()
+	run, ok, err := f.dir.Get(rctx, id)
 	if err != nil {
 		return api.FleetRun{}, auditd.Errorf(auditd.EUNAVAILABLE, "The fleet cannot be asked for run %s: %v", id, err)
 	} else if !ok {

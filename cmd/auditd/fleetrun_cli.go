@@ -56,6 +56,35 @@ func reconcileFleet(ctx context.Context, server, runID, token, format string, al
 	return 0
 }
 
+// fleetRunExists asks server whether runID is a fleet run (GET
+// /v1/fleet/runs/{id}). A 404 says it is not: not_found (no such fleet
+// run), not_in_fleet (the server is not in a fleet), or a server older
+// than fleet runs. Any other answer but 200 (503: etcd out of reach) is an
+// error, since the run may be one and a node's part is not the answer.
+func fleetRunExists(ctx context.Context, client *http.Client, server, runID, token string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(server, "/")+"/v1/fleet/runs/"+url.PathEscape(runID), nil)
+	if err != nil {
+		return false, fmt.Errorf("server URL: %w", err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return true, nil
+	case http.StatusNotFound:
+		return false, nil
+	}
+	return false, fmt.Errorf("server: is run %s a fleet run? %s", runID, problem(resp))
+}
+
 // fetchFleetReconciliation gets GET {server}/v1/fleet/runs/{id}/reconciliation.
 func fetchFleetReconciliation(ctx context.Context, client *http.Client, server, runID, token string) (*reports.FleetReport, error) {
 	var rep reports.FleetReport

@@ -14,6 +14,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/pack"
+	"github.com/auditd/auditd/reports"
 )
 
 // WritePack writes the fleet pack of the run: every node's part (each
@@ -89,7 +90,43 @@ func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorizatio
 	for _, src := range slices.Sorted(maps.Keys(limits)) {
 		m.Limits = append(m.Limits, limits[src])
 	}
-	return pack.WriteFleet(w, pack.FleetParts{Manifest: m, Checkpoint: cp, Packs: packs})
+	book, err := fleetWorkbook(id, parts)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(book.Name())
+	defer book.Close()
+	return pack.WriteFleet(w, pack.FleetParts{Manifest: m, Checkpoint: cp, Packs: packs, Workbook: book})
+}
+
+// fleetWorkbook merges the node packs' workbooks into the fleet pack's
+// (reports.WriteFleetEvidence, without the fleet's checks, which are not
+// one node's rows) in a temporary file, open at its start; the caller
+// removes it.
+func fleetWorkbook(id string, parts []*pack.FleetPack) (*os.File, error) {
+	books := make([]reports.FleetWorkbook, len(parts))
+	for i, fp := range parts {
+		node := fp.Manifest.Nodes[0].Name
+		wb, err := fp.NodeWorkbook(node)
+		if err != nil {
+			return nil, err
+		}
+		books[i] = reports.FleetWorkbook{Node: node, Book: wb, Size: wb.Size()}
+	}
+	tmp, err := os.CreateTemp("", "auditd-fleet-workbook-*.xlsx")
+	if err != nil {
+		return nil, err
+	}
+	err = reports.WriteFleetEvidence(tmp, reports.FleetEvidence{RunID: id, Parts: books})
+	if err == nil {
+		_, err = tmp.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return nil, fmt.Errorf("fleet run %s: its workbook: %w", id, err)
+	}
+	return tmp, nil
 }
 
 // fetchPart writes node's part of run id to tmp and opens it.

@@ -98,10 +98,15 @@ func (f *fleetRuns) peerCall(ctx context.Context, node, method, path, authorizat
 	return nil
 }
 
-// Part reconciles this node's part of the run, then posts the node's
-// checkpoint, which then covers every event the report counted.
+// Part reconciles this node's part of the run and reads its dispatches on
+// the sources the fleet limits (for R9 over the fleet), then posts the
+// node's checkpoint, which then covers every event the report counted.
 func (f *fleetRuns) Part(ctx context.Context, id string) (reports.FleetPart, error) {
 	rep, err := f.reps.Reconciliation(ctx, id)
+	if err != nil {
+		return reports.FleetPart{}, err
+	}
+	ds, err := f.partDispatches(ctx, id)
 	if err != nil {
 		return reports.FleetPart{}, err
 	}
@@ -119,7 +124,33 @@ func (f *fleetRuns) Part(ctx context.Context, id string) (reports.FleetPart, err
 	if err != nil {
 		return reports.FleetPart{}, auditd.Errorf(auditd.EUNAVAILABLE, "The fleet log cannot be read: %v", err)
 	}
-	return reports.FleetPart{Node: f.node, Report: rep, Logged: nt.Size, FleetLeaf: nt.Leaf}, nil
+	return reports.FleetPart{Node: f.node, Report: rep, Logged: nt.Size, FleetLeaf: nt.Leaf, Dispatches: ds}, nil
+}
+
+// partDispatches reads the run's dispatch events on the sources the fleet
+// limits from this node's ledger, with those limits: what the fleet pack's
+// over-limit proof checks, from the same events.
+func (f *fleetRuns) partDispatches(ctx context.Context, id string) (*reports.PartDispatches, error) {
+	limits, err := f.limits(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := &reports.PartDispatches{Limits: limits, Sources: make([]reports.SourceDispatches, len(limits))}
+	idx := map[string]int{}
+	for i, l := range limits {
+		out.Sources[i].Source, idx[l.Source] = l.Source, i
+	}
+	err = ledger.NewReader(f.db).ScanRun(id, 0, func(e *auditd.Event) error {
+		if i, ok := idx[e.SourceID]; ok && e.Type == auditd.EventDispatch {
+			s := &out.Sources[i]
+			s.At, s.Seq = append(s.At, e.Time.UnixNano()), append(s.Seq, e.Seq)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dispatches of run %s: %w", id, err)
+	}
+	return out, nil
 }
 
 // Reconciliation asks every node that holds a part of the run for it, at

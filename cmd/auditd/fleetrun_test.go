@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/xuri/excelize/v2"
 
 	"github.com/auditd/auditd/internal/etcdtest"
 	"github.com/auditd/auditd/internal/nginxtest"
@@ -177,7 +181,69 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 		t.Errorf("auditd reconcile --fleet: exit %d\n%s", code, table.String())
 	}
 	t.Logf("auditd reconcile --fleet:\n%s", table.String())
+	// Without --fleet, any node answers for the fleet run, not its part.
+	table.Reset()
+	code = runOut(context.Background(), []string{"reconcile", "--server", nodes[1].child.url, "--run", id, "--token", token, "--allow-partial", "--format", "json"}, &table)
+	var plain reports.FleetReport
+	if err := json.Unmarshal(table.Bytes(), &plain); code != 0 || err != nil || len(plain.Parts) != 3 || plain.Counts.Dispatches != c.Dispatches {
+		t.Errorf("auditd reconcile --server (no --fleet) of a fleet run: exit %d, %v, %d parts, %d dispatches (want 3, %d)\n%s",
+			code, err, len(plain.Parts), plain.Counts.Dispatches, c.Dispatches, table.String())
+	}
+	// R9 over the fleet reads each part's dispatches: node 1's are all there.
+	var part reports.FleetPart
+	if code := nodes[0].child.call(t, "GET", "/v1/fleet/runs/"+id+"/part", token, nil, &part); code != http.StatusOK || part.Dispatches == nil ||
+		len(part.Dispatches.Sources) != 1 || int64(len(part.Dispatches.Sources[0].At)) != part.Report.Counts.Dispatches {
+		t.Errorf("node 1's part: %d, its dispatches for R9 over the fleet %+v", code, part.Dispatches)
+	}
+	checkFleetEvidence(t, nodes, id, token, &rep)
 	return &rep
+}
+
+// checkFleetEvidence reads the fleet run's workbook and timeline from
+// node 2: every node's rows, each naming its node, as many Dispatches rows
+// per node as its part has dispatches, and the timeline's dispatches per
+// node the same.
+func checkFleetEvidence(t *testing.T, nodes []*fleetRunNode, id, token string, rep *reports.FleetReport) {
+	t.Helper()
+	st, b := nodes[1].child.get(t, "/v1/fleet/runs/"+id+"/evidence.xlsx", token)
+	if st != http.StatusOK {
+		t.Fatalf("the fleet run's workbook: %d %s", st, b)
+	}
+	f, err := excelize.OpenReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	want, got, timeline := map[string]int64{}, map[string]int64{}, map[string]int64{}
+	for _, p := range rep.Parts {
+		want[p.Node] = p.Report.Counts.Dispatches
+	}
+	for _, name := range f.GetSheetList()[1:] {
+		rows, err := f.GetRows(name)
+		if err != nil || len(rows) == 0 || rows[0][0] != reports.FleetNodeColumn {
+			t.Fatalf("sheet %s of the fleet workbook: %v, header %q", name, err, rows[:min(1, len(rows))])
+		}
+		for _, r := range rows[1:] {
+			if _, ok := want[r[0]]; !ok && (name != reports.SheetReconciliation || r[0] != reports.FleetRowsNode) {
+				t.Errorf("sheet %s: a row of node %q: %q", name, r[0], r)
+			} else if name == reports.SheetDispatches {
+				got[r[0]]++
+			}
+		}
+	}
+	var tl reports.FleetTimeline
+	if code := nodes[1].child.call(t, "GET", "/v1/fleet/runs/"+id+"/timeline?bucket=1s", token, nil, &tl); code != http.StatusOK {
+		t.Fatalf("the fleet run's timeline: %d", code)
+	}
+	for _, s := range tl.Sources {
+		for _, bk := range s.Timeline.Buckets {
+			timeline[s.Node] += int64(bk.Dispatches)
+		}
+	}
+	t.Logf("dispatches per node: reconciliation %v, workbook %v, timeline %v", want, got, timeline)
+	if !maps.Equal(got, want) || !maps.Equal(timeline, want) {
+		t.Errorf("the fleet workbook's Dispatches rows per node %v, the timeline's %v; the parts have %v", got, timeline, want)
+	}
 }
 
 // fleetPackOf downloads the fleet run's pack from node 1 with auditd
@@ -212,6 +278,9 @@ func fleetPackOf(t *testing.T, nodes []*fleetRunNode, id, token string) (*pack.F
 	blocks := 0
 	for _, n := range fp.Manifest.Nodes {
 		blocks += len(n.Blocks)
+	}
+	if fp.Workbook == nil {
+		t.Error("the fleet pack carries no fleet workbook")
 	}
 	if blocks == 0 || len(fp.Manifest.Limits) != 1 || fp.Manifest.SlotSlack == 0 {
 		t.Errorf("the pack's over-limit proof: %d blocks, limits %+v, slack %d", blocks, fp.Manifest.Limits, fp.Manifest.SlotSlack)
@@ -265,6 +334,16 @@ func TestFleetRunAcrossNodes(t *testing.T) {
 	rep := settleFleetRun(t, nodes, id, token, int(arrived.Load()))
 	if rep.Counts.Interrupted == 0 {
 		t.Log("the SIGKILL cut off no request on the wire this time")
+	}
+
+	// Node 3 cut off from etcd cannot say whether the run is a fleet run:
+	// the plain reconcile exits 2 rather than answer with node 3's part.
+	cut.Cut()
+	var out bytes.Buffer
+	code := runOut(context.Background(), []string{"reconcile", "--server", nodes[2].child.url, "--run", id, "--token", token, "--allow-partial"}, &out)
+	cut.Heal()
+	if code != 2 || !strings.Contains(out.String(), "503") {
+		t.Errorf("auditd reconcile --server of a node cut off from etcd: exit %d, want 2 naming the 503\n%s", code, out.String())
 	}
 
 	fp, keys := fleetPackOf(t, nodes, id, token)

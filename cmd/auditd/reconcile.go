@@ -43,7 +43,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	allowPartial := fs.Bool("allow-partial", false, "exit 0 for a balanced run that did not succeed (partial, cancelled, unfinished)")
 	maxStaleText := fs.String("max-stale", "", "fail (exit 1) when an item was served from a last good copy older than this `duration` (90s, 30m, 24h) when served, or of unknown age; default: any age")
 	listCached := fs.Bool("list-cached", false, "list every item served from cache (the table sums them up by source)")
-	fleet := fs.Bool("fleet", false, "reconcile the fleet run over every node's part (with --server: any node of the fleet; fleetrun_cli.go)")
+	fleet := fs.Bool("fleet", false, "reconcile the fleet run over every node's part (with --server: any node of the fleet; fleetrun_cli.go); without it, --server answers for the fleet run when the run is one")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -68,10 +68,21 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fs.fail("--format %q: want table, json or csv", *format)
 	}
 
-	if *fleet && *server != "" {
-		return reconcileFleet(ctx, *server, *runID, cmp.Or(*token, os.Getenv("AUDITD_TOKEN")), *format, *allowPartial, stdout, stderr)
-	} else if *fleet {
+	if *fleet && *server == "" {
 		return fs.fail("--fleet needs --server URL: any node of the fleet")
+	}
+	if *server != "" {
+		tok := cmp.Or(*token, os.Getenv("AUDITD_TOKEN"))
+		isFleet := *fleet
+		if !isFleet {
+			var err error
+			if isFleet, err = fleetRunExists(ctx, http.DefaultClient, *server, *runID, tok); err != nil {
+				return fail(err)
+			}
+		}
+		if isFleet {
+			return reconcileFleet(ctx, *server, *runID, tok, *format, *allowPartial, stdout, stderr)
+		}
 	}
 	var rep *reports.Report
 	var err error

@@ -1,0 +1,195 @@
+package pack
+
+import (
+	"archive/zip"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/auditd/auditd/reports"
+)
+
+// FileFleetWorkbook is the fleet pack's evidence workbook: every node's
+// rows behind a Node column (reports.WriteFleetEvidence), stored.
+const FileFleetWorkbook = "evidence.xlsx"
+
+// NodeWorkbook returns the bytes of node's workbook in its pack, in
+// place, to merge into the fleet's; nil when the node has no pack.
+func (fp *FleetPack) NodeWorkbook(node string) (*io.SectionReader, error) {
+	p := fp.Nodes[node]
+	if p == nil {
+		return nil, fmt.Errorf("node %s: no pack", node)
+	}
+	f := p.files[FileWorkbook]
+	if f.Method != zip.Store {
+		return nil, fmt.Errorf("%w: node %s: %s is compressed; a pack stores it", ErrBadPack, node, FileWorkbook)
+	}
+	off, err := f.DataOffset()
+	if err != nil {
+		return nil, err
+	}
+	return io.NewSectionReader(p.ra, off, int64(f.CompressedSize64)), nil
+}
+
+// sheetRows are a workbook's populations, each the rows of its sheet and
+// of its continuations after it, header rows dropped, as stored text.
+type sheetRows struct {
+	headers map[string][]string
+	rows    map[string][][]string
+}
+
+// readSheetRows reads every sheet of zr but the Manifest.
+func readSheetRows(zr *zip.Reader) (*sheetRows, error) {
+	b, err := openBook(zr)
+	if err != nil {
+		return nil, err
+	}
+	out := &sheetRows{headers: map[string][]string{}, rows: map[string][][]string{}}
+	for name := range b.sheets {
+		if name == reports.SheetManifest || strings.HasSuffix(name, ")") && strings.Contains(name, " (") {
+			continue // continuations are read after their first sheet
+		}
+		for n := 1; ; n++ {
+			rr, ok, err := b.rows(reports.ContinuationName(name, n))
+			if err != nil {
+				return nil, err
+			} else if !ok {
+				break
+			}
+			for i := 0; ; i++ {
+				cells, err := rr.next()
+				if errors.Is(err, io.EOF) {
+					break
+				} else if err != nil {
+					rr.Close()
+					return nil, fmt.Errorf("sheet %s: %w", name, err)
+				}
+				row := texts(cells, 0)
+				if i == 0 {
+					out.headers[name] = row
+				} else {
+					out.rows[name] = append(out.rows[name], row)
+				}
+			}
+			rr.Close()
+		}
+	}
+	return out, nil
+}
+
+// verifyFleetWorkbook checks the fleet workbook against the node packs'
+// workbooks, which Verify holds to the leaves: each sheet has a node's
+// sheets with a Node column first, and each node's rows of it are, in
+// order, the rows of the node's own workbook, cell for cell as stored.
+// A row naming a node without a part, a cell that differs, a node's row
+// missing or one too many are named by node, sheet and row.
+func verifyFleetWorkbook(fp *FleetPack, r *FleetReport) {
+	if fp.Workbook == nil {
+		return
+	}
+	zr, err := zip.NewReader(fp.Workbook, fp.Workbook.Size())
+	var fleet *sheetRows
+	if err == nil {
+		fleet, err = readSheetRows(zr)
+	}
+	if err != nil {
+		r.fail("%s: %v", FileFleetWorkbook, err)
+		return
+	}
+	own := map[string]*sheetRows{}
+	for _, n := range fp.Manifest.Nodes {
+		p := fp.Nodes[n.Name]
+		if p == nil {
+			continue
+		}
+		zr, err := p.workbook()
+		var rows *sheetRows
+		if err == nil {
+			rows, err = readSheetRows(zr)
+		}
+		if err != nil {
+			r.fail("node %s: %s: %v", n.Name, FileWorkbook, err)
+			continue
+		}
+		own[n.Name] = rows
+	}
+	for _, node := range slices.Sorted(maps.Keys(own)) {
+		for _, sheet := range slices.Sorted(maps.Keys(own[node].headers)) {
+			if fleet.headers[sheet] == nil {
+				r.fail("node %s: %s lacks sheet %s", node, FileFleetWorkbook, sheet)
+			}
+		}
+	}
+	for _, sheet := range slices.Sorted(maps.Keys(fleet.headers)) {
+		checkFleetSheet(sheet, fleet, own, r)
+	}
+}
+
+// checkFleetSheet checks one sheet of the fleet workbook.
+func checkFleetSheet(sheet string, fleet *sheetRows, own map[string]*sheetRows, r *FleetReport) {
+	header := fleet.headers[sheet]
+	if len(header) == 0 || header[0] != reports.FleetNodeColumn {
+		r.fail("%s: sheet %s: its first column is not %s", FileFleetWorkbook, sheet, reports.FleetNodeColumn)
+		return
+	}
+	next := map[string]int{}
+	for node, o := range own {
+		if o.headers[sheet] != nil && !slices.Equal(trimRow(header[1:]), trimRow(o.headers[sheet])) {
+			r.fail("node %s: %s: sheet %s: its columns are not those of the node's own workbook", node, FileFleetWorkbook, sheet)
+		}
+	}
+	r.WorkbookRows += int64(len(fleet.rows[sheet]))
+	for i, row := range fleet.rows[sheet] {
+		if len(row) == 0 {
+			row = []string{""}
+		}
+		node := row[0]
+		o := own[node]
+		if o == nil {
+			r.fail("%s: sheet %s row %d names node %q, which has no part in the pack", FileFleetWorkbook, sheet, i+2, node)
+			continue
+		}
+		j := next[node]
+		next[node]++
+		if j >= len(o.rows[sheet]) {
+			if j == len(o.rows[sheet]) {
+				r.fail("node %s: %s: sheet %s row %d is one more row of the node than its own workbook has (%d)", node, FileFleetWorkbook, sheet, i+2, j)
+			}
+			continue
+		}
+		got, want := trimRow(row[1:]), trimRow(o.rows[sheet][j])
+		if !slices.EqualFunc(got, want, sameCell) {
+			r.fail("node %s: %s: sheet %s row %d is %q; the node's own workbook's row %d is %q", node, FileFleetWorkbook, sheet, i+2,
+				strings.Join(got, "\t"), j+2, strings.Join(want, "\t"))
+		}
+	}
+	for _, node := range slices.Sorted(maps.Keys(own)) {
+		if n, have := len(own[node].rows[sheet]), next[node]; have < n {
+			r.fail("node %s: %s: sheet %s holds %d of the node's %d rows", node, FileFleetWorkbook, sheet, have, n)
+		}
+	}
+}
+
+// sameCell reports whether two stored cell texts are the same value: the
+// same text, or the same number (a spreadsheet writes 1.5 as "1.5" or
+// "1.50000000000000").
+func sameCell(a, b string) bool {
+	if a == b {
+		return true
+	}
+	x, errX := strconv.ParseFloat(a, 64)
+	y, errY := strconv.ParseFloat(b, 64)
+	return errX == nil && errY == nil && x == y
+}
+
+// trimRow drops a row's trailing empty cells.
+func trimRow(row []string) []string {
+	for len(row) > 0 && row[len(row)-1] == "" {
+		row = row[:len(row)-1]
+	}
+	return row
+}
