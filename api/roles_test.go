@@ -140,6 +140,7 @@ func routeCases() []routeCase {
 		{"FleetPack", auth.RoleAuditor, 200, fleetPath("/evidence-pack.zip")},
 		{"FleetPartPack", auth.RoleAuditor, 200, fleetPath("/part.zip")},
 		{"FleetLog", auth.RoleAuditor, 200, get("/v1/fleet/log")},
+		{"FleetSources", auth.RoleAuditor, 200, get("/v1/fleet/sources")},
 		{"FleetCosign", auth.RoleOperator, 200, func(*env) request {
 			return request{method: "POST", path: "/v1/fleet/log/cosignatures", body: `{"size":3}`}
 		}},
