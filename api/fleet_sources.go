@@ -60,7 +60,16 @@ type FleetNodeUse struct {
 
 // FleetView serves GET /v1/fleet/sources (cmd/auditd's fleet view).
 type FleetView interface {
+	// Node is this node's name in the fleet.
+	Node() string
 	FleetSources(ctx context.Context) (FleetSources, error)
+}
+
+// fleetRef is GET /v1/sources' pointer to the fleet's view, on a node in a
+// fleet only.
+type fleetRef struct {
+	Node string `json:"node"`
+	View string `json:"view"`
 }
 
 func (s *Server) handleFleetSources(c echo.Context) error {

@@ -16,6 +16,8 @@ import (
 // "b", which is cut off.
 type fakeFleetView struct{}
 
+func (fakeFleetView) Node() string { return "a" }
+
 func (fakeFleetView) FleetSources(context.Context) (api.FleetSources, error) {
 	use := func(node string, reserved int64, share float64, cut bool) api.FleetNodeUse {
 		return api.FleetNodeUse{Node: node, ReportedAt: start, Span: auditd.Duration(time.Minute), Blocks: 6,
@@ -61,9 +63,22 @@ func TestFleetSources(t *testing.T) {
 		t.Errorf("without a token: %d", got.status)
 	}
 
+	// GET /v1/sources points the UI at the view, on a node in a fleet only.
+	var list struct {
+		Fleet *struct{ Node, View string } `json:"fleet"`
+	}
+	e.do(request{path: "/v1/sources", secret: e.secret[auth.RoleAuditor]}).decode(t, &list)
+	if list.Fleet == nil || list.Fleet.Node != "a" || list.Fleet.View != "/v1/fleet/sources" {
+		t.Errorf("GET /v1/sources in a fleet: fleet %+v", list.Fleet)
+	}
+
 	alone := newEnv(t, func(e *env) { e.srv.FleetView = nil })
 	got = alone.do(request{path: "/v1/fleet/sources", secret: alone.secret[auth.RoleAuditor]})
 	if got.status != http.StatusServiceUnavailable || !strings.Contains(got.problem(t).Detail, "not in a fleet") {
 		t.Errorf("a node not in a fleet: %d %s", got.status, got.body)
+	}
+	got = alone.do(request{path: "/v1/sources", secret: alone.secret[auth.RoleAuditor]})
+	if got.status != http.StatusOK || strings.Contains(string(got.body), `"fleet"`) {
+		t.Errorf("GET /v1/sources on a node not in a fleet: %d %s", got.status, got.body)
 	}
 }

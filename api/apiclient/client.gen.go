@@ -590,6 +590,21 @@ func (e GetReconciliationParamsFormat) Valid() bool {
 	}
 }
 
+// Defines values for ListSources200JSONResponseBodyFleetView.
+const (
+	V1fleetsources ListSources200JSONResponseBodyFleetView = "/v1/fleet/sources"
+)
+
+// Valid indicates whether the value is a known member of the ListSources200JSONResponseBodyFleetView enum.
+func (e ListSources200JSONResponseBodyFleetView) Valid() bool {
+	switch e {
+	case V1fleetsources:
+		return true
+	default:
+		return false
+	}
+}
+
 // Award defines model for Award.
 type Award struct {
 	Agency             *string `json:"agency,omitempty"`
@@ -1777,6 +1792,9 @@ type GetRunTimelineParams struct {
 	// Source Only these sources of the run (repeat, or separate with commas; at most 50). A run whose sources and buckets would make more than 100,000 points is a 400 on `source` unless some are named here (or the bucket is larger).
 	Source *[]string `form:"source,omitempty" json:"source,omitempty"`
 }
+
+// ListSources200JSONResponseBodyFleetView defines parameters for ListSources.
+type ListSources200JSONResponseBodyFleetView string
 
 // GetSourceTimelineParams defines parameters for GetSourceTimeline.
 type GetSourceTimelineParams struct {
@@ -13038,6 +13056,11 @@ type ListSourcesResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
+		// Fleet Present only on a node in a fleet (serve --fleet-etcd): its name, and where the fleet's view of the shared budgets is (GET /v1/fleet/sources).
+		Fleet *struct {
+			Node string                                  `json:"node"`
+			View ListSources200JSONResponseBodyFleetView `json:"view"`
+		} `json:"fleet,omitempty"`
 		Sources []SourceState `json:"sources"`
 	}
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -13060,6 +13083,11 @@ type ListSourcesResponse struct {
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r ListSourcesResponse) GetJSON200() *struct {
+	// Fleet Present only on a node in a fleet (serve --fleet-etcd): its name, and where the fleet's view of the shared budgets is (GET /v1/fleet/sources).
+	Fleet *struct {
+		Node string                                  `json:"node"`
+		View ListSources200JSONResponseBodyFleetView `json:"view"`
+	} `json:"fleet,omitempty"`
 	Sources []SourceState `json:"sources"`
 } {
 	return r.JSON200
@@ -21820,6 +21848,11 @@ func ParseListSourcesResponse(rsp *http.Response) (*ListSourcesResponse, error) 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
+			// Fleet Present only on a node in a fleet (serve --fleet-etcd): its name, and where the fleet's view of the shared budgets is (GET /v1/fleet/sources).
+			Fleet *struct {
+				Node string                                  `json:"node"`
+				View ListSources200JSONResponseBodyFleetView `json:"view"`
+			} `json:"fleet,omitempty"`
 			Sources []SourceState `json:"sources"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
