@@ -50,7 +50,8 @@ type FleetNodeUse struct {
 	Wasted     int64           `json:"wasted"`
 	Held       int             `json:"held"`
 	// Share is the node's part of the slots every reporting node was
-	// granted in the span, 0 to 1.
+	// granted in the span, 0 to 1; 0 when the others are not known
+	// (PeersError).
 	Share       float64   `json:"share"`
 	CutOff      bool      `json:"cut_off"`
 	PausedUntil time.Time `json:"paused_until,omitzero"`

@@ -800,7 +800,7 @@ type FleetNodeUse struct {
 	// Reserved Slots granted in the span.
 	Reserved int `json:"reserved"`
 
-	// Share The node's part of the slots every reporting node was granted in its span.
+	// Share The node's part of the slots every reporting node was granted in its span; 0 when the other nodes' use is not known (peers_error).
 	Share float32 `json:"share"`
 
 	// Span A Go duration ("1m30s", "250ms", "0s").

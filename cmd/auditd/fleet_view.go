@@ -32,7 +32,7 @@ const (
 	fleetViewTTL    = 60
 	fleetViewPrefix = fleet.DefaultPrefix + "view/"
 	// fleetViewTimeout bounds each etcd call of the view.
-	fleetViewTimeout = 2 * time.Second
+	fleetViewTimeout = time.Second
 )
 
 // fleetView counts this node's use of its shared keys and reads the other
@@ -233,7 +233,7 @@ func (v *fleetView) FleetSources(ctx context.Context) (api.FleetSources, error) 
 			}
 		}
 		for i := range src.Nodes {
-			if total > 0 {
+			if total > 0 && out.PeersError == "" { // a share of what is not known is none
 				src.Nodes[i].Share = float64(src.Nodes[i].Reserved) / float64(total)
 			}
 		}

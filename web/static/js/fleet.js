@@ -29,21 +29,21 @@ export function fleetSection(view) {
     h('h2', { id: 'fleet-h' }, 'Fleet'),
     h('p', { class: 'muted lede' }, 'The nodes of this fleet share each source\u2019s budget as slots granted through etcd, never handed out twice. Each row is one node\u2019s part of the slots granted in the last minute.'),
     notes,
-    (view.sources || []).map((s) => keyTable(s, me, unit)),
+    (view.sources || []).map((s) => keyTable(s, me, unit, !view.peers_error)),
     (view.sources || []).length ? null : h('p', { class: 'muted' }, 'No budget is shared yet.'));
 }
 
-function keyTable(s, me, unit) {
+function keyTable(s, me, unit, peersKnown) {
   const told = s.limit ? `${fmtRate(s.limit, s.window, unit)} shared` : 'not shared by this node';
   const learned = s.learned_limit ? `, ${fmtRate(s.learned_limit, s.learned_window, unit)} in force here` : '';
   const caption = h('span', null, h('span', { class: 'mono' }, s.key), s.group ? ' (gateway group)' : '', ` \u00b7 ${told}${learned}`);
-  const rows = (s.nodes || []).map((n) => nodeRow(n, me));
+  const rows = (s.nodes || []).map((n) => nodeRow(n, me, !peersKnown));
   return table(caption, ['Node', { label: 'Share', num: true }, { label: 'Reserved', num: true }, { label: 'Used', num: true },
     { label: 'Wasted', num: true }, { label: 'Held now', num: true }, 'etcd', 'Pause', 'Reported'],
   rows, { class: 'fleet-key', id: `fleet-${s.key}`, empty: 'No node reports this budget.' });
 }
 
-function nodeRow(n, me) {
+function nodeRow(n, me, shareUnknown) {
   const age = Date.now() - new Date(n.reported_at).getTime();
   const stale = n.node !== me && age > staleMs;
   const span = seconds(n.span);
@@ -51,7 +51,7 @@ function nodeRow(n, me) {
   return h('tr', { class: n.cut_off ? 'row-fail' : null, dataset: { node: n.node } },
     h('td', null, h('span', { class: 'mono' }, n.node), n.node === me ? h('span', { class: 'muted small' }, ' (this node)') : null,
       n.cut_off ? h('div', null, badge('open', 'cut off')) : null),
-    h('td', { class: 'num' }, `${(100 * n.share).toFixed(0)}%`),
+    h('td', { class: 'num' }, shareUnknown ? h('span', { class: 'muted' }, 'unknown') : `${(100 * n.share).toFixed(0)}%`),
     h('td', { class: 'num' }, fmtNum(n.reserved)),
     h('td', { class: 'num' }, fmtNum(n.used)),
     h('td', { class: 'num' }, fmtNum(n.wasted)),
