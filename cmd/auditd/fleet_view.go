@@ -42,8 +42,8 @@ type fleetView struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	samples map[string][]fleetSample // by key, oldest first: the first is the span's start
-	lease   clientv3.LeaseID         // 0 until granted, or after it expired
+	samples fleetSamples
+	lease   clientv3.LeaseID // 0 until granted, or after it expired; the run goroutine's
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -63,7 +63,7 @@ type fleetReport struct {
 
 // startFleetView starts counting fl's use and publishing it.
 func startFleetView(fl *fleetNode) *fleetView {
-	v := &fleetView{fl: fl, now: time.Now, samples: map[string][]fleetSample{}, done: make(chan struct{})}
+	v := &fleetView{fl: fl, now: time.Now, samples: fleetSamples{}, done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	v.cancel = cancel
 	v.sample()
@@ -95,21 +95,53 @@ func (v *fleetView) shared() map[string]*fleetShare {
 	return maps.Clone(v.fl.shares)
 }
 
-// sample records every shared key's counters, keeping what the last span
-// needs: the newest sample at or before its start, and all after.
+// stats returns the counters of every key the node shares now.
+func (v *fleetView) stats() map[string]fleet.Stats {
+	out := map[string]fleet.Stats{}
+	for key, s := range v.shared() {
+		out[key] = s.Stats()
+	}
+	return out
+}
+
+// sample records every shared key's counters.
 func (v *fleetView) sample() {
-	now := v.now()
-	shares := v.shared()
+	now, stats := v.now(), v.stats()
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for key := range v.samples {
-		if _, ok := shares[key]; !ok {
-			delete(v.samples, key)
+	v.samples.record(now, stats)
+}
+
+// report is the node's use of every key it shares now, counted from the
+// start of each key's span.
+func (v *fleetView) report() fleetReport {
+	now, stats := v.now(), v.stats()
+	rep := fleetReport{Node: v.fl.node, Keys: map[string]api.FleetNodeUse{}}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for key, st := range stats {
+		u := v.samples.use(key, now, st)
+		u.Node = v.fl.node
+		rep.Keys[key] = u
+	}
+	return rep
+}
+
+// fleetSamples are a node's counters of each key it shares, oldest first,
+// over the last fleetViewSpan: the first is the span's start.
+type fleetSamples map[string][]fleetSample
+
+// record adds the counters of every key shared at now, drops the keys no
+// longer shared, and keeps what the last span needs: the newest sample at
+// or before its start, and all after.
+func (c fleetSamples) record(now time.Time, stats map[string]fleet.Stats) {
+	for key := range c {
+		if _, ok := stats[key]; !ok {
+			delete(c, key)
 		}
 	}
-	for key, s := range shares {
-		st := s.Stats()
-		ss := v.samples[key]
+	for key, st := range stats {
+		ss := c[key]
 		if len(ss) == 0 || st.Reserved < ss[len(ss)-1].st.Reserved {
 			// First seen, or its Slots made again (a new ceiling): counted
 			// from zero now.
@@ -119,32 +151,23 @@ func (v *fleetView) sample() {
 		for len(ss) > 1 && !ss[1].at.After(now.Add(-fleetViewSpan)) {
 			ss = ss[1:]
 		}
-		v.samples[key] = ss
+		c[key] = ss
 	}
 }
 
-// report is the node's use of every key it shares now, counted from the
-// start of each key's span.
-func (v *fleetView) report() fleetReport {
-	now := v.now()
-	shares := v.shared()
-	rep := fleetReport{Node: v.fl.node, Keys: map[string]api.FleetNodeUse{}}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for key, s := range shares {
-		cur := s.Stats()
-		base := fleetSample{at: now}
-		if ss := v.samples[key]; len(ss) > 0 && cur.Reserved >= ss[0].st.Reserved {
-			base = ss[0]
-		}
-		rep.Keys[key] = api.FleetNodeUse{
-			Node: v.fl.node, ReportedAt: now.UTC(), Span: auditd.Duration(now.Sub(base.at).Round(time.Millisecond)),
-			Blocks: cur.Blocks - base.st.Blocks, Reserved: cur.Reserved - base.st.Reserved,
-			Used: cur.Used - base.st.Used, Wasted: cur.Wasted - base.st.Wasted, Held: cur.Held,
-			CutOff: cur.CutOff, PausedUntil: utc(cur.PausedUntil), Etcd: auditd.Duration(cur.Trip),
-		}
+// use is key's use from the start of its span to now, when its counters
+// are cur.
+func (c fleetSamples) use(key string, now time.Time, cur fleet.Stats) api.FleetNodeUse {
+	base := fleetSample{at: now}
+	if ss := c[key]; len(ss) > 0 && cur.Reserved >= ss[0].st.Reserved {
+		base = ss[0]
 	}
-	return rep
+	return api.FleetNodeUse{
+		ReportedAt: now.UTC(), Span: auditd.Duration(now.Sub(base.at).Round(time.Millisecond)),
+		Blocks: cur.Blocks - base.st.Blocks, Reserved: cur.Reserved - base.st.Reserved,
+		Used: cur.Used - base.st.Used, Wasted: cur.Wasted - base.st.Wasted, Held: cur.Held,
+		CutOff: cur.CutOff, PausedUntil: utc(cur.PausedUntil), Etcd: auditd.Duration(cur.Trip),
+	}
 }
 
 func utc(t time.Time) time.Time {

@@ -248,3 +248,40 @@ func TestFleetViewShowsEveryNode(t *testing.T) {
 		b.consoleErrors()
 	})
 }
+
+// A node's use of a key is counted over the last minute: from the newest
+// sample at or before its start, so a minute of samples every 2 s shows
+// the minute's slots, not the node's since it started; a key whose Slots
+// were made again (a new ceiling) is counted from zero; a key no longer
+// shared is forgotten.
+func TestFleetSamplesCountTheLastMinute(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	c := fleetSamples{}
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * fleetViewEvery) }
+	// 10 slots granted, 8 used and 1 wasted every 2 s, from zero.
+	stats := func(i int) fleet.Stats {
+		return fleet.Stats{Blocks: int64(i), Reserved: int64(10 * i), Used: int64(8 * i), Wasted: int64(i), Held: 1, Trip: 3 * time.Millisecond}
+	}
+	for i := range 100 { // 200 s
+		c.record(at(i), map[string]fleet.Stats{"up": stats(i)})
+		u := c.use("up", at(i), stats(i))
+		span := min(time.Duration(i)*fleetViewEvery, fleetViewSpan)
+		if u.Span.D() != span || u.Reserved != int64(span/fleetViewEvery)*10 || u.Used != int64(span/fleetViewEvery)*8 ||
+			u.Wasted != int64(span/fleetViewEvery) || u.Blocks != int64(span/fleetViewEvery) || u.Held != 1 || u.Etcd.D() != 3*time.Millisecond {
+			t.Fatalf("after %v: %+v, want %v of use", at(i).Sub(t0), u, span)
+		}
+	}
+	if n := len(c["up"]); n > int(fleetViewSpan/fleetViewEvery)+1 {
+		t.Errorf("%d samples kept for a span of %v every %v", n, fleetViewSpan, fleetViewEvery)
+	}
+
+	// Made again at a new ceiling: its counters start over.
+	c.record(at(100), map[string]fleet.Stats{"up": {Reserved: 4, Used: 2}})
+	if u := c.use("up", at(101), fleet.Stats{Reserved: 14, Used: 9}); u.Span.D() != fleetViewEvery || u.Reserved != 14 || u.Used != 9 {
+		t.Errorf("after its Slots were made again: %+v", u)
+	}
+	c.record(at(101), map[string]fleet.Stats{"other": {}})
+	if _, ok := c["up"]; ok || len(c) != 1 {
+		t.Errorf("a key no longer shared is kept: %v", c)
+	}
+}
