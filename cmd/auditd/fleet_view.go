@@ -21,14 +21,15 @@ import (
 // The fleet view (GET /v1/fleet/sources): each node counts its use of every
 // key it shares over the last minute and publishes it to etcd, so that any
 // node can show every node's slots. One etcd write per node every
-// fleetViewEvery, whatever the number of keys: off the request path, and
-// apart from the budget's own keys.
+// fleetViewEvery, whatever the number of keys: off the request path, apart
+// from the budget's own keys, and a small part of the etcd load of a busy
+// fleet (each busy node reserves a block about every second per key).
 const (
-	fleetViewEvery = 2 * time.Second
+	fleetViewEvery = 5 * time.Second
 	fleetViewSpan  = time.Minute
 	// fleetViewTTL is the lease of a node's report, in seconds: a node that
 	// dies stays in the view, its report ageing, this long. One that stops
-	// revokes it.
+	// revokes it. The lease is renewed every third of it.
 	fleetViewTTL    = 60
 	fleetViewPrefix = fleet.DefaultPrefix + "view/"
 	// fleetViewTimeout bounds each etcd call of the view.
@@ -43,7 +44,10 @@ type fleetView struct {
 
 	mu      sync.Mutex
 	samples fleetSamples
-	lease   clientv3.LeaseID // 0 until granted, or after it expired; the run goroutine's
+	// lease holds the node's report in etcd: 0 until granted, or after it
+	// expired; renewed when it was last. The run goroutine's.
+	lease   clientv3.LeaseID
+	renewed time.Time
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -178,7 +182,8 @@ func utc(t time.Time) time.Time {
 }
 
 // publish writes the node's report under a lease, granting one first when
-// it has none or its last expired (the node was cut off for longer).
+// it has none or its last expired (the node was cut off for longer), and
+// renewing it every third of its time to live.
 func (v *fleetView) publish(ctx context.Context) error {
 	body, err := json.Marshal(v.report())
 	if err != nil {
@@ -187,17 +192,22 @@ func (v *fleetView) publish(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, fleetViewTimeout)
 	defer cancel()
 	c := v.fl.client
-	if v.lease == 0 {
+	now := v.now()
+	switch {
+	case v.lease == 0:
 		l, err := c.Grant(ctx, fleetViewTTL)
 		if err != nil {
 			return err
 		}
-		v.lease = l.ID
-	} else if _, err := c.KeepAliveOnce(ctx, v.lease); err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			v.lease = 0
+		v.lease, v.renewed = l.ID, now
+	case now.Sub(v.renewed) >= fleetViewTTL*time.Second/3:
+		if _, err := c.KeepAliveOnce(ctx, v.lease); err != nil {
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				v.lease = 0
+			}
+			return err
 		}
-		return err
+		v.renewed = now
 	}
 	_, err = c.Put(ctx, fleetViewPrefix+v.fl.node, string(body), clientv3.WithLease(v.lease))
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {

@@ -250,7 +250,7 @@ func TestFleetViewShowsEveryNode(t *testing.T) {
 }
 
 // A node's use of a key is counted over the last minute: from the newest
-// sample at or before its start, so a minute of samples every 2 s shows
+// sample at or before its start, so a minute of samples shows
 // the minute's slots, not the node's since it started; a key whose Slots
 // were made again (a new ceiling) is counted from zero; a key no longer
 // shared is forgotten.
@@ -258,7 +258,7 @@ func TestFleetSamplesCountTheLastMinute(t *testing.T) {
 	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	c := fleetSamples{}
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * fleetViewEvery) }
-	// 10 slots granted, 8 used and 1 wasted every 2 s, from zero.
+	// 10 slots granted, 8 used and 1 wasted between samples, from zero.
 	stats := func(i int) fleet.Stats {
 		return fleet.Stats{Blocks: int64(i), Reserved: int64(10 * i), Used: int64(8 * i), Wasted: int64(i), Held: 1, Trip: 3 * time.Millisecond}
 	}

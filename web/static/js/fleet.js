@@ -4,9 +4,9 @@
 // to it (GET /v1/sources' fleet); the page shows nothing of it elsewhere.
 import { h, fmtNum, fmtRate, fmtRelative, fmtDuration, timeEl, badge, table, seconds, pageUnit, perSecondOf } from './dom.js';
 
-// A node publishes its use every 2 s; a report older than this is stale (the
+// A node publishes its use every 5 s; a report older than this is stale (the
 // node died, or is cut off from etcd).
-const staleMs = 8000;
+const staleMs = 15000;
 
 function zero(t) { return !t || String(t).startsWith('0001-01-01'); }
 
