@@ -108,7 +108,8 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	e.srv = s
 	withTokenBudget(generous)(e)
 	withAuthBudget(generous)(e)
-	withFleet(&fakeFleet{})(e) // a fleet of two nodes (fleet_test.go)
+	withFleet(&fakeFleet{})(e)    // a fleet of two nodes (fleet_test.go)
+	s.FleetView = fakeFleetView{} // their shared budgets (fleet_sources_test.go)
 	for _, o := range opts {
 		o(e)
 	}

@@ -97,6 +97,7 @@ func (s *Server) registerFleetRoutes(g *echo.Group) {
 	g.GET("/fleet/runs/:id/evidence-pack.zip", s.handleFleetPack, s.allow(auth.RoleAuditor, costExport))
 	g.GET("/fleet/runs/:id/part", s.handleFleetPartReconciliation, s.allow(auth.RoleAuditor, costReconcile))
 	g.GET("/fleet/runs/:id/part.zip", s.handleFleetPart, s.allow(auth.RoleAuditor, costExport))
+	g.GET("/fleet/sources", s.handleFleetSources, s.allow(auth.RoleAuditor, costRequest))
 	g.GET("/fleet/log", s.handleFleetLog, s.allow(auth.RoleAuditor, costRequest))
 	g.POST("/fleet/log/cosignatures", s.handleFleetCosign, s.allow(auth.RoleOperator, costRequest))
 }

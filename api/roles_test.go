@@ -142,6 +142,7 @@ func routeCases() []routeCase {
 		{"FleetEvidence", auth.RoleAuditor, 200, fleetPath("/evidence.xlsx")},
 		{"FleetTimeline", auth.RoleAuditor, 200, fleetPath("/timeline?bucket=1s")},
 		{"FleetLog", auth.RoleAuditor, 200, get("/v1/fleet/log")},
+		{"FleetSources", auth.RoleAuditor, 200, get("/v1/fleet/sources")},
 		{"FleetCosign", auth.RoleOperator, 200, func(*env) request {
 			return request{method: "POST", path: "/v1/fleet/log/cosignatures", body: `{"size":3}`}
 		}},

@@ -80,6 +80,8 @@ type Server struct {
 	Proxy Proxy
 	// Fleet serves the fleet run routes; nil answers them 503.
 	Fleet Fleet
+	// FleetView serves GET /v1/fleet/sources; nil answers it 503.
+	FleetView FleetView
 
 	// PublicLog publishes the checkpoint, the public key, the checkpoint
 	// history and consistency proofs, and accepts witness cosignatures,

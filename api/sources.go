@@ -74,9 +74,13 @@ func (s *Server) handleListSources(c echo.Context) error {
 	}
 	out := struct {
 		Sources []sourceJSON `json:"sources"`
+		Fleet   *fleetRef    `json:"fleet,omitempty"` // only in a fleet: the UI asks for its view then
 	}{Sources: make([]sourceJSON, 0, len(states))}
 	for _, st := range states {
 		out.Sources = append(out.Sources, newSourceJSON(st))
+	}
+	if s.FleetView != nil {
+		out.Fleet = &fleetRef{Node: s.FleetView.Node(), View: "/v1/fleet/sources"}
 	}
 	return c.JSON(http.StatusOK, out)
 }

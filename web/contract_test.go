@@ -46,6 +46,7 @@ func TestFakeAPIFollowsContract(t *testing.T) {
 		{"Events", "/v1/runs/" + runID + "/events?type=throttle", "/v1/runs/{id}/events", auditorToken, 200, "application/json"},
 		{"Items", "/v1/runs/" + runID + "/items", "/v1/runs/{id}/items", auditorToken, 200, "application/json"},
 		{"Sources", "/v1/sources", "/v1/sources", auditorToken, 200, "application/json"},
+		{"FleetSources", "/v1/fleet/sources", "/v1/fleet/sources", auditorToken, 200, "application/json"},
 		{"Source", "/v1/sources/hays-gis", "/v1/sources/{id}", auditorToken, 200, "application/json"},
 		{"Verify", "/v1/ledger/verify", "/v1/ledger/verify", auditorToken, 200, "application/json"},
 		{"Checkpoint", "/v1/ledger/checkpoint", "/v1/ledger/checkpoint", auditorToken, 200, "text/plain"},

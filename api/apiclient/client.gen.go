@@ -593,6 +593,21 @@ func (e GetReconciliationParamsFormat) Valid() bool {
 	}
 }
 
+// Defines values for ListSources200JSONResponseBodyFleetView.
+const (
+	V1fleetsources ListSources200JSONResponseBodyFleetView = "/v1/fleet/sources"
+)
+
+// Valid indicates whether the value is a known member of the ListSources200JSONResponseBodyFleetView enum.
+func (e ListSources200JSONResponseBodyFleetView) Valid() bool {
+	switch e {
+	case V1fleetsources:
+		return true
+	default:
+		return false
+	}
+}
+
 // Award defines model for Award.
 type Award struct {
 	Agency             *string `json:"agency,omitempty"`
@@ -764,6 +779,43 @@ type FleetLogStatus struct {
 	Posts        int        `json:"posts"`
 }
 
+// FleetNodeUse One node's use of one shared key over its last span (the last minute, or since the node began sharing the key); etcd_latency is the round trip of its last granted reservation.
+type FleetNodeUse struct {
+	// Blocks Reservations granted in the span: the node's etcd writes for the key.
+	Blocks int `json:"blocks"`
+
+	// CutOff The node's last reservation failed: it hands out what it holds, then nothing.
+	CutOff bool `json:"cut_off"`
+
+	// EtcdLatency A Go duration ("1m30s", "250ms", "0s").
+	EtcdLatency Duration `json:"etcd_latency"`
+
+	// Held Slots granted and still usable now.
+	Held int    `json:"held"`
+	Node string `json:"node"`
+
+	// PausedUntil The fleet's pause of the key as the node holds it; absent when never paused.
+	PausedUntil *time.Time `json:"paused_until,omitempty"`
+
+	// ReportedAt When the node counted; now for the node answering.
+	ReportedAt time.Time `json:"reported_at"`
+
+	// Reserved Slots granted in the span.
+	Reserved int `json:"reserved"`
+
+	// Share The node's part of the slots every reporting node was granted in its span; 0 when the other nodes' use is not known (peers_error).
+	Share float32 `json:"share"`
+
+	// Span A Go duration ("1m30s", "250ms", "0s").
+	Span Duration `json:"span"`
+
+	// Used Slots handed to requests in the span.
+	Used int `json:"used"`
+
+	// Wasted Slots that expired unused, or were dropped for a pause, in the span.
+	Wasted int `json:"wasted"`
+}
+
 // FleetPart One node's part of a fleet run; report is absent when the node could not give it (error says why).
 type FleetPart struct {
 	// Dispatches The part's dispatches on the sources the fleet limits, and those limits (each source's ceiling), for R9 over every node's dispatches together. Absent from the parts of a fleet reconciliation, which has read them.
@@ -825,6 +877,43 @@ type FleetRun struct {
 
 	// Parts The nodes holding a part of the run, by name.
 	Parts []string `json:"parts"`
+}
+
+// FleetSource One shared budget, a source's or a gateway group's.
+type FleetSource struct {
+	// Group The key names a gateway group.
+	Group bool   `json:"group"`
+	Key   string `json:"key"`
+
+	// LearnedLimit The limit in force on this node, per learned_window.
+	LearnedLimit int `json:"learned_limit"`
+
+	// LearnedWindow A Go duration ("1m30s", "250ms", "0s").
+	LearnedWindow Duration `json:"learned_window"`
+
+	// Limit The ceiling the fleet is told and shares, per window.
+	Limit int `json:"limit"`
+
+	// Members This node's sources that spend the budget.
+	Members []string `json:"members"`
+
+	// Nodes Every node's recent use of the key, this node first, then by name.
+	Nodes []FleetNodeUse `json:"nodes"`
+
+	// Window A Go duration ("1m30s", "250ms", "0s").
+	Window Duration `json:"window"`
+}
+
+// FleetSources The fleet's shared budgets as one node sees them.
+type FleetSources struct {
+	// Node The node answering.
+	Node string `json:"node"`
+
+	// PeersError Why the other nodes' use is missing (etcd did not answer this node); only this node's rows are shown then.
+	PeersError *string `json:"peers_error,omitempty"`
+
+	// Sources Sorted by key.
+	Sources []FleetSource `json:"sources"`
 }
 
 // FleetTimeline A fleet run's timeline: from and to span every node's buckets (absent when no node recorded anything); sources holds each node's timeline of each source, sorted by source, then node. The entries of one source add up, bucket start by bucket start, to the fleet's.
@@ -1746,6 +1835,9 @@ type GetRunTimelineParams struct {
 	Source *[]string `form:"source,omitempty" json:"source,omitempty"`
 }
 
+// ListSources200JSONResponseBodyFleetView defines parameters for ListSources.
+type ListSources200JSONResponseBodyFleetView string
+
 // GetSourceTimelineParams defines parameters for GetSourceTimeline.
 type GetSourceTimelineParams struct {
 	// Bucket Width of a bucket, a Go duration from 100ms to 24h ("1s", "30s", "5m").
@@ -2154,6 +2246,13 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/fleet/runs/{id}/timeline (the `GetFleetTimeline` operationId).
 	GetFleetTimeline(ctx context.Context, id RunID, params *GetFleetTimelineParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetFleetSources The fleet's view of each shared budget, with every node's recent use of it.
+	//
+	// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+	//
+	// Corresponds with GET /v1/fleet/sources (the `GetFleetSources` operationId).
+	GetFleetSources(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetCheckpoint The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
 	//
@@ -3070,6 +3169,23 @@ func (c *Client) GetFleetReconciliation(ctx context.Context, id RunID, reqEditor
 // Corresponds with GET /v1/fleet/runs/{id}/timeline (the `GetFleetTimeline` operationId).
 func (c *Client) GetFleetTimeline(ctx context.Context, id RunID, params *GetFleetTimelineParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetFleetTimelineRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetFleetSources The fleet's view of each shared budget, with every node's recent use of it.
+//
+// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+//
+// Corresponds with GET /v1/fleet/sources (the `GetFleetSources` operationId).
+func (c *Client) GetFleetSources(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetSourcesRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -5146,6 +5262,33 @@ func NewGetFleetTimelineRequest(server string, id RunID, params *GetFleetTimelin
 	return req, nil
 }
 
+// NewGetFleetSourcesRequest constructs an http.Request for the GetFleetSources method
+func NewGetFleetSourcesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/sources")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetCheckpointRequest constructs an http.Request for the GetCheckpoint method
 func NewGetCheckpointRequest(server string) (*http.Request, error) {
 	var err error
@@ -7105,6 +7248,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/fleet/runs/{id}/timeline (the `GetFleetTimeline` operationId).
 	GetFleetTimelineWithResponse(ctx context.Context, id RunID, params *GetFleetTimelineParams, reqEditors ...RequestEditorFn) (*GetFleetTimelineResponse, error)
+
+	// GetFleetSourcesWithResponse The fleet's view of each shared budget, with every node's recent use of it.
+	//
+	// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/sources (the `GetFleetSources` operationId).
+	GetFleetSourcesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetSourcesResponse, error)
 
 	// GetCheckpointWithResponse The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
 	//
@@ -10118,6 +10270,119 @@ func (r GetFleetTimelineResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetFleetTimelineResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetFleetSourcesResponse401Headers the declared response headers of an HTTP 401 response for GetFleetSources
+type GetFleetSourcesResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// GetFleetSourcesResponse403Headers the declared response headers of an HTTP 403 response for GetFleetSources
+type GetFleetSourcesResponse403Headers struct {
+	XRequestId *string
+}
+
+// GetFleetSourcesResponse404Headers the declared response headers of an HTTP 404 response for GetFleetSources
+type GetFleetSourcesResponse404Headers struct {
+	XRequestId *string
+}
+
+// GetFleetSourcesResponse429Headers the declared response headers of an HTTP 429 response for GetFleetSources
+type GetFleetSourcesResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// GetFleetSourcesResponseDefaultHeaders the declared response headers of an HTTP default response for GetFleetSources
+type GetFleetSourcesResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type GetFleetSourcesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetSources
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetFleetSourcesResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetFleetSourcesResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetFleetSourcesResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetFleetSourcesResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *GetFleetSourcesResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetSourcesResponse) GetJSON200() *FleetSources {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetFleetSourcesResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetFleetSourcesResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetFleetSourcesResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetFleetSourcesResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetFleetSourcesResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetSourcesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetSourcesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetSourcesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetSourcesResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -13253,6 +13518,11 @@ type ListSourcesResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
+		// Fleet Present only on a node in a fleet (serve --fleet-etcd): its name, and where the fleet's view of the shared budgets is (GET /v1/fleet/sources).
+		Fleet *struct {
+			Node string                                  `json:"node"`
+			View ListSources200JSONResponseBodyFleetView `json:"view"`
+		} `json:"fleet,omitempty"`
 		Sources []SourceState `json:"sources"`
 	}
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -13275,6 +13545,11 @@ type ListSourcesResponse struct {
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r ListSourcesResponse) GetJSON200() *struct {
+	// Fleet Present only on a node in a fleet (serve --fleet-etcd): its name, and where the fleet's view of the shared budgets is (GET /v1/fleet/sources).
+	Fleet *struct {
+		Node string                                  `json:"node"`
+		View ListSources200JSONResponseBodyFleetView `json:"view"`
+	} `json:"fleet,omitempty"`
 	Sources []SourceState `json:"sources"`
 } {
 	return r.JSON200
@@ -14594,6 +14869,21 @@ func (c *ClientWithResponses) GetFleetTimelineWithResponse(ctx context.Context, 
 		return nil, err
 	}
 	return ParseGetFleetTimelineResponse(rsp)
+}
+
+// GetFleetSourcesWithResponse The fleet's view of each shared budget, with every node's recent use of it.
+//
+// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/sources (the `GetFleetSources` operationId).
+func (c *ClientWithResponses) GetFleetSourcesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetSourcesResponse, error) {
+	rsp, err := c.GetFleetSources(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetSourcesResponse(rsp)
 }
 
 // GetCheckpointWithResponse The latest signed checkpoint (a signed note, golang.org/x/mod/sumdb/note).
@@ -18663,6 +18953,134 @@ func ParseGetFleetTimelineResponse(rsp *http.Response) (*GetFleetTimelineRespons
 	return response, nil
 }
 
+// ParseGetFleetSourcesResponse parses an HTTP response from a GetFleetSourcesWithResponse call
+func ParseGetFleetSourcesResponse(rsp *http.Response) (*GetFleetSourcesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetSourcesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetSources
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetFleetSourcesResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetFleetSourcesResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetFleetSourcesResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetFleetSourcesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers GetFleetSourcesResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetCheckpointResponse parses an HTTP response from a GetCheckpointWithResponse call
 func ParseGetCheckpointResponse(rsp *http.Response) (*GetCheckpointResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -22205,6 +22623,11 @@ func ParseListSourcesResponse(rsp *http.Response) (*ListSourcesResponse, error) 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
+			// Fleet Present only on a node in a fleet (serve --fleet-etcd): its name, and where the fleet's view of the shared budgets is (GET /v1/fleet/sources).
+			Fleet *struct {
+				Node string                                  `json:"node"`
+				View ListSources200JSONResponseBodyFleetView `json:"view"`
+			} `json:"fleet,omitempty"`
 			Sources []SourceState `json:"sources"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {

@@ -263,6 +263,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	}
 	packs := livePacks{db: db, led: led, payloads: stage, secretQuery: reps.SecretQuery, admission: reps.Admission}
 	var fruns *fleetRuns // fleet runs and the fleet log of logs (fleetrun.go)
+	var fview *fleetView // the fleet's view of its budgets (fleet_view.go)
 	if len(o.fleet.Etcd) > 0 {
 		// Joined before the loop starts: no request leaves before the
 		// budgets are shared.
@@ -272,6 +273,8 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		}
 		srv.Registry.MustRegister(fl) // the auditd_fleet_* metrics
 		stop.push("leave fleet", fl.close)
+		fview = startFleetView(fl)
+		stop.push("leave the fleet view", fview.close)
 		if fruns, err = newFleetRuns(o.fleet, fl.client, o.dataDir, led, db, loop, store, reps, packs, reg, log); err != nil {
 			return err
 		}
@@ -304,6 +307,9 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	srv.Packs = packs
 	if fruns != nil {
 		srv.Fleet, srv.Proxy = fruns, fruns
+	}
+	if fview != nil {
+		srv.FleetView = fview
 	}
 	srv.Timelines = reports.NewTimelines(led)
 	if srv.Log, err = newLogAPI(db, led, o.witnesses); err != nil {

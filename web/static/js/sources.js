@@ -7,6 +7,7 @@ import {
 } from './dom.js';
 import { listOf } from './runs.js';
 import { ChartSet, timelineChart, limitChart, bucketWords, pace } from './charts.js';
+import { fleetSection } from './fleet.js';
 
 // splitSource takes a SourceState (openapi.yaml): the configured source's
 // fields, what was learned, the breaker now (breaker_state; "breaker" is
@@ -50,9 +51,11 @@ export async function sourcesPage(main, { signal }) {
   document.title = 'Sources \u00b7 auditd';
   const body = h('div', { 'aria-live': 'polite' }, h('p', { class: 'muted' }, 'Loading sources\u2026'));
   const stamp = h('span', { class: 'muted small', id: 'sources-updated' });
+  // The fleet's view, filled only when the node is in a fleet.
+  const fleet = h('div', { 'aria-live': 'polite' });
   fill(main, h('div', { class: 'pagehead' }, h('h1', null, 'Sources'), stamp),
     h('p', { class: 'muted lede' }, 'The limit in force is what auditd has learned from each source\u2019s responses; it never exceeds the configured ceiling.'),
-    body);
+    body, fleet);
   let timer = 0;
   let stopped = false;
   const load = async () => {
@@ -69,6 +72,11 @@ export async function sourcesPage(main, { signal }) {
       const rows = list.map((x) => sourceRow(x, unit));
       fill(body, table(null, ['Source', `Limit in force (learned), per ${unit.name}`, `Configured ceiling, per ${unit.name}`, 'What taught it', 'Breaker', 'Pause', 'Concurrency'],
         rows, { id: 'sources-table', empty: 'No sources configured.' }));
+      // Only a node in a fleet points to the fleet's view: no request, and
+      // nothing shown, on any other.
+      if (res.fleet) await loadFleetInto(fleet, res.fleet.view, signal);
+      else fill(fleet);
+      if (stopped) return;
       fill(stamp, `updated ${new Date().toISOString().slice(11, 19)} UTC \u00b7 refreshing every ${refreshMs / 1000}s`);
       timer = setTimeout(load, refreshMs);
     } catch (err) {
@@ -79,6 +87,17 @@ export async function sourcesPage(main, { signal }) {
   };
   await load();
   return () => { stopped = true; clearTimeout(timer); };
+}
+
+// loadFleetInto shows the fleet's view read from path in el, or a problem
+// when it cannot be read.
+async function loadFleetInto(el, path, signal) {
+  try {
+    fill(el, fleetSection(await getJSON(path, signal)));
+  } catch (err) {
+    if (err.name === 'AbortError') return;
+    fill(el, problemBox(err, 'Could not load the fleet\u2019s view'));
+  }
 }
 
 function sourceRow(x, unit) {
