@@ -9,15 +9,15 @@ import (
 	"github.com/auditd/auditd"
 )
 
-// AddItemsStream adds to open batch run id, on behalf of principal, a
-// page too large to hold in memory (an NDJSON body streamed in): next
-// yields its items a chunk at a time, and io.EOF after the last. Each
-// chunk is validated as AddItems validates a page (its index i naming an
-// item as "items[i]", within the chunk) and stored pending
-// (runs.PendingPage); at the end the page is committed, whole, and its
-// items' item.queued recorded and fed to the workers a chunk at a time.
-// If a chunk is refused, or next fails, nothing of the page is kept or
-// recorded. The run takes no other page meanwhile.
+// AddItemsStream adds to open batch run id a page too large to hold in
+// memory (an NDJSON body streamed in): next yields its items a chunk at a
+// time, and io.EOF after the last. Each chunk is validated as AddItems
+// validates a page (its index i naming an item as "items[i]", within the
+// chunk) and stored pending (runs.PendingPage); at the end the page is
+// committed, whole, and its items' item.queued recorded and fed to the
+// workers a chunk at a time. If a chunk is refused, or next fails,
+// nothing of the page is kept or recorded. The run takes no other page
+// meanwhile.
 func (l *Loop) AddItemsStream(ctx context.Context, id string, next func() ([]auditd.Item, error)) (auditd.RunView, error) {
 	ar, err := l.openBatchRun(ctx, id)
 	if err != nil {
@@ -56,6 +56,10 @@ func (l *Loop) AddItemsStream(ctx context.Context, id string, next func() ([]aud
 		for i := range items {
 			sources[items[i].SourceID] = true
 		}
+		// A page coming in is not idle (holdOpen).
+		feed.mu.Lock()
+		feed.lastPage = l.cfg.Clock.Now()
+		feed.mu.Unlock()
 	}
 	if page.Len() == 0 {
 		page.Abort()
