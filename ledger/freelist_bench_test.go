@@ -35,6 +35,8 @@ func BenchmarkFreelistHeap(b *testing.B) {
 		{"hashmap", func(o *bolt.Options) { o.FreelistType = bolt.FreelistMapType }},
 		{"array-nosync", func(o *bolt.Options) { o.NoFreelistSync = true }},
 		{"hashmap-nosync", func(o *bolt.Options) { o.FreelistType, o.NoFreelistSync = bolt.FreelistMapType, true }},
+		// Not an option of a file: its page size is chosen when it is made.
+		{"array-16KiB-pages", func(o *bolt.Options) { o.PageSize = 16 << 10 }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			opts := ledger.BoltOptions(false)
