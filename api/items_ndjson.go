@@ -99,9 +99,8 @@ func (l *ndjsonLines) chunk() ([]auditd.Item, error) {
 			return nil, &auditd.Error{Code: codeTooLarge, Field: fmt.Sprintf("line %d", l.line+1),
 				Message: fmt.Sprintf("Line %d is longer than %d bytes, the most an item's line may be.", l.line+1, l.s.MaxBodyBytes)}
 		}
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			return nil, decodeError(err)
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, invalid(fmt.Sprintf("line %d", l.line+1), "Line %d: the body broke off there.", l.line+1)
 		}
 		return nil, fmt.Errorf("read the items after line %d: %w", l.line, err)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -51,11 +53,28 @@ func postNDJSON(t *testing.T, e *proxyEnv, id, body string, out any) (int, strin
 	return resp.StatusCode, ""
 }
 
+// brokeOff sends body, chunked, as a streamed page of run id's items, and
+// closes the connection without ending the body; it returns once the
+// server has answered or closed the connection.
+func brokeOff(t *testing.T, e *proxyEnv, id, body string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/runs/%s/items HTTP/1.1\r\nHost: auditd\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", id, e.token, len(body), body)
+	conn.(*net.TCPConn).CloseWrite()
+	io.Copy(io.Discard, conn) // the answer, if any, then the close
+}
+
 // TestOpenBatchRunStreamedNDJSON: pages streamed as NDJSON, larger than a
 // chunk, are the run's whole once they end; a page refused after some of
 // its chunks were stored (a key the run has, a key an earlier line of the
-// page has) names the line and leaves nothing: not its items, not their
-// keys, which a later page may then use. The run reconciles as one.
+// page has) names the line, and it and a page whose body breaks off leave
+// nothing: not their items, not their keys, which a later page may then
+// use. The run reconciles as one.
 func TestOpenBatchRunStreamedNDJSON(t *testing.T) {
 	up := fastUpstream(t)
 	e := newProxyEnv(t, proxyEnvOptions{noSync: true, startLimit: 1_000_000})
@@ -87,6 +106,11 @@ func TestOpenBatchRunStreamedNDJSON(t *testing.T) {
 		if st := e.call("GET", "/v1/runs/"+id+"/items/item-002504", "", nil); st != 404 {
 			t.Fatalf("%s: an item of the refused page: %d, want 404", tc.name, st)
 		}
+	}
+	// A body that breaks off after more than a chunk: nothing kept.
+	brokeOff(t, e, id, ndjsonPage(2500, 1500, nil)[:80_000])
+	if v, err := e.store.Run(context.Background(), id); err != nil || v.ItemCount != 2500 {
+		t.Fatalf("a page that broke off left %d items (%v), want 2,500", v.ItemCount, err)
 	}
 	// The refused pages' keys are free.
 	if st, field := postNDJSON(t, e, id, ndjsonPage(2500, 1200, nil), &run); st != 200 || run.ItemCount != 3700 {
