@@ -118,10 +118,10 @@ func (p *PendingPage) Commit() error {
 	defer p.r.adding.Unlock()
 	err := p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPendingPages).Delete([]byte(p.r.id)) })
 	if err != nil {
-		p.s.forgetPending(p.r.id)
 		if derr := p.s.dropPending(p.r.id); derr != nil {
 			return fmt.Errorf("commit items of run %s: %w (and deleting them: %v)", p.r.id, err, derr)
 		}
+		p.s.forgetPending(p.r.id) // else the views still stop short of them
 		return fmt.Errorf("commit items of run %s: %w", p.r.id, err)
 	}
 	p.r.mu.Lock()
