@@ -100,6 +100,12 @@ type Runs interface {
 	// refuses (EINVALID with the field) a key the run has, storing
 	// nothing; ECONFLICT when the run is not an open batch run.
 	AddRunItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error)
+	// AddRunItemsStream adds a page too large to hold to an open batch
+	// run: next yields its items a chunk at a time, each validated alone
+	// by the caller, and io.EOF after the last. The page is the run's
+	// whole once next is done, or, if next fails or a chunk is refused
+	// (EINVALID naming the chunk's item as "items[i]"), not at all.
+	AddRunItemsStream(ctx context.Context, id string, next func() ([]auditd.Item, error)) (auditd.RunView, error)
 	// Acknowledge records that the downstream pipeline loaded the items
 	// with keys; it returns how many were newly acknowledged. A key that
 	// names no delivered item of the run is EINVALID with Field "items[i]",

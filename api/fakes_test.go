@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"reflect"
@@ -250,6 +251,41 @@ func (f *fakeRuns) AddRunItems(_ context.Context, id string, items []auditd.Item
 	}
 	r.state.Run.ItemCount = len(r.items)
 	return r.state, nil
+}
+
+// AddRunItemsStream adds the chunks next yields as one page, all or
+// nothing, as the fetch loop does: a key the run or the page has already
+// is refused, naming it in its chunk.
+func (f *fakeRuns) AddRunItemsStream(ctx context.Context, id string, next func() ([]auditd.Item, error)) (auditd.RunView, error) {
+	f.mu.Lock()
+	r, err := f.get(id)
+	keys := map[string]bool{}
+	if err == nil {
+		for _, it := range r.items {
+			keys[it.Key] = true
+		}
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return auditd.RunView{}, err
+	}
+	var page []auditd.Item
+	for {
+		items, err := next()
+		if errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return auditd.RunView{}, err
+		}
+		for i, it := range items {
+			if keys[it.Key] {
+				return auditd.RunView{}, &auditd.Error{Code: auditd.EINVALID, Field: fmt.Sprintf("items[%d].key", i), Message: "repeated"}
+			}
+			keys[it.Key] = true
+		}
+		page = append(page, items...)
+	}
+	return f.AddRunItems(ctx, id, page)
 }
 
 func (f *fakeRuns) FinishRun(_ context.Context, id, _ string) (auditd.RunView, error) {

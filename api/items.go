@@ -24,7 +24,11 @@ type addItemsRequest struct {
 
 // handleAddItems validates the page whole, charges the token one unit per
 // item, and adds the page to the open run.
+// An NDJSON body is a page of any size, streamed in (items_ndjson.go).
 func (s *Server) handleAddItems(c echo.Context) error {
+	if isNDJSON(c) {
+		return s.handleAddItemsNDJSON(c)
+	}
 	var req addItemsRequest
 	if err := s.bind(c, &req, s.MaxRunBodyBytes); err != nil {
 		return err

@@ -68,6 +68,11 @@ type Runs interface {
 	// it: it takes no more.
 	AddItems(r *runs.Live, items []auditd.Item) error
 	Close(r *runs.Live) error
+	// BeginItems starts a page stored a chunk at a time and committed
+	// whole (AddItemsStream); ItemsAt reads a chunk of a run's items from
+	// an index on.
+	BeginItems(r *runs.Live) (*runs.PendingPage, error)
+	ItemsAt(id string, from uint32, max int) ([]auditd.Item, error)
 	// Todo returns a chunk of a run's items not yet ended (the workers'
 	// feed), and the index after the last it looked at.
 	Todo(id, source string, from, upTo uint32, max int) ([]auditd.Item, uint32, error)

@@ -168,6 +168,10 @@ func (a proxyRunsAPI) AddRunItems(ctx context.Context, id string, items []auditd
 	return a.loop.AddItems(ctx, id, items)
 }
 
+func (a proxyRunsAPI) AddRunItemsStream(ctx context.Context, id string, next func() ([]auditd.Item, error)) (auditd.RunView, error) {
+	return a.loop.AddItemsStream(ctx, id, next)
+}
+
 // proxySourcesAPI is as much of cmd/auditd's sourcesAPI as these tests
 // need: putting a source, and whether one exists.
 type proxySourcesAPI struct {

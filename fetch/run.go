@@ -386,23 +386,12 @@ func (l *Loop) feed(ctx context.Context, ar *activeRun, feed *batchFeed, sourceI
 // run's workers. It returns the run. A run that is not an open batch run
 // is a conflict; nothing is stored or recorded when the page is refused.
 func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (auditd.RunView, error) {
-	redactItems(l.cfg.Registry, items)
-	if err := validateRun(&l.gates, auditd.NewRun{Items: items}); err != nil {
+	if err := l.checkItems(items); err != nil {
 		return auditd.RunView{}, err
 	}
-	ar := l.activeRun(id)
-	if ar == nil || ar.proxy != nil {
-		v, err := l.cfg.Runs.Run(ctx, id)
-		if err != nil {
-			return v, err
-		}
-		if v.Mode == auditd.RunProxy || !v.Open || v.Status.Terminal() {
-			return v, auditd.Errorf(auditd.ECONFLICT, "Run %s takes no more items: only an open batch run does, until it is finished.", id)
-		}
-		return v, auditd.Errorf(auditd.EUNAVAILABLE, "Run %s is not active (auditd is starting or shutting down); retry.", id)
-	}
-	for i := range items {
-		items[i].Method = itemMethod(items[i].Method)
+	ar, err := l.openBatchRun(ctx, id)
+	if err != nil {
+		return auditd.RunView{}, err
 	}
 	ar.mu.Lock()
 	feed := ar.feed
@@ -416,9 +405,53 @@ func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (au
 	if err := l.cfg.Runs.AddItems(ar.live, items); err != nil {
 		return auditd.RunView{}, err
 	}
+	fresh, err := l.startSources(ctx, ar, feed, sourcesOf(items))
+	if err != nil {
+		return auditd.RunView{}, err
+	}
+	if err := l.queueItems(ar.recordCtx, ar, items); err != nil {
+		return auditd.RunView{}, err
+	}
+	l.feedQueued(ar, feed, uint32(ar.live.Run().ItemCount), fresh)
+	return l.cfg.Runs.Run(ctx, id)
+}
+
+// openBatchRun returns active run id, an open batch run, for a page of
+// items; a conflict when it is not one.
+func (l *Loop) openBatchRun(ctx context.Context, id string) (*activeRun, error) {
+	ar := l.activeRun(id)
+	if ar == nil || ar.proxy != nil {
+		v, err := l.cfg.Runs.Run(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if v.Mode == auditd.RunProxy || !v.Open || v.Status.Terminal() {
+			return nil, auditd.Errorf(auditd.ECONFLICT, "Run %s takes no more items: only an open batch run does, until it is finished.", id)
+		}
+		return nil, auditd.Errorf(auditd.EUNAVAILABLE, "Run %s is not active (auditd is starting or shutting down); retry.", id)
+	}
+	return ar, nil
+}
+
+// checkItems redacts and validates a page of items (keys unique within
+// it, known sources, paths) and fills in their methods.
+func (l *Loop) checkItems(items []auditd.Item) error {
+	redactItems(l.cfg.Registry, items)
+	if err := validateRun(&l.gates, auditd.NewRun{Items: items}); err != nil {
+		return err
+	}
+	for i := range items {
+		items[i].Method = itemMethod(items[i].Method)
+	}
+	return nil
+}
+
+// startSources snapshots in the registry, for run ar, those of sources
+// that are new to it, and returns them, for feedQueued to feed.
+func (l *Loop) startSources(ctx context.Context, ar *activeRun, feed *batchFeed, sources []string) ([]string, error) {
 	var fresh []string
 	feed.mu.Lock()
-	for _, src := range sourcesOf(items) {
+	for _, src := range sources {
 		if !feed.sources[src] {
 			fresh = append(fresh, src)
 		}
@@ -426,22 +459,25 @@ func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (au
 	feed.mu.Unlock()
 	if len(fresh) > 0 {
 		if err := l.cfg.Registry.StartRun(ctx, ar.id, fresh); err != nil {
-			return auditd.RunView{}, fmt.Errorf("snapshot registry: %w", err)
+			return nil, fmt.Errorf("snapshot registry: %w", err)
 		}
 	}
-	if err := l.queueItems(ar.recordCtx, ar, items); err != nil {
-		return auditd.RunView{}, err
-	}
+	return fresh, nil
+}
+
+// feedQueued lets run ar's feeders read its items up to index queued
+// (their item.queued recorded), starting a feeder for each source of
+// fresh.
+func (l *Loop) feedQueued(ar *activeRun, feed *batchFeed, queued uint32, fresh []string) {
 	feed.mu.Lock()
-	feed.queued = uint32(ar.live.Run().ItemCount)
+	defer feed.mu.Unlock()
+	feed.queued = queued
 	feed.lastPage = l.cfg.Clock.Now()
 	runCtx := ar.runCtx()
 	for _, src := range fresh {
 		l.feedSource(runCtx, ar, feed, src)
 	}
 	feed.poke()
-	feed.mu.Unlock()
-	return l.cfg.Runs.Run(ctx, id)
 }
 
 // Backoff between tries of a record or a store the disk refused.

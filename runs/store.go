@@ -83,9 +83,10 @@ type Store struct {
 	seal     *seal.Box
 	stalled  func() (time.Time, error)
 
-	mu    sync.Mutex
-	live  map[string]*Live    // runs the loop is working on (Start)
-	locks map[string]*runLock // see lockRun
+	mu      sync.Mutex
+	live    map[string]*Live    // runs the loop is working on (Start)
+	locks   map[string]*runLock // see lockRun
+	pending map[string]uint32   // run id -> the first index of its pending page (pending.go)
 
 	// ids keeps run ids minted in the same millisecond in the order they
 	// were minted, so that Runs (newest first, by id) lists them in
@@ -105,7 +106,7 @@ func Open(db *bolt.DB, opts Options) (*Store, error) {
 		opts.Seal = seal.Ephemeral()
 	}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketIdem, bucketItemPages, bucketItemIndex, bucketItemResults, bucketItemChunks, bucketKeyChunks, bucketResultChunks, bucketItems, bucketKeys, bucketResults, bucketSendPaths} {
+		for _, b := range [][]byte{bucketRuns, bucketIdem, bucketItemPages, bucketItemIndex, bucketItemResults, bucketItemChunks, bucketKeyChunks, bucketResultChunks, bucketItems, bucketKeys, bucketResults, bucketSendPaths, bucketPendingPages} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -117,7 +118,7 @@ func Open(db *bolt.DB, opts Options) (*Store, error) {
 	}
 	return &Store{
 		db: db, ledger: opts.Ledger, payloads: opts.Payloads, pace: opts.Pace, clock: opts.Clock, seal: opts.Seal, stalled: opts.Stalled,
-		live: map[string]*Live{}, locks: map[string]*runLock{},
+		live: map[string]*Live{}, locks: map[string]*runLock{}, pending: map[string]uint32{},
 		ids: &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)},
 	}, nil
 }
@@ -219,13 +220,8 @@ func (s *Store) AddItems(r *Live, items []auditd.Item) error {
 	r.adding.Lock()
 	defer r.adding.Unlock()
 	run := r.Run()
-	switch {
-	case run.Mode == auditd.RunProxy:
-		return auditd.Errorf(auditd.ECONFLICT, "Run %s is a proxy-mode run: its items are the requests sent through the proxy route.", r.id)
-	case !run.Open:
-		return auditd.Errorf(auditd.ECONFLICT, "Run %s takes no more items: it was submitted whole, or finished.", r.id)
-	case run.ItemCount+len(items) > MaxItemsInRun:
-		return auditd.Errorf(auditd.ECONFLICT, "Run %s would hold more than %d items, the most a run may; finish it and create another.", r.id, MaxItemsInRun)
+	if err := checkAddable(r.id, run, len(items)); err != nil {
+		return err
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := putPage(tx, r.id, uint32(run.ItemCount), items, "items"); err != nil {
@@ -289,6 +285,9 @@ func (s *Store) Unfinished() ([]string, error) {
 // Resume returns an unfinished run, with counters at zero (the caller
 // recounts them from the ledger), and its items in submission order.
 func (s *Store) Resume(id string) (*Live, []auditd.Item, error) {
+	if err := s.dropPending(id); err != nil { // a page the stop left uncommitted
+		return nil, nil, err
+	}
 	var rec *record
 	var items []auditd.Item
 	legacy := false

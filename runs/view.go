@@ -161,15 +161,21 @@ func (s *Store) Items(_ context.Context, runID, after string, limit int) (items 
 			return nil
 		}
 		if hasPages(tx, runID) {
+			hiddenFrom, hiding := s.hidden(runID)
 			from := uint32(0)
 			if after != "" {
 				idx, ok := pagedIndex(tx, runID, after)
-				if !ok {
+				if !ok || hiding && idx >= hiddenFrom {
 					return badCursor
 				}
 				from = idx + 1
 			}
-			return scanPages(tx, runID, from, func(_ uint32, it *auditd.Item) error { return add(it) })
+			return scanPages(tx, runID, from, func(idx uint32, it *auditd.Item) error {
+				if hiding && idx >= hiddenFrom {
+					return errStop // a pending page: not the run's yet
+				}
+				return add(it)
+			})
 		}
 		skipping := after != ""
 		err := forEachItem(tx, runID, func(it *auditd.Item) error {
@@ -200,6 +206,11 @@ func (s *Store) Item(_ context.Context, runID, key string) (auditd.ItemView, err
 		}
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {
+		if from, hiding := s.hidden(runID); hiding {
+			if idx, ok := pagedIndex(tx, runID, key); ok && idx >= from {
+				return auditd.Errorf(auditd.ENOTFOUND, "item %q not found in run %q", key, runID)
+			}
+		}
 		it, err := loadItem(tx, runID, key)
 		if err != nil {
 			return err

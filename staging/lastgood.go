@@ -2,7 +2,6 @@ package staging
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"slices"
 	"strings"
@@ -166,69 +165,6 @@ func putLastGood(b *bolt.Bucket, requestKey string, c Copy) error {
 		return nil
 	}
 	return b.Put([]byte(requestKey), appendLastGood(nil, c))
-}
-
-// compactRecent moves the recent bucket's copies into the index, the
-// newest per request, in key order, and empties the bucket. It returns the
-// keys of the records it moved, in order. It works on the bytes as bbolt
-// holds them, which stay valid until the transaction ends: the index
-// entry is the record's own last-good entry.
-func compactRecent(tx *bolt.Tx) ([]uint64, error) {
-	type raw struct {
-		requestKey, entry []byte
-		at                int64
-		key               uint64
-	}
-	var recs []raw
-	var moved []uint64
-	c := tx.Bucket(bucketRecent).Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(k) != 8 {
-			continue // malformed: dropped with the bucket
-		}
-		moved = append(moved, binary.BigEndian.Uint64(k))
-		key, rk, entry, ok := splitRecent(k, v)
-		if !ok {
-			continue
-		}
-		at, ok := lastGoodAt(entry)
-		if !ok {
-			continue
-		}
-		recs = append(recs, raw{rk, entry, at.UnixNano(), key})
-	}
-	if len(moved) == 0 {
-		return nil, nil
-	}
-	// By request, the newest of each last.
-	slices.SortFunc(recs, func(a, b raw) int {
-		if c := bytes.Compare(a.requestKey, b.requestKey); c != 0 {
-			return c
-		}
-		if a.at != b.at {
-			return cmp.Compare(a.at, b.at)
-		}
-		return cmp.Compare(a.key, b.key)
-	})
-	index := tx.Bucket(bucketLastGood)
-	for i, r := range recs {
-		if i+1 < len(recs) && bytes.Equal(recs[i+1].requestKey, r.requestKey) {
-			continue
-		}
-		if was, ok := lastGoodAt(index.Get(r.requestKey)); ok && was.UnixNano() > r.at {
-			continue
-		}
-		if err := index.Put(r.requestKey, r.entry); err != nil {
-			return nil, err
-		}
-	}
-	// Emptied at once: deleting the bucket frees its pages whole; the
-	// entries put above stay readable until the transaction ends.
-	if err := tx.DeleteBucket(bucketRecent); err != nil {
-		return nil, err
-	}
-	_, err := tx.CreateBucket(bucketRecent)
-	return moved, err
 }
 
 // decodeRecent reads a record of the recent bucket: its key, the request

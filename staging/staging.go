@@ -9,9 +9,9 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync"
 
@@ -88,7 +88,7 @@ func Open(db *bolt.DB, dir string) (*Store, error) {
 		return nil, fmt.Errorf("create staging buckets: %w", err)
 	}
 	s := &Store{dir: dir, db: db, MaxBytes: DefaultMaxBytes, InlineMax: DefaultInlineMax, pending: map[string]uint64{}, recent: newRecentCopies()}
-	if _, err := s.Compact(); err != nil {
+	if _, err := s.compact(math.MaxUint64, math.MaxUint64); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -289,74 +289,6 @@ func (s *Store) Unspool(rec auditd.Put) {
 	if s.pending[sum] == key {
 		delete(s.pending, sum)
 	}
-}
-
-// Compact moves every spooled payload to the payload bucket, in hash
-// order, and every recent last-good copy to the last-good index, in one
-// transaction, and says how many payloads it moved. Moving is always
-// safe: a payload is found in either place. The fetch loop compacts when a
-// run ends; Open compacts what a crash left.
-func (s *Store) Compact() (int, error) {
-	type spooled struct {
-		sum [sha256.Size]byte
-		key uint64
-		val []byte // in the spool's pages: valid until the transaction ends
-	}
-	s.mu.Lock()
-	moved := make([]spooled, 0, len(s.pending)) // what the spool holds, unless a crash left more
-	s.mu.Unlock()
-	var keys []byte // the payloads' keys, hex, one after another
-	var copies []uint64
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		var err error
-		if copies, err = compactRecent(tx); err != nil {
-			return err
-		}
-		moved = moved[:0]
-		c := tx.Bucket(bucketSpool).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) != 8 || len(v) < sha256.Size {
-				return fmt.Errorf("spool entry %x is malformed", k)
-			}
-			moved = append(moved, spooled{[sha256.Size]byte(v), binary.BigEndian.Uint64(k), v[sha256.Size:]})
-		}
-		if len(moved) == 0 {
-			return nil
-		}
-		// Hex keeps the order of the bytes it encodes.
-		slices.SortFunc(moved, func(a, b spooled) int { return bytes.Compare(a.sum[:], b.sum[:]) })
-		// The keys, hex, cut from one buffer: bbolt keeps them until the
-		// transaction ends.
-		keys = make([]byte, 0, len(moved)*hex.EncodedLen(sha256.Size))
-		payloads := tx.Bucket(bucketInline)
-		for _, p := range moved {
-			start := len(keys)
-			keys = hex.AppendEncode(keys, p.sum[:])
-			if err := payloads.Put(keys[start:], p.val); err != nil {
-				return err
-			}
-		}
-		// Emptied at once: deleting the bucket frees its pages whole. The
-		// values put above stay readable until the transaction ends.
-		if err := tx.DeleteBucket(bucketSpool); err != nil {
-			return err
-		}
-		_, err = tx.CreateBucket(bucketSpool)
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("compact staged payloads: %w", err)
-	}
-	s.mu.Lock()
-	const n = 2 * sha256.Size
-	for i, p := range moved {
-		if sum := keys[i*n : (i+1)*n]; s.pending[string(sum)] == p.key {
-			delete(s.pending, string(sum))
-		}
-	}
-	s.recent.compacted(copies)
-	s.mu.Unlock()
-	return len(moved), nil
 }
 
 // commitFile syncs the payload's file and files it under sum.

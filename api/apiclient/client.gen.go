@@ -2449,13 +2449,24 @@ type ClientInterface interface {
 	// "open": true (and its first page, or none), add each further page
 	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
 	// closed and its items have ended. A run holds up to 2,147,483,648
-	// items; a page up to 100,000. The page is validated whole, as a
+	// items; a JSON page up to 100,000. The page is validated whole, as a
 	// run's items are: keys unique in the page and in the run (a key the
 	// run has is a 400 naming the item), known sources. The token is
 	// charged 1 + (number of items) units. Each page is stored as it
 	// comes: what the service holds in memory is bounded by the page, not
 	// by the run. A run that is not an open batch run (a proxy-mode run,
 	// one submitted whole, one finished or ended) is a 409.
+	//
+	// A page of any size can be streamed instead, as
+	// `Content-Type: application/x-ndjson`: one Item object a line (at
+	// most 65,536 bytes; blank lines are skipped). The service reads,
+	// validates, charges (1 unit an item) and stores it 1,000 items at a
+	// time, pending: the items are the run's, all of them, once the body
+	// has ended, and a line that is not a valid item, a key the run or an
+	// earlier line has, or a body that breaks off refuses the page whole
+	// and keeps nothing of it. A refusal names the line: its `field` is
+	// "line 17: key" (or "line 17" for a line that is not JSON) and its
+	// detail starts "Line 17:". The run takes no other page meanwhile.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2468,13 +2479,24 @@ type ClientInterface interface {
 	// "open": true (and its first page, or none), add each further page
 	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
 	// closed and its items have ended. A run holds up to 2,147,483,648
-	// items; a page up to 100,000. The page is validated whole, as a
+	// items; a JSON page up to 100,000. The page is validated whole, as a
 	// run's items are: keys unique in the page and in the run (a key the
 	// run has is a 400 naming the item), known sources. The token is
 	// charged 1 + (number of items) units. Each page is stored as it
 	// comes: what the service holds in memory is bounded by the page, not
 	// by the run. A run that is not an open batch run (a proxy-mode run,
 	// one submitted whole, one finished or ended) is a 409.
+	//
+	// A page of any size can be streamed instead, as
+	// `Content-Type: application/x-ndjson`: one Item object a line (at
+	// most 65,536 bytes; blank lines are skipped). The service reads,
+	// validates, charges (1 unit an item) and stores it 1,000 items at a
+	// time, pending: the items are the run's, all of them, once the body
+	// has ended, and a line that is not a valid item, a key the run or an
+	// earlier line has, or a body that breaks off refuses the page whole
+	// and keeps nothing of it. A refusal names the line: its `field` is
+	// "line 17: key" (or "line 17" for a line that is not JSON) and its
+	// detail starts "Line 17:". The run takes no other page meanwhile.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3621,13 +3643,24 @@ func (c *Client) ListItems(ctx context.Context, id RunID, params *ListItemsParam
 // "open": true (and its first page, or none), add each further page
 // here, then finish it (POST /v1/runs/{id}/finish); it ends once
 // closed and its items have ended. A run holds up to 2,147,483,648
-// items; a page up to 100,000. The page is validated whole, as a
+// items; a JSON page up to 100,000. The page is validated whole, as a
 // run's items are: keys unique in the page and in the run (a key the
 // run has is a 400 naming the item), known sources. The token is
 // charged 1 + (number of items) units. Each page is stored as it
 // comes: what the service holds in memory is bounded by the page, not
 // by the run. A run that is not an open batch run (a proxy-mode run,
 // one submitted whole, one finished or ended) is a 409.
+//
+// A page of any size can be streamed instead, as
+// `Content-Type: application/x-ndjson`: one Item object a line (at
+// most 65,536 bytes; blank lines are skipped). The service reads,
+// validates, charges (1 unit an item) and stores it 1,000 items at a
+// time, pending: the items are the run's, all of them, once the body
+// has ended, and a line that is not a valid item, a key the run or an
+// earlier line has, or a body that breaks off refuses the page whole
+// and keeps nothing of it. A refusal names the line: its `field` is
+// "line 17: key" (or "line 17" for a line that is not JSON) and its
+// detail starts "Line 17:". The run takes no other page meanwhile.
 //
 // Takes any type of body and a specified content type.
 //
@@ -3650,13 +3683,24 @@ func (c *Client) AddItemsWithBody(ctx context.Context, id RunID, contentType str
 // "open": true (and its first page, or none), add each further page
 // here, then finish it (POST /v1/runs/{id}/finish); it ends once
 // closed and its items have ended. A run holds up to 2,147,483,648
-// items; a page up to 100,000. The page is validated whole, as a
+// items; a JSON page up to 100,000. The page is validated whole, as a
 // run's items are: keys unique in the page and in the run (a key the
 // run has is a 400 naming the item), known sources. The token is
 // charged 1 + (number of items) units. Each page is stored as it
 // comes: what the service holds in memory is bounded by the page, not
 // by the run. A run that is not an open batch run (a proxy-mode run,
 // one submitted whole, one finished or ended) is a 409.
+//
+// A page of any size can be streamed instead, as
+// `Content-Type: application/x-ndjson`: one Item object a line (at
+// most 65,536 bytes; blank lines are skipped). The service reads,
+// validates, charges (1 unit an item) and stores it 1,000 items at a
+// time, pending: the items are the run's, all of them, once the body
+// has ended, and a line that is not a valid item, a key the run or an
+// earlier line has, or a body that breaks off refuses the page whole
+// and keeps nothing of it. A refusal names the line: its `field` is
+// "line 17: key" (or "line 17" for a line that is not JSON) and its
+// detail starts "Line 17:". The run takes no other page meanwhile.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -7487,13 +7531,24 @@ type ClientWithResponsesInterface interface {
 	// "open": true (and its first page, or none), add each further page
 	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
 	// closed and its items have ended. A run holds up to 2,147,483,648
-	// items; a page up to 100,000. The page is validated whole, as a
+	// items; a JSON page up to 100,000. The page is validated whole, as a
 	// run's items are: keys unique in the page and in the run (a key the
 	// run has is a 400 naming the item), known sources. The token is
 	// charged 1 + (number of items) units. Each page is stored as it
 	// comes: what the service holds in memory is bounded by the page, not
 	// by the run. A run that is not an open batch run (a proxy-mode run,
 	// one submitted whole, one finished or ended) is a 409.
+	//
+	// A page of any size can be streamed instead, as
+	// `Content-Type: application/x-ndjson`: one Item object a line (at
+	// most 65,536 bytes; blank lines are skipped). The service reads,
+	// validates, charges (1 unit an item) and stores it 1,000 items at a
+	// time, pending: the items are the run's, all of them, once the body
+	// has ended, and a line that is not a valid item, a key the run or an
+	// earlier line has, or a body that breaks off refuses the page whole
+	// and keeps nothing of it. A refusal names the line: its `field` is
+	// "line 17: key" (or "line 17" for a line that is not JSON) and its
+	// detail starts "Line 17:". The run takes no other page meanwhile.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -7506,13 +7561,24 @@ type ClientWithResponsesInterface interface {
 	// "open": true (and its first page, or none), add each further page
 	// here, then finish it (POST /v1/runs/{id}/finish); it ends once
 	// closed and its items have ended. A run holds up to 2,147,483,648
-	// items; a page up to 100,000. The page is validated whole, as a
+	// items; a JSON page up to 100,000. The page is validated whole, as a
 	// run's items are: keys unique in the page and in the run (a key the
 	// run has is a 400 naming the item), known sources. The token is
 	// charged 1 + (number of items) units. Each page is stored as it
 	// comes: what the service holds in memory is bounded by the page, not
 	// by the run. A run that is not an open batch run (a proxy-mode run,
 	// one submitted whole, one finished or ended) is a 409.
+	//
+	// A page of any size can be streamed instead, as
+	// `Content-Type: application/x-ndjson`: one Item object a line (at
+	// most 65,536 bytes; blank lines are skipped). The service reads,
+	// validates, charges (1 unit an item) and stores it 1,000 items at a
+	// time, pending: the items are the run's, all of them, once the body
+	// has ended, and a line that is not a valid item, a key the run or an
+	// earlier line has, or a body that breaks off refuses the page whole
+	// and keeps nothing of it. A refusal names the line: its `field` is
+	// "line 17: key" (or "line 17" for a line that is not JSON) and its
+	// detail starts "Line 17:". The run takes no other page meanwhile.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -15253,13 +15319,24 @@ func (c *ClientWithResponses) ListItemsWithResponse(ctx context.Context, id RunI
 // "open": true (and its first page, or none), add each further page
 // here, then finish it (POST /v1/runs/{id}/finish); it ends once
 // closed and its items have ended. A run holds up to 2,147,483,648
-// items; a page up to 100,000. The page is validated whole, as a
+// items; a JSON page up to 100,000. The page is validated whole, as a
 // run's items are: keys unique in the page and in the run (a key the
 // run has is a 400 naming the item), known sources. The token is
 // charged 1 + (number of items) units. Each page is stored as it
 // comes: what the service holds in memory is bounded by the page, not
 // by the run. A run that is not an open batch run (a proxy-mode run,
 // one submitted whole, one finished or ended) is a 409.
+//
+// A page of any size can be streamed instead, as
+// `Content-Type: application/x-ndjson`: one Item object a line (at
+// most 65,536 bytes; blank lines are skipped). The service reads,
+// validates, charges (1 unit an item) and stores it 1,000 items at a
+// time, pending: the items are the run's, all of them, once the body
+// has ended, and a line that is not a valid item, a key the run or an
+// earlier line has, or a body that breaks off refuses the page whole
+// and keeps nothing of it. A refusal names the line: its `field` is
+// "line 17: key" (or "line 17" for a line that is not JSON) and its
+// detail starts "Line 17:". The run takes no other page meanwhile.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -15278,13 +15355,24 @@ func (c *ClientWithResponses) AddItemsWithBodyWithResponse(ctx context.Context, 
 // "open": true (and its first page, or none), add each further page
 // here, then finish it (POST /v1/runs/{id}/finish); it ends once
 // closed and its items have ended. A run holds up to 2,147,483,648
-// items; a page up to 100,000. The page is validated whole, as a
+// items; a JSON page up to 100,000. The page is validated whole, as a
 // run's items are: keys unique in the page and in the run (a key the
 // run has is a 400 naming the item), known sources. The token is
 // charged 1 + (number of items) units. Each page is stored as it
 // comes: what the service holds in memory is bounded by the page, not
 // by the run. A run that is not an open batch run (a proxy-mode run,
 // one submitted whole, one finished or ended) is a 409.
+//
+// A page of any size can be streamed instead, as
+// `Content-Type: application/x-ndjson`: one Item object a line (at
+// most 65,536 bytes; blank lines are skipped). The service reads,
+// validates, charges (1 unit an item) and stores it 1,000 items at a
+// time, pending: the items are the run's, all of them, once the body
+// has ended, and a line that is not a valid item, a key the run or an
+// earlier line has, or a body that breaks off refuses the page whole
+// and keeps nothing of it. A refusal names the line: its `field` is
+// "line 17: key" (or "line 17" for a line that is not JSON) and its
+// detail starts "Line 17:". The run takes no other page meanwhile.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

@@ -98,6 +98,10 @@ func (a runsAPI) AddRunItems(ctx context.Context, id string, items []auditd.Item
 	return a.loop.AddItems(ctx, id, items)
 }
 
+func (a runsAPI) AddRunItemsStream(ctx context.Context, id string, next func() ([]auditd.Item, error)) (auditd.RunView, error) {
+	return a.loop.AddItemsStream(ctx, id, next)
+}
+
 // integrityAPI verifies the live ledger and proves its events.
 type integrityAPI struct {
 	db  *bolt.DB

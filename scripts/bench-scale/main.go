@@ -8,7 +8,11 @@
 //     items, each page's JSON generated as it is sent (the program never
 //     holds the run), no more than two pages ahead of the items done;
 //   - proxy: -workers clients sending the n requests through the proxy
-//     route, each naming the run, until it is finished.
+//     route, each naming the run, until it is finished;
+//   - ndjson: a run created open, all n items submitted in one page
+//     streamed as NDJSON (generated as it is sent), then finished; it
+//     prints besides the submit's time and the service's largest
+//     anonymous memory while it lasted.
 //
 // For each it prints the service's anonymous memory (RssAnon of
 // /proc/PID/status) when a quarter of the items are done and when all
@@ -18,7 +22,7 @@
 // its bytes per item, and the share of its pages that are free; then it
 // compacts the file (auditd compact) and prints its size after.
 //
-// Usage: go run ./scripts/bench-scale [-n 1000000] [-mode batch,proxy]
+// Usage: go run ./scripts/bench-scale [-n 1000000] [-mode batch,proxy,ndjson]
 package main
 
 import (
@@ -49,7 +53,7 @@ const token = "bench-scale-admin-token-0123456789abcdef"
 
 func main() {
 	n := flag.Int("n", 1_000_000, "items per run")
-	modes := flag.String("mode", "batch,proxy", "runs to measure: batch, proxy or both")
+	modes := flag.String("mode", "batch,proxy", "runs to measure, comma-separated: batch, proxy, ndjson")
 	page := flag.Int("page", 50_000, "items per page of the batch run")
 	workers := flag.Int("workers", 32, "clients of the proxy run")
 	bin := flag.String("auditd", "", "auditd binary (default: built from ./cmd/auditd)")
@@ -90,6 +94,8 @@ func main() {
 			id = b.batch(*page)
 		case "proxy":
 			id = b.proxy(*workers)
+		case "ndjson":
+			id = b.ndjson()
 		default:
 			log.Fatalf("unknown mode %q", mode)
 		}
@@ -108,6 +114,9 @@ type bench struct {
 	started, ended time.Time
 	rssQuarter     int64 // kB when a quarter of the items were done
 	rssAll         int64 // kB when all were
+
+	submit    time.Duration // ndjson: the streamed page's submit
+	rssSubmit int64         // ndjson: the most kB while it lasted
 }
 
 func (b *bench) start() {
@@ -243,6 +252,12 @@ func (b *bench) batch(page int) string {
 		b.call("POST", "/v1/runs/"+id+"/items", pr, nil)
 	}
 	b.call("POST", "/v1/runs/"+id+"/finish", nil, nil)
+	return b.wait(id)
+}
+
+// wait samples the memory of finished run id until it ends.
+func (b *bench) wait(id string) string {
+	var r run
 	for {
 		r = b.get(id)
 		b.sample(r.Counts.Items - r.Counts.Pending)
@@ -254,6 +269,56 @@ func (b *bench) batch(page int) string {
 	b.ended = time.Now()
 	b.check(r)
 	return id
+}
+
+// ndjson submits an open run's n items in one page streamed as NDJSON,
+// noting the most memory the service took meanwhile, then finishes it
+// and waits for its end.
+func (b *bench) ndjson() string {
+	var r run
+	b.started = time.Now()
+	b.call("POST", "/v1/runs", strings.NewReader(`{"name":"scale-ndjson","open":true,"items":[]}`), &r)
+	id := r.ID
+	stop := make(chan struct{})
+	peak := make(chan int64)
+	go func() {
+		most := int64(0)
+		for {
+			most = max(most, b.rss())
+			select {
+			case <-stop:
+				peak <- most
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	pr, pw := io.Pipe()
+	go func() {
+		bw := bufio.NewWriterSize(pw, 64<<10)
+		for i := range b.n {
+			fmt.Fprintf(bw, `{"key":"parcel-%08d","source":"fast","path":"/query?where=OBJECTID%%3D%d&f=json"}`+"\n", i, i)
+		}
+		pw.CloseWithError(bw.Flush())
+	}()
+	start := time.Now()
+	req, _ := http.NewRequest("POST", b.url+"/v1/runs/"+id+"/items", pr)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	resp, err := b.client.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	b.submit = time.Since(start)
+	close(stop)
+	b.rssSubmit = <-peak
+	if resp.StatusCode != 200 {
+		log.Fatalf("POST the streamed page: %d %s", resp.StatusCode, raw)
+	}
+	b.call("POST", "/v1/runs/"+id+"/finish", nil, nil)
+	return b.wait(id)
 }
 
 // writePage writes the JSON of a page of n items from index from.
@@ -397,6 +462,9 @@ func (b *bench) report(mode, id string) {
 	fmt.Fprintf(&w, "%s run of %d items: %v (%.0f items/s)\n", mode, b.n, b.ended.Sub(b.started).Round(time.Second), float64(b.n)/b.ended.Sub(b.started).Seconds())
 	fmt.Fprintf(&w, "  anonymous memory: %.1f MB at %d items done, %.1f MB at %d (%+.1f%%)\n",
 		float64(b.rssQuarter)/1024, b.n/4, float64(b.rssAll)/1024, b.n, 100*float64(b.rssAll-b.rssQuarter)/float64(b.rssQuarter))
+	if b.submit > 0 {
+		fmt.Fprintf(&w, "  streamed submit of %d items: %v, anonymous memory at most %.1f MB meanwhile\n", b.n, b.submit.Round(time.Millisecond), float64(b.rssSubmit)/1024)
+	}
 	fmt.Fprintf(&w, "  items listed by cursor: %d in %v\n", listed, list.Round(time.Millisecond))
 	fmt.Fprintf(&w, "  auditd reconcile --data (warm): %v, peak RSS %.0f MB\n", reconcile.Round(time.Millisecond), float64(reconcileRSS)/1024)
 	fmt.Fprintf(&w, "  bbolt file: %.1f MB, %.0f bytes per item, %.1f%% of its pages free\n",
