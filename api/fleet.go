@@ -88,18 +88,32 @@ type Fleet interface {
 var errNoFleet = &auditd.Error{Code: codeNotInFleet, Message: "This node is not in a fleet (serve --fleet-etcd)."}
 
 func (s *Server) registerFleetRoutes(g *echo.Group) {
-	g.POST("/fleet/runs", s.handleCreateFleetRun, s.allow(auth.RoleOperator, costRequest))
-	g.GET("/fleet/runs/:id", s.handleGetFleetRun, s.allow(auth.RoleAuditor, costRequest))
-	g.POST("/fleet/runs/:id/finish", s.handleFinishFleetRun, s.allow(auth.RoleOperator, costRequest))
-	g.GET("/fleet/runs/:id/reconciliation", s.handleFleetReconciliation, s.allow(auth.RoleAuditor, costReconcile))
-	g.GET("/fleet/runs/:id/evidence.xlsx", s.handleFleetEvidence, s.allow(auth.RoleAuditor, costExport))
-	g.GET("/fleet/runs/:id/timeline", s.handleFleetTimeline, s.allow(auth.RoleAuditor, costTimeline))
-	g.GET("/fleet/runs/:id/evidence-pack.zip", s.handleFleetPack, s.allow(auth.RoleAuditor, costExport))
-	g.GET("/fleet/runs/:id/part", s.handleFleetPartReconciliation, s.allow(auth.RoleAuditor, costReconcile))
-	g.GET("/fleet/runs/:id/part.zip", s.handleFleetPart, s.allow(auth.RoleAuditor, costExport))
+	run := func(role auth.Role, cost float64) []echo.MiddlewareFunc {
+		return []echo.MiddlewareFunc{s.allow(role, cost), s.inFleet}
+	}
+	g.POST("/fleet/runs", s.handleCreateFleetRun, run(auth.RoleOperator, costRequest)...)
+	g.GET("/fleet/runs/:id", s.handleGetFleetRun, run(auth.RoleAuditor, costRequest)...)
+	g.POST("/fleet/runs/:id/finish", s.handleFinishFleetRun, run(auth.RoleOperator, costRequest)...)
+	g.GET("/fleet/runs/:id/reconciliation", s.handleFleetReconciliation, run(auth.RoleAuditor, costReconcile)...)
+	g.GET("/fleet/runs/:id/evidence.xlsx", s.handleFleetEvidence, run(auth.RoleAuditor, costExport)...)
+	g.GET("/fleet/runs/:id/timeline", s.handleFleetTimeline, run(auth.RoleAuditor, costTimeline)...)
+	g.GET("/fleet/runs/:id/evidence-pack.zip", s.handleFleetPack, run(auth.RoleAuditor, costExport)...)
+	g.GET("/fleet/runs/:id/part", s.handleFleetPartReconciliation, run(auth.RoleAuditor, costReconcile)...)
+	g.GET("/fleet/runs/:id/part.zip", s.handleFleetPart, run(auth.RoleAuditor, costExport)...)
 	g.GET("/fleet/sources", s.handleFleetSources, s.allow(auth.RoleAuditor, costRequest))
-	g.GET("/fleet/log", s.handleFleetLog, s.allow(auth.RoleAuditor, costRequest))
-	g.POST("/fleet/log/cosignatures", s.handleFleetCosign, s.allow(auth.RoleOperator, costRequest))
+	g.GET("/fleet/log", s.handleFleetLog, run(auth.RoleAuditor, costRequest)...)
+	g.POST("/fleet/log/cosignatures", s.handleFleetCosign, run(auth.RoleOperator, costRequest)...)
+}
+
+// inFleet answers errNoFleet on a node not in a fleet, after the token's
+// check (a request without one is still a 401) and before the handler.
+func (s *Server) inFleet(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if s.Fleet == nil {
+			return errNoFleet
+		}
+		return next(c)
+	}
 }
 
 // createFleetRunRequest is the body of POST /v1/fleet/runs.
@@ -123,9 +137,6 @@ func fleetRunID(c echo.Context) (string, error) {
 }
 
 func (s *Server) handleCreateFleetRun(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	var req createFleetRunRequest
 	if err := s.bind(c, &req, s.MaxBodyBytes); err != nil {
 		return err
@@ -142,9 +153,6 @@ func (s *Server) handleCreateFleetRun(c echo.Context) error {
 }
 
 func (s *Server) handleGetFleetRun(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	id, err := fleetRunID(c)
 	if err != nil {
 		return err
@@ -157,9 +165,6 @@ func (s *Server) handleGetFleetRun(c echo.Context) error {
 }
 
 func (s *Server) handleFinishFleetRun(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	id, err := fleetRunID(c)
 	if err != nil {
 		return err
@@ -172,9 +177,6 @@ func (s *Server) handleFinishFleetRun(c echo.Context) error {
 }
 
 func (s *Server) handleFleetReconciliation(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	id, err := fleetRunID(c)
 	if err != nil {
 		return err
@@ -186,32 +188,18 @@ func (s *Server) handleFleetReconciliation(c echo.Context) error {
 	return c.JSON(http.StatusOK, rep)
 }
 
-// handleFleetPack records the download, as a node's pack does, then
-// builds the fleet pack; nothing is written until every part is in.
+// handleFleetPack and handleFleetEvidence record the download, as a
+// node's pack and workbook do, then build the fleet's from every node's;
+// nothing is written until every node's part is in.
 func (s *Server) handleFleetPack(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
-	id, err := fleetRunID(c)
-	if err != nil {
-		return err
-	}
-	if _, err := s.Fleet.Run(c.Request().Context(), id); err != nil {
-		return err
-	}
-	if err := s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": "fleet-evidence-pack", "run_id": id, "format": "zip"}); err != nil {
-		return err
-	}
-	return s.Fleet.WritePack(c.Request().Context(), &lazyDownload{s: s, c: c, mime: MIMEZIP, name: "fleet-evidence-pack-" + sanitizeFilename(id) + ".zip"},
-		id, c.Request().Header.Get(echo.HeaderAuthorization))
+	return s.fleetDownload(c, "fleet-evidence-pack", "zip", MIMEZIP, s.Fleet.WritePack)
 }
 
-// handleFleetEvidence records the download, then builds the workbook
-// from every node's; nothing is written until every node's came.
 func (s *Server) handleFleetEvidence(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
+	return s.fleetDownload(c, "fleet-evidence", "xlsx", MIMEXLSX, s.Fleet.WriteEvidence)
+}
+
+func (s *Server) fleetDownload(c echo.Context, what, format, mime string, write func(ctx context.Context, w io.Writer, id, authz string) error) error {
 	id, err := fleetRunID(c)
 	if err != nil {
 		return err
@@ -219,19 +207,16 @@ func (s *Server) handleFleetEvidence(c echo.Context) error {
 	if _, err := s.Fleet.Run(c.Request().Context(), id); err != nil {
 		return err
 	}
-	if err := s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": "fleet-evidence", "run_id": id, "format": "xlsx"}); err != nil {
+	if err := s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": what, "run_id": id, "format": format}); err != nil {
 		return err
 	}
-	return s.Fleet.WriteEvidence(c.Request().Context(), &lazyDownload{s: s, c: c, mime: MIMEXLSX, name: "fleet-evidence-" + sanitizeFilename(id) + ".xlsx"},
+	return write(c.Request().Context(), &lazyDownload{s: s, c: c, mime: mime, name: what + "-" + sanitizeFilename(id) + "." + format},
 		id, c.Request().Header.Get(echo.HeaderAuthorization))
 }
 
 // handleFleetTimeline answers as a run's timeline does; without ?bucket=,
 // the buckets cover the fleet run from its creation to now.
 func (s *Server) handleFleetTimeline(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	q := c.QueryParams()
 	bucket, err := bucketParam(q)
 	if err != nil {
@@ -261,9 +246,6 @@ func (s *Server) handleFleetTimeline(c echo.Context) error {
 }
 
 func (s *Server) handleFleetPartReconciliation(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	id, err := fleetRunID(c)
 	if err != nil {
 		return err
@@ -276,9 +258,6 @@ func (s *Server) handleFleetPartReconciliation(c echo.Context) error {
 }
 
 func (s *Server) handleFleetPart(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	id, err := fleetRunID(c)
 	if err != nil {
 		return err
@@ -287,16 +266,10 @@ func (s *Server) handleFleetPart(c echo.Context) error {
 }
 
 func (s *Server) handleFleetLog(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	return c.JSON(http.StatusOK, s.Fleet.LogStatus(c.Request().Context()))
 }
 
 func (s *Server) handleFleetCosign(c echo.Context) error {
-	if s.Fleet == nil {
-		return errNoFleet
-	}
 	var req fleetCosignRequest
 	if err := s.bind(c, &req, s.MaxBodyBytes); err != nil {
 		return err
