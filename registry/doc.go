@@ -49,7 +49,12 @@
 //     1-ProbeGain times that, and recovery heads no further than 1.3 times
 //     it (what a window held of the old pace blurs a short spell low);
 //     without enough successes to measure, a refusal before a round proved
-//     the pace halves it. For a minute after such a cut, the rate refused
+//     the pace halves it. After the cut that ends slow start, a refusal
+//     before a round proved its pace is no drop when the server admitted
+//     more than 1/Growth of the pace meanwhile: slow start's overshoot
+//     still fills the server's window (and the drain pause, a second of
+//     nothing sent, blurs a short spell low), so the pace of its last
+//     clean round is at the limit, and the cut is Decrease times it. For a minute after such a cut, the rate refused
 //     that a later cut takes from ten seconds or more of successes is never
 //     below the pace a round proved since its cut (auditd's own pauses blur
 //     what was admitted low). Refusals with no success between them are

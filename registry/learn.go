@@ -203,8 +203,9 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	bad := x.rateAt(sent)
 	refused := bad
 	var next float64
+	start := x.st.Phase != PhaseSteady
 	switch {
-	case x.st.Phase != PhaseSteady:
+	case start:
 		// The first refusal: back to the pace of the last clean round. What
 		// was admitted before is slow start's, and says nothing yet.
 		next = bad / o.Growth
@@ -229,6 +230,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	} else if x.st.Phase == PhaseSteady && x.st.Refused > 0 {
 		x.missed++ // refused on the way back up
 	}
+	x.afterStart = x.afterStart || start
 	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed, x.retry = false, 0, false, o.ProbeGain, 0, false, false
 	x.lastCut, x.pacedSum, x.paused, x.stableFrom = now, 0, 0, time.Time{}
 	x.st.Refused = refused
@@ -270,7 +272,7 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 	if !x.sustained(now, need, o) {
 		return false, nil
 	}
-	x.proven = true
+	x.proven, x.afterStart = true, false
 	cur := x.rate().perSecond()
 	x.good = cur
 	g := o.ProbeGain
@@ -362,7 +364,8 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 // cut; when the server was found well behind (refused again since the cut,
 // or before a round proved its pace: a limit that dropped), just under what
 // it admitted since the refusal before, or half the pace when too little was
-// admitted to say.
+// admitted to say; after slow start's end, Decrease times the pace unless
+// the server admitted less than 1/Growth of it.
 func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
 	bad := e.rateAt(sent)
 	refused = bad
@@ -383,6 +386,16 @@ func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused 
 		since = prev
 	}
 	adm, ok := e.hist.admitted(now, since, e.paused)
+	if e.afterStart && !e.proven && ok && adm*o.Growth >= bad {
+		// Slow start's last rounds still fill the server's window: a
+		// refusal before a round proved the pace of its last clean round,
+		// with the server found admitting more than the round before it
+		// ran at, says that pace is at the limit, not that the limit
+		// dropped. What was admitted since is blurred low by the faster
+		// pace the window held and by the drain pause. Far less admitted
+		// is a burst that hid the rate (a deep bucket): measured below.
+		return o.Decrease * bad, refused
+	}
 	if ok && adm < bad {
 		if adm < o.Decrease*e.paced(now) {
 			bad = adm

@@ -1,0 +1,50 @@
+package registry_test
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/registry"
+	"github.com/auditd/auditd/sim"
+)
+
+// TestSlowStartOvershootIsNoDrop: a sliding window of 2 a second that
+// rises to 8 a second. Slow start resumes after the rise and overshoots;
+// its first refusal cuts back to the pace of its last clean round, and a
+// refusal soon after, while the window still holds the faster pace, is
+// that pace at the limit, not a drop: it cuts by Decrease, not to the
+// short spell's admitted rate (which the window's leftovers and the drain
+// pause blur low).
+func TestSlowStartOvershootIsNoDrop(t *testing.T) {
+	sc, err := sim.LoadScenario(filepath.Join("..", "testdata", "scenarios", "rising.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	convergeCase{factor: 4}.reshape(sc)
+	_, final := rescale(sc, 2)
+	p := newPacer(t, sc, 1800)
+	rise := 2 * time.Minute
+	p.runUntil(rise + time.Minute)
+	// The refusals after the last slow start past the rise: the first
+	// ends it, the second is the one judged.
+	var cuts []auditd.Event
+	for _, e := range p.led.ofType(auditd.EventRegistryChanged) {
+		switch {
+		case e.Time.Sub(p.start) < rise:
+		case e.Cause == registry.CauseSlowStart:
+			cuts = nil
+		case e.Cause == registry.CauseThrottle:
+			cuts = append(cuts, e)
+		}
+	}
+	if len(cuts) < 2 {
+		t.Fatalf("%d cuts after the last slow start past the rise, want two or more\n%s", len(cuts), p.trace())
+	}
+	c := cuts[1]
+	from, to := float64(c.OldLimit)/c.OldWindow.Seconds(), float64(c.NewLimit)/c.NewWindow.Seconds()
+	if to < 0.85*from || to < 0.8*final {
+		t.Fatalf("the refusal after slow start's end cut %.3g/s to %.3g/s, want Decrease (%.3g/s allowed)\n%s", from, to, final, p.trace())
+	}
+}
