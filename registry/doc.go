@@ -20,8 +20,11 @@
 //   - Slow start: each clean round (Options.StartRound successes, or as many
 //     as the pace sends in a second if more, sent at
 //     Options.ProbeUtilization of the pace or more) multiplies the pace by
-//     Options.Growth, until the first refusal or a Remaining of 0. From 15 a
-//     minute it reaches 16 a second in about 17 seconds. A round of at least
+//     Options.Growth, until the first refusal or a Remaining of 0. At a
+//     second or more a request, the success before a round's first opens
+//     it (sent at the pace before, it still shows whether the pace was
+//     used), so a doubling takes one interval rather than StartRound: from
+//     15 a minute it reaches 16 a second in about 10 seconds. A round of at least
 //     a second keeps a gateway's burst from hiding a pace many times its
 //     rate before the first refusal.
 //   - A refusal (a 429, a 503 with Retry-After, a plain 503 taken for one;

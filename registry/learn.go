@@ -268,6 +268,13 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		int(math.Ceil(float64(minSpan)/float64(x.interval()))))
 	if x.st.Phase != PhaseSteady {
 		need = max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
+		if at, ok := x.hist.before(); ok && x.roundCount == 0 && x.interval() >= startRoundTime {
+			// At a second or more a request, the success before this one
+			// (sent at the pace before) opens the round: the round still
+			// checks that the pace was used from it on, and a doubling
+			// takes one interval rather than StartRound of them.
+			x.roundStart, x.roundCount = at, 1
+		}
 	}
 	if !x.sustained(now, need, o) {
 		return false, nil

@@ -48,3 +48,40 @@ func TestSlowStartOvershootIsNoDrop(t *testing.T) {
 		t.Fatalf("the refusal after slow start's end cut %.3g/s to %.3g/s, want Decrease (%.3g/s allowed)\n%s", from, to, final, p.trace())
 	}
 }
+
+// TestSlowStartFromCold: from the conservative 15 a minute, against a
+// server that allows 20 a second, slow start reaches 8 a second within 10
+// seconds of the first request: at a second or more a request, the success
+// before opens each round, so a doubling takes one interval, not two.
+func TestSlowStartFromCold(t *testing.T) {
+	sc, err := sim.LoadScenario(filepath.Join("..", "testdata", "scenarios", "leaky_bucket.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rescale(sc, 20)
+	p := newPacer(t, sc, 1800)
+	p.runUntil(20 * time.Second)
+	for _, e := range p.led.ofType(auditd.EventRegistryChanged) {
+		if float64(e.NewLimit)/e.NewWindow.Seconds() < 8 {
+			continue
+		}
+		if at := e.Time.Sub(p.start); at > 10*time.Second {
+			t.Fatalf("8/s reached %v after the first request, want within 10s\n%s", at, p.trace())
+		}
+		return
+	}
+	t.Fatalf("8/s never reached\n%s", p.trace())
+}
+
+// TestSlowStartIdleSourceHolds: a source used now and then (a success a
+// minute at 15 a minute) never grows: the success before a round's first
+// opens it only to show whether the pace was used, and a minute's gap
+// does not use a pace of one request in four seconds.
+func TestSlowStartIdleSourceHolds(t *testing.T) {
+	h := newHarness(t, registry.Options{})
+	h.put(t, auditd.Source{ID: "a"})
+	h.succeed(t, "a", 10, time.Minute)
+	if l := h.limits(t, "a"); l.Limit != registry.DefaultLimit || l.Window != registry.DefaultWindow {
+		t.Fatalf("limits after a success a minute = %+v, want the default %d per %v", l, registry.DefaultLimit, registry.DefaultWindow)
+	}
+}
