@@ -52,12 +52,14 @@
 //     1-ProbeGain times that, and recovery heads no further than 1.3 times
 //     it (what a window held of the old pace blurs a short spell low);
 //     without enough successes to measure, a refusal before a round proved
-//     the pace halves it. After the cut that ends slow start, a refusal
-//     before a round proved its pace is no drop when the server admitted
-//     more than 1/Growth of the pace meanwhile: slow start's overshoot
-//     still fills the server's window (and the drain pause, a second of
-//     nothing sent, blurs a short spell low), so the pace of its last
-//     clean round is at the limit, and the cut is Decrease times it. For a minute after such a cut, the rate refused
+//     the pace halves it. After the cut that ends slow start, or a refused
+//     probe, a refusal before a round proved the pace is no drop when the
+//     server admitted more than 1/Growth of the pace meanwhile: slow
+//     start's overshoot or the probe still fills the server's window (and
+//     the drain pause, a second of nothing sent, blurs a short spell low),
+//     so the pace, proven clean before, is at the limit (in real time, a
+//     request that met the server early), and the cut is Decrease times
+//     it. For a minute after such a cut, the rate refused
 //     that a later cut takes from ten seconds or more of successes is never
 //     below the pace a round proved since its cut (auditd's own pauses blur
 //     what was admitted low). Refusals with no success between them are
@@ -98,7 +100,7 @@
 //     refused), holds there with no recovery past it, and the next probe
 //     goes no further than the pace refused; the hold doubles, up to
 //     Options.MaxHold rounds. Only a refusal of the pace held clean after
-//     that is a drop, and cuts. A probe the ceiling blocks is none: a
+//     that cuts (by Decrease, unless it was a drop; above). A probe the ceiling blocks is none: a
 //     refusal after it doubles nothing. Whatever the hold in rounds, a pace
 //     holds no longer than 30 seconds (or 60 of its intervals, or two
 //     windows of a spent window) before it probes, nor must a probe hold

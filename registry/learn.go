@@ -371,8 +371,8 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 // cut; when the server was found well behind (refused again since the cut,
 // or before a round proved its pace: a limit that dropped), just under what
 // it admitted since the refusal before, or half the pace when too little was
-// admitted to say; after slow start's end, Decrease times the pace unless
-// the server admitted less than 1/Growth of it.
+// admitted to say; after slow start's end or a refused probe, Decrease times
+// the pace unless the server admitted less than 1/Growth of it.
 func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
 	bad := e.rateAt(sent)
 	refused = bad
@@ -393,14 +393,15 @@ func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused 
 		since = prev
 	}
 	adm, ok := e.hist.admitted(now, since, e.paused)
-	if e.afterStart && !e.proven && ok && adm*o.Growth >= bad {
-		// Slow start's last rounds still fill the server's window: a
-		// refusal before a round proved the pace of its last clean round,
-		// with the server found admitting more than the round before it
-		// ran at, says that pace is at the limit, not that the limit
-		// dropped. What was admitted since is blurred low by the faster
-		// pace the window held and by the drain pause. Far less admitted
-		// is a burst that hid the rate (a deep bucket): measured below.
+	if (e.afterStart || e.retry) && !e.proven && ok && adm*o.Growth >= bad {
+		// Slow start's last rounds, or a refused probe, still fill the
+		// server's window: a refusal before a round proved the pace it
+		// went back to (proven clean before), with the server found
+		// admitting more than 1/Growth of it, says that pace is at the
+		// limit, not that the limit dropped. What was admitted since is
+		// blurred low by the faster pace the window held and by the drain
+		// pause. Far less admitted is a burst that hid the rate (a deep
+		// bucket): measured below.
 		return o.Decrease * bad, refused
 	}
 	if ok && adm < bad {

@@ -85,3 +85,35 @@ func TestSlowStartIdleSourceHolds(t *testing.T) {
 		t.Fatalf("limits after a success a minute = %+v, want the default %d per %v", l, registry.DefaultLimit, registry.DefaultWindow)
 	}
 }
+
+// TestRefusalAfterRefusedProbeIsNoDrop: a probe past the rate last refused
+// is refused, and the source goes back to the pace it held clean. A refusal
+// of that pace a few seconds later, before a round proved it again, with
+// the server admitting most of it (a request that met the server early: in
+// real time, jitter at a pace near the limit), cuts by Decrease; it is not
+// a drop to the short spell's admitted rate, which the drain pause blurs
+// low.
+func TestRefusalAfterRefusedProbeIsNoDrop(t *testing.T) {
+	h := newHarness(t, registry.Options{})
+	h.put(t, auditd.Source{ID: "a", Limit: 6000, Window: auditd.Duration(time.Minute)})
+	for range 6 { // 16 a second
+		h.startRound(t, "a")
+	}
+	h.refuse(t, "a") // 8 a second; 16 refused
+	for range 6 {    // back to 15, held, then the probe at 16.5
+		h.round(t, "a", registry.DefaultProbeAfter)
+	}
+	if evs := h.led.ofType(auditd.EventRegistryChanged); evs[len(evs)-1].Cause != registry.CauseProbeUp {
+		t.Fatalf("last cause = %q, want a probe", evs[len(evs)-1].Cause)
+	}
+	h.clk.Advance(time.Second)
+	h.refuse(t, "a") // the probe: back to 15
+	held := perSecond(h.limits(t, "a"))
+	// The drain pause, then 25 successes at the pace: fewer than a round.
+	h.clk.Advance(time.Second)
+	h.succeed(t, "a", 25, time.Second/15)
+	h.refuse(t, "a")
+	if got := perSecond(h.limits(t, "a")); got < 0.85*held {
+		t.Fatalf("a refusal of the pace held clean cut %.3g/s to %.3g/s, want Decrease", held, got)
+	}
+}
