@@ -36,7 +36,12 @@
 //     then, less the waits it asked for (auditd's own drain pause, and the
 //     first second or two intervals of a Retry-After, stay in: from one
 //     refusal to the next a bucket goes from full to full, so what it
-//     admitted in between, two seconds or more of it, is its rate).
+//     admitted in between, two seconds or more of it, is its rate). Within
+//     ten seconds of the cut, the pace in force it is held against leaves
+//     auditd's own drain pauses out: a second of nothing sent in a short
+//     spell does not by itself show the server behind (a window loses
+//     what a pause leaves unused, and a cut under the pace it admits
+//     holds the source there until probes find it).
 //     Recovery heads a step past what was admitted only when that was
 //     measured over ten seconds or more since the last cut: over less, a
 //     window still full of a faster pace (a limit that just dropped)

@@ -70,6 +70,7 @@ type entry struct {
 	cycleOK    int           // successes since cycleFrom
 	cycleLen   time.Duration // the last window seen spent, from boundary to boundary
 	pacedSum   float64       // requests the pace allowed from the last cut to the last change
+	drained    time.Duration // auditd's own drain pauses since the last cut
 	paused     time.Duration // waits the server asked for, and failing spells, since the last cut
 	hist       history       // recent successes, for the rate the server admits
 	win        windowGuess

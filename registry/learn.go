@@ -232,7 +232,7 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	}
 	x.afterStart = x.afterStart || start
 	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed, x.retry = false, 0, false, o.ProbeGain, 0, false, false
-	x.lastCut, x.pacedSum, x.paused, x.stableFrom = now, 0, 0, time.Time{}
+	x.lastCut, x.pacedSum, x.paused, x.drained, x.stableFrom = now, 0, 0, 0, time.Time{}
 	x.st.Refused = refused
 	x.st.Phase = PhaseSteady
 	l, w := x.limitFor(next, o)
@@ -405,7 +405,7 @@ func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused 
 		return o.Decrease * bad, refused
 	}
 	if ok && adm < bad {
-		if adm < o.Decrease*e.paced(now) {
+		if adm < o.Decrease*e.offered(now) {
 			bad = adm
 		}
 		// Either way the server's rate is not far above what it
@@ -452,7 +452,7 @@ func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation,
 	o := &r.opts
 	x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
 	x.probing, x.held, x.proven, x.clean, x.resumed, x.missed, x.retry = false, 0, false, 0, false, 0, true
-	x.lastCut, x.pacedSum, x.paused = now, 0, 0
+	x.lastCut, x.pacedSum, x.paused, x.drained = now, 0, 0, 0
 	x.st.Refused = x.rateAt(sent)
 	if x.stableFrom.IsZero() {
 		x.stableFrom = now
@@ -572,6 +572,20 @@ func (e *entry) paced(now time.Time) float64 {
 	}
 	sum := e.pacedSum + e.rate().perSecond()*now.Sub(from).Seconds()
 	return sum / now.Sub(e.lastCut).Seconds()
+}
+
+// offered returns the pace in force since the last cut, in requests per
+// second, less auditd's own drain pauses since it when the cut was less
+// than roundTime ago: over a short spell a pause of nothing sent is a large
+// share of it, and what the server admitted falls short of the pace by that
+// share without the server being behind. Over a longer one the pauses are a
+// small share, and a bucket refills during them (it admitted that much).
+func (e *entry) offered(now time.Time) float64 {
+	span := now.Sub(e.lastCut)
+	if e.lastCut.IsZero() || span <= 0 || span >= roundTime {
+		return e.paced(now)
+	}
+	return e.paced(now) * max(0, 1-e.drained.Seconds()/span.Seconds())
 }
 
 // sustained counts a success and reports whether it completes a round that

@@ -117,3 +117,23 @@ func TestRefusalAfterRefusedProbeIsNoDrop(t *testing.T) {
 		t.Fatalf("a refusal of the pace held clean cut %.3g/s to %.3g/s, want Decrease", held, got)
 	}
 }
+
+// TestRiseFromTwoFoundSoon: a sliding window of 2 a second that rises to 8
+// a second is found again within 20 seconds of the rise. A refusal within
+// ten seconds of a cut compares what the server admitted with the pace
+// offered, auditd's own drain pause left out: a second of nothing sent
+// does not make the server look behind, and cut under the pace it admits.
+func TestRiseFromTwoFoundSoon(t *testing.T) {
+	sc, err := sim.LoadScenario(filepath.Join("..", "testdata", "scenarios", "rising.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	convergeCase{factor: 4}.reshape(sc)
+	window, final := rescale(sc, 2)
+	p := newPacer(t, sc, 1800)
+	rise := 2 * time.Minute
+	p.runUntil(rise + time.Minute)
+	if at := p.reached(rise, final, window); at < 0 || at > 20*time.Second {
+		t.Fatalf("90%% of %.3g/s reached %v after the rise, want within 20s\n%s", final, at, p.trace())
+	}
+}
