@@ -20,8 +20,11 @@
 //   - Slow start: each clean round (Options.StartRound successes, or as many
 //     as the pace sends in a second if more, sent at
 //     Options.ProbeUtilization of the pace or more) multiplies the pace by
-//     Options.Growth, until the first refusal or a Remaining of 0. From 15 a
-//     minute it reaches 16 a second in about 17 seconds. A round of at least
+//     Options.Growth, until the first refusal or a Remaining of 0. At a
+//     second or more a request, the success before a round's first opens
+//     it (sent at the pace before, it still shows whether the pace was
+//     used), so a doubling takes one interval rather than StartRound: from
+//     15 a minute it reaches 16 a second in about 10 seconds. A round of at least
 //     a second keeps a gateway's burst from hiding a pace many times its
 //     rate before the first refusal.
 //   - A refusal (a 429, a 503 with Retry-After, a plain 503 taken for one;
@@ -33,7 +36,12 @@
 //     then, less the waits it asked for (auditd's own drain pause, and the
 //     first second or two intervals of a Retry-After, stay in: from one
 //     refusal to the next a bucket goes from full to full, so what it
-//     admitted in between, two seconds or more of it, is its rate).
+//     admitted in between, two seconds or more of it, is its rate). Within
+//     ten seconds of the cut, the pace in force it is held against leaves
+//     auditd's own drain pauses out: a second of nothing sent in a short
+//     spell does not by itself show the server behind (a window loses
+//     what a pause leaves unused, and a cut under the pace it admits
+//     holds the source there until probes find it).
 //     Recovery heads a step past what was admitted only when that was
 //     measured over ten seconds or more since the last cut: over less, a
 //     window still full of a faster pace (a limit that just dropped)
@@ -49,7 +57,14 @@
 //     1-ProbeGain times that, and recovery heads no further than 1.3 times
 //     it (what a window held of the old pace blurs a short spell low);
 //     without enough successes to measure, a refusal before a round proved
-//     the pace halves it. For a minute after such a cut, the rate refused
+//     the pace halves it. After the cut that ends slow start, or a refused
+//     probe, a refusal before a round proved the pace is no drop when the
+//     server admitted more than 1/Growth of the pace meanwhile: slow
+//     start's overshoot or the probe still fills the server's window (and
+//     the drain pause, a second of nothing sent, blurs a short spell low),
+//     so the pace, proven clean before, is at the limit (in real time, a
+//     request that met the server early), and the cut is Decrease times
+//     it. For a minute after such a cut, the rate refused
 //     that a later cut takes from ten seconds or more of successes is never
 //     below the pace a round proved since its cut (auditd's own pauses blur
 //     what was admitted low). Refusals with no success between them are
@@ -90,7 +105,7 @@
 //     refused), holds there with no recovery past it, and the next probe
 //     goes no further than the pace refused; the hold doubles, up to
 //     Options.MaxHold rounds. Only a refusal of the pace held clean after
-//     that is a drop, and cuts. A probe the ceiling blocks is none: a
+//     that cuts (by Decrease, unless it was a drop; above). A probe the ceiling blocks is none: a
 //     refusal after it doubles nothing. Whatever the hold in rounds, a pace
 //     holds no longer than 30 seconds (or 60 of its intervals, or two
 //     windows of a spent window) before it probes, nor must a probe hold

@@ -57,6 +57,7 @@ type entry struct {
 	clean      int           // probes in a row that held
 	resumed    bool          // slow start resumed after clean probes; until a refusal
 	proven     bool          // a round has proved the pace since the last cut
+	afterStart bool          // slow start ended, and no round has proved a pace since
 	good       float64       // the pace the last round proved, in requests per second
 	dropAt     time.Time     // the last cut that found the server well behind the pace
 	missed     int           // refusals met recovering since a probe last held
@@ -69,6 +70,7 @@ type entry struct {
 	cycleOK    int           // successes since cycleFrom
 	cycleLen   time.Duration // the last window seen spent, from boundary to boundary
 	pacedSum   float64       // requests the pace allowed from the last cut to the last change
+	drained    time.Duration // auditd's own drain pauses since the last cut
 	paused     time.Duration // waits the server asked for, and failing spells, since the last cut
 	hist       history       // recent successes, for the rate the server admits
 	win        windowGuess

@@ -31,6 +31,15 @@ func (h *history) add(t time.Time, iv time.Duration) {
 	h.n = min(h.n+1, histLen)
 }
 
+// before returns when the success before the latest came back; false when
+// fewer than two are held.
+func (h *history) before() (time.Time, bool) {
+	if h.n < 2 {
+		return time.Time{}, false
+	}
+	return h.at[(h.head-2+histLen)%histLen], true
+}
+
 // minSpan is the shortest span an admitted rate is measured over.
 const minSpan = 2 * time.Second
 

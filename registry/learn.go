@@ -203,8 +203,9 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	bad := x.rateAt(sent)
 	refused := bad
 	var next float64
+	start := x.st.Phase != PhaseSteady
 	switch {
-	case x.st.Phase != PhaseSteady:
+	case start:
 		// The first refusal: back to the pace of the last clean round. What
 		// was admitted before is slow start's, and says nothing yet.
 		next = bad / o.Growth
@@ -229,8 +230,9 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	} else if x.st.Phase == PhaseSteady && x.st.Refused > 0 {
 		x.missed++ // refused on the way back up
 	}
+	x.afterStart = x.afterStart || start
 	x.probing, x.held, x.proven, x.gain, x.clean, x.resumed, x.retry = false, 0, false, o.ProbeGain, 0, false, false
-	x.lastCut, x.pacedSum, x.paused, x.stableFrom = now, 0, 0, time.Time{}
+	x.lastCut, x.pacedSum, x.paused, x.drained, x.stableFrom = now, 0, 0, 0, time.Time{}
 	x.st.Refused = refused
 	x.st.Phase = PhaseSteady
 	l, w := x.limitFor(next, o)
@@ -266,11 +268,18 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		int(math.Ceil(float64(minSpan)/float64(x.interval()))))
 	if x.st.Phase != PhaseSteady {
 		need = max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
+		if at, ok := x.hist.before(); ok && x.roundCount == 0 && x.interval() >= startRoundTime {
+			// At a second or more a request, the success before this one
+			// (sent at the pace before) opens the round: the round still
+			// checks that the pace was used from it on, and a doubling
+			// takes one interval rather than StartRound of them.
+			x.roundStart, x.roundCount = at, 1
+		}
 	}
 	if !x.sustained(now, need, o) {
 		return false, nil
 	}
-	x.proven = true
+	x.proven, x.afterStart = true, false
 	cur := x.rate().perSecond()
 	x.good = cur
 	g := o.ProbeGain
@@ -362,7 +371,8 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 // cut; when the server was found well behind (refused again since the cut,
 // or before a round proved its pace: a limit that dropped), just under what
 // it admitted since the refusal before, or half the pace when too little was
-// admitted to say.
+// admitted to say; after slow start's end or a refused probe, Decrease times
+// the pace unless the server admitted less than 1/Growth of it.
 func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
 	bad := e.rateAt(sent)
 	refused = bad
@@ -383,8 +393,19 @@ func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused 
 		since = prev
 	}
 	adm, ok := e.hist.admitted(now, since, e.paused)
+	if (e.afterStart || e.retry) && !e.proven && ok && adm*o.Growth >= bad {
+		// Slow start's last rounds, or a refused probe, still fill the
+		// server's window: a refusal before a round proved the pace it
+		// went back to (proven clean before), with the server found
+		// admitting more than 1/Growth of it, says that pace is at the
+		// limit, not that the limit dropped. What was admitted since is
+		// blurred low by the faster pace the window held and by the drain
+		// pause. Far less admitted is a burst that hid the rate (a deep
+		// bucket): measured below.
+		return o.Decrease * bad, refused
+	}
 	if ok && adm < bad {
-		if adm < o.Decrease*e.paced(now) {
+		if adm < o.Decrease*e.offered(now) {
 			bad = adm
 		}
 		// Either way the server's rate is not far above what it
@@ -431,7 +452,7 @@ func (r *Registry) probeRefused(ctx context.Context, x *entry, obs *Observation,
 	o := &r.opts
 	x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
 	x.probing, x.held, x.proven, x.clean, x.resumed, x.missed, x.retry = false, 0, false, 0, false, 0, true
-	x.lastCut, x.pacedSum, x.paused = now, 0, 0
+	x.lastCut, x.pacedSum, x.paused, x.drained = now, 0, 0, 0
 	x.st.Refused = x.rateAt(sent)
 	if x.stableFrom.IsZero() {
 		x.stableFrom = now
@@ -551,6 +572,20 @@ func (e *entry) paced(now time.Time) float64 {
 	}
 	sum := e.pacedSum + e.rate().perSecond()*now.Sub(from).Seconds()
 	return sum / now.Sub(e.lastCut).Seconds()
+}
+
+// offered returns the pace in force since the last cut, in requests per
+// second, less auditd's own drain pauses since it when the cut was less
+// than roundTime ago: over a short spell a pause of nothing sent is a large
+// share of it, and what the server admitted falls short of the pace by that
+// share without the server being behind. Over a longer one the pauses are a
+// small share, and a bucket refills during them (it admitted that much).
+func (e *entry) offered(now time.Time) float64 {
+	span := now.Sub(e.lastCut)
+	if e.lastCut.IsZero() || span <= 0 || span >= roundTime {
+		return e.paced(now)
+	}
+	return e.paced(now) * max(0, 1-e.drained.Seconds()/span.Seconds())
 }
 
 // sustained counts a success and reports whether it completes a round that

@@ -218,7 +218,9 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 			// doubles the pause, within a share of the episode's age: a
 			// spent window refuses until it resets, and a pause that runs
 			// far past its boundary wastes the next window.
-			d.Pause = max(d.Pause, x.episodePause(drain, now))
+			p := x.episodePause(drain, now)
+			d.Pause = max(d.Pause, p)
+			x.drained += p
 		}
 	}
 	e.paused += wait

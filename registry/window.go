@@ -63,8 +63,8 @@ func (r *Registry) windowSpent(ctx context.Context, x *entry, obs *Observation, 
 	if x.probing || now.Sub(x.probedAt) < max(probeMemory, 2*x.cycleLen) {
 		x.hold = min(2*max(x.hold, o.ProbeHold), o.MaxHold)
 	}
-	x.probing, x.held, x.proven, x.gain = false, 0, true, o.ProbeGain
-	x.lastCut, x.pacedSum, x.paused = now, 0, 0
+	x.probing, x.held, x.proven, x.afterStart, x.gain = false, 0, true, false, o.ProbeGain
+	x.lastCut, x.pacedSum, x.paused, x.drained = now, 0, 0, 0
 	old := x.st
 	x.st.Phase, x.st.Refused = PhaseSteady, per
 	l, w := x.limitFor(per, o)
