@@ -253,30 +253,34 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	return true, nil
 }
 
+// roundNeed is how many successes x's current round takes. A round after
+// the first refusal is ProbeAfter successes, or as many as the pace sends
+// in roundTime if fewer (a slow pace must not take minutes a round), and
+// never fewer than a slow start's, nor than the pace sends in minSpan: a
+// window that has just drained admits a burst of the pace, which proves
+// nothing of it.
+func (x *entry) roundNeed(o *Options) int {
+	if x.st.Phase == PhaseSteady {
+		return max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))),
+			int(math.Ceil(float64(minSpan)/float64(x.interval()))))
+	}
+	if at, ok := x.hist.before(); ok && x.roundCount == 0 && x.interval() >= startRoundTime {
+		// At a second or more a request, the success before this one
+		// (sent at the pace before) opens the round: the round still
+		// checks that the pace was used from it on, and a doubling
+		// takes one interval rather than StartRound of them.
+		x.roundStart, x.roundCount = at, 1
+	}
+	return max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
+}
+
 // round counts a success toward entry x's current round, and when the round
 // is complete raises x's pace by what the phase allows: Growth in slow
 // start; after a refusal, half the way back toward the refused rate, a hold
 // just under it, then a probe above it whose step doubles while probes stay
 // clean.
 func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now time.Time, o *Options) (bool, error) {
-	// A round after the first refusal is ProbeAfter successes, or as many
-	// as the pace sends in roundTime if fewer (a slow pace must not take
-	// minutes a round), and never fewer than a slow start's, nor than the
-	// pace sends in minSpan: a window that has just drained admits a burst
-	// of the pace, which proves nothing of it.
-	need := max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))),
-		int(math.Ceil(float64(minSpan)/float64(x.interval()))))
-	if x.st.Phase != PhaseSteady {
-		need = max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
-		if at, ok := x.hist.before(); ok && x.roundCount == 0 && x.interval() >= startRoundTime {
-			// At a second or more a request, the success before this one
-			// (sent at the pace before) opens the round: the round still
-			// checks that the pace was used from it on, and a doubling
-			// takes one interval rather than StartRound of them.
-			x.roundStart, x.roundCount = at, 1
-		}
-	}
-	if !x.sustained(now, need, o) {
+	if !x.sustained(now, x.roundNeed(o), o) {
 		return false, nil
 	}
 	x.proven, x.afterStart = true, false
