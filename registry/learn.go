@@ -253,25 +253,25 @@ func (r *Registry) refuse(ctx context.Context, x *entry, obs *Observation, sent,
 	return true, nil
 }
 
-// roundNeed is how many successes x's current round takes. A round after
+// roundNeed is how many successes e's current round takes. A round after
 // the first refusal is ProbeAfter successes, or as many as the pace sends
 // in roundTime if fewer (a slow pace must not take minutes a round), and
 // never fewer than a slow start's, nor than the pace sends in minSpan: a
 // window that has just drained admits a burst of the pace, which proves
 // nothing of it.
-func (x *entry) roundNeed(o *Options) int {
-	if x.st.Phase == PhaseSteady {
-		return max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(x.interval())))),
-			int(math.Ceil(float64(minSpan)/float64(x.interval()))))
+func (e *entry) roundNeed(o *Options) int {
+	if e.st.Phase == PhaseSteady {
+		return max(o.StartRound, min(o.ProbeAfter, int(math.Ceil(float64(roundTime)/float64(e.interval())))),
+			int(math.Ceil(float64(minSpan)/float64(e.interval()))))
 	}
-	if at, ok := x.hist.before(); ok && x.roundCount == 0 && x.interval() >= startRoundTime {
+	if at, ok := e.hist.before(); ok && e.roundCount == 0 && e.interval() >= startRoundTime {
 		// At a second or more a request, the success before this one
 		// (sent at the pace before) opens the round: the round still
 		// checks that the pace was used from it on, and a doubling
 		// takes one interval rather than StartRound of them.
-		x.roundStart, x.roundCount = at, 1
+		e.roundStart, e.roundCount = at, 1
 	}
-	return max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(x.interval()))))
+	return max(o.StartRound, int(math.Ceil(float64(startRoundTime)/float64(e.interval()))))
 }
 
 // round counts a success toward entry x's current round, and when the round
