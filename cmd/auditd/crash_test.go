@@ -79,6 +79,12 @@ func startServe(tb testing.TB, dataDir, config, token string, extra ...string) *
 	}
 	addr := ln.Addr().String()
 	ln.Close()
+	return serveAt(tb, addr, dataDir, config, token, extra...)
+}
+
+// serveAt starts auditd serve on addr and waits for it to answer.
+func serveAt(tb testing.TB, addr, dataDir, config, token string, extra ...string) *child {
+	tb.Helper()
 	args, _ := json.Marshal(append([]string{"serve", "--data", dataDir, "--addr", addr, "--config", config,
 		"--start-limit", "40", "--start-window", "1s"}, extra...))
 	cmd := exec.Command(os.Args[0])
@@ -97,7 +103,7 @@ func startServe(tb testing.TB, dataDir, config, token string, extra ...string) *
 			return c
 		}
 		if i == 200 {
-			tb.Fatalf("auditd serve did not come up: %v\n%s", err, logs)
+			tb.Fatalf("auditd serve on %s did not come up: %v\n%s", addr, err, logs)
 		}
 		time.Sleep(25 * time.Millisecond)
 	}

@@ -1,12 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -98,26 +93,5 @@ func TestFleetNodeKilledAndRestarted(t *testing.T) {
 // picks a free one) with the same arguments, and waits for it to answer.
 func restartServe(tb testing.TB, dead *child, dataDir, config, token string, extra ...string) *child {
 	tb.Helper()
-	args, _ := json.Marshal(append([]string{"serve", "--data", dataDir, "--addr", strings.TrimPrefix(dead.url, "http://"), "--config", config,
-		"--start-limit", "40", "--start-window", "1s"}, extra...))
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "AUDITD_MAIN_ARGS="+string(args), "AUDITD_BOOTSTRAP_TOKEN="+token)
-	logs := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	c := &child{cmd: cmd, url: dead.url, logs: logs}
-	tb.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	for i := 0; ; i++ {
-		resp, err := http.Get(c.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			return c
-		}
-		if i == 200 {
-			tb.Fatalf("auditd serve did not come up again: %v\n%s", err, logs)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	return serveAt(tb, strings.TrimPrefix(dead.url, "http://"), dataDir, config, token, extra...)
 }
