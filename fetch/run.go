@@ -389,19 +389,11 @@ func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (au
 	if err := l.checkItems(items); err != nil {
 		return auditd.RunView{}, err
 	}
-	ar, err := l.openBatchRun(ctx, id)
+	ar, feed, err := l.addingTo(ctx, id)
 	if err != nil {
 		return auditd.RunView{}, err
 	}
-	ar.mu.Lock()
-	feed := ar.feed
-	ar.mu.Unlock()
-	// One page at a time: the feeders read up to the last page queued.
-	ar.adding.Lock()
 	defer ar.adding.Unlock()
-	if ar.isCancelled() {
-		return auditd.RunView{}, auditd.Errorf(auditd.ECONFLICT, "Run %s is cancelled: it takes no more items.", id)
-	}
 	if err := l.cfg.Runs.AddItems(ar.live, items); err != nil {
 		return auditd.RunView{}, err
 	}
@@ -414,6 +406,26 @@ func (l *Loop) AddItems(ctx context.Context, id string, items []auditd.Item) (au
 	}
 	l.feedQueued(ar, feed, uint32(ar.live.Run().ItemCount), fresh)
 	return l.cfg.Runs.Run(ctx, id)
+}
+
+// addingTo opens run id, an open batch run, for a page of items: it
+// returns the run and its feed with the run's add lock held (one page at
+// a time: the feeders read up to the last page queued), which the caller
+// unlocks; a cancelled run takes no page.
+func (l *Loop) addingTo(ctx context.Context, id string) (*activeRun, *batchFeed, error) {
+	ar, err := l.openBatchRun(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	ar.mu.Lock()
+	feed := ar.feed
+	ar.mu.Unlock()
+	ar.adding.Lock()
+	if ar.isCancelled() {
+		ar.adding.Unlock()
+		return nil, nil, auditd.Errorf(auditd.ECONFLICT, "Run %s is cancelled: it takes no more items.", id)
+	}
+	return ar, feed, nil
 }
 
 // openBatchRun returns active run id, an open batch run, for a page of

@@ -19,18 +19,11 @@ import (
 // nothing of the page is kept or recorded. The run takes no other page
 // meanwhile.
 func (l *Loop) AddItemsStream(ctx context.Context, id string, next func() ([]auditd.Item, error)) (auditd.RunView, error) {
-	ar, err := l.openBatchRun(ctx, id)
+	ar, feed, err := l.addingTo(ctx, id)
 	if err != nil {
 		return auditd.RunView{}, err
 	}
-	ar.mu.Lock()
-	feed := ar.feed
-	ar.mu.Unlock()
-	ar.adding.Lock()
 	defer ar.adding.Unlock()
-	if ar.isCancelled() {
-		return auditd.RunView{}, auditd.Errorf(auditd.ECONFLICT, "Run %s is cancelled: it takes no more items.", id)
-	}
 	page, err := l.cfg.Runs.BeginItems(ar.live)
 	if err != nil {
 		return auditd.RunView{}, err
