@@ -2,7 +2,6 @@ package staging
 
 import (
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,16 +14,7 @@ import (
 // more than a chunk (its keys start again from 1, so nothing may stay).
 // Within and across chunks the newest copy of a request wins.
 func TestCompactInChunks(t *testing.T) {
-	dir := t.TempDir()
-	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { db.Close() }()
-	s, err := Open(db, filepath.Join(dir, "payloads"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, s, reopen := openInternal(t)
 	t0 := time.Date(2026, 12, 4, 8, 0, 0, 0, time.UTC)
 	const n = 2*compactChunk + 37
 	// stage records n payloads and last good copies in a transaction
@@ -90,25 +80,6 @@ func TestCompactInChunks(t *testing.T) {
 
 	// A crash: records stored, Stored never told, the store reopened.
 	copies = stage(s, 1, false)
-	if s, err = Open(db, filepath.Join(dir, "payloads")); err != nil {
-		t.Fatal(err)
-	}
+	s = reopen()
 	check(s, copies, "reopened")
-}
-
-// finishSmallInternal stages body as a small payload and returns it unstored.
-func finishSmallInternal(tb testing.TB, s *Store, body string) Payload {
-	tb.Helper()
-	w, err := s.NewWriter()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := w.Write([]byte(body)); err != nil {
-		tb.Fatal(err)
-	}
-	p, err := w.Finish()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return p
 }

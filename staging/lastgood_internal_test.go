@@ -2,7 +2,6 @@ package staging
 
 import (
 	"encoding/binary"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -59,16 +58,7 @@ func storeRecord(t *testing.T, db *bolt.DB, rec auditd.Put) {
 // compacts); a newer copy wins over an older, wherever each is kept; a
 // purge removes a recent copy too.
 func TestRecentCopies(t *testing.T) {
-	dir := t.TempDir()
-	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { db.Close() }()
-	s, err := Open(db, filepath.Join(dir, "payloads"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, s, reopen := openInternal(t)
 	t0 := time.Date(2026, 11, 2, 8, 0, 0, 0, time.UTC)
 	sum := func(c byte) string { return strings.Repeat(string(c), 64) }
 	a := Copy{Sum: sum('a'), FetchedAt: t0, Run: "run-1"}
@@ -138,9 +128,7 @@ func TestRecentCopies(t *testing.T) {
 	// A crash after the commit, before Stored: the next Open compacts it.
 	lost := Copy{Sum: sum('d'), FetchedAt: t0.Add(time.Hour), Run: "run-4"}
 	storeRecord(t, db, s.LastGoodRecord("req-3", lost))
-	if s, err = Open(db, filepath.Join(dir, "payloads")); err != nil {
-		t.Fatal(err)
-	}
+	s = reopen()
 	if c := got("req-3"); c != lost {
 		t.Fatalf("after a reopen: %+v, want %+v", c, lost)
 	}

@@ -2,11 +2,9 @@ package staging
 
 import (
 	"errors"
-	"path/filepath"
 	"testing"
 
 	"github.com/auditd/auditd"
-	bolt "go.etcd.io/bbolt"
 )
 
 // TestUnspoolForgetsARecordNeverStored: when the transaction that was to
@@ -15,16 +13,7 @@ import (
 // it leaves alone an entry the payload has since been spooled under again,
 // and records of other buckets.
 func TestUnspoolForgetsARecordNeverStored(t *testing.T) {
-	dir := t.TempDir()
-	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	s, err := Open(db, filepath.Join(dir, "payloads"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s, _ := openInternal(t)
 	spool := func() (Payload, auditd.Put) {
 		t.Helper()
 		w, err := s.NewWriter()
