@@ -183,13 +183,8 @@ type date struct {
 // serial, styled) and as shown (vals: a date as a time.Time, for the
 // sheet's hash), continuing on a new sheet as row does.
 func (w *sheetWriter) rowAs(vals, cells []any) error {
-	if w.rows >= w.limit {
-		if err := w.flush(); err != nil {
-			return err
-		}
-		if err := w.open(); err != nil {
-			return err
-		}
+	if err := w.room(); err != nil {
+		return err
 	}
 	w.hashRow(vals)
 	return w.setRow(cells)

@@ -132,16 +132,22 @@ func (w *sheetWriter) setRow(vals []any) error {
 	return w.sw.SetRow(cell, vals)
 }
 
+// room continues on a new sheet when this one holds its limit of rows.
+func (w *sheetWriter) room() error {
+	if w.rows < w.limit {
+		return nil
+	}
+	if err := w.flush(); err != nil {
+		return err
+	}
+	return w.open()
+}
+
 // row writes one data row; vals are string, int, int64, uint32, uint64,
 // float64, bool, time.Time (zero: empty) or nil, one per column.
 func (w *sheetWriter) row(vals ...any) error {
-	if w.rows >= w.limit {
-		if err := w.flush(); err != nil {
-			return err
-		}
-		if err := w.open(); err != nil {
-			return err
-		}
+	if err := w.room(); err != nil {
+		return err
 	}
 	w.hashRow(vals)
 	for i, v := range vals {
