@@ -177,18 +177,21 @@ func (n *fleetNode) closeShare(s *fleetShare) {
 	_ = s.Close(ctx) // its held slots are wasted, never given back
 }
 
-// notify queues e for the ledger (fleet.Config.Notify). A grant is written
-// at once, with what was queued before it, and durable before notify
-// returns: Slots hands out none of its slots until then, so no dispatch on
-// record uses a slot whose grant is not (a SIGKILL between the two would
-// leave a dispatch outside every recorded block). Other events are written
-// by run without holding up the Slots.
+// notify queues e for the ledger (fleet.Config.Notify). A grant is handed
+// to the ledger before notify returns, with what was queued before it:
+// Slots hands out none of its slots until then, and the ledger stores its
+// adds in order (a later one is never durable before an earlier), so the
+// dispatch record of a request using one of the block's slots commits with
+// the grant's record or after it, never before. A SIGKILL cannot leave a
+// dispatch on record outside every recorded block, and a sparse node's
+// request waits for one commit, not two. Other events are written by run
+// without holding up the Slots.
 func (n *fleetNode) notify(e fleet.Event) {
 	n.mu.Lock()
 	n.queue = append(n.queue, e)
 	n.mu.Unlock()
 	if e.Kind == fleet.EventReserved {
-		n.drain(context.Background())
+		n.drain()
 		return
 	}
 	select {
@@ -206,31 +209,74 @@ func (n *fleetNode) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			n.drain(context.Background())
+			n.drain()
 			return
 		case <-tick.C:
 			n.sync()
 		case <-n.wake:
 		}
-		n.drain(ctx)
+		n.drain()
 	}
 }
 
-func (n *fleetNode) drain(ctx context.Context) {
+// eventAdder is the ledger's ordered add (ledger.Ledger.Add): events are
+// queued in the order added and stored in that order, without waiting.
+type eventAdder interface {
+	Add(events []auditd.Event, puts ...auditd.Put) (auditd.Future, error)
+}
+
+// drain hands the queued events to the ledger and applies the pauses among
+// them, without waiting for their commit: a failure is logged when the
+// ledger decides it.
+func (n *fleetNode) drain() {
+	f, count := n.hand()
+	if f == nil {
+		return
+	}
+	f.Then(func(_ []auditd.Event, err error) {
+		if err != nil {
+			n.log.Error("fleet: record events", "events", count, "err", err)
+		}
+	})
+}
+
+// hand gives the queued events to the ledger in one add, in order, applies
+// the pauses among them, and returns the add's Future (nil when nothing
+// was queued or the add was refused) and how many events it holds. A
+// ledger without an ordered add (tests' fakes) gets each event appended,
+// waited for.
+func (n *fleetNode) hand() (auditd.Future, int) {
 	n.writing.Lock()
 	defer n.writing.Unlock()
 	n.mu.Lock()
 	q := n.queue
 	n.queue = nil
 	n.mu.Unlock()
-	for _, e := range q {
+	if len(q) == 0 {
+		return nil, 0
+	}
+	events := make([]auditd.Event, len(q))
+	for i, e := range q {
 		if e.Kind == fleet.EventPaused {
 			n.applyPause(e)
 		}
-		if _, err := n.led.Append(ctx, n.event(e)); err != nil {
-			n.log.Error("fleet: record event", "kind", e.Kind, "key", e.Key, "err", err)
-		}
+		events[i] = n.event(e)
 	}
+	add, ok := n.led.(eventAdder)
+	if !ok {
+		for _, e := range events {
+			if _, err := n.led.Append(context.Background(), e); err != nil {
+				n.log.Error("fleet: record event", "type", e.Type, "err", err)
+			}
+		}
+		return nil, 0
+	}
+	f, err := add.Add(events)
+	if err != nil {
+		n.log.Error("fleet: record events", "events", len(events), "err", err)
+		return nil, 0
+	}
+	return f, len(events)
 }
 
 // applyPause makes a pause of the fleet (another node's, or this one's
@@ -309,6 +355,10 @@ func (n *fleetNode) close(ctx context.Context) error {
 		n.lim.Share(key, nil)
 		n.closeShare(s)
 	}
-	n.drain(ctx)
+	if f, count := n.hand(); f != nil {
+		if err := f.Wait(ctx); err != nil {
+			n.log.Error("fleet: record events", "events", count, "err", err)
+		}
+	}
 	return n.client.Close()
 }

@@ -23,10 +23,18 @@ import (
 // request: two auditd processes in front of one nginx, one alone and one a
 // node of a fleet on a one-member etcd (told a ceiling of 1,000 a second,
 // far above the load), and an open loop that sends one request through
-// each every 50 ms, 25 ms apart, swapping which goes first each period (as
-// fetch's BenchmarkProxyLatency does for its two paths). One op is one such
-// pair; use -benchtime=Nx (200x is 10 s). Metrics, in milliseconds from the
-// request's scheduled time to the whole body:
+// each every period, half a period apart, swapping which goes first each
+// period (as fetch's BenchmarkProxyLatency does for its two paths). One op
+// is one such pair; use -benchtime=Nx. Two demands:
+//
+//   - sparse: a pair every 50 ms (20/s a path; 200x is 10 s). The fleet
+//     node's requests come further apart than a slot's grace, so each waits
+//     for a grant: one etcd round trip;
+//   - busy: a pair every 5 ms (200/s a path; 2000x is 10 s). The node uses
+//     its blocks and reserves the next ahead: etcd is off the request path.
+//
+// Metrics, in milliseconds from the request's scheduled time to the whole
+// body:
 //
 //   - ms-p50-single, ms-p99-single: through the node alone;
 //   - ms-p50-fleet, ms-p99-fleet, ms-p99.9-fleet: through the fleet node;
@@ -49,8 +57,21 @@ func BenchmarkFleetProxyLatency(b *testing.B) {
 	single := startServe(b, filepath.Join(dir, "single"), config, token, pace...)
 	node := startServe(b, filepath.Join(dir, "fleet"), config, token, append(pace, "--fleet-etcd", cluster.Endpoints()[0], "--node", "bench")...)
 	paths := []*child{single, node}
-	runs := []string{single.proxyRun(b, token), node.proxyRun(b, token)}
 	clients := []*http.Client{benchClient(b), benchClient(b)}
+	for _, d := range []struct {
+		name   string
+		period time.Duration
+	}{{"sparse", 50 * time.Millisecond}, {"busy", 5 * time.Millisecond}} {
+		b.Run(d.name, func(b *testing.B) {
+			runs := []string{single.proxyRun(b, token), node.proxyRun(b, token)}
+			proxyLatency(b, paths, runs, clients, token, d.period)
+		})
+	}
+}
+
+// proxyLatency sends b.N pairs of requests, one through each path, a period
+// apart, and reports their latencies (BenchmarkFleetProxyLatency).
+func proxyLatency(b *testing.B, paths []*child, runs []string, clients []*http.Client, token string, period time.Duration) {
 	get := func(p, i int, name string) error {
 		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/proxy/ng/%s/%d", paths[p].url, name, i), nil)
 		req.Header.Set("Proxy-Authorization", "Bearer "+token)
@@ -72,14 +93,13 @@ func BenchmarkFleetProxyLatency(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(period)
 	}
 
 	n := b.N
 	lat := [2][]time.Duration{make([]time.Duration, n), make([]time.Duration, n)}
 	var failed atomic.Value
 	var wg sync.WaitGroup
-	const period = 50 * time.Millisecond
 	b.ResetTimer()
 	start := time.Now()
 	for i := range n {
@@ -105,11 +125,14 @@ func BenchmarkFleetProxyLatency(b *testing.B) {
 		c.call(b, "GET", "/v1/runs/"+runs[p], token, nil, &run)
 		b.Logf("path %d: %d dispatches, %d waits at the gates", p, run.Counts.Dispatches, run.Counts.Waits)
 	}
-	waits := gateWaits(b, node, runs[1], token)
+	waits := gateWaits(b, paths[1], runs[1], token)
 	slices.Sort(lat[0])
 	slices.Sort(lat[1])
 	slices.Sort(waits)
 	at := func(s []time.Duration, p float64) float64 {
+		if len(s) == 0 {
+			return 0
+		}
 		i := min(int(float64(len(s))*p/100), len(s)-1)
 		return float64(s[i]) / float64(time.Millisecond)
 	}
