@@ -39,7 +39,6 @@ const (
 func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 	attempts := ar.takeAttempts(item.Key) // the worker's alone
 	it := &job{Item: item, attempts: &attempts}
-	rctx := ar.recordCtx // not cancelled with the run: see activeRun.recordCtx
 	if ar.isCancelled() {
 		l.endItem(ar, it, auditd.ItemFailed, "cancelled", nil, "", nil)
 		return
@@ -50,7 +49,7 @@ func (l *Loop) doItem(ctx context.Context, ar *activeRun, item *auditd.Item) {
 		return
 	}
 	lastGoodKey := staging.RequestKey(it.SourceID, it.Method, it.Path, it.Body)
-	ends := batchEnds{l, rctx, ar, it, lastGoodKey}
+	ends := batchEnds{l, ar, it, lastGoodKey}
 	if ar.replay {
 		if ends.fallBack("replay") {
 			return
@@ -167,7 +166,7 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		fallback := l.hasCopy(lastGood)
 		p, end, err := l.admit(ctx, it.SourceID, limiter.Request{Cost: it.Cost, Deadline: ar.deadline, NotBefore: retryAt}, fallback)
 		// The waits held back the page's next dispatch: they carry its attempt.
-		recordAdmission(batchEnds{l, rctx, ar, it, lastGood}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
+		recordAdmission(batchEnds{l, ar, it, lastGood}, it.Item, pg.index, uint32(it.attempts.spent(pg.index)+1), p, throttled)
 		switch end {
 		case admitDown:
 			var down *limiter.DownError

@@ -1,7 +1,6 @@
 package fetch
 
 import (
-	"context"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/limiter"
@@ -9,10 +8,13 @@ import (
 )
 
 // itemEnds is where a batch run's item and a proxied request differ when
-// the lifecycle they share records what happened and ends the item: a
-// batch worker waits for each record to be durable (recorder.mustRecord); a
-// proxied request posts them, so that a client is not held while the
-// ledger's writes fail, its item.queued first (proxied.note).
+// the lifecycle they share records what happened and ends the item. Both
+// post the records of what already happened (a wait, a breaker's change)
+// without waiting for them: the ledger stores posts in order, so they are
+// durable with the dispatch record that follows, or before it, and a
+// request admitted by a gate is not held back by a commit of its own
+// before its dispatch's (in a fleet, the time between its slot and the
+// wire). A proxied request posts its item.queued first (proxied.note).
 type itemEnds interface {
 	// record appends e, which describes what already happened.
 	record(e auditd.Event)
@@ -27,13 +29,16 @@ type itemEnds interface {
 // batchEnds are a batch run's item's ends.
 type batchEnds struct {
 	l        *Loop
-	ctx      context.Context
 	ar       *activeRun
 	it       *job
 	lastGood string // the item's key in the last-good index
 }
 
-func (b batchEnds) record(e auditd.Event) { b.l.mustRecord(b.ctx, b.ar, e) }
+func (b batchEnds) record(e auditd.Event) {
+	buf := b.l.eventBuf()
+	buf[0] = e
+	b.l.post(b.ar, buf, 1, nil, nil)
+}
 
 func (b batchEnds) end(out auditd.Outcome, reason string, res *auditd.ItemResult, lastGood string, payload *staging.Payload) {
 	b.l.endItem(b.ar, b.it, out, reason, res, lastGood, payload)
