@@ -24,9 +24,10 @@
 // first), send, settle (record the outcome, learn from it), then retry,
 // end, or answer from the last good copy. What differs is a small policy,
 // itemEnds (lifecycle.go): where a request's records go and what its final
-// failure means. A batch item's (batchEnds) waits for each record and
-// falls back on any copy that verifies; a proxied request's (proxied)
-// posts them and falls back only when its source serves stale copies.
+// failure means. Both post the records of what the gates did, ahead of the
+// dispatch. A batch item's (batchEnds) falls back on any copy that
+// verifies; a proxied request's (proxied) posts its item.queued first and
+// falls back only when its source serves stale copies.
 //
 // A batch item's page is tried up to its source's max_attempts, but a
 // refusal that shows only a window or quota spent (registry.Decision.Spent:

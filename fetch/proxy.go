@@ -355,7 +355,7 @@ func (p *proxied) run(ctx context.Context) error {
 // run records next is stored after it all the same. A proxied request
 // waits for no record but its dispatch's (dispatch), and that only until
 // its deadline, so that a client is not held while the ledger's writes
-// fail; a batch run's worker records these with recorder.mustRecord.
+// fail; a batch run's worker posts these too (batchEnds.record).
 func (p *proxied) note(e auditd.Event) {
 	p.flushQueued()
 	buf := p.l.eventBuf()
