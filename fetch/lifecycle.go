@@ -1,7 +1,6 @@
 package fetch
 
 import (
-
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/staging"
