@@ -80,9 +80,11 @@
 //     reservation late by less than that half leaves no gap between the
 //     node's blocks. A sparse node (one slot used per grant, its takers
 //     further apart than the grace) reserves only when asked, and a node
-//     asked after a grace with no slot starts again from one slot: one
-//     etcd write, one slot and one round trip of waiting per request,
-//     nothing held ahead to waste.
+//     asked more than a grace and two intervals after its last slot starts
+//     again from one slot: one etcd write, one slot and one round trip of
+//     waiting per request, nothing held ahead to waste. A node asking at the
+//     rate's own pace (at a low rate, further apart than the grace) is busy,
+//     not sparse: its blocks grow.
 //   - A cost of n slots needs n held slots within Grace of each other
 //     (Slots.Check): (n-1) intervals less than Grace.
 //   - Store keeps the last state it saw of each key, so that a node's next

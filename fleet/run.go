@@ -156,16 +156,16 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 
 // size returns how many slots to reserve at now, and starts counting the
 // run the reservation will serve. A node asked for slots after a spell
-// with none (its last slot more than a grace ago) starts again from what
-// the taker asks, as a new node does: sparse demand takes one slot a
-// request and wastes none. A node whose last run wasted slots asks for a
+// with none (idleAfter past its last slot) starts again from what the
+// taker asks, as a new node does: sparse demand takes one slot a request
+// and wastes none. A node whose last run wasted slots asks for a
 // little more than it used, but no less than half its last ask (a taker
 // woken late once does not collapse its blocks); one that used at least
 // half asks for twice as many, up to Block's worth of the rate. The caller
 // holds s.mu.
 func (s *Slots) size(now int64) int {
 	switch {
-	case s.need > 0 && s.count() == 0 && now >= s.lastSlot+int64(s.cfg.Grace):
+	case s.need > 0 && s.count() == 0 && now >= s.lastSlot+s.idleAfter():
 		s.want = 1
 	case s.lostRun > 0:
 		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
@@ -175,6 +175,16 @@ func (s *Slots) size(now int64) int {
 	s.want = min(max(s.want, s.need, 1), s.max)
 	s.usedRun, s.lostRun = 0, 0
 	return s.want
+}
+
+// idleAfter is how long after its last slot a node that asks again counts
+// as coming back from a spell with no demand: a grace, and two of the
+// rate's intervals. At a low rate the slots are further apart than the
+// grace, and a node that asks at the rate's own pace (its budget admits a
+// request an interval after the last) is busy, not idle: it keeps growing
+// its blocks, rather than reserving one slot a request.
+func (s *Slots) idleAfter() int64 {
+	return int64(s.cfg.Grace) + 2*s.interval
 }
 
 // reserve asks for count slots from half a grace before the grant should

@@ -539,3 +539,41 @@ func TestSlotsOwnPauseHoldsHereWhenEtcdFails(t *testing.T) {
 	}
 	_ = fc
 }
+
+// TestSlotsNodeAtTheRatesPaceGrowsItsBlocks has a node ask for a slot at
+// the rate's own pace, its requests further apart than a slot's grace (at
+// 10/s, 100 ms apart against a 20 ms grace): it is busy, not sparse, and
+// its blocks grow, where it used to reserve one slot a request.
+func TestSlotsNodeAtTheRatesPaceGrowsItsBlocks(t *testing.T) {
+	s, fc, mb, _ := openSlots(t, fleet.Config{})
+	const requests = 30
+	for i := range requests {
+		for {
+			changed := s.Changed()
+			at, ok := s.Earliest(fc.Now(), 1)
+			if ok {
+				if at.After(fc.Now()) {
+					fc.Set(at)
+				}
+				if s.Take(fc.Now(), 1) {
+					break
+				}
+				continue
+			}
+			select {
+			case <-changed:
+			case <-time.After(10 * time.Second): // a guard against a hang
+				t.Fatalf("request %d: no grant came", i)
+			}
+		}
+		fc.Advance(100 * time.Millisecond) // the node's own budget, at the rate
+	}
+	st := s.Stats()
+	t.Logf("%d reservations for %d requests; stats %+v", mb.callCount(), requests, st)
+	if n := mb.callCount(); n > requests/3 {
+		t.Fatalf("%d reservations for %d requests at the rate's pace, want at most %d (blocks that grow); stats %+v", n, requests, requests/3, st)
+	}
+	if st.Used != requests {
+		t.Fatalf("stats %+v, want %d used", st, requests)
+	}
+}
