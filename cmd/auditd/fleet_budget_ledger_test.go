@@ -63,14 +63,15 @@ func (l *fleetLedger) slotBefore(at time.Time) time.Time {
 }
 
 // tracedArrival is a request nginx logged, with its dispatch record's
-// time and the latest slot its node held by then.
+// time and the latest slot its node held by then: its own slot, or an
+// earlier one, so the times from it are the least the request took.
 type tracedArrival struct {
 	fleetArrival
 	recorded, slot time.Time
 }
 
 func (a tracedArrival) String() string {
-	return fmt.Sprintf("node %d %s: slot %s, recorded +%v, at nginx +%v", a.node, a.path,
+	return fmt.Sprintf("node %d %s: latest slot by its record %s, recorded +%v, at nginx +%v", a.node, a.path,
 		a.slot.Format("15:04:05.000"), a.recorded.Sub(a.slot).Round(time.Millisecond), a.at.Sub(a.slot).Round(time.Millisecond))
 }
 

@@ -204,8 +204,11 @@ func fleetArrivals(t *testing.T, gw *nginxtest.Server) []fleetArrival {
 	var out []fleetArrival
 	for _, l := range gatewayLog(t, gw) {
 		f := strings.Fields(l.line)
+		if len(f) != 4 {
+			t.Fatalf("access log line %q: want 4 fields", l.line)
+		}
 		took, err := strconv.ParseFloat(f[2], 64)
-		if err != nil || len(f) != 4 {
+		if err != nil {
 			t.Fatalf("access log line %q: %v", l.line, err)
 		}
 		a := fleetArrival{at: time.UnixMilli(int64(math.Round((l.at - took) * 1000))), status: l.status}
