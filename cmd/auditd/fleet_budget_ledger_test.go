@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/fleet"
 )
 
 // The budget test's reading of the nodes' ledgers against nginx's log:
@@ -22,6 +23,11 @@ type fleetLedger struct {
 	throttles  []time.Time
 	slots      []time.Time    // every slot of its grants, in time order
 	dispatches []auditd.Event // its dispatch records of source "up", in order
+	grants     int
+	// late counts the grants recorded once their first slot's grace had
+	// passed: the node holds a grant's slots only once its record is
+	// durable, so that slot at least was wasted.
+	late int
 }
 
 // readFleetLedgers reads each stopped node's ledger.
@@ -44,6 +50,10 @@ func readFleetLedgers(t *testing.T, datas []string) []fleetLedger {
 			iv, _ := time.ParseDuration(d.Interval)
 			for k := range d.Count {
 				l.slots = append(l.slots, d.First.Add(time.Duration(k)*iv))
+			}
+			l.grants++
+			if !e.Time.Before(d.First.Add(fleet.DefaultGrace)) {
+				l.late++
 			}
 		}
 		slices.SortFunc(l.slots, time.Time.Compare)
@@ -156,7 +166,9 @@ func checkGrants(t *testing.T, ledgers []fleetLedger, interval time.Duration) {
 		node int
 	}
 	var slots []owned
+	var late []string
 	for i, l := range ledgers {
+		late = append(late, fmt.Sprintf("node%d %d of %d", i+1, l.late, l.grants))
 		for _, s := range l.slots {
 			slots = append(slots, owned{s, i + 1})
 		}
@@ -173,7 +185,7 @@ func checkGrants(t *testing.T, ledgers []fleetLedger, interval time.Duration) {
 			t.Errorf("slots of node %d and node %d are %v apart, under the interval %v: grants overlap", slots[i-1].node, slots[i].node, gap, interval)
 		}
 	}
-	t.Logf("%d slots granted to the fleet, none closer than %v", len(slots), interval)
+	t.Logf("%d slots granted to the fleet, none closer than %v; grants recorded past their first slot's grace: %s", len(slots), interval, strings.Join(late, ", "))
 }
 
 // quantiles is "p50 a, p99 b, max c" of ds.
