@@ -84,7 +84,8 @@ type clients struct {
 // startClients starts n client processes, each sending each requests
 // through base to run, round robin over sources: the even ones with
 // requests, the odd ones with httpx (docs/PROXY.md's two examples).
-func startClients(tb testing.TB, n, each int, base, token, run, sources, upstreamToken string) *clients {
+// Each gets extra after the other arguments (--stop-file PATH, say).
+func startClients(tb testing.TB, n, each int, base, token, run, sources, upstreamToken string, extra ...string) *clients {
 	tb.Helper()
 	py := python(tb)
 	script, err := filepath.Abs(filepath.Join("..", "..", "testdata", "proxy", "client.py"))
@@ -95,6 +96,7 @@ func startClients(tb testing.TB, n, each int, base, token, run, sources, upstrea
 	for i := range n {
 		cmd := exec.Command(py, script, "--base", base, "--token", token, "--run", run, "--sources", sources,
 			"--n", strconv.Itoa(each), "--worker", strconv.Itoa(i), "--upstream-token", upstreamToken, "--lib", []string{"requests", "httpx"}[i%2])
+		cmd.Args = append(cmd.Args, extra...)
 		out := &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {

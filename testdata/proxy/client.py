@@ -4,12 +4,14 @@ The proxy tests (cmd/auditd/proxy_test.go) start this as a real client
 process with Debian's python3 and python3-requests or python3-httpx. It
 sends --n GET requests through auditd, round robin over --sources, and
 prints one JSON line: the statuses it got and, per response, auditd's
-headers. A connection that breaks (auditd killed mid-request) is counted,
-not fatal. docs/PROXY.md shows requests_session and httpx_client as its
-examples: they are the whole change a pipeline makes.
+headers. With --stop-file it stops early, once that file exists. A
+connection that breaks (auditd killed mid-request) is counted, not fatal.
+docs/PROXY.md shows requests_session and httpx_client as its examples:
+they are the whole change a pipeline makes.
 """
 import argparse
 import json
+import os
 import sys
 
 
@@ -44,6 +46,7 @@ def main():
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--worker", type=int, default=0)
     ap.add_argument("--lib", choices=["requests", "httpx"], default="requests")
+    ap.add_argument("--stop-file", default="", help="stop once this file exists")
     ap.add_argument("--upstream-token", default="", help="an Authorization the pipeline sends, which must not reach the upstream")
     a = ap.parse_args()
 
@@ -54,6 +57,8 @@ def main():
     sources = a.sources.split(",")
     out = {"worker": a.worker, "lib": a.lib, "statuses": {}, "errors": 0, "dispatch_seqs": [], "attempts": 0}
     for i in range(a.n):
+        if a.stop_file and os.path.exists(a.stop_file):
+            break
         src = sources[i % len(sources)]
         try:
             r = s.get(f"{prefix}/{src}/data/w{a.worker}/r{i}.json", params={"f": "json", "i": i}, timeout=60)
