@@ -23,7 +23,7 @@ func TestRaiseRule(t *testing.T) {
 		{"used and never refused: a tenth more", perSec(10), fleet.Rate{}, fleet.Outcomes{OK: 20}, perSec(11), true},
 		{"a small limit still grows by one", perSec(3), fleet.Rate{}, fleet.Outcomes{OK: 6}, perSec(4), true},
 		{"one refusal anywhere keeps it", perSec(10), fleet.Rate{}, fleet.Outcomes{OK: 20, Refused: 1}, perSec(10), false},
-		{"demand below the limit keeps it", perSec(10), fleet.Rate{}, fleet.Outcomes{OK: 17}, perSec(10), false},
+		{"demand below the limit keeps it", perSec(10), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(10), false},
 		{"never above the told ceiling", perSec(10), perSec(10), fleet.Outcomes{OK: 20}, perSec(10), false},
 		{"capped at the told ceiling", perSec(10), fleet.Rate{Limit: 21, Window: 2 * time.Second}, fleet.Outcomes{OK: 20}, fleet.Rate{Limit: 21, Window: 2 * time.Second}, true},
 	} {

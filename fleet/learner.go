@@ -62,7 +62,10 @@ func (l *Learner) Leading() bool { return l.leading.Load() }
 // Run campaigns until ctx ends: it waits to be elected, then learns until
 // its session's lease is lost or ctx ends, and campaigns again. A learner
 // elected starts from the stored limit and from the outcomes as it first
-// reads them (the probe of a learner that died is not carried over).
+// reads them (the probe of a learner that died is not carried over). A
+// campaign cancelled resigns on the etcd client's context
+// (concurrency.Election), so without a quorum Run may outlive ctx until
+// the client is closed.
 func (l *Learner) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if err := l.term(ctx); err != nil && ctx.Err() == nil {
@@ -140,8 +143,9 @@ func (l *Learner) step(ctx context.Context) error {
 }
 
 // Raise is the learner's rule: over a period with no refusal anywhere in
-// the fleet, in which the fleet used at least nine tenths of the limit (it
-// is the limit, not the demand, that holds the pace back), the limit is
+// the fleet, in which the fleet used at least four fifths of the limit (it
+// is the limit, not the demand, that holds the pace back; slots are spaced
+// a little wider than the limit for the skew guard), the limit is
 // raised by a tenth (at least one), never above ceiling when one is told.
 // A refusal, or demand below the limit, keeps it.
 func Raise(cur, ceiling Rate, d Outcomes, period time.Duration) (Rate, bool) {
@@ -149,7 +153,7 @@ func Raise(cur, ceiling Rate, d Outcomes, period time.Duration) (Rate, bool) {
 		return cur, false
 	}
 	allowed := cur.perSecond() * period.Seconds()
-	if float64(d.OK) < 0.9*allowed {
+	if float64(d.OK) < 0.8*allowed {
 		return cur, false
 	}
 	next := Rate{Limit: cur.Limit + max(cur.Limit/10, 1), Window: cur.Window}
