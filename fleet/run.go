@@ -197,9 +197,10 @@ func (s *Slots) reserve(ctx context.Context, count int) (Block, error) {
 	defer cancel()
 	s.mu.Lock()
 	early := max(s.trip-s.cfg.Grace/2, 0)
+	interval := s.interval
 	s.mu.Unlock()
 	start := s.clock.Now()
-	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(early), count, time.Duration(s.interval))
+	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(early), count, time.Duration(interval))
 	if err == nil {
 		s.mu.Lock()
 		s.trip = min(s.clock.Now().Sub(start), s.cfg.Lead)

@@ -144,8 +144,11 @@ func Interval(r Rate, grace, skew time.Duration) time.Duration {
 // Check rejects a cost that no set of slots could serve at once: its slots
 // span more than the grace.
 func (s *Slots) Check(cost int) error {
-	if int64(cost-1)*s.interval >= int64(s.cfg.Grace) {
-		return fmt.Errorf("slots %s: cost %d at %v apart, grace %v: %w", s.cfg.Key, cost, time.Duration(s.interval), s.cfg.Grace, ErrCostExceedsGrace)
+	s.mu.Lock()
+	interval := s.interval // SetRate changes it
+	s.mu.Unlock()
+	if int64(cost-1)*interval >= int64(s.cfg.Grace) {
+		return fmt.Errorf("slots %s: cost %d at %v apart, grace %v: %w", s.cfg.Key, cost, time.Duration(interval), s.cfg.Grace, ErrCostExceedsGrace)
 	}
 	return nil
 }
