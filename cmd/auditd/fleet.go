@@ -73,16 +73,12 @@ type fleetShare struct {
 	*fleet.Slots
 	rate   fleet.Rate
 	member string
-	learn  *fleetLearn // the key's shared learned limit
 }
 
 // Pause tells the fleet of a pause this node saw, without holding up the
 // caller (limiter.Shared): etcd may be slow or cut off, and the pause holds
 // here in any case.
 func (s *fleetShare) Pause(until time.Time) {
-	if s.learn != nil {
-		s.learn.cut() // the pause covers the moment, the cut the pace after
-	}
 	go func() {
 		_, _ = s.Slots.Pause(context.Background(), until) // a failure is recorded as a local pause (revision 0)
 	}()
@@ -165,7 +161,6 @@ func (n *fleetNode) sync() {
 			continue
 		}
 		w.Slots = slots
-		w.learn = n.startLearn(key, w)
 		slots.Open()
 		n.shares[key] = w
 		n.lim.Share(key, w)
@@ -179,9 +174,6 @@ func (n *fleetNode) sync() {
 func (n *fleetNode) closeShare(s *fleetShare) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if s.learn != nil {
-		s.learn.stop()
-	}
 	_ = s.Close(ctx) // its held slots are wasted, never given back
 }
 
@@ -311,7 +303,6 @@ type fleetDetail struct {
 	Interval string     `json:"interval,omitempty"`
 	Count    int        `json:"count,omitempty"`
 	Until    *time.Time `json:"until,omitempty"`
-	By       string     `json:"by,omitempty"` // the node that wrote a learned limit
 }
 
 // event is e as a ledger event.
