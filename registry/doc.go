@@ -72,7 +72,10 @@
 //     first cuts, lowers the rate last refused or doubles the probe hold. A
 //     refusal that says nothing of when to come back (no Retry-After) also
 //     pauses the source (Decision.Pause) for a second, or two intervals of
-//     the new pace up to five seconds, while the server's bucket drains;
+//     the new pace up to five seconds, while the server's bucket drains
+//     (after a refused probe, half a second or two intervals: the probe
+//     went a step past the server's rate, its window is a request or two
+//     over, and at 8 a second a second's pause is eight requests lost);
 //     each further refusal of the episode doubles that pause, up to four
 //     times it or, longer, an eighth of the time the episode has lasted,
 //     and a minute.

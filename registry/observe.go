@@ -203,7 +203,7 @@ func (r *Registry) Observe(ctx context.Context, obs Observation) (Decision, erro
 		// A plain 503 may be an outage's first: it spends attempts.
 		plain := obs.Status == http.StatusServiceUnavailable && !h.HasRetryAfter
 		d.Spent = !plain && (quotaSpent(h) || x.episode > 1 || x.windowed)
-		drain := max(settle, min(2*x.interval(), maxDrain))
+		drain := x.drainPause(now)
 		switch {
 		case untilReset:
 			// The pause is the Reset.
