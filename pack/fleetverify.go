@@ -70,6 +70,7 @@ func VerifyFleet(fp *FleetPack, opts FleetOptions) (*FleetReport, error) {
 		r.fail("%s: a node pack %s does not list", name, FileFleetManifest)
 	}
 	cosigners := map[string]bool{}
+	used := map[string]string{} // the key each node is verified with
 	for _, n := range m.Nodes {
 		key := n.Key
 		if k, ok := opts.Keys[n.Name]; ok {
@@ -80,6 +81,7 @@ func VerifyFleet(fp *FleetPack, opts FleetOptions) (*FleetReport, error) {
 		} else if r.KeysTrusted {
 			r.fail("node %s: not a node of the trusted keys", n.Name)
 		}
+		used[n.Name] = key
 		if v, err := witness.NewVerifier(key); err != nil {
 			r.fail("node %s: key: %v", n.Name, err)
 		} else {
@@ -121,7 +123,7 @@ func VerifyFleet(fp *FleetPack, opts FleetOptions) (*FleetReport, error) {
 	if err := verifyLimits(fp, r); err != nil {
 		return nil, err
 	}
-	verifyFleetWorkbook(fp, r)
+	verifyFleetWorkbook(fp, used, r)
 	r.OK = len(r.Problems) == 0
 	return r, nil
 }

@@ -40,6 +40,11 @@ func (fp *FleetPack) NodeWorkbook(node string) (*io.SectionReader, error) {
 type sheetRows struct {
 	headers map[string][]string
 	rows    map[string][][]string
+	// counts are the rows of each sheet as stored, continuations apart,
+	// header rows not counted.
+	counts map[string]int64
+	// manifest are the Manifest's rows (nil: none).
+	manifest [][]string
 }
 
 // readSheetRows reads every sheet of zr but the Manifest.
@@ -48,18 +53,23 @@ func readSheetRows(zr *zip.Reader) (*sheetRows, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &sheetRows{headers: map[string][]string{}, rows: map[string][][]string{}}
+	out := &sheetRows{headers: map[string][]string{}, rows: map[string][][]string{}, counts: map[string]int64{}}
+	if out.manifest, err = readManifestRows(b); err != nil {
+		return nil, err
+	}
 	for name := range b.sheets {
 		if name == reports.SheetManifest || strings.HasSuffix(name, ")") && strings.Contains(name, " (") {
 			continue // continuations are read after their first sheet
 		}
 		for n := 1; ; n++ {
-			rr, ok, err := b.rows(reports.ContinuationName(name, n))
+			part := reports.ContinuationName(name, n)
+			rr, ok, err := b.rows(part)
 			if err != nil {
 				return nil, err
 			} else if !ok {
 				break
 			}
+			out.counts[part] = 0
 			for i := 0; ; i++ {
 				cells, err := rr.next()
 				if errors.Is(err, io.EOF) {
@@ -73,6 +83,7 @@ func readSheetRows(zr *zip.Reader) (*sheetRows, error) {
 					out.headers[name] = row
 				} else {
 					out.rows[name] = append(out.rows[name], row)
+					out.counts[part]++
 				}
 			}
 			rr.Close()
@@ -85,9 +96,11 @@ func readSheetRows(zr *zip.Reader) (*sheetRows, error) {
 // workbooks, which Verify holds to the leaves: each sheet has a node's
 // sheets with a Node column first, and each node's rows of it are, in
 // order, the rows of the node's own workbook, cell for cell as stored.
-// A row naming a node without a part, a cell that differs, a node's row
+// The Manifest is held to the pack (checkFleetManifest). A row naming a
+// node without a part (the fleet's own checks, node "fleet", are not in
+// a pack's workbook), a cell that differs, a node's row
 // missing or one too many are named by node, sheet and row.
-func verifyFleetWorkbook(fp *FleetPack, r *FleetReport) {
+func verifyFleetWorkbook(fp *FleetPack, keys map[string]string, r *FleetReport) {
 	if fp.Workbook == nil {
 		return
 	}
@@ -127,6 +140,7 @@ func verifyFleetWorkbook(fp *FleetPack, r *FleetReport) {
 	for _, sheet := range slices.Sorted(maps.Keys(fleet.headers)) {
 		checkFleetSheet(sheet, fleet, own, r)
 	}
+	checkFleetManifest(fp, fleet, keys, r)
 }
 
 // checkFleetSheet checks one sheet of the fleet workbook.

@@ -193,6 +193,13 @@ func (w *sheetWriter) rowAs(vals, cells []any) error {
 // excelEpoch is day 0 of a spreadsheet date serial (1900 date system).
 var excelEpoch = time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC)
 
+// FleetHowToVerify and FleetTimestamps are the fleet Manifest's "How to
+// verify" and "Timestamps" values, which a verifier holds it to.
+const (
+	FleetHowToVerify = "Each row's Node column names the node whose ledger holds it; its Seq is that node's sequence number. The fleet run's evidence pack (GET /v1/fleet/runs/{id}/evidence-pack.zip, auditd pack --fleet) holds every node's leaves and proofs against the checkpoints above and the fleet checkpoint the nodes cosigned: auditd verify --pack FILE --node-key NAME=KEY for each node. Each sheet's SHA-256 below is over its rows as shown: cells as text joined by tabs (tab, newline and backslash escaped as \\t, \\n, \\\\), one line per row, header row first."
+	FleetTimestamps  = "UTC, RFC 3339 with milliseconds; durations in seconds"
+)
+
 // fleetManifest writes the Manifest of a fleet workbook: the fleet run,
 // its nodes, each node's checkpoint and key as its own Manifest says, and
 // every sheet's rows and hash.
@@ -232,8 +239,8 @@ func fleetManifest(out *excelize.File, st styles, fe FleetEvidence, parts []Flee
 			[]any{"Node " + parts[i].Node + ": " + ManifestFieldPublicKey, fields[ManifestFieldPublicKey], nil})
 	}
 	rows = append(rows,
-		[]any{"How to verify", "Each row's Node column names the node whose ledger holds it; its Seq is that node's sequence number. The fleet run's evidence pack (GET /v1/fleet/runs/{id}/evidence-pack.zip, auditd pack --fleet) holds every node's leaves and proofs against the checkpoints above and the fleet checkpoint the nodes cosigned: auditd verify --pack FILE --node-key NAME=KEY for each node. Each sheet's SHA-256 below is over its rows as shown: cells as text joined by tabs (tab, newline and backslash escaped as \\t, \\n, \\\\), one line per row, header row first.", nil},
-		[]any{"Timestamps", "UTC, RFC 3339 with milliseconds; durations in seconds", nil},
+		[]any{"How to verify", FleetHowToVerify, nil},
+		[]any{"Timestamps", FleetTimestamps, nil},
 		[]any{ManifestFieldSheet, "Rows", "SHA-256 of rows"})
 	for _, r := range rows {
 		if err := w.row(r...); err != nil {

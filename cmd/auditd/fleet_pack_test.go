@@ -1,6 +1,7 @@
 package main
 
 import (
+	"archive/zip"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -287,6 +288,15 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		{"WorkbookNodeLeftOut", func() []byte {
 			return writeBook(manifest, packs, merge(map[string][]byte{"a": packs["a"], "c": packs["c"]}, nil))
 		}, []string{"node b:", "holds 0 of the node's"}},
+		{"WorkbookCellEdited", func() []byte {
+			return writeBook(manifest, packs, editBook(t, merge(packs, nil), "/q?n=2", "/q?n=9"))
+		}, []string{"node ", "evidence.xlsx: sheet Dispatches row"}},
+		{"WorkbookManifestKeyEdited", func() []byte {
+			return writeBook(manifest, packs, editBook(t, merge(packs, nil), keys["b"], otherKey))
+		}, []string{"evidence.xlsx: sheet Manifest row", "Node b: Public key"}},
+		{"WorkbookManifestNodesEdited", func() []byte {
+			return writeBook(manifest, packs, editBook(t, merge(packs, nil), ">a b c<", ">a c<"))
+		}, []string{"evidence.xlsx: sheet Manifest row", "Nodes is"}},
 		{"DispatchesOverLimit", func() []byte {
 			m := manifest
 			m.Limits = []pack.FleetLimit{{Source: "county", Limit: 3, Window: int64(time.Second)}}
@@ -314,6 +324,30 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 			t.Errorf("no problem names %q:\n%s", tc.named, strings.Join(r.Problems, "\n"))
 		})
 	}
+}
+
+// editBook returns workbook book with the first old in its sheets' or
+// shared strings' XML replaced by new.
+func editBook(t *testing.T, book []byte, old, new string) []byte {
+	t.Helper()
+	zr, err := zip.NewReader(bytes.NewReader(book), int64(len(book)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range zr.File {
+		if !strings.HasPrefix(f.Name, "xl/") {
+			continue
+		}
+		data, err := zipEntry(book, f.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(data, []byte(old)) {
+			return editEntry(t, book, f.Name, func(x []byte) []byte { return bytes.Replace(x, []byte(old), []byte(new), 1) })
+		}
+	}
+	t.Fatalf("the workbook has no %q", old)
+	return nil
 }
 
 // TestFleetVerifierImports: the outsider's fleet verifier uses no auditd

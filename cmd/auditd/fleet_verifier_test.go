@@ -127,6 +127,7 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 	}
 	dispatches := map[string][]stamp{}
 	books := map[string]map[string][][]string{} // node: its workbook's populations
+	cps := map[string]string{}                  // node: its part's checkpoint
 	for _, n := range m.Nodes {
 		if keys[n.Name] != n.Key {
 			return fmt.Errorf("node %s: fleet.json key is not the published key", n.Name)
@@ -175,6 +176,7 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 		if err != nil || string(pcp) != parts[3] {
 			return fmt.Errorf("node %s: checkpoint.txt is not the checkpoint of its fleet leaf", n.Name)
 		}
+		cps[n.Name] = string(pcp)
 		if err := outsideVerify(part, n.Key); err != nil {
 			return fmt.Errorf("node %s: %v", n.Name, err)
 		}
@@ -210,6 +212,14 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 	// node's rows of each sheet are its own verified workbook's, in order.
 	if fleetBook, err := read("evidence.xlsx"); err == nil {
 		if err := outsideCheckFleetBook(fleetBook, books); err != nil {
+			return err
+		}
+		var names []string
+		keys := map[string]string{}
+		for _, n := range m.Nodes {
+			names, keys[n.Name] = append(names, n.Name), n.Key
+		}
+		if err := outsideCheckFleetManifest(fleetBook, m.Runs, names, keys, cps); err != nil {
 			return err
 		}
 	}
@@ -392,6 +402,58 @@ func outsideCheckFleetBook(fleetBook []byte, books map[string]map[string][][]str
 			if own := b[sheet]; next[node] != len(own)-1 {
 				return fmt.Errorf("node %s: evidence.xlsx: sheet %s holds %d of the node's %d rows", node, sheet, next[node], len(own)-1)
 			}
+		}
+	}
+	return nil
+}
+
+// outsideCheckFleetManifest holds the fleet workbook's Manifest to the
+// pack: its runs and nodes those of fleet.json, each node's checkpoint
+// and key those of its verified part (cps) and fleet.json, no field the
+// fleet Manifest does not have, and each sheet's stated row count the
+// rows the sheet has.
+func outsideCheckFleetManifest(fleetBook []byte, runs, nodes []string, keys, cps map[string]string) error {
+	sheets, err := outsideSheets(fleetBook)
+	if err != nil {
+		return fmt.Errorf("evidence.xlsx: %v", err)
+	}
+	want := map[string]string{"Runs": strings.Join(runs, " "), "Nodes": strings.Join(nodes, " ")}
+	for _, n := range nodes {
+		want["Node "+n+": Signed checkpoint"] = cps[n]
+		want["Node "+n+": Public key (ed25519, note verifier)"] = keys[n]
+	}
+	free := map[string]bool{"Label": true, "Export id": true, "Generated at (UTC)": true, "Filters": true,
+		"Reconciliation balanced": true, "How to verify": true, "Timestamps": true}
+	seen := map[string]bool{}
+	table := false
+	for i, row := range sheets["Manifest"] {
+		row = append(row, "", "", "")
+		switch {
+		case i == 0:
+		case table:
+			rs, ok := sheets[row[0]]
+			if !ok || row[0] == "Manifest" || seen["sheet "+row[0]] || row[1] != strconv.Itoa(len(rs)-1) {
+				return fmt.Errorf("evidence.xlsx: sheet Manifest row %d: sheet %q with %q rows is not a sheet of the workbook as it is", i+1, row[0], row[1])
+			}
+			seen["sheet "+row[0]] = true
+		case row[0] == "Sheet":
+			table = true
+		default:
+			v, ok := want[row[0]]
+			if (!ok && !free[row[0]]) || (ok && row[1] != v) || seen[row[0]] {
+				return fmt.Errorf("evidence.xlsx: sheet Manifest row %d: %s is %q, not what the pack holds", i+1, row[0], row[1])
+			}
+			seen[row[0]] = true
+		}
+	}
+	for f := range want {
+		if !seen[f] {
+			return fmt.Errorf("evidence.xlsx: sheet Manifest lacks %s", f)
+		}
+	}
+	for name := range sheets {
+		if name != "Manifest" && !seen["sheet "+name] {
+			return fmt.Errorf("evidence.xlsx: sheet Manifest does not list sheet %s", name)
 		}
 	}
 	return nil

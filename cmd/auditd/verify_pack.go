@@ -117,7 +117,7 @@ func verifyFleetPack(path string, nodeKeys []string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stdout, "dispatches over every node, within the limits and the slots reserved: %s\n", strings.Join(ds, ", "))
 	}
 	if r.WorkbookRows > 0 {
-		fmt.Fprintf(stdout, "%s: %d rows, each the row of its Node's own workbook\n", pack.FileFleetWorkbook, r.WorkbookRows)
+		fmt.Fprintf(stdout, "%s: %d rows, each the row of its Node's own workbook; its Manifest states the pack's runs, nodes, checkpoints, keys and sheets\n", pack.FileFleetWorkbook, r.WorkbookRows)
 	}
 	if !r.KeysTrusted {
 		fmt.Fprintln(stdout, "note: checked with the nodes' keys the pack carries; pass --node-key NAME=KEY for each node to rule out a pack re-signed whole")
