@@ -180,6 +180,36 @@ func TestReconcileExitCodesFromRealRuns(t *testing.T) {
 		})
 	}
 	t.Run("Server", func(t *testing.T) { check(t, []string{"--server", srv.url, "--token", token}) })
+	t.Run("FleetParts", func(t *testing.T) {
+		// The same two runs' reconciliations as two nodes' parts of a
+		// fleet run: --max-stale and --list-cached hold on every part.
+		part := func(node, run string) reports.FleetPart {
+			_, out, _ := runCmd(t, "reconcile", "--run", run, "--format", "json", "--server", srv.url, "--token", token)
+			rep := decodeReport(t, out)
+			return reports.FleetPart{Node: node, Report: rep, Logged: rep.Run.LastSeq}
+		}
+		rep := reports.CombineFleet("fleet-run", []reports.FleetPart{part("a", good.ID), part("b", cached.ID)})
+		if !rep.Balanced {
+			t.Fatalf("the two parts do not balance: %v", rep.Failed())
+		}
+		if v := fleetVerdicts(rep, fleetReconcileFlags{maxStale: time.Hour, maxStaleText: "1h"}); len(v) != 0 {
+			t.Errorf("--max-stale 1h: %q, want no verdict", v)
+		}
+		v := fleetVerdicts(rep, fleetReconcileFlags{maxStale: time.Nanosecond, maxStaleText: "1ns"})
+		if len(v) != 1 || !strings.Contains(v[0], "2 items were served on node b from copies older than --max-stale 1ns") {
+			t.Errorf("--max-stale 1ns: %q, want node b's two items named", v)
+		}
+		for _, list := range []bool{false, true} {
+			var table strings.Builder
+			if err := writeFleetTable(&table, rep, list); err != nil {
+				t.Fatal(err)
+			}
+			listed := strings.Contains(table.String(), "cached-1")
+			if !strings.Contains(table.String(), "node b:\nserved from cache: 2 items") || listed != list {
+				t.Errorf("--list-cached %t: the table does not sum up node b's cached items, or lists them %t:\n%s", list, listed, table.String())
+			}
+		}
+	})
 
 	srv.cmd.Process.Signal(syscall.SIGTERM)
 	if err := srv.cmd.Wait(); err != nil {

@@ -10,17 +10,29 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
 )
 
+// fleetReconcileFlags are the flags of `auditd reconcile` that apply to a
+// fleet run.
+type fleetReconcileFlags struct {
+	format       string
+	allowPartial bool
+	listCached   bool
+	maxStale     time.Duration // 0: no bound
+	maxStaleText string
+}
+
 // reconcileFleet prints a fleet run's reconciliation, over every node's
 // part, from any node of the fleet (GET /v1/fleet/runs/{id}/reconciliation).
 // Exit codes as for one node's run: 0 balanced and succeeded, 1 not
-// balanced or not succeeded (unless allowPartial), 2 on any error.
-func reconcileFleet(ctx context.Context, server, runID, token, format string, allowPartial bool, stdout, stderr io.Writer) int {
-	if format == "csv" {
+// balanced or not succeeded (unless allowPartial), or an item served from a
+// copy older than --max-stale on any node; 2 on any error.
+func reconcileFleet(ctx context.Context, server, runID, token string, f fleetReconcileFlags, stdout, stderr io.Writer) int {
+	if f.format == "csv" {
 		fmt.Fprintln(stderr, "auditd reconcile: --fleet: --format csv is not there for a fleet run; use table or json")
 		return 2
 	}
@@ -29,24 +41,18 @@ func reconcileFleet(ctx context.Context, server, runID, token, format string, al
 		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
 		return 2
 	}
-	if format == "json" {
+	if f.format == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		err = enc.Encode(rep)
 	} else {
-		err = writeFleetTable(stdout, rep)
+		err = writeFleetTable(stdout, rep, f.listCached)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
 		return 2
 	}
-	var verdicts []string
-	if !rep.Balanced {
-		verdicts = append(verdicts, fmt.Sprintf("the fleet reconciliation does not balance: %s failed", strings.Join(rep.Failed(), ", ")))
-	}
-	if rep.Status != "succeeded" && !allowPartial {
-		verdicts = append(verdicts, fmt.Sprintf("fleet run %s is %s, not succeeded (--allow-partial accepts it)", runID, rep.Status))
-	}
+	verdicts := fleetVerdicts(rep, f)
 	for _, v := range verdicts {
 		fmt.Fprintf(stderr, "auditd reconcile: %s\n", v)
 	}
@@ -54,6 +60,25 @@ func reconcileFleet(ctx context.Context, server, runID, token, format string, al
 		return 1
 	}
 	return 0
+}
+
+// fleetVerdicts says why a fleet run's reconciliation fails a CI step, as
+// ciVerdicts does for one node's run: --max-stale holds on every node's
+// part.
+func fleetVerdicts(rep *reports.FleetReport, f fleetReconcileFlags) []string {
+	var out []string
+	if !rep.Balanced {
+		out = append(out, fmt.Sprintf("the fleet reconciliation does not balance: %s failed", strings.Join(rep.Failed(), ", ")))
+	}
+	if rep.Status != "succeeded" && !f.allowPartial {
+		out = append(out, fmt.Sprintf("fleet run %s is %s, not succeeded (--allow-partial accepts it)", rep.RunID, rep.Status))
+	}
+	for _, p := range rep.Parts {
+		if p.Report != nil {
+			out = append(out, staleVerdicts(p.Report.Cached, p.Node, f.maxStale, f.maxStaleText)...)
+		}
+	}
+	return out
 }
 
 // fleetRunExists asks server whether runID is a fleet run (GET
@@ -97,8 +122,9 @@ func fetchFleetReconciliation(ctx context.Context, client *http.Client, server, 
 	return &rep, nil
 }
 
-// writeFleetTable prints the checks over the fleet, then each node's part.
-func writeFleetTable(w io.Writer, rep *reports.FleetReport) error {
+// writeFleetTable prints the checks over the fleet, then each node's part,
+// then the items each node served from cache (each one with listCached).
+func writeFleetTable(w io.Writer, rep *reports.FleetReport, listCached bool) error {
 	fmt.Fprintf(w, "fleet run %s: %s, balanced: %t, %d dispatches over %d nodes\n", rep.RunID, rep.Status, rep.Balanced, rep.Counts.Dispatches, len(rep.Parts))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tSTATUS\tEXPECTED\tACTUAL\tNOTE")
@@ -113,7 +139,19 @@ func writeFleetTable(w io.Writer, rep *reports.FleetReport) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\tsize %d (fleet leaf %d)\n", p.Node, p.Report.Run.Status, p.Report.Balanced, p.Report.Counts.Dispatches, p.Logged, p.FleetLeaf)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, p := range rep.Parts {
+		if p.Report == nil || len(p.Report.Cached) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nnode %s:", p.Node)
+		if err := writeCached(w, p.Report.Cached, listCached); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // packFleet downloads a finished fleet run's evidence pack from any node

@@ -81,7 +81,10 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			}
 		}
 		if isFleet {
-			return reconcileFleet(ctx, *server, *runID, tok, *format, *allowPartial, stdout, stderr)
+			return reconcileFleet(ctx, *server, *runID, tok, fleetReconcileFlags{
+				format: *format, allowPartial: *allowPartial, listCached: *listCached,
+				maxStale: maxStale, maxStaleText: *maxStaleText,
+			}, stdout, stderr)
 		}
 	}
 	var rep *reports.Report
@@ -127,13 +130,22 @@ func ciVerdicts(rep *reports.Report, allowPartial bool, maxStale time.Duration, 
 	if rep.Run.Status != string(auditd.RunSucceeded) && !allowPartial {
 		out = append(out, fmt.Sprintf("run %s is %s, not succeeded (--allow-partial accepts it)", rep.Run.ID, rep.Run.Status))
 	}
+	return append(out, staleVerdicts(rep.Cached, "", maxStale, maxStaleText)...)
+}
+
+// staleVerdicts says which of the items served from cache (of node, in a
+// fleet run; "" otherwise) break --max-stale: copies older than maxStale
+// (0: no bound, maxStaleText as the flag was given), or of an age not on
+// record.
+func staleVerdicts(cached []reports.CachedItem, node string, maxStale time.Duration, maxStaleText string) []string {
 	if maxStale <= 0 {
-		return out
+		return nil
 	}
+	var out []string
 	var unknown, stale int64
 	var oldest *reports.CachedItem
-	for i := range rep.Cached {
-		c := &rep.Cached[i]
+	for i := range cached {
+		c := &cached[i]
 		switch {
 		case !c.AgeKnown():
 			unknown++
@@ -144,17 +156,21 @@ func ciVerdicts(rep *reports.Report, allowPartial bool, maxStale time.Duration, 
 			}
 		}
 	}
+	on := ""
+	if node != "" {
+		on = " on node " + node
+	}
 	if unknown > 0 {
-		out = append(out, fmt.Sprintf("%s served from cached copies of unknown age; --max-stale %s needs the age known",
-			wasWere(unknown, "item"), maxStaleText))
+		out = append(out, fmt.Sprintf("%s served%s from cached copies of unknown age; --max-stale %s needs the age known",
+			wasWere(unknown, "item"), on, maxStaleText))
 	}
 	if stale > 0 {
 		by := "run " + oldest.OriginRun
 		if oldest.OriginRun == "" {
 			by = "an unrecorded run"
 		}
-		out = append(out, fmt.Sprintf("%s served from copies older than --max-stale %s; the oldest, item %s, was %s old, fetched by %s at %s",
-			wasWere(stale, "item"), maxStaleText, oldest.ItemKey, humanDuration(oldest.Age.D()), by, oldest.FetchedAt.UTC().Format(proofTime)))
+		out = append(out, fmt.Sprintf("%s served%s from copies older than --max-stale %s; the oldest, item %s, was %s old, fetched by %s at %s",
+			wasWere(stale, "item"), on, maxStaleText, oldest.ItemKey, humanDuration(oldest.Age.D()), by, oldest.FetchedAt.UTC().Format(proofTime)))
 	}
 	return out
 }
