@@ -1,8 +1,12 @@
 package fetch
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -266,24 +270,40 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 	id := live.ID()
 	ar := newActiveRun(live)
 	ar.proxy = newProxyRun(live.Run(), l.cfg.Clock.Now())
-	items := map[string]*auditd.Item{}
-	var order []string
-	dispatched := map[string]int{}
-	rp, err := replay(l.cfg.Ledger, live, func(key string) *auditd.Item { return items[key] }, func(e *auditd.Event) error {
+	// The items not finished, with their dispatches: every other item has
+	// its result stored (a run an earlier build stored keeps them all, to
+	// rebuild their results).
+	type open struct {
+		it         *auditd.Item
+		seq        uint64 // of its item.queued
+		dispatched int
+	}
+	pending := map[string]*open{}
+	var items map[string]*auditd.Item
+	if live.Rebuilds() {
+		items = map[string]*auditd.Item{}
+	}
+	rp, err := replay(l.cfg.Ledger, live, items, func(e *auditd.Event) error {
 		switch e.Type {
 		case auditd.EventRegistrySnapshot:
 			if e.Snapshot == "run.start" {
 				ar.proxy.sources[e.SourceID] = true
 			}
 		case auditd.EventItemQueued:
-			it := &auditd.Item{Key: e.ItemKey, SourceID: e.SourceID, Method: e.Method, Path: e.Path}
-			items[e.ItemKey] = it
-			order = append(order, e.ItemKey)
+			it := &auditd.Item{Key: strings.Clone(e.ItemKey), SourceID: strings.Clone(e.SourceID), Method: e.Method, Path: strings.Clone(e.Path)}
+			pending[it.Key] = &open{it: it, seq: e.Seq}
+			if items != nil {
+				items[it.Key] = it
+			}
 			if err := live.RestoreItem(*it); err != nil {
 				return fmt.Errorf("item.queued %d: %w", e.Seq, err)
 			}
 		case auditd.EventDispatch:
-			dispatched[e.ItemKey]++
+			if o := pending[e.ItemKey]; o != nil {
+				o.dispatched++
+			}
+		case auditd.EventItemFinished:
+			delete(pending, e.ItemKey)
 		}
 		return nil
 	})
@@ -294,17 +314,13 @@ func (l *Loop) resumeProxy(ctx context.Context, live *runs.Live) (func(), error)
 		return nil, err
 	}
 	if rp.started {
-		lost := 0
-		for _, key := range order {
-			if rp.finished[key] {
-				continue
-			}
-			lost++
-			it := &job{Item: items[key], attempts: &itemAttempts{total: dispatched[key]}}
+		lost := slices.SortedFunc(maps.Values(pending), func(a, b *open) int { return cmp.Compare(a.seq, b.seq) })
+		for _, o := range lost {
+			it := &job{Item: o.it, attempts: &itemAttempts{total: o.dispatched}}
 			l.endItem(ar, it, auditd.ItemFailed, "proxied request lost to a restart: the client's connection closed before an answer", nil, "", nil)
 		}
 		ar.posts.Wait()
-		l.log.Info("resuming proxy-mode run", "run", id, "items", len(order), "lost", lost, "interrupted", len(rp.open))
+		l.log.Info("resuming proxy-mode run", "run", id, "items", live.Run().ItemCount, "lost", len(lost), "interrupted", len(rp.open))
 	}
 	if err := l.cfg.Runs.Start(live); err != nil {
 		return nil, err

@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"path/filepath"
 	"reflect"
+	"runtime/metrics"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/fetch"
 	"github.com/auditd/auditd/staging"
 	bolt "go.etcd.io/bbolt"
 )
@@ -357,4 +359,123 @@ func TestRestartKeepsProxiedCachedCopies(t *testing.T) {
 		t.Errorf("stored at the end: %+v, want %+v", got, before)
 	}
 	h.reconcile(t, pr.ID)
+}
+
+// crashedMidQueue stores what a submit of items leaves when it stops after
+// queueing the first queued of them: the run stored whole, its start
+// recorded, and returns the run's id.
+func crashedMidQueue(tb testing.TB, h *harness, items []auditd.Item, queued int) string {
+	tb.Helper()
+	ctx := context.Background()
+	live, err := h.runs.Create(auditd.Run{Name: "crash mid-queue", Status: auditd.RunRunning, CreatedAt: h.clk.Now().UTC(), ItemCount: len(items)},
+		auditd.NewRun{Items: items})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id := live.ID()
+	if err := h.reg.StartRun(ctx, id, []string{items[0].SourceID}); err != nil {
+		tb.Fatal(err)
+	}
+	events := []auditd.Event{{Type: auditd.EventRunStarted, RunID: id, Detail: fmt.Sprintf(`{"items":%d}`, len(items))}}
+	for from := 0; from < queued; from += 1000 {
+		for _, it := range items[from:min(from+1000, queued)] {
+			events = append(events, auditd.Event{Type: auditd.EventItemQueued, RunID: id, SourceID: it.SourceID, ItemKey: it.Key, Method: it.Method, Path: it.Path})
+		}
+		f, err := h.ledger.Add(events)
+		if err == nil {
+			err = f.Wait(ctx)
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		events = nil
+	}
+	if err := h.runs.Start(live); err != nil {
+		tb.Fatal(err)
+	}
+	return id
+}
+
+// queryItems are n items of source src, keys c00000 on.
+func queryItems(n int, src string) []auditd.Item {
+	items := make([]auditd.Item, n)
+	for i := range items {
+		items[i] = auditd.Item{Key: fmt.Sprintf("c%05d", i), SourceID: src, Method: "GET",
+			Path: fmt.Sprintf("/arcgis/rest/services/Parcels/FeatureServer/0/query?where=1%%3D1&f=json&n=%d", i)}
+	}
+	return items
+}
+
+// BenchmarkResumeMemory is the heap's peak while a restart resumes a batch
+// run of b.N items, all queued and none ended (use -benchtime=Nx): what
+// the resume holds of the run's items on top of the loop's own.
+func BenchmarkResumeMemory(b *testing.B) {
+	h := newHarness(b, steadyScenario)
+	h.urls["fast"] = fastUpstream(b).URL
+	h.source(b, auditd.Source{ID: "counties", Limit: 1, Window: auditd.Duration(time.Hour)}, "fast")
+	crashedMidQueue(b, h, queryItems(b.N, "counties"), b.N)
+	h.close(b)
+	base := heapInUse()
+	stop, peak := make(chan struct{}), make(chan float64)
+	go func() {
+		sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		most := uint64(0)
+		for {
+			metrics.Read(sample)
+			most = max(most, sample[0].Value.Uint64())
+			select {
+			case <-stop:
+				peak <- float64(most) / (1 << 20)
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	b.ResetTimer()
+	h.open(b, h.dir)
+	b.StopTimer()
+	close(stop)
+	b.ReportMetric(base, "MB-heap-before")
+	b.ReportMetric(<-peak, "MB-heap-peak")
+	b.ReportMetric(heapInUse(), "MB-heap-after")
+}
+
+// A crash while a run's items were being queued leaves the ledger with the
+// first of them: the restart queues the rest from the store, a chunk at a
+// time, in submission order (a source only the unqueued items name
+// included), and the run ends with every item queued once and reconciles.
+func TestRestartQueuesWhatACrashLeftUnqueued(t *testing.T) {
+	h := newHarness(t, steadyScenario)
+	h.urls["fast"] = fastUpstream(t).URL
+	h.source(t, auditd.Source{ID: "counties", Limit: 1000, Window: auditd.Duration(time.Second), Concurrency: 8}, "fast")
+	h.source(t, auditd.Source{ID: "late", Limit: 4, Window: auditd.Duration(time.Second)}, "fast")
+	defer fetch.SetResumeChunk(64)()
+	const n, queued = 300, 40
+	items := queryItems(n, "counties")
+	items[n-1].SourceID = "late" // named by the last item only
+	id := crashedMidQueue(t, h, items, queued)
+	h.close(t)
+
+	h.open(t, h.dir)
+	v := h.finish(t, id)
+	if v.Status != auditd.RunSucceeded || v.Counts.Succeeded != n {
+		t.Fatalf("run ended %s: %+v", v.Status, v.Counts)
+	}
+	seen := map[string]int{}
+	var order []string
+	for _, e := range h.events(t, id) {
+		if e.Type == auditd.EventItemQueued {
+			seen[e.ItemKey]++
+			order = append(order, e.ItemKey)
+		}
+	}
+	if len(order) != n || len(seen) != n {
+		t.Fatalf("%d item.queued for %d keys, want each of %d once", len(order), len(seen), n)
+	}
+	for i, key := range order {
+		if key != items[i].Key {
+			t.Fatalf("item.queued %d names %s, want %s: submission order", i, key, items[i].Key)
+		}
+	}
+	h.reconcile(t, id)
 }

@@ -3,8 +3,12 @@ package fetch
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -23,7 +27,7 @@ import (
 // left to do); the caller gives the gates what was sent before the restart
 // (seedGates) before it calls that.
 func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error) {
-	live, items, err := l.cfg.Runs.Resume(id)
+	live, legacy, err := l.cfg.Runs.Resume(id)
 	if err != nil {
 		return nil, err
 	}
@@ -31,15 +35,21 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 		return l.resumeProxy(ctx, live)
 	}
 	ar := newActiveRun(live)
-	byKey := make(map[string]*auditd.Item, len(items))
-	for i := range items {
-		byKey[items[i].Key] = &items[i]
+	var byKey map[string]*auditd.Item
+	if live.Rebuilds() {
+		byKey = make(map[string]*auditd.Item, len(legacy))
+		for i := range legacy {
+			byKey[legacy[i].Key] = &legacy[i]
+		}
 	}
-	queued := map[string]bool{}
-	rp, err := replay(l.cfg.Ledger, live, func(key string) *auditd.Item { return byKey[key] }, func(e *auditd.Event) error {
+	// The ledger queues a run's items in the order the store holds them,
+	// a page after the one before: what a crash left unqueued is the
+	// store's items from the count the ledger queued on.
+	q := queuedItems{sources: map[string]bool{}}
+	rp, err := replay(l.cfg.Ledger, live, byKey, func(e *auditd.Event) error {
 		switch e.Type {
 		case auditd.EventItemQueued:
-			queued[e.ItemKey] = true
+			q.add(e)
 		case auditd.EventItemFinished:
 			delete(ar.resumed, e.ItemKey)
 		case auditd.EventDispatch:
@@ -52,33 +62,126 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	if err != nil {
 		return nil, err
 	}
-	if cont, err := l.pickUp(ctx, ar, rp, items); !cont || err != nil {
+	if !rp.started {
+		// The crash came between storing the run and recording its
+		// start (one commit): it starts now, with all its items.
+		items, err := l.itemsFrom(id, legacy, 0, nil)
+		if err != nil {
+			return nil, err
+		}
+		if cont, err := l.pickUp(ctx, ar, rp, items); !cont || err != nil {
+			return nil, err
+		}
+		q.n, q.sources = uint32(len(items)), map[string]bool{}
+		for _, it := range items {
+			q.sources[it.SourceID] = true
+		}
+	} else if cont, err := l.pickUp(ctx, ar, rp, nil); !cont || err != nil {
 		return nil, err
 	}
 	if rp.started {
-		var unqueued []auditd.Item
-		for _, it := range items {
-			if !queued[it.Key] {
-				unqueued = append(unqueued, it)
-			}
-		}
-		if err := l.queueItems(ctx, ar, unqueued); err != nil {
+		if err := l.queueRest(ctx, ar, legacy, &q); err != nil {
 			return nil, err
-		}
-	}
-	left := 0
-	for _, it := range items {
-		if !rp.finished[it.Key] {
-			left++
 		}
 	}
 	if err := l.cfg.Runs.Start(live); err != nil {
 		return nil, err
 	}
+	left := live.Run().ItemCount - rp.ended
 	l.log.Info("resuming run", "run", id, "items_left", left, "interrupted", len(rp.open))
 	// The feeders skip the items that ended: their results are stored.
-	return func() { l.launch(ar, sourcesOf(items)) }, nil
+	return func() { l.launch(ar, q.sourceIDs()) }, nil
 }
+
+// queuedItems is what a batch run's item.queued events say at a restart:
+// how many, the last one's key, and the sources they name.
+type queuedItems struct {
+	n       uint32
+	last    string
+	sources map[string]bool
+}
+
+func (q *queuedItems) add(e *auditd.Event) {
+	q.n++
+	q.last = strings.Clone(e.ItemKey) // the ledger reuses the event's memory
+	if !q.sources[e.SourceID] {
+		q.sources[strings.Clone(e.SourceID)] = true
+	}
+}
+
+// sourceIDs returns the sources the items name, sorted.
+func (q *queuedItems) sourceIDs() []string {
+	return slices.Sorted(maps.Keys(q.sources))
+}
+
+// queueRest records item.queued for the items of started run ar that a
+// crash left unqueued: the store's from index q.n on, a chunk at a time.
+// It first checks that the ledger's items are the store's first q.n (the
+// last of them has the same key), and says so when they are not rather
+// than guess which are missing.
+func (l *Loop) queueRest(ctx context.Context, ar *activeRun, legacy []auditd.Item, q *queuedItems) error {
+	if q.n > 0 {
+		at, err := l.itemsFrom(ar.id, legacy, q.n-1, func([]auditd.Item) error { return errStopItems })
+		if err != nil {
+			return err
+		}
+		if len(at) == 0 || at[0].Key != q.last {
+			got := "none"
+			if len(at) > 0 {
+				got = strconv.Quote(at[0].Key)
+			}
+			return fmt.Errorf("resume run %s: the ledger's item.queued %d names %q, the store's item %d is %s", ar.id, q.n, q.last, q.n, got)
+		}
+	}
+	_, err := l.itemsFrom(ar.id, legacy, q.n, func(chunk []auditd.Item) error {
+		for _, it := range chunk {
+			q.sources[it.SourceID] = true
+		}
+		return l.queueItems(ctx, ar, chunk)
+	})
+	return err
+}
+
+// errStopItems ends itemsFrom after its first chunk.
+var errStopItems = errors.New("stop")
+
+// itemsFrom reads run id's items from index from on, in submission order,
+// from legacy (the items of a run an earlier build stored, Runs.Resume's)
+// or else the store, resumeChunk at a time. With each it hands each chunk
+// on and keeps none (errStopItems from it stops the read, and itemsFrom
+// returns that chunk); without it returns them all.
+func (l *Loop) itemsFrom(id string, legacy []auditd.Item, from uint32, each func([]auditd.Item) error) ([]auditd.Item, error) {
+	var all []auditd.Item
+	for {
+		var chunk []auditd.Item
+		if legacy != nil {
+			chunk = legacy[min(int(from), len(legacy)):]
+		} else {
+			var err error
+			if chunk, err = l.cfg.Runs.ItemsAt(id, from, resumeChunk); err != nil {
+				return nil, fmt.Errorf("items of run %s: %w", id, err)
+			}
+		}
+		if len(chunk) == 0 {
+			return all, nil
+		}
+		if each == nil {
+			all = append(all, chunk...)
+		} else if err := each(chunk); errors.Is(err, errStopItems) {
+			return chunk, nil
+		} else if err != nil {
+			return nil, err
+		}
+		if legacy != nil {
+			return all, nil
+		}
+		from += uint32(len(chunk))
+	}
+}
+
+// resumeChunk is how many of a run's items a resume reads at a time (a
+// variable for tests).
+var resumeChunk = 1000
 
 // pickUp does what resuming a run of either mode starts with, once its
 // events are replayed (rp): a run the ledger shows finished has its end
@@ -101,19 +204,21 @@ func (l *Loop) pickUp(ctx context.Context, ar *activeRun, rp *replayed, items []
 
 // replayed is what a run's events say of it at a restart.
 type replayed struct {
-	started  bool
-	fin      *auditd.Event            // run.finished, when the crash came after it
-	finished map[string]bool          // the items with an item.finished
-	open     map[request]auditd.Event // dispatches still waiting for an outcome
+	started bool
+	fin     *auditd.Event            // run.finished, when the crash came after it
+	ended   int                      // item.finished events
+	open    map[request]auditd.Event // dispatches still waiting for an outcome
 }
 
 // replay reads run live's events back from the ledger, counting them into
-// live and rebuilding the result of every item they show finished (item
-// resolves its key; a copy it was served from comes from its
-// cache.served). Each event goes to each first, for what the run's mode
-// keeps of it.
-func replay(ledger Ledger, live *runs.Live, item func(key string) *auditd.Item, each func(e *auditd.Event) error) (*replayed, error) {
-	rp := &replayed{finished: map[string]bool{}, open: map[request]auditd.Event{}}
+// live. For a run whose results are rebuilt from the ledger
+// (Live.Rebuilds), it rebuilds the result of every item they show
+// finished, the item found in items (a copy it was served from comes from
+// its cache.served); any other run has them stored, and items is nil. Each
+// event goes to each first, for what the run's mode keeps of it.
+func replay(ledger Ledger, live *runs.Live, items map[string]*auditd.Item, each func(e *auditd.Event) error) (*replayed, error) {
+	rp := &replayed{open: map[request]auditd.Event{}}
+	rebuild := live.Rebuilds()
 	cached := map[string]*auditd.CachedCopy{}
 	err := ledger.ScanRun(live.ID(), 0, func(e *auditd.Event) error {
 		live.Count(*e)
@@ -128,17 +233,23 @@ func replay(ledger Ledger, live *runs.Live, item func(key string) *auditd.Item, 
 			f := *e
 			rp.fin = &f
 		case auditd.EventCacheServed:
+			if !rebuild {
+				break
+			}
 			c, err := auditd.ParseCacheDetail(e.Detail)
 			if err != nil {
 				return fmt.Errorf("cache.served %d of %s: %w", e.Seq, e.ItemKey, err)
 			}
 			cached[e.ItemKey] = c
 		case auditd.EventItemFinished:
-			it := item(e.ItemKey)
+			rp.ended++
+			if !rebuild {
+				break
+			}
+			it := items[e.ItemKey]
 			if it == nil {
 				return fmt.Errorf("item.finished %d names %q, no item of the run", e.Seq, e.ItemKey)
 			}
-			rp.finished[e.ItemKey] = true
 			res, err := resultOf(it, e)
 			if err != nil {
 				return err
@@ -146,6 +257,7 @@ func replay(ledger Ledger, live *runs.Live, item func(key string) *auditd.Item, 
 			if res.Outcome == auditd.ItemCached {
 				res.Cached = cached[e.ItemKey]
 			}
+			delete(cached, e.ItemKey)
 			live.Rebuilt(e.ItemKey, res)
 		case auditd.EventDispatch:
 			rp.open[r] = *e

@@ -103,6 +103,11 @@ func (r *Live) Rebuilt(key string, res *auditd.ItemResult) {
 	r.rebuilt = append(r.rebuilt, result{key, res})
 }
 
+// Rebuilds reports whether a resume rebuilds the run's items' results (and
+// a proxy-mode run's items) from the ledger: a run an earlier build stored,
+// which kept them in memory until its end. Any other run has them stored.
+func (r *Live) Rebuilds() bool { return r.legacy }
+
 // record returns a copy of the run's record.
 func (r *Live) record() record {
 	r.mu.Lock()

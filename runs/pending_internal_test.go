@@ -51,8 +51,9 @@ func TestPendingPageUntilCommitted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(items) != 10 || resumed.Run().ItemCount != 10 {
-		t.Fatalf("resumed with %d items (count %d), want the 10 committed", len(items), resumed.Run().ItemCount)
+	stored, err := s2.ItemsAt(id, 0, 1000)
+	if err != nil || items != nil || len(stored) != 10 || resumed.Run().ItemCount != 10 {
+		t.Fatalf("resumed with %d items stored (count %d; %d brought along), want the 10 committed: %v", len(stored), resumed.Run().ItemCount, len(items), err)
 	}
 	s = s2
 	hidden("resumed")

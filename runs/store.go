@@ -283,7 +283,10 @@ func (s *Store) Unfinished() ([]string, error) {
 }
 
 // Resume returns an unfinished run, with counters at zero (the caller
-// recounts them from the ledger), and its items in submission order.
+// recounts them from the ledger). A batch run an earlier build stored
+// (Live.Rebuilds) comes with its items in submission order; any other run
+// with none: read them a chunk at a time (ItemsAt), so that resuming a run
+// of millions holds no more of them than a chunk.
 func (s *Store) Resume(id string) (*Live, []auditd.Item, error) {
 	if err := s.dropPending(id); err != nil { // a page the stop left uncommitted
 		return nil, nil, err
@@ -303,8 +306,8 @@ func (s *Store) Resume(id string) (*Live, []auditd.Item, error) {
 			}
 			rec.ItemCount = int(n)
 		}
-		if rec.Mode == auditd.RunProxy {
-			return nil // the fetch loop rebuilds them from the ledger
+		if rec.Mode == auditd.RunProxy || !legacy {
+			return nil // the ledger's, or the store's pages, a chunk at a time
 		}
 		sent := tx.Bucket(bucketSendPaths)
 		return forEachItem(tx, id, func(it *auditd.Item) error {
