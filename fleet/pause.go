@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -22,7 +23,18 @@ type Pause struct {
 	Until time.Time // zero when the key was never paused
 	// Revision is the etcd revision the pause was written at.
 	Revision int64
+	// Breaker names the node whose circuit breaker opened the key until
+	// Until (PauseFor), empty for any other pause. That node's half-open
+	// probe goes at Until; the others hold off BreakerGrace longer, so
+	// that one probe, not one a node, finds whether the upstream is back.
+	Breaker string
 }
+
+// BreakerGrace is how much longer than a breaker's pause the nodes other
+// than its own hold off: time for its probe to be answered. When the probe
+// succeeds they resume at most this late; when it fails, its node opens
+// again and pauses the fleet anew before they resume.
+const BreakerGrace = 2 * time.Second
 
 // Pause closes key until until, fleet-wide: in one transaction it writes
 // pause-until (keeping a later one already in force) and pushes the arrival
@@ -35,18 +47,30 @@ type Pause struct {
 // only grow, so a state seen earlier is a lower bound: when it already
 // covers until, nothing needs writing.
 func (s *Store) Pause(ctx context.Context, key string, until time.Time) (Pause, error) {
+	return s.PauseFor(ctx, key, until, "")
+}
+
+// PauseFor is Pause on behalf of node breaker's circuit breaker, which
+// opened until until (Pause.Breaker); an empty breaker is a plain Pause. A
+// pause already in force as long or longer is kept as it is, with whoever
+// wrote it.
+func (s *Store) PauseFor(ctx context.Context, key string, until time.Time, breaker string) (Pause, error) {
 	tk, pk := s.tatKey(key), s.pauseKey(key)
 	u := until.UnixNano()
 	tat, cur := s.cached(tk), s.cached(pk)
 	for {
 		if cur.tat >= u && tat.tat >= u {
-			return Pause{Key: key, Until: time.Unix(0, cur.tat), Revision: cur.rev}, nil
+			return Pause{Key: key, Until: time.Unix(0, cur.tat), Revision: cur.rev, Breaker: cur.by}, nil
+		}
+		paused := state{tat: cur.tat, by: cur.by}
+		if u > cur.tat {
+			paused = state{tat: u, by: breaker}
 		}
 		resp, err := s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(tk), "=", tat.rev),
 				clientv3.Compare(clientv3.ModRevision(pk), "=", cur.rev)).
 			Then(clientv3.OpPut(tk, strconv.FormatInt(max(tat.tat, u), 10)),
-				clientv3.OpPut(pk, strconv.FormatInt(max(cur.tat, u), 10))).
+				clientv3.OpPut(pk, encodePause(paused))).
 			Else(clientv3.OpGet(tk), clientv3.OpGet(pk)).
 			Commit()
 		if err != nil {
@@ -54,9 +78,10 @@ func (s *Store) Pause(ctx context.Context, key string, until time.Time) (Pause, 
 		}
 		if resp.Succeeded {
 			rev := resp.Header.Revision
+			paused.rev = rev
 			s.remember(tk, state{tat: max(tat.tat, u), rev: rev})
-			s.remember(pk, state{tat: max(cur.tat, u), rev: rev})
-			return Pause{Key: key, Until: time.Unix(0, max(cur.tat, u)), Revision: rev}, nil
+			s.remember(pk, paused)
+			return Pause{Key: key, Until: time.Unix(0, paused.tat), Revision: rev, Breaker: paused.by}, nil
 		}
 		var err1, err2 error
 		tat, err1 = decodeState(resp.Responses[0].GetResponseRange().Kvs)
@@ -126,20 +151,32 @@ func pauseOf(key string, kvs []*mvccpb.KeyValue) (Pause, error) {
 	if err != nil || st.rev == 0 {
 		return Pause{Key: key}, err
 	}
-	return Pause{Key: key, Until: time.Unix(0, st.tat), Revision: st.rev}, nil
+	return Pause{Key: key, Until: time.Unix(0, st.tat), Revision: st.rev, Breaker: st.by}, nil
 }
 
-// decodeState reads a time key (arrival time or pause-until) from a range
-// response; an absent key is the zero state.
+// encodePause is a pause key's value: its end in unix nanoseconds, then,
+// for a breaker's pause, a space and the breaker's node.
+func encodePause(st state) string {
+	v := strconv.FormatInt(st.tat, 10)
+	if st.by != "" {
+		v += " " + st.by
+	}
+	return v
+}
+
+// decodeState reads a time key (arrival time, or pause-until with the node
+// of a breaker's pause) from a range response; an absent key is the zero
+// state.
 func decodeState(kvs []*mvccpb.KeyValue) (state, error) {
 	if len(kvs) == 0 {
 		return state{}, nil
 	}
-	t, err := strconv.ParseInt(string(kvs[0].Value), 10, 64)
+	v, by, _ := strings.Cut(string(kvs[0].Value), " ")
+	t, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
 		return state{}, fmt.Errorf("key %s: %w", kvs[0].Key, ErrCorrupt)
 	}
-	return state{tat: t, rev: kvs[0].ModRevision}, nil
+	return state{tat: t, rev: kvs[0].ModRevision, by: by}, nil
 }
 
 func firstErr(errs ...error) error {

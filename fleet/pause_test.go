@@ -100,3 +100,48 @@ func waitHeld(t *testing.T, all []*fleet.Slots) {
 		}
 	}
 }
+
+// TestBreakerPauseNamesItsNode: a pause written for a node's breaker
+// (PauseFor) reaches another node's watch naming that node; a plain pause
+// that ends sooner leaves it as it is, and one that ends later replaces it,
+// naming nobody.
+func TestBreakerPauseNamesItsNode(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	writer := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()[0]), clock.Real{}, "")
+	other := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()[0]), clock.Real{}, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seen := make(chan fleet.Pause, 8)
+	go func() { _ = other.Watch(ctx, "geo", seen) }()
+	next := func() fleet.Pause {
+		t.Helper()
+		for {
+			select {
+			case p := <-seen:
+				if !p.Until.IsZero() {
+					return p
+				}
+			case <-time.After(10 * time.Second): // a guard against a hang
+				t.Fatal("the watch saw no pause")
+			}
+		}
+	}
+	until := time.Now().Add(time.Minute).Round(0)
+	p, err := writer.PauseFor(ctx, "geo", until, "node2")
+	if err != nil || p.Breaker != "node2" || !p.Until.Equal(until) {
+		t.Fatalf("PauseFor: %+v, %v", p, err)
+	}
+	if got := next(); got.Breaker != "node2" || !got.Until.Equal(until) || got.Revision != p.Revision {
+		t.Fatalf("the other node saw %+v, want node2's breaker pause %+v", got, p)
+	}
+	if kept, err := other.Pause(ctx, "geo", until.Add(-time.Second)); err != nil || kept.Breaker != "node2" || !kept.Until.Equal(until) {
+		t.Fatalf("a shorter plain pause: %+v, %v; want node2's kept", kept, err)
+	}
+	longer, err := other.Pause(ctx, "geo", until.Add(time.Second))
+	if err != nil || longer.Breaker != "" {
+		t.Fatalf("a longer plain pause: %+v, %v; want it naming nobody", longer, err)
+	}
+	if got := next(); got.Breaker != "" || !got.Until.Equal(until.Add(time.Second)) {
+		t.Fatalf("the watch then saw %+v, want the plain pause", got)
+	}
+}

@@ -46,12 +46,18 @@ func (s *Slots) Close(ctx context.Context) error {
 // here (reported with Revision 0) and the error says the fleet has not seen
 // it.
 func (s *Slots) Pause(ctx context.Context, until time.Time) (Pause, error) {
+	return s.PauseFor(ctx, until, "")
+}
+
+// PauseFor is Pause on behalf of node breaker's circuit breaker, open until
+// until (Store.PauseFor); an empty breaker is a plain Pause.
+func (s *Slots) PauseFor(ctx context.Context, until time.Time, breaker string) (Pause, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	until = until.Add(s.cfg.MaxSkew)
-	p, err := s.backend.Pause(ctx, s.cfg.Key, until)
+	p, err := s.backend.PauseFor(ctx, s.cfg.Key, until, breaker)
 	if err != nil {
-		s.learn(Pause{Key: s.cfg.Key, Until: until})
+		s.learn(Pause{Key: s.cfg.Key, Until: until, Breaker: breaker})
 		return Pause{}, fmt.Errorf("pause %s fleet-wide: %w", s.cfg.Key, err)
 	}
 	s.learn(p)

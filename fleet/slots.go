@@ -60,7 +60,7 @@ type Config struct {
 // Backend is the shared state Slots reserve from; *Store is the etcd one.
 type Backend interface {
 	Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (Block, error)
-	Pause(ctx context.Context, key string, until time.Time) (Pause, error)
+	PauseFor(ctx context.Context, key string, until time.Time, breaker string) (Pause, error)
 	Watch(ctx context.Context, key string, ch chan<- Pause) error
 }
 

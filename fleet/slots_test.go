@@ -21,6 +21,7 @@ type memBackend struct {
 	calls     int
 	pauses    chan fleet.Pause
 	pauseAt   int64
+	pauseBy   string
 	trip      time.Duration // a reservation moves the fake clock this much
 	failPause error
 }
@@ -45,16 +46,18 @@ func (m *memBackend) Reserve(ctx context.Context, key string, from time.Time, co
 	return fleet.Block{Key: key, First: time.Unix(0, first), Interval: interval, Count: count, Revision: m.rev}, nil
 }
 
-func (m *memBackend) Pause(ctx context.Context, key string, until time.Time) (fleet.Pause, error) {
+func (m *memBackend) PauseFor(ctx context.Context, key string, until time.Time, breaker string) (fleet.Pause, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.failPause != nil {
 		return fleet.Pause{}, m.failPause
 	}
 	m.rev++
-	m.pauseAt = max(m.pauseAt, until.UnixNano())
+	if u := until.UnixNano(); u > m.pauseAt {
+		m.pauseAt, m.pauseBy = u, breaker
+	}
 	m.tat = max(m.tat, until.UnixNano())
-	return fleet.Pause{Key: key, Until: time.Unix(0, m.pauseAt), Revision: m.rev}, nil
+	return fleet.Pause{Key: key, Until: time.Unix(0, m.pauseAt), Revision: m.rev, Breaker: m.pauseBy}, nil
 }
 
 func (m *memBackend) Watch(ctx context.Context, key string, ch chan<- fleet.Pause) error {

@@ -31,8 +31,9 @@ type Store struct {
 
 // state is a key's arrival time and the revision it was last written at.
 type state struct {
-	tat int64 // unix nanoseconds; 0 when the key has never been written
-	rev int64 // the key's ModRevision; 0 when it does not exist
+	tat int64  // unix nanoseconds; 0 when the key has never been written
+	rev int64  // the key's ModRevision; 0 when it does not exist
+	by  string // a pause's: the node whose breaker opened it (Pause.Breaker)
 }
 
 // NewStore returns a Store on client that keeps its keys under prefix
