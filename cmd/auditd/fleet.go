@@ -67,13 +67,20 @@ type fleetNode struct {
 	done    chan struct{}
 }
 
-// fleetShare is one key's Slots with the rate it was made at and a member
-// source whose budget is the key's.
+// fleetShare is one key's Slots with the rate it was made at, a member
+// source whose budget is the key's, and the lag allowance its slots are
+// spaced for.
 type fleetShare struct {
 	*fleet.Slots
 	rate   fleet.Rate
 	member string
+	lag    time.Duration
 }
+
+// Lag is how long after a slot is taken its request may still leave
+// (limiter.Shared): the node's lag allowance. A request whose dispatch
+// record commits later is not sent (fetch).
+func (s *fleetShare) Lag() time.Duration { return s.lag }
 
 // Pause tells the fleet of a pause this node saw, without holding up the
 // caller (limiter.Shared): etcd may be slow or cut off, and the pause holds
@@ -139,7 +146,7 @@ func (n *fleetNode) sync() {
 			key, rate = st.Group, fleet.Rate{Limit: st.GroupCeilingLimit, Window: st.GroupCeilingWindow}
 		}
 		if _, ok := want[key]; !ok {
-			want[key] = &fleetShare{rate: rate, member: src.ID}
+			want[key] = &fleetShare{rate: rate, member: src.ID, lag: n.lag}
 		}
 	}
 	var gone []*fleetShare
