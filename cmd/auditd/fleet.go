@@ -29,14 +29,17 @@ type fleetOptions struct {
 	Node string   `yaml:"node"` // this node's name in its fleet events
 	// Lag is the most a request's time on the wire may trail the slot it
 	// was handed (the dispatch record's commit, the connection): slots are
-	// spaced to absorb it, as they absorb clock skew. Default
+	// spaced to absorb it, as they absorb clock skew, and a request whose
+	// dispatch record commits later is not sent (fetch). Default
 	// defaultFleetLag.
 	Lag time.Duration `yaml:"lag"`
 }
 
-// defaultFleetLag allows for a dispatch record committed in a busy
-// ledger's batch before the request leaves.
-const defaultFleetLag = 100 * time.Millisecond
+// defaultFleetLag covers most dispatch-record commits of a busy ledger;
+// a request whose commit takes longer is not sent but takes a new slot.
+// With the default grace (20ms) and skew (10ms) it spaces a second's slots
+// for 93.5% of its limit.
+const defaultFleetLag = 40 * time.Millisecond
 
 // fleetResync is how often the node looks for sources added, changed or
 // removed, to share their budgets.
