@@ -158,6 +158,7 @@ func checkBudgetWindows(t *testing.T, all []fleetArrival, ledgers []fleetLedger,
 			t.Logf("  past the guard: %s", a)
 		}
 	}
+	t.Logf("nginx's busiest second held %d requests (the limit %d)", most, limit)
 	if most > limit {
 		t.Errorf("nginx saw %d requests in one second from %v into the load: over the fleet's limit of %d", most, all[first].at.Sub(start), limit)
 		for _, a := range traced {
