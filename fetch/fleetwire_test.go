@@ -17,20 +17,30 @@ import (
 // one is asked for, and says for each slot taken, in order, how long its
 // request may take to leave (limiter.Shared.Lag): lags[i] for the i-th
 // take, the last of lags for the rest. onTake, when set, is told of each
-// take's number, from 1.
+// take's number, from 1. With most set, it hands out that many slots and
+// then none, as a node cut off from the fleet.
 type wireShared struct {
 	mu     sync.Mutex
 	lags   []time.Duration
 	taken  int
+	most   int
 	onTake func(n int)
 }
 
 func (s *wireShared) Check(int) error { return nil }
 
-func (s *wireShared) Earliest(now time.Time, _ int) (time.Time, bool) { return now, true }
+func (s *wireShared) Earliest(now time.Time, _ int) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return now, s.most == 0 || s.taken < s.most
+}
 
 func (s *wireShared) Take(time.Time, int) bool {
 	s.mu.Lock()
+	if s.most > 0 && s.taken >= s.most {
+		s.mu.Unlock()
+		return false
+	}
 	s.taken++
 	n := s.taken
 	s.mu.Unlock()
@@ -84,36 +94,10 @@ func TestFleetSlotPassedWhileRecordCommits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, wireScenario)
-			h.source(t, auditd.Source{ID: "county", Limit: 10, Window: auditd.Duration(time.Second), Concurrency: 1}, "county")
-			var armed, holding atomic.Bool
-			release := make(chan struct{})
-			sh := &wireShared{lags: []time.Duration{lag}, onTake: func(n int) { armed.Store(n == 1) }}
-			// The first commit to start after the first slot is taken waits
-			// for the test: the dispatch's own, or one before it, which the
-			// dispatch's waits for.
-			fault := func() error {
-				if armed.CompareAndSwap(true, false) {
-					holding.Store(true)
-					<-release
-				}
-				return nil
-			}
-			h.fault.Store(&fault)
-			h.lim.Share("county", sh)
-
-			v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wire", Principal: "test",
-				Items: []auditd.Item{{Key: "q1", SourceID: "county", Path: "/q?n=1"}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !h.drive(holding.Load, 100_000) {
-				t.Fatal("no commit was held after the slot was taken: the test proves nothing")
-			}
-			h.clk.Advance(tc.held)
-			if got := h.sim.Stats("county").Received; got != 0 {
-				t.Fatalf("the upstream received %d requests before the dispatch was durable", got)
-			}
-			close(release)
+			// One attempt a page: a request not sent spends none of them.
+			h.source(t, auditd.Source{ID: "county", Limit: 10, Window: auditd.Duration(time.Second), Concurrency: 1, MaxAttempts: 1}, "county")
+			sh := &wireShared{lags: []time.Duration{lag}}
+			v := holdFirstSlot(t, h, sh, tc.held)
 			v = h.finish(t, v.ID)
 			if v.Status != auditd.RunSucceeded {
 				t.Fatalf("run ended %s: %+v", v.Status, v.Counts)
@@ -158,6 +142,71 @@ func TestFleetSlotPassedWhileRecordCommits(t *testing.T) {
 			h.reconcile(t, v.ID)
 		})
 	}
+}
+
+// holdFirstSlot attaches sh to source county's budget, submits a run of
+// one item of it, and holds the first ledger commit to start after sh's
+// first slot is taken (the dispatch's own, or one before it, which the
+// dispatch's waits for) while the clock moves held on.
+func holdFirstSlot(t *testing.T, h *harness, sh *wireShared, held time.Duration) auditd.RunView {
+	t.Helper()
+	var armed, holding atomic.Bool
+	release := make(chan struct{})
+	sh.onTake = func(n int) { armed.Store(n == 1) }
+	fault := func() error {
+		if armed.CompareAndSwap(true, false) {
+			holding.Store(true)
+			<-release
+		}
+		return nil
+	}
+	h.fault.Store(&fault)
+	h.lim.Share("county", sh)
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wire", Principal: "test",
+		Items: []auditd.Item{{Key: "q1", SourceID: "county", Path: "/q?n=1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.drive(holding.Load, 100_000) {
+		t.Fatal("no commit was held after the slot was taken: the test proves nothing")
+	}
+	h.clk.Advance(held)
+	if got := h.sim.Stats("county").Received; got != 0 {
+		t.Fatalf("the upstream received %d requests before the dispatch was durable", got)
+	}
+	close(release)
+	return v
+}
+
+// A request not sent for its fleet slot spends none of the page's
+// attempts, after a restart too: here the node gets no second slot before
+// it stops, and the run, resumed, sends the item on its page's one attempt.
+func TestFleetSlotPassedIsNoAttemptAfterRestart(t *testing.T) {
+	h := newHarness(t, wireScenario)
+	h.source(t, auditd.Source{ID: "county", Limit: 10, Window: auditd.Duration(time.Second), Concurrency: 1, MaxAttempts: 1}, "county")
+	v := holdFirstSlot(t, h, &wireShared{lags: []time.Duration{40 * time.Millisecond}, most: 1}, 50*time.Millisecond)
+	notSent := func() bool {
+		for _, e := range h.events(t, v.ID) {
+			if auditd.NotSent(&e) {
+				return true
+			}
+		}
+		return false
+	}
+	if !h.drive(notSent, 100_000) {
+		t.Fatal("the dispatch was never closed as not sent")
+	}
+	h.close(t)
+	h.open(t, h.dir) // no fleet now: the gates admit alone
+	v = h.finish(t, v.ID)
+	if v.Status != auditd.RunSucceeded || v.Counts.Succeeded != 1 {
+		t.Fatalf("run ended %s: %+v", v.Status, v.Counts)
+	}
+	events := h.events(t, v.ID)
+	if got := count(events, auditd.EventDispatch, ""); got != 2 || h.sim.Stats("county").Received != 1 {
+		t.Errorf("%d dispatches on record, the upstream received %d; want 2 and 1", got, h.sim.Stats("county").Received)
+	}
+	h.reconcile(t, v.ID)
 }
 
 // A proxied request whose dispatch record is durable only after its fleet
