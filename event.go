@@ -22,7 +22,7 @@ const (
 	EventResponse         EventType = "response"             // Status, Bytes, Latency, Outcome, BodyError
 	EventThrottle         EventType = "throttle"             // Status, RetryAfterRaw, RetryAfter, Clamped, Backoff, Wait
 	EventTransportError   EventType = "transport.error"      // ErrorText, Latency
-	EventInterrupted      EventType = "dispatch.interrupted" // a dispatch with no outcome, found on resume: Method, Path, Reason
+	EventInterrupted      EventType = "dispatch.interrupted" // a dispatch with no outcome, found on resume, or never sent (Reason "not sent: ..."): Method, Path, Reason
 	EventBreaker          EventType = "breaker"              // From, To, Failures, Threshold, Cooldown
 	EventRegistryChanged  EventType = "registry.changed"     // OldLimit, NewLimit, OldWindow, NewWindow, Group, Cause (what taught it)
 	EventRegistrySnapshot EventType = "registry.snapshot"    // NewLimit, NewWindow, Group, Snapshot

@@ -60,9 +60,13 @@
 // window's quota a second time.
 //
 // Invariants:
-//   - A dispatch is durable before its request leaves the process.
+//   - A dispatch is durable before its request leaves the process; one on
+//     a fleet slot leaves only if that was within the fleet's lag of its
+//     slot (limiter.Permit.SendBy), else it is closed as not sent and the
+//     request takes a new slot.
 //   - Each dispatch has exactly one outcome event (response, throttle,
-//     transport.error, or dispatch.interrupted when found on resume).
+//     transport.error, or dispatch.interrupted when found on resume or
+//     when its request was not sent).
 //   - Every item ends with exactly one item.finished; every run reaches a
 //     terminal status. One source being down never holds the others back.
 //   - Secret request headers are added at send time and never recorded.

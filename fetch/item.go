@@ -194,6 +194,12 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(pg.index) // nothing was sent: the number is not spent
 			continue
+		} else if errors.Is(err, errSlotPassed) {
+			// On record and closed, not sent: the number stays spent, but
+			// not against the page's attempts.
+			it.attempts.forgive(pg.index)
+			recordFailures, throttled = 0, nil
+			continue
 		} else if err != nil {
 			// Not durable, so not sent: the ledger never shows fewer
 			// requests than the upstream received. The request waits and
@@ -396,7 +402,8 @@ var (
 // proxied request's item.queued), and sets a.sent to its recorded time
 // once it is durable, unless the source's breaker opened or a throttle
 // paused it since the admission (then it releases the permit and says
-// which). It waits for the record until ctx ends. When that comes first
+// which). A request on a fleet slot whose record is durable only after
+// the slot's time to leave by is not sent (errSlotPassed, slotPassed). It waits for the record until ctx ends. When that comes first
 // and late is set (a proxied request, whose wait its deadline bounds),
 // late is handed the record's future, and dispatch returns
 // errDispatchLate: the request was not sent, and late ends it once the
@@ -432,7 +439,29 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	// may have held it long after the gates admitted it).
 	a.permit.Sent(a.sent)
 	l.freeEventBuf(buf)
+	if by := a.permit.SendBy; !by.IsZero() && l.cfg.Clock.Now().After(by) {
+		l.slotPassed(ar, it, a, path)
+		return errSlotPassed
+	}
 	return nil
+}
+
+// errSlotPassed means a request admitted on a fleet slot was not sent: its
+// dispatch record became durable after the time its slot allowed it to
+// leave by (limiter.Permit.SendBy). The dispatch is on record and closed;
+// the request goes back to the gates for a new slot, under a new attempt.
+var errSlotPassed = errors.New("fleet slot passed before the dispatch was durable")
+
+// slotPassed closes a's dispatch, durable too late for its fleet slot, with
+// dispatch.interrupted (posted: the run records it before anything after),
+// and gives back its permit. The slot is spent: sent now, the request could
+// reach the upstream in a window the fleet's other slots already fill.
+func (l *Loop) slotPassed(ar *activeRun, it *auditd.Item, a *attempt, path string) {
+	a.permit.Release()
+	buf := l.eventBuf()
+	buf[0] = auditd.Event{Type: auditd.EventInterrupted, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page),
+		Attempt: a.n, Method: it.Method, Path: path, Reason: auditd.NotSentPrefix + ": its fleet slot passed while its record committed"}
+	l.post(ar, buf, 1, nil, nil)
 }
 
 // send performs one request with the source's secret headers and reads a

@@ -329,6 +329,13 @@ func (p *proxied) run(ctx context.Context) error {
 		if errors.Is(err, errBreakerOpened) || errors.Is(err, errPausedMeanwhile) {
 			it.attempts.unspend(0) // nothing was sent: the number is not spent
 			continue
+		} else if errors.Is(err, errSlotPassed) {
+			// On record and closed, not sent: back to the gates for a new
+			// fleet slot, within the request's deadline. Nothing reached the
+			// upstream, so it counts against no retry bound.
+			it.attempts.forgive(0)
+			p.throttled = nil
+			continue
 		} else if errors.Is(err, errDispatchLate) {
 			// Not durable in time, so not sent; the item ends once the
 			// ledger has decided the dispatch record (dispatch).
@@ -343,7 +350,7 @@ func (p *proxied) run(ctx context.Context) error {
 		}
 		p.meta.DispatchSeq, p.meta.Attempts = a.seq, it.attempts.total
 		p.throttled = nil
-		final := !p.retryable || it.attempts.spent(0) >= maxAttempts
+		final := !p.retryable || it.attempts.charged(0) >= maxAttempts
 		if done, err := p.exchange(ctx, rctx, a, final); done {
 			return err
 		}
@@ -411,12 +418,12 @@ func (p *proxied) dispatch(ctx context.Context, a *attempt, deadline time.Time) 
 			res.Reason = "the dispatch record was durable only after the request's deadline; nothing was sent"
 			buf := l.eventBuf()
 			buf[0] = auditd.Event{Type: auditd.EventInterrupted, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page),
-				Attempt: a.n, Method: it.Method, Path: p.path, Reason: "not sent: its record was durable only after the request's deadline"}
+				Attempt: a.n, Method: it.Method, Path: p.path, Reason: auditd.NotSentPrefix + ": its record was durable only after the request's deadline"}
 			buf[1] = finishedEvent(it, res)
 			l.post(ar, buf, 2, nil, res)
 		})
 	})
-	if err == nil || errors.Is(err, errDispatchLate) {
+	if err == nil || errors.Is(err, errDispatchLate) || errors.Is(err, errSlotPassed) {
 		p.queued = nil // on record, or on its way with the dispatch
 	}
 	return err

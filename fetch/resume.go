@@ -56,6 +56,10 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 			ar.seen(request{key: e.ItemKey, page: int(e.Page)}, e.Attempt)
 		case auditd.EventThrottle:
 			ar.forgiven(request{key: e.ItemKey, page: int(e.Page)})
+		case auditd.EventInterrupted:
+			if auditd.NotSent(e) { // its fleet slot passed: not an attempt of the page's
+				ar.forgiven(request{key: e.ItemKey, page: int(e.Page)})
+			}
 		}
 		return nil
 	})

@@ -72,7 +72,7 @@ func BenchmarkWritesAtFullPace(b *testing.B) {
 	for _, c := range []struct {
 		nodes int
 		lag   time.Duration
-	}{{1, 0}, {3, 0}, {3, 100 * time.Millisecond}} {
+	}{{1, 0}, {3, 0}, {3, 40 * time.Millisecond}} {
 		nodes := c.nodes
 		b.Run(fmt.Sprintf("nodes=%d/lag=%v", nodes, c.lag), func(b *testing.B) {
 			// A fresh key per run: a key reused by -count would start

@@ -61,6 +61,11 @@ type Permit struct {
 	Cost   int
 	// Admitted is when the request passed every gate (zero when it did not).
 	Admitted time.Time
+	// SendBy, set when a fleet slot admitted the request (Share), is the
+	// latest it may leave: Admitted plus the Shared's Lag. A request not
+	// on its way by then would reach the upstream outside the time its
+	// slot was spaced for, and must not be sent. Zero without a fleet.
+	SendBy time.Time
 	// Probe is true when the breaker was half-open and this request is one
 	// of its probes (the dispatch event's Cause "probe").
 	Probe bool
@@ -250,6 +255,8 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 					var took bool
 					if took, wait, shCh = takeShared(sh, now, req.Cost); !took {
 						gate = GateFleet
+					} else {
+						p.SendBy = now.Add(sh.Lag())
 					}
 				}
 			}

@@ -47,7 +47,8 @@
 //   - Pauses only lengthen (Pause takes the later deadline).
 //   - A budget with a Shared attached (Share: a fleet's slots) admits only
 //     when the Shared also hands the request a slot, at the head of the
-//     budget's queue (GateFleet); without one it admits as before.
+//     budget's queue (GateFleet), and sets the permit's SendBy from the
+//     Shared's Lag; without one it admits as before.
 //   - Configure again keeps a source's admissions, owed tokens and pause:
 //     the same budget when its limits are unchanged, carried into the new
 //     one when they change.

@@ -34,6 +34,10 @@ type Shared interface {
 	// must not block on the shared store: a Retry-After is recorded and
 	// obeyed here whether or not the fleet can be told.
 	Pause(until time.Time)
+	// Lag is how long after a slot is taken its request may still reach
+	// the upstream: the slots are spaced for it. A request that cannot
+	// leave by then must not be sent (Permit.SendBy).
+	Lag() time.Duration
 }
 
 // Share attaches s to the budget of key: a gateway group's name for its

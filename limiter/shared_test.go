@@ -86,6 +86,8 @@ func (f *fakeShared) Pause(until time.Time) {
 	f.pauses = append(f.pauses, until)
 }
 
+func (f *fakeShared) Lag() time.Duration { return 40 * time.Millisecond }
+
 func (f *fakeShared) takes() []time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -121,6 +123,19 @@ func TestSharedAdmitsAtTheFleetSlot(t *testing.T) {
 	}
 	if got := sh.takes(); len(got) != 1 || !got[0].Equal(r.p.Admitted) {
 		t.Fatalf("slots taken at %v, want one at the admission", got)
+	}
+	if want := r.p.Admitted.Add(sh.Lag()); !r.p.SendBy.Equal(want) {
+		t.Fatalf("SendBy = %v, want the admission plus the fleet's lag, %v", r.p.SendBy, want)
+	}
+}
+
+// Without a fleet a permit has no time to leave by: nothing changes.
+func TestUnsharedPermitHasNoSendBy(t *testing.T) {
+	l, _ := newLimiter(t, map[string]limiter.Config{"s": roomy})
+	p := mustAcquire(t, l, "s")
+	defer p.Release()
+	if !p.SendBy.IsZero() {
+		t.Fatalf("SendBy = %v without a fleet, want zero", p.SendBy)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -18,13 +17,16 @@ type placed struct {
 	block FleetBlock
 	at    int64  // a dispatch's time, Unix nanoseconds
 	seq   uint64 // a dispatch's event
+	cost  int    // a dispatch's cost: the slots it took
 }
 
 // verifyLimits checks the over-limit proof: per source, the nodes' blocks
 // are disjoint, granted in order and spaced no closer than the limit in
-// force; and no window of the source's dispatches, over every node, holds
-// more than the limit in force (the one in force at the window's last
-// dispatch).
+// force; no window of the source's dispatches, over every node, holds more
+// than the limit in force (the one in force at the window's last
+// dispatch); and, when the manifest gives the slots' slack, each dispatch
+// holds slots of its node's own within that slack. Dispatches closed as
+// not sent are left out: the upstream never saw them.
 func verifyLimits(fp *FleetPack, r *FleetReport) error {
 	m := &fp.Manifest
 	limits := map[string][]FleetLimit{}
@@ -60,52 +62,95 @@ func verifyLimits(fp *FleetPack, r *FleetReport) error {
 		if p == nil {
 			continue
 		}
-		if err := p.dispatches(m.Runs, limits, func(e *auditd.Event) {
-			dispatches[e.SourceID] = append(dispatches[e.SourceID], placed{node: n.Name, at: e.Time.UnixNano(), seq: e.Seq})
-		}); err != nil {
+		ds, err := p.sentDispatches(n.Name, m.Runs, limits)
+		if err != nil {
 			r.fail("node %s: %v", n.Name, err)
+		}
+		for _, d := range ds {
+			dispatches[d.src] = append(dispatches[d.src], d.placed)
 		}
 	}
 	for src, ds := range dispatches {
 		r.Dispatches[src] = int64(len(ds))
 		checkWindows(src, ds, limits[src], r)
 		if m.SlotSlack > 0 {
-			checkInBlocks(src, ds, blocks[src], m.SlotSlack, r)
+			checkInSlots(src, ds, blocks[src], m.SlotSlack, r)
 		}
 	}
 	return nil
 }
 
-// checkInBlocks reports, per node, the first dispatch of src that none of
-// the node's blocks holds (before the block's first slot, or more than
-// slack after its last), and a block that more dispatches used than it has
-// slots. ds are sorted by time.
-func checkInBlocks(src string, ds, bs []placed, slack int64, r *FleetReport) {
-	byNode := map[string][]FleetBlock{}
+// checkInSlots reports, per node, the first dispatch of src that the
+// node's slots cannot account for: each dispatch needs cost slots of its
+// own, none used twice, each at most slack before the dispatch's time and
+// none after it (a slot is handed out within its grace, and its request
+// is sent only if its record is durable within the node's lag: slack is
+// the two). ds are sorted by time.
+//
+// A greedy match is exact here: every slot's span is the same length, so
+// giving each dispatch, in time order, the earliest slots still in reach
+// never leaves a later dispatch without slots another match would find.
+func checkInSlots(src string, ds, bs []placed, slack int64, r *FleetReport) {
+	slots := map[string]*slotCursor{}
 	for _, p := range bs { // sorted by First (checkBlocks)
-		byNode[p.node] = append(byNode[p.node], p.block)
+		c := slots[p.node]
+		if c == nil {
+			c = &slotCursor{}
+			slots[p.node] = c
+		}
+		c.blocks = append(c.blocks, p.block)
 	}
-	used := map[string][]int64{}
 	reported := map[string]bool{}
 	for _, d := range ds {
-		bl := byNode[d.node]
-		if used[d.node] == nil {
-			used[d.node] = make([]int64, len(bl))
-		}
-		i := sort.Search(len(bl), func(i int) bool { return bl[i].First > d.at }) - 1
-		if i >= 0 && d.at <= bl[i].First+(bl[i].Count-1)*bl[i].Interval+slack {
-			if used[d.node][i]++; used[d.node][i] == bl[i].Count+1 {
-				r.fail("source %s: node %s's block at revision %d (%d slots) holds more dispatches; the one past it is event %d (leaf %d)",
-					src, d.node, bl[i].Revision, bl[i].Count, d.seq, d.seq-1)
-			}
+		if reported[d.node] {
 			continue
 		}
-		if !reported[d.node] {
-			reported[d.node] = true
-			r.fail("source %s: node %s's dispatch event %d (leaf %d) at %s is in none of its reserved blocks",
-				src, d.node, d.seq, d.seq-1, stamp(d.at))
+		c := slots[d.node]
+		if c == nil {
+			c = &slotCursor{}
+			slots[d.node] = c
 		}
+		if c.take(d.at-slack, d.at, d.cost) {
+			continue
+		}
+		reported[d.node] = true
+		r.fail("source %s: node %s's dispatch event %d (leaf %d) at %s is in none of its reserved blocks: no slot of its own from %v before it",
+			src, d.node, d.seq, d.seq-1, stamp(d.at), time.Duration(slack))
 	}
+}
+
+// slotCursor walks one node's slots of a source in time order.
+type slotCursor struct {
+	blocks []FleetBlock // sorted by First
+	b      int          // the block of the next slot
+	i      int64        // the next slot in it
+}
+
+// take spends the next n slots at or after from, when each is at or
+// before to; slots before from are passed over, unused.
+func (c *slotCursor) take(from, to int64, n int) bool {
+	for range n {
+		for c.b < len(c.blocks) {
+			bl := c.blocks[c.b]
+			if c.i < bl.Count && bl.First+c.i*bl.Interval < from {
+				// Skip to the first slot at or after from.
+				c.i = max(c.i, (from-bl.First+bl.Interval-1)/bl.Interval)
+			}
+			if c.i < bl.Count {
+				break
+			}
+			c.b, c.i = c.b+1, 0
+		}
+		if c.b == len(c.blocks) {
+			return false
+		}
+		bl := c.blocks[c.b]
+		if bl.First+c.i*bl.Interval > to {
+			return false
+		}
+		c.i++
+	}
+	return true
 }
 
 // inForce returns the limit of ls in force at t, if any.
@@ -160,25 +205,39 @@ func checkWindows(src string, ds []placed, ls []FleetLimit, r *FleetReport) {
 
 func stamp(ns int64) string { return time.Unix(0, ns).UTC().Format(time.RFC3339Nano) }
 
-// dispatches hands fn the dispatch events of runs on the sources of
-// limits, from the leaves.
-func (p *Pack) dispatches(runs []string, limits map[string][]FleetLimit, fn func(*auditd.Event)) error {
+// sentDispatch is a dispatch of node's, with its source and cost.
+type sentDispatch struct {
+	placed
+	src string
+}
+
+// sentDispatches returns node's dispatch events of runs on the sources of
+// limits, from the leaves, but those closed as not sent
+// (reports.SentScan): on record, never on the wire.
+func (p *Pack) sentDispatches(node string, runs []string, limits map[string][]FleetLimit) ([]sentDispatch, error) {
 	s, err := p.scanLeaves()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer s.Close()
 	s.noLeaf = true
+	var ds []sentDispatch
+	var sent reports.SentScan
 	for {
 		err := s.next()
 		if errors.Is(err, io.EOF) {
-			return nil
+			return reports.Sent(ds, &sent), nil
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if s.e.Type == auditd.EventDispatch && limits[s.e.SourceID] != nil && slices.Contains(runs, s.e.RunID) {
-			fn(&s.e)
+		e := &s.e
+		if limits[e.SourceID] == nil || !slices.Contains(runs, e.RunID) {
+			continue
+		}
+		sent.See(e)
+		if e.Type == auditd.EventDispatch {
+			ds = append(ds, sentDispatch{placed{node: node, at: e.Time.UnixNano(), seq: e.Seq, cost: auditd.DispatchCost(e)}, e.SourceID})
 		}
 	}
 }

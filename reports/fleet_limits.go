@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/auditd/auditd"
 )
 
 // R9 over a fleet. Each node's R9 holds its own dispatches to the limits
@@ -90,6 +92,69 @@ func FleetWindows(src string, ds []FleetDispatch, ls []FleetLimit) *FleetOver {
 		first.Offending++
 	}
 	return first
+}
+
+// SentScan tells, in events read in ledger order, which dispatches reached
+// the upstream: every one but those a "not sent" dispatch.interrupted
+// closes (auditd.NotSent: the node put the dispatch on record and then did
+// not send it, its fleet slot or its client's deadline having passed).
+// Those are left out of the fleet's limit checks; each node's own R9
+// still counts them. Give See every dispatch the caller keeps and every
+// event that closes one (an outcome, an interruption), in order; the
+// dispatches are numbered from 0 in the order seen. It holds only the
+// dispatches not yet closed.
+type SentScan struct {
+	open map[attemptKey]int
+	n    int
+	// NotSent are the numbers of the dispatches closed as not sent, in
+	// increasing order.
+	NotSent []int
+}
+
+// attemptKey names a dispatch: its run, item, page and attempt.
+type attemptKey struct {
+	run, item     string
+	page, attempt uint32
+}
+
+// See takes the next event of the scan.
+func (s *SentScan) See(e *auditd.Event) {
+	k := attemptKey{e.RunID, e.ItemKey, e.Page, e.Attempt}
+	switch e.Type {
+	case auditd.EventDispatch:
+		if s.open == nil {
+			s.open = map[attemptKey]int{}
+		}
+		s.open[k] = s.n
+		s.n++
+	case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
+		i, ok := s.open[k]
+		if !ok {
+			return
+		}
+		delete(s.open, k)
+		if auditd.NotSent(e) {
+			s.NotSent = append(s.NotSent, i)
+		}
+	}
+}
+
+// Sent returns the items of ds, one per dispatch seen in order, that were
+// sent: ds without those at NotSent.
+func Sent[T any](ds []T, s *SentScan) []T {
+	if len(s.NotSent) == 0 {
+		return ds
+	}
+	out := ds[:0]
+	j := 0
+	for i, d := range ds {
+		if j < len(s.NotSent) && s.NotSent[j] == i {
+			j++
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // PartDispatches are a node's dispatches of a fleet run on the sources the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/reports"
 )
 
 // The budget test's reading of the nodes' ledgers against nginx's log:
@@ -23,7 +24,10 @@ type fleetLedger struct {
 	throttles  []time.Time
 	slots      []time.Time    // every slot of its grants, in time order
 	dispatches []auditd.Event // its dispatch records of source "up", in order
-	grants     int
+	// sent are those of dispatches not closed as not sent: what nginx can
+	// have seen of the node.
+	sent   []auditd.Event
+	grants int
 	// late counts the grants recorded once their first slot's grace had
 	// passed: the node holds a grant's slots only once its record is
 	// durable, so that slot at least was wasted.
@@ -37,11 +41,17 @@ func readFleetLedgers(t *testing.T, datas []string) []fleetLedger {
 	for _, data := range datas {
 		var l fleetLedger
 		l.events, l.throttles = fleetEvents(t, data)
+		var sent reports.SentScan
 		scanLedger(t, data, func(e *auditd.Event) {
-			if e.Type == auditd.EventDispatch && e.SourceID == "up" {
+			if e.SourceID != "up" || e.RunID == "" {
+				return
+			}
+			sent.See(e)
+			if e.Type == auditd.EventDispatch {
 				l.dispatches = append(l.dispatches, *e)
 			}
 		})
+		l.sent = reports.Sent(slices.Clone(l.dispatches), &sent)
 		for _, e := range l.events {
 			var d fleetDetail
 			if e.Type != auditd.EventFleetReserved || json.Unmarshal([]byte(e.Detail), &d) != nil || d.First == nil {
@@ -92,7 +102,7 @@ func traceArrivals(t *testing.T, all []fleetArrival, ledgers []fleetLedger) []tr
 	records := make([]map[string][]time.Time, len(ledgers))
 	for i, l := range ledgers {
 		records[i] = map[string][]time.Time{}
-		for _, e := range l.dispatches {
+		for _, e := range l.sent {
 			records[i][e.Path] = append(records[i][e.Path], e.Time)
 		}
 	}
@@ -132,19 +142,23 @@ func checkBudgetWindows(t *testing.T, all []fleetArrival, ledgers []fleetLedger,
 	// their slot to the wire: each is shown on its own.
 	for _, kind := range []string{"batch", "proxied"} {
 		var toRecord, toNginx []time.Duration
-		late := 0
+		var late []string
 		for _, a := range traced {
 			if strings.HasPrefix(a.path, "/batch-") != (kind == "batch") {
 				continue
 			}
 			toRecord, toNginx = append(toRecord, a.recorded.Sub(a.slot)), append(toNginx, a.at.Sub(a.slot))
 			if a.at.Sub(a.slot) >= guard {
-				late++
+				late = append(late, a.String())
 			}
 		}
 		t.Logf("%s, from the slot (the latest its node held at its record) to the dispatch record: %s; to nginx: %s; %d of %d past the guard's %v",
-			kind, quantiles(toRecord), quantiles(toNginx), late, len(toNginx), guard)
+			kind, quantiles(toRecord), quantiles(toNginx), len(late), len(toNginx), guard)
+		for _, a := range late[:min(len(late), 5)] {
+			t.Logf("  past the guard: %s", a)
+		}
 	}
+	t.Logf("nginx's busiest second held %d requests (the limit %d)", most, limit)
 	if most > limit {
 		t.Errorf("nginx saw %d requests in one second from %v into the load: over the fleet's limit of %d", most, all[first].at.Sub(start), limit)
 		for _, a := range traced {
@@ -186,6 +200,27 @@ func checkGrants(t *testing.T, ledgers []fleetLedger, interval time.Duration) {
 		}
 	}
 	t.Logf("%d slots granted to the fleet, none closer than %v; grants recorded past their first slot's grace: %s", len(slots), interval, strings.Join(late, ", "))
+}
+
+// checkSentInTime checks that each node sent no request whose dispatch
+// record is later after the latest slot the node held by then than a
+// slot's grace and the lag allowance: such a request left outside the time
+// its slot was spaced for (the check at the wire closes it as not sent
+// instead). It logs how many each node closed so, of its dispatches.
+func checkSentInTime(t *testing.T, ledgers []fleetLedger, lag time.Duration) {
+	t.Helper()
+	var shares []string
+	for i, l := range ledgers {
+		for _, e := range l.sent {
+			if slot := l.slotBefore(e.Time); e.Time.Sub(slot) > fleet.DefaultGrace+lag {
+				t.Errorf("node %d sent %s recorded at %s, %v after the latest slot it held: past the grace and the lag allowance (%v)",
+					i+1, e.Path, e.Time.Format("15:04:05.000"), e.Time.Sub(slot), fleet.DefaultGrace+lag)
+			}
+		}
+		notSent := len(l.dispatches) - len(l.sent)
+		shares = append(shares, fmt.Sprintf("node%d %d of %d (%.1f%%)", i+1, notSent, len(l.dispatches), 100*float64(notSent)/float64(max(1, len(l.dispatches)))))
+	}
+	t.Logf("dispatches closed as not sent, their fleet slot passed while their record committed: %s", strings.Join(shares, ", "))
 }
 
 // quantiles is "p50 a, p99 b, max c" of ds.

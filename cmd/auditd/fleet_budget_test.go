@@ -34,9 +34,10 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	}
 	const limit, token = 20, "fleet-admin-token-0123456789abcdef"
 	// On a loaded machine a dispatch record's commit holds a request back
-	// by tens of milliseconds, and a batch releases two at once: the slots
-	// are spaced for that lag, which costs the fleet lag/window of the rate.
-	const fleetLag = 100 * time.Millisecond
+	// by tens of milliseconds: the slots are spaced for serve's default lag
+	// allowance, which costs the fleet lag/window of the rate, and a request
+	// whose record commits later is not sent.
+	const fleetLag = defaultFleetLag
 	python(t)
 	gw := nginxtest.Start(t, nginxtest.Config{Template: "fleet.conf.tmpl", Rate: limit, Burst: limit})
 	cluster := etcdtest.Start(t, 3)
@@ -110,6 +111,7 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	ledgers := readFleetLedgers(t, datas)
 	interval := fleet.Interval(fleet.Rate{Limit: limit, Window: time.Second}, fleet.DefaultGrace, fleet.DefaultMaxSkew+fleetLag)
 	checkBudgetWindows(t, all, ledgers, limit, interval, start)
+	checkSentInTime(t, ledgers, fleetLag)
 	checkSteadyShare(t, all, ledgers, start, cutAt, limit, interval)
 	checkFleetRecords(t, ledgers, all, cutAt, healAt)
 }

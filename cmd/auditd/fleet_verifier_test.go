@@ -191,6 +191,14 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 		if err != nil {
 			return fmt.Errorf("node %s: %v", n.Name, err)
 		}
+		// A dispatch a "not sent" dispatch.interrupted closes never
+		// reached the upstream: the limits leave it out.
+		type keyed struct {
+			key, source string
+			stamp
+		}
+		var mine []keyed
+		notSent := map[string]bool{}
 		for len(bin) >= 4 {
 			l := binary.BigEndian.Uint32(bin)
 			if uint64(l) > uint64(len(bin)-4) {
@@ -198,8 +206,20 @@ func outsideVerifyFleet(b []byte, keys map[string]string) error {
 			}
 			e, err := decodeOutside(bin[4 : 4+l])
 			bin = bin[4+l:]
-			if err == nil && e.typ == "dispatch" && contains(m.Runs, e.run) {
-				dispatches[e.source] = append(dispatches[e.source], stamp{e.time.UnixNano(), n.Name})
+			if err != nil || !contains(m.Runs, e.run) {
+				continue
+			}
+			key := fmt.Sprintf("%s|%s|%d|%d", e.run, e.item, e.page, e.attempt)
+			switch {
+			case e.typ == "dispatch":
+				mine = append(mine, keyed{key, e.source, stamp{e.time.UnixNano(), n.Name}})
+			case e.typ == "dispatch.interrupted" && strings.HasPrefix(e.cause, "not sent"):
+				notSent[key] = true
+			}
+		}
+		for _, d := range mine {
+			if !notSent[d.key] {
+				dispatches[d.source] = append(dispatches[d.source], d.stamp)
 			}
 		}
 	}

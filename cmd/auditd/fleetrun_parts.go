@@ -128,20 +128,27 @@ func (f *fleetRuns) Part(ctx context.Context, id string) (reports.FleetPart, err
 }
 
 // partDispatches reads the run's dispatch events on the sources the fleet
-// limits from this node's ledger, with those limits: what the fleet pack's
-// over-limit proof checks, from the same events.
+// limits from this node's ledger, but those closed as not sent, with those
+// limits: what the fleet pack's over-limit proof checks, from the same
+// events.
 func (f *fleetRuns) partDispatches(ctx context.Context, id string) (*reports.PartDispatches, error) {
 	limits, err := f.limits(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	out := &reports.PartDispatches{Limits: limits, Sources: make([]reports.SourceDispatches, len(limits))}
+	sent := make([]reports.SentScan, len(limits))
 	idx := map[string]int{}
 	for i, l := range limits {
 		out.Sources[i].Source, idx[l.Source] = l.Source, i
 	}
 	err = ledger.NewReader(f.db).ScanRun(id, 0, func(e *auditd.Event) error {
-		if i, ok := idx[e.SourceID]; ok && e.Type == auditd.EventDispatch {
+		i, ok := idx[e.SourceID]
+		if !ok {
+			return nil
+		}
+		sent[i].See(e)
+		if e.Type == auditd.EventDispatch {
 			s := &out.Sources[i]
 			s.At, s.Seq = append(s.At, e.Time.UnixNano()), append(s.Seq, e.Seq)
 		}
@@ -149,6 +156,10 @@ func (f *fleetRuns) partDispatches(ctx context.Context, id string) (*reports.Par
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dispatches of run %s: %w", id, err)
+	}
+	for i := range out.Sources {
+		s := &out.Sources[i]
+		s.At, s.Seq = reports.Sent(s.At, &sent[i]), reports.Sent(s.Seq, &sent[i])
 	}
 	return out, nil
 }

@@ -34,6 +34,7 @@ type outsideEvent struct {
 	typ, run, source, item string
 	method, path           string
 	detail                 string
+	cause                  string // tag 35: a dispatch.interrupted's Reason, among others
 	page, attempt          uint64
 	status                 int64
 	time                   time.Time
@@ -79,6 +80,8 @@ func decodeOutside(b []byte) (outsideEvent, error) {
 				e.method = s
 			case 12:
 				e.path = s
+			case 35:
+				e.cause = s
 			case 37:
 				e.detail = s
 			}

@@ -56,7 +56,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var witnesses listFlag
 	fleetEtcd := fs.String("fleet-etcd", "", "comma-separated etcd client `URLs`: share each source's budget and pauses with the other nodes of the fleet (docs/FLEET.md)")
 	node := fs.String("node", "", "this node's `name` in a fleet (with --fleet-etcd)")
-	fleetLag := fs.Duration("fleet-lag", 0, "the most a request on the wire may trail its fleet slot; slots are spaced to absorb it (default 100ms)")
+	fleetLag := fs.Duration("fleet-lag", 0, "the most a request on the wire may trail its fleet slot; slots are spaced to absorb it, and a request whose dispatch record commits later is not sent (default 40ms)")
 	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return parseStatus(err)
