@@ -140,7 +140,7 @@ func (s *SentScan) See(e *auditd.Event) {
 }
 
 // Sent returns the items of ds, one per dispatch seen in order, that were
-// sent: ds without those at NotSent.
+// sent: ds without those at NotSent, in ds's array.
 func Sent[T any](ds []T, s *SentScan) []T {
 	if len(s.NotSent) == 0 {
 		return ds
