@@ -97,6 +97,11 @@ func (p *Permit) Observe(o Outcome) Verdict {
 		s.broadcast()
 	}
 	s.mu.Unlock()
+	for _, t := range v.Breaker {
+		if sh := l.sharedOf(p.Source, cfg); sh != nil && t.To == BreakerOpen {
+			sh.BreakerOpened(t.At.Add(t.Cooldown))
+		}
+	}
 
 	switch v.Class {
 	case ClassThrottled:

@@ -34,6 +34,11 @@ type Shared interface {
 	// must not block on the shared store: a Retry-After is recorded and
 	// obeyed here whether or not the fleet can be told.
 	Pause(until time.Time)
+	// BreakerOpened tells the fleet that this node's breaker of a source
+	// of the budget opened until until, when its half-open probe may go:
+	// every node pauses until then, and the others a little longer, so
+	// that this node's probe decides. It must not block, as Pause.
+	BreakerOpened(until time.Time)
 	// Lag is how long after a slot is taken its request may still reach
 	// the upstream: the slots are spaced for it. A request that cannot
 	// leave by then must not be sent (Permit.SendBy).

@@ -18,6 +18,7 @@ type fakeShared struct {
 	slots   []time.Time
 	taken   []time.Time
 	pauses  []time.Time
+	opened  []time.Time // BreakerOpened
 	maxCost int
 	changed chan struct{}
 	short   chan struct{} // a token each time Earliest finds too few slots
@@ -84,6 +85,12 @@ func (f *fakeShared) Pause(until time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pauses = append(f.pauses, until)
+}
+
+func (f *fakeShared) BreakerOpened(until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opened = append(f.opened, until)
 }
 
 func (f *fakeShared) Lag() time.Duration { return 40 * time.Millisecond }
@@ -219,5 +226,38 @@ func TestSharedOfAGroupAndPause(t *testing.T) {
 	var shed *limiter.ShedError
 	if _, err := l.Acquire(context.Background(), "a", limiter.Request{Deadline: epoch}); !errors.As(err, &shed) || shed.Gate != limiter.GatePause {
 		t.Fatalf("detached and paused: %v, want a shed at the pause gate", err)
+	}
+}
+
+// TestSharedToldOfBreakerOpenings: the fleet is told when the breaker of a
+// shared source opens, with when its probe may go (after the cooldown, and
+// after a failed probe the doubled one), and of nothing else it does.
+func TestSharedToldOfBreakerOpenings(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 1000, Window: time.Second, Burst: 1000, BreakerThreshold: 2, BreakerCooldown: time.Minute}})
+	sh := newFakeShared()
+	l.Share("s", sh)
+	fail := func() limiter.Verdict {
+		t.Helper()
+		sh.grant(c.Now())
+		return mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 503})
+	}
+	fail()
+	opened := c.Now()
+	if v := fail(); len(v.Breaker) != 1 || v.Breaker[0].To != limiter.BreakerOpen {
+		t.Fatalf("two failures: %+v", v.Breaker)
+	}
+	c.Advance(time.Minute)
+	if v := fail(); !v.Probe || len(v.Breaker) != 1 || v.Breaker[0].To != limiter.BreakerOpen {
+		t.Fatalf("the failed probe: probe %v, %+v", v.Probe, v.Breaker)
+	}
+	reopened := c.Now()
+	c.Advance(2 * time.Minute)
+	sh.grant(c.Now())
+	if v := mustAcquire(t, l, "s").Observe(limiter.Outcome{Status: 200}); len(v.Breaker) != 1 || v.Breaker[0].To != limiter.BreakerClosed {
+		t.Fatalf("the probe that closed it: %+v", v.Breaker)
+	}
+	want := []time.Time{opened.Add(time.Minute), reopened.Add(2 * time.Minute)}
+	if len(sh.opened) != 2 || !sh.opened[0].Equal(want[0]) || !sh.opened[1].Equal(want[1]) {
+		t.Fatalf("fleet told of openings %v, want %v", sh.opened, want)
 	}
 }

@@ -77,6 +77,8 @@ type fleetShare struct {
 	*fleet.Slots
 	rate   fleet.Rate
 	member string
+	group  bool   // the key is a gateway group's, member one of its sources
+	node   string // this node's name
 	lag    time.Duration
 }
 
@@ -91,6 +93,22 @@ func (s *fleetShare) Lag() time.Duration { return s.lag }
 func (s *fleetShare) Pause(until time.Time) {
 	go func() {
 		_, _ = s.Slots.Pause(context.Background(), until) // a failure is recorded as a local pause (revision 0)
+	}()
+}
+
+// BreakerOpened tells the fleet that this node's breaker of the key's
+// source opened until until (limiter.Shared): every node pauses the key
+// until then, and the others BreakerGrace longer (applyPause), so that
+// this node's half-open probe decides whether the upstream is back. A
+// gateway group's key is not paused for one member's breaker: the others
+// behind the gateway may be well; each node's breaker of that source
+// opens on its own failures.
+func (s *fleetShare) BreakerOpened(until time.Time) {
+	if s.group {
+		return
+	}
+	go func() {
+		_, _ = s.Slots.PauseFor(context.Background(), until, s.node) // a failure is recorded as a local pause (revision 0)
 	}()
 }
 
@@ -149,7 +167,7 @@ func (n *fleetNode) sync() {
 			key, rate = st.Group, fleet.Rate{Limit: st.GroupCeilingLimit, Window: st.GroupCeilingWindow}
 		}
 		if _, ok := want[key]; !ok {
-			want[key] = &fleetShare{rate: rate, member: src.ID, lag: n.lag}
+			want[key] = &fleetShare{rate: rate, member: src.ID, group: st.Group != "", node: n.node, lag: n.lag}
 		}
 	}
 	var gone []*fleetShare
@@ -292,7 +310,8 @@ func (n *fleetNode) hand() (auditd.Future, int) {
 // applyPause makes a pause of the fleet (another node's, or this one's
 // coming back) a pause of the local budget, so the requests waiting here
 // wait at the pause gate with its end known. Budget.Pause, not
-// Limiter.Pause: the fleet already has it.
+// Limiter.Pause: the fleet already has it. Another node's breaker's pause
+// holds here BreakerGrace longer than there: its probe goes first.
 func (n *fleetNode) applyPause(e fleet.Event) {
 	n.mu.Lock()
 	s, ok := n.shares[e.Key]
@@ -300,8 +319,12 @@ func (n *fleetNode) applyPause(e fleet.Event) {
 	if !ok {
 		return
 	}
+	until := e.Pause.Until
+	if by := e.Pause.Breaker; by != "" && by != n.node {
+		until = until.Add(fleet.BreakerGrace)
+	}
 	if b, err := n.lim.Budget(s.member); err == nil {
-		b.Pause(e.Pause.Until)
+		b.Pause(until)
 	}
 }
 
@@ -313,6 +336,8 @@ type fleetDetail struct {
 	Interval string     `json:"interval,omitempty"`
 	Count    int        `json:"count,omitempty"`
 	Until    *time.Time `json:"until,omitempty"`
+	// Breaker names the node whose breaker opened the pause.
+	Breaker string `json:"breaker,omitempty"`
 }
 
 // event is e as a ledger event.
@@ -327,7 +352,7 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 	case fleet.EventPaused:
 		ev.Type = auditd.EventFleetPaused
 		until := e.Pause.Until.UTC()
-		d.Revision, d.Until = e.Pause.Revision, &until
+		d.Revision, d.Until, d.Breaker = e.Pause.Revision, &until, e.Pause.Breaker
 	case fleet.EventCutOff:
 		ev.Type = auditd.EventFleetCutOff
 		if e.Err != nil {
