@@ -210,3 +210,25 @@ func TestCombineFleetR9(t *testing.T) {
 		t.Errorf("parts without dispatches: %v", rep.Failed())
 	}
 }
+
+// The merge reads node workbooks with a byte scanner of the sheets' XML:
+// it reads a run's workbook, and a fleet workbook, cell for cell as
+// encoding/xml's token reader did.
+func TestFleetMergeReadsAsXMLReader(t *testing.T) {
+	node, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
+	x := reports.NewExporter(reports.NewReconciler(newSynthReader(synthRun{items: 200, pages: 2, throttleEvery: 7})))
+	x.Ledger = fixedCheckpoint{}
+	synth, _ := export(t, x, reports.Request{ExportID: "synth", RunIDs: []string{synthRunID}, Filters: "run " + synthRunID})
+	var fleet bytes.Buffer
+	parts := []reports.FleetWorkbook{{Node: "a", Book: bytes.NewReader(node), Size: int64(len(node))},
+		{Node: "b", Book: bytes.NewReader(synth), Size: int64(len(synth))}}
+	rep := reports.CombineFleet(fixtureRun, []reports.FleetPart{nodePart(t, "a", 3), nodePart(t, "b", 4)})
+	if err := reports.WriteFleetEvidence(&fleet, reports.FleetEvidence{RunID: fixtureRun, Parts: parts, Report: rep, GeneratedAt: generatedAt}); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"clean": node, "synth": synth, "fleet": fleet.Bytes()} {
+		if err := reports.SameRowsAsXMLReader(b); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

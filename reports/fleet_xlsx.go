@@ -13,9 +13,9 @@ import (
 	"time"
 )
 
-// A node's run workbook is read for the fleet workbook with a token scan
-// of its sheets' XML rather than excelize's cell by cell look-ups, which
-// take minutes over sheets of a hundred thousand rows.
+// A node's run workbook is read for the fleet workbook by a scan of its
+// sheets' XML bytes (sheetScanner) rather than excelize's cell by cell
+// look-ups, which take minutes over sheets of a hundred thousand rows.
 
 // nodeBook is a run workbook opened for its cells.
 type nodeBook struct {
@@ -93,13 +93,20 @@ func openNodeBook(ra io.ReaderAt, size int64) (*nodeBook, error) {
 		var sst struct {
 			SI []struct {
 				T string `xml:"t"`
+				R []struct {
+					T string `xml:"t"`
+				} `xml:"r"`
 			} `xml:"si"`
 		}
 		if err := b.decode("xl/sharedStrings.xml", &sst); err != nil {
 			return nil, err
 		}
 		for _, si := range sst.SI {
-			b.shared = append(b.shared, si.T)
+			s := si.T
+			for _, r := range si.R { // rich text: its runs' texts
+				s += r.T
+			}
+			b.shared = append(b.shared, s)
 		}
 	}
 	return b, nil
@@ -120,8 +127,9 @@ func (b *nodeBook) decode(name string, v any) error {
 
 func (b *nodeBook) has(sheet string) bool { _, ok := b.sheets[sheet]; return ok }
 
-// rows calls fn with each row of sheet, in order, its cells in order.
-func (b *nodeBook) rows(sheet string, fn func([]nodeCell) error) error {
+// rowsXML is rows through encoding/xml's token reader, which rows
+// replaced; kept until the two are shown to agree.
+func (b *nodeBook) rowsXML(sheet string, fn func([]nodeCell) error) error {
 	f, ok := b.files[b.sheets[sheet]]
 	if !ok {
 		return fmt.Errorf("the workbook has no sheet %s", sheet)
