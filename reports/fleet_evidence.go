@@ -145,6 +145,7 @@ func copyRows(sw *sheetWriter, b *nodeBook, sheet, node string, spec sheetSpec) 
 		want[i] = c.title
 	}
 	r := 0
+	vals, cells := make([]any, len(spec.columns)), make([]any, len(spec.columns))
 	return b.rows(sheet, func(row []nodeCell) error {
 		if r++; r == 1 {
 			if got := b.texts(row, 0); !slices.Equal(got, want) {
@@ -152,8 +153,8 @@ func copyRows(sw *sheetWriter, b *nodeBook, sheet, node string, spec sheetSpec) 
 			}
 			return nil
 		}
-		vals := make([]any, len(spec.columns))
-		cells := make([]any, len(spec.columns))
+		clear(vals)
+		clear(cells)
 		vals[0], cells[0] = node, node
 		for _, c := range row {
 			if c.col >= len(want) {

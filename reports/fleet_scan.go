@@ -129,8 +129,12 @@ func (s *sheetScanner) startCell(tag []byte) error {
 	if n := len(s.cells); n > 0 {
 		c.col = s.cells[n-1].col + 1
 	}
-	for name, val := range attrs(tag) {
-		switch name {
+	for rest := tag; ; {
+		var name, val []byte
+		if name, val, rest = nextAttr(rest); name == nil {
+			break
+		}
+		switch string(name) {
 		case "r":
 			col, _, err := cellColumn(string(val))
 			if err != nil || col >= maxScanColumns {
@@ -210,16 +214,17 @@ func (s *sheetScanner) next(keep bool) ([]byte, error) {
 	return tag, nil
 }
 
-// tagName is a tag's local name (its prefix dropped), whether it is an
-// end tag and whether it is an empty element (<c r="A1"/>).
+// tagName is a tag's local name (its prefix dropped) when it is one the
+// scanner looks for, whether it is an end tag and whether it is an empty
+// element (<c r="A1"/>).
 func tagName(tag []byte) (name string, closing, empty bool) {
 	if len(tag) > 0 && tag[0] == '/' {
 		closing, tag = true, tag[1:]
 	}
 	empty = len(tag) > 0 && tag[len(tag)-1] == '/'
-	end := bytes.IndexAny(tag, " \t\r\n/")
-	if end < 0 {
-		end = len(tag)
+	end := 0
+	for end < len(tag) && !isSpace(tag[end]) && tag[end] != '/' {
+		end++
 	}
 	n := tag[:end]
 	if i := bytes.IndexByte(n, ':'); i >= 0 {
@@ -238,38 +243,39 @@ func tagName(tag []byte) (name string, closing, empty bool) {
 	return "", closing, empty
 }
 
-// attrs yields a start tag's attributes, local names and raw values.
-func attrs(tag []byte) func(yield func(string, []byte) bool) {
-	return func(yield func(string, []byte) bool) {
-		i := bytes.IndexAny(tag, " \t\r\n")
-		if i < 0 {
-			return
-		}
-		rest := tag[i:]
-		for {
-			rest = bytes.TrimLeft(rest, " \t\r\n")
-			eq := bytes.IndexByte(rest, '=')
-			if eq < 0 {
-				return
-			}
-			name := bytes.TrimRight(rest[:eq], " \t\r\n")
-			if j := bytes.IndexByte(name, ':'); j >= 0 {
-				name = name[j+1:]
-			}
-			rest = bytes.TrimLeft(rest[eq+1:], " \t\r\n")
-			if len(rest) == 0 || rest[0] != '"' && rest[0] != '\'' {
-				return
-			}
-			end := bytes.IndexByte(rest[1:], rest[0])
-			if end < 0 {
-				return
-			}
-			if !yield(string(name), rest[1:1+end]) {
-				return
-			}
-			rest = rest[end+2:]
+func isSpace(b byte) bool { return b == ' ' || b == '\t' || b == '\r' || b == '\n' }
+
+// nextAttr reads the next attribute of the start tag (or the rest of it)
+// in tag: its local name and raw value, nil when there is none.
+func nextAttr(tag []byte) (name, val, rest []byte) {
+	i := 0
+	if len(tag) > 0 && !isSpace(tag[0]) { // the tag's name
+		for i < len(tag) && !isSpace(tag[i]) {
+			i++
 		}
 	}
+	for i < len(tag) && isSpace(tag[i]) {
+		i++
+	}
+	start := i
+	for i < len(tag) && tag[i] != '=' && !isSpace(tag[i]) {
+		i++
+	}
+	name = tag[start:i]
+	for i < len(tag) && (tag[i] == '=' || isSpace(tag[i])) {
+		i++
+	}
+	if len(name) == 0 || i >= len(tag) || tag[i] != '"' && tag[i] != '\'' {
+		return nil, nil, nil
+	}
+	end := bytes.IndexByte(tag[i+1:], tag[i])
+	if end < 0 {
+		return nil, nil, nil
+	}
+	if j := bytes.IndexByte(name, ':'); j >= 0 {
+		name = name[j+1:]
+	}
+	return name, tag[i+1 : i+1+end], tag[i+2+end:]
 }
 
 // appendUnescaped appends text to dst with XML's five entities and
