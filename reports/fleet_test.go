@@ -213,8 +213,8 @@ func TestCombineFleetR9(t *testing.T) {
 
 // The merge reads node workbooks with a byte scanner of the sheets' XML:
 // it reads a run's workbook, and a fleet workbook, cell for cell as
-// encoding/xml's token reader did.
-func TestFleetMergeReadsAsXMLReader(t *testing.T) {
+// excelize does.
+func TestFleetMergeReadsAsExcelize(t *testing.T) {
 	node, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
 	x := reports.NewExporter(reports.NewReconciler(newSynthReader(synthRun{items: 200, pages: 2, throttleEvery: 7})))
 	x.Ledger = fixedCheckpoint{}
@@ -227,7 +227,7 @@ func TestFleetMergeReadsAsXMLReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, b := range map[string][]byte{"clean": node, "synth": synth, "fleet": fleet.Bytes()} {
-		if err := reports.SameRowsAsXMLReader(b); err != nil {
+		if err := reports.SameRowsAsExcelize(b); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -3,7 +3,6 @@ package reports
 import (
 	"archive/zip"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -126,73 +125,6 @@ func (b *nodeBook) decode(name string, v any) error {
 }
 
 func (b *nodeBook) has(sheet string) bool { _, ok := b.sheets[sheet]; return ok }
-
-// rowsXML is rows through encoding/xml's token reader, which rows
-// replaced; kept until the two are shown to agree.
-func (b *nodeBook) rowsXML(sheet string, fn func([]nodeCell) error) error {
-	f, ok := b.files[b.sheets[sheet]]
-	if !ok {
-		return fmt.Errorf("the workbook has no sheet %s", sheet)
-	}
-	rc, err := f.Open()
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	dec := xml.NewDecoder(rc)
-	var row []nodeCell
-	var cur *nodeCell
-	var inText bool
-	for {
-		tok, err := dec.RawToken()
-		if errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("sheet %s: %w", sheet, err)
-		}
-		switch t := tok.(type) {
-		case xml.StartElement:
-			switch t.Name.Local {
-			case "row":
-				row = row[:0]
-			case "c":
-				cur = &nodeCell{col: len(row)}
-				for _, a := range t.Attr {
-					switch a.Name.Local {
-					case "r":
-						if c, _, err := cellColumn(a.Value); err == nil {
-							cur.col = c
-						}
-					case "s":
-						cur.style, _ = strconv.Atoi(a.Value)
-					case "t":
-						cur.typ = a.Value
-					}
-				}
-			case "v", "t":
-				inText = cur != nil
-			}
-		case xml.CharData:
-			if inText {
-				cur.text += string(t)
-			}
-		case xml.EndElement:
-			switch t.Name.Local {
-			case "v", "t":
-				inText = false
-			case "c":
-				if cur != nil {
-					row = append(row, *cur)
-				}
-				cur = nil
-			case "row":
-				if err := fn(row); err != nil {
-					return err
-				}
-			}
-		}
-	}
-}
 
 // cellColumn is the column (from 0) of a cell reference such as "AB12".
 func cellColumn(ref string) (int, string, error) {
