@@ -184,9 +184,11 @@ func buildBenchFleet(b *testing.B, w io.Writer, fl *benchFleet, dbs [3]*bolt.DB,
 	}
 	book := benchOut(b)
 	defer book.Close()
+	start := time.Now()
 	if err := pack.WriteFleetWorkbook(book, benchRun, nodes, b.TempDir()); err != nil {
 		b.Fatal(err)
 	}
+	b.ReportMetric(time.Since(start).Seconds(), "workbook-s/op")
 	if _, err := book.Seek(0, io.SeekStart); err != nil {
 		b.Fatal(err)
 	}

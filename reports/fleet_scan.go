@@ -56,8 +56,8 @@ type sheetScanner struct {
 	r     *bufio.Reader
 	tag   []byte
 	text  []byte // the current cell's text as stored, escaped
-	arena []byte // the row's cell texts, unescaped
-	ends  []int  // each cell's end in arena
+	arena []byte // the row's cell texts, unescaped, then as stored
+	ends  []int  // each cell's ends in arena: text, then stored
 	cells []nodeCell
 }
 
@@ -104,7 +104,7 @@ func (s *sheetScanner) each(fn func([]nodeCell) error) error {
 			}
 			inCell = !empty
 			if empty {
-				s.ends = append(s.ends, len(s.arena))
+				s.ends = append(s.ends, len(s.arena), len(s.arena))
 			}
 		case name == "c":
 			if !inCell {
@@ -115,6 +115,8 @@ func (s *sheetScanner) each(fn func([]nodeCell) error) error {
 			if s.arena, err = appendUnescaped(s.arena, s.text); err != nil {
 				return err
 			}
+			s.ends = append(s.ends, len(s.arena))
+			s.arena = append(s.arena, s.text...)
 			s.ends = append(s.ends, len(s.arena))
 		case name == "v" || name == "t":
 			inText = inCell && !closing && !empty
@@ -162,9 +164,10 @@ var cellTypes = map[string]string{"b": "b", "s": "s", "n": "n", "str": "str", "i
 func (s *sheetScanner) row() []nodeCell {
 	all := string(s.arena)
 	start := 0
-	for i, end := range s.ends {
-		s.cells[i].text = all[start:end]
-		start = end
+	for i := range s.cells {
+		text, stored := s.ends[2*i], s.ends[2*i+1]
+		s.cells[i].text, s.cells[i].stored = all[start:text], all[text:stored]
+		start = stored
 	}
 	return s.cells
 }

@@ -1,9 +1,11 @@
 package reports
 
 import (
+	"archive/zip"
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"testing"
@@ -144,7 +146,7 @@ func TestSheetScannerOddCells(t *testing.T) {
 	if len(streamed) != 5 {
 		t.Fatalf("Streamed: %d rows, want 5", len(streamed))
 	}
-	if got := streamed[1]; got[0] != "x&y<z>" || got[1] != nil || got[2].(date).shown != at.Round(time.Microsecond) || got[3] != false {
+	if got := streamed[1]; got[0] != "x&y<z>" || got[1] != nil || got[2] != at.Round(time.Microsecond) || got[3] != false {
 		t.Errorf("Streamed row 2: %#v", got)
 	}
 	if got := streamed[2]; got[0] != "\u00e9\u4e2d\U0001F600" || got[1] != 3.25 || got[2] != float64(math.MaxInt64) || got[3] != "tab\there\\" {
@@ -180,4 +182,49 @@ func FuzzSheetScanner(f *testing.F) {
 			t.Fatalf("%d rows from %d bytes (%v)", rows, len(b), err)
 		}
 	})
+}
+
+// A row's Node cell is written as excelize's StreamWriter writes the
+// string, and a name it would write otherwise than escaped is refused.
+func TestNodeCellAsStreamWriter(t *testing.T) {
+	for _, node := range []string{"a", "node-2.example", "n<&>\"'1", "\u00e9\u4e2d", " spaced "} {
+		f := excelize.NewFile()
+		sw, err := f.NewStreamWriter("Sheet1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sw.SetRow("A1", []any{node}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := f.Write(&buf); err != nil {
+			t.Fatal(err)
+		}
+		zr, err := zip.NewReader(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := zr.Open("xl/worksheets/sheet1.xml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sheet, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := nodeCellXML(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := append([]byte(`<c r="A1`), got...); !bytes.Contains(sheet, want) {
+			t.Errorf("node %q: %s is not in the StreamWriter's %s", node, want, sheet)
+		}
+	}
+	if _, err := nodeCellXML("a_x0041_"); err == nil {
+		t.Error("a node named with _x0041_ in it is taken")
+	}
 }

@@ -30,6 +30,8 @@ type nodeCell struct {
 	style int
 	typ   string // the t attribute: "" (number), "b", "s", "inlineStr", "str", ...
 	text  string
+	// stored is the text as the sheet's XML has it, escaped.
+	stored string
 }
 
 func openNodeBook(ra io.ReaderAt, size int64) (*nodeBook, error) {
@@ -140,7 +142,8 @@ func cellColumn(ref string) (int, string, error) {
 }
 
 // value is a cell's value as the run's export gave it: a bool, a date
-// (a number in the date style), a float64, a string, or nil when empty.
+// (a number in the date style) as a time.Time to the microsecond, a
+// serial's precision, a float64, a string, or nil when empty.
 func (b *nodeBook) value(c nodeCell) (any, error) {
 	switch c.typ {
 	case "b":
@@ -167,7 +170,7 @@ func (b *nodeBook) value(c nodeCell) (any, error) {
 		// float64's integers, and would lose the microseconds.
 		days, frac := math.Modf(x)
 		t := excelEpoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
-		return date{stored: t, shown: t.Round(time.Microsecond)}, nil
+		return t.Round(time.Microsecond), nil
 	}
 	return x, nil
 }
