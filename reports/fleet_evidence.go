@@ -40,8 +40,12 @@ type FleetEvidence struct {
 	Report *FleetReport
 	// GeneratedAt is recorded in the Manifest (zero: nothing).
 	GeneratedAt time.Time
-	// TmpDir holds the temporary file of the ZIP ("" is os.TempDir).
+	// TmpDir holds the temporary files of the ZIP and of the copied rows
+	// ("" is os.TempDir).
 	TmpDir string
+	// RowLimit caps the rows of a sheet, its header included; a sheet
+	// continues on "Name (2)" and so on (0 is DefaultRowLimit).
+	RowLimit int
 }
 
 // fleetSheets are the populations a fleet workbook may carry, in order.
@@ -92,7 +96,7 @@ func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 	defer rc.close()
 	var stats []SheetStat
 	for _, name := range fleetSheets {
-		s, err := fleetSheet(out, st, rc, name, parts, books, fe.Report)
+		s, err := fleetSheet(out, st, rc, name, parts, books, fe)
 		if err != nil {
 			return err
 		}
@@ -124,12 +128,16 @@ func writeFleetWorkbook(out *excelize.File, w io.Writer, tmpDir string, rows map
 
 // fleetSheet writes population name from every node's workbook (the
 // Retention sheet only when a node has one).
-func fleetSheet(out *excelize.File, st styles, rc *rowCopier, name string, parts []FleetWorkbook, books []*nodeBook, rep *FleetReport) ([]SheetStat, error) {
+func fleetSheet(out *excelize.File, st styles, rc *rowCopier, name string, parts []FleetWorkbook, books []*nodeBook, fe FleetEvidence) ([]SheetStat, error) {
 	if name == SheetRetention && !slices.ContainsFunc(books, func(b *nodeBook) bool { return b.has(name) }) {
 		return nil, nil
 	}
 	spec := fleetSpecs[name]
-	sw, err := newSheetWriter(out, st, spec, DefaultRowLimit)
+	limit := fe.RowLimit
+	if limit <= 0 {
+		limit = DefaultRowLimit
+	}
+	sw, err := newSheetWriter(out, st, spec, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +152,7 @@ func fleetSheet(out *excelize.File, st styles, rc *rowCopier, name string, parts
 			}
 		}
 	}
-	if name == SheetReconciliation && rep != nil {
+	if rep := fe.Report; name == SheetReconciliation && rep != nil {
 		checks := slices.Clone(rep.Checks)
 		for _, s := range rep.Sources {
 			checks = append(checks, s.Checks...)
