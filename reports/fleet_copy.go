@@ -22,7 +22,9 @@ import (
 // sheet is written as stored, its reference moved one column right for the
 // Node column and to its row in the fleet sheet, instead of being read to
 // a value and written again through excelize's StreamWriter, which took
-// half of the merge's time (BenchmarkFleetEvidence, BenchmarkFleetPack1M).
+// half of the merge's CPU once the rows were scanned (fleet_scan.go): the
+// three node workbooks of BenchmarkFleetPack1M's 1M-event run merge in
+// 6.1 s, against 16.6 s read through encoding/xml and written again.
 // The StreamWriter writes each sheet's header row and the fleet's own
 // rows; the copied rows wait in a temporary file per sheet and are spliced
 // in after the header row as the workbook is written (splicedZip). A cell

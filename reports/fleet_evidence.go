@@ -66,8 +66,9 @@ var fleetSpecs = func() map[string]sheetSpec {
 // checkpoint and public key, which its rows are proven against (the fleet
 // pack), and each sheet's rows and SHA-256 as a run's Manifest does.
 // Nothing is written to w unless every node's workbook was read whole; a
-// node's workbook whose sheet has other columns than a run's is an error
-// naming the node and the sheet.
+// node's workbook whose sheet has other columns than a run's, or a cell a
+// run's export does not write (copyable), is an error naming the node and
+// the sheet. Node rows are copied as stored (fleet_copy.go).
 func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 	parts := slices.Clone(fe.Parts)
 	slices.SortFunc(parts, func(a, b FleetWorkbook) int { return strings.Compare(a.Node, b.Node) })
