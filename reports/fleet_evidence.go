@@ -190,9 +190,12 @@ func copyRows(sw *sheetWriter, rc *rowCopier, b *nodeBook, sheet, node string, s
 		}
 		clear(vals)
 		vals[0] = node
-		for _, c := range row {
+		for i, c := range row {
 			if c.col >= len(want) {
 				return fmt.Errorf("row %d has a cell past its %d columns", r, len(want))
+			}
+			if i > 0 && c.col <= row[i-1].col {
+				return fmt.Errorf("row %d has its cells out of order", r) // copied as they are, they must be in order
 			}
 			v, err := b.value(c)
 			if err == nil {

@@ -290,3 +290,28 @@ func TestWriteFleetEvidenceRowLimit(t *testing.T) {
 		}
 	}
 }
+
+// A node workbook holding a cell a run's export does not write (here a
+// shared string, as a spreadsheet program saves one) is not merged: the
+// error names the node and the sheet.
+func TestWriteFleetEvidenceRefusesOtherCells(t *testing.T) {
+	node, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
+	f, err := excelize.OpenReader(bytes.NewReader(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetCellStr(reports.SheetDispatches, "D2", "edited"); err != nil {
+		t.Fatal(err)
+	}
+	var edited bytes.Buffer
+	if err := f.Write(&edited); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	parts := []reports.FleetWorkbook{{Node: "a", Book: bytes.NewReader(node), Size: int64(len(node))},
+		{Node: "b", Book: bytes.NewReader(edited.Bytes()), Size: int64(edited.Len())}}
+	err = reports.WriteFleetEvidence(io.Discard, reports.FleetEvidence{RunID: fixtureRun, Parts: parts})
+	if err == nil || !strings.Contains(err.Error(), "node b: sheet "+reports.SheetDispatches) || !strings.Contains(err.Error(), `type "s"`) {
+		t.Errorf("a node workbook with a shared string: %v", err)
+	}
+}
