@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"os"
 	"regexp"
@@ -35,10 +34,10 @@ import (
 type rowCopier struct {
 	tmpDir string
 	// rows are the copied rows by the sheet's part in the ZIP.
-	rows map[string]*os.File
-	part string
-	w    *bufio.Writer
-	line []byte
+	rows  map[string]*os.File
+	sheet int // the excelize sheet ID being written
+	w     *bufio.Writer
+	line  []byte
 }
 
 func newRowCopier(tmpDir string) *rowCopier {
@@ -47,8 +46,7 @@ func newRowCopier(tmpDir string) *rowCopier {
 
 // row writes row n of sw's current sheet: the node's cell, then cells.
 func (rc *rowCopier) row(sw *sheetWriter, n int, node []byte, cells []nodeCell, dates map[int]bool) error {
-	part := "xl/worksheets/sheet" + strconv.Itoa(sw.sw.SheetID) + ".xml"
-	if part != rc.part {
+	if sw.sw.SheetID != rc.sheet {
 		if err := rc.flush(); err != nil {
 			return err
 		}
@@ -56,7 +54,8 @@ func (rc *rowCopier) row(sw *sheetWriter, n int, node []byte, cells []nodeCell, 
 		if err != nil {
 			return err
 		}
-		rc.rows[part], rc.part, rc.w = f, part, bufio.NewWriterSize(f, 1<<16)
+		part := "xl/worksheets/sheet" + strconv.Itoa(sw.sw.SheetID) + ".xml"
+		rc.rows[part], rc.sheet, rc.w = f, sw.sw.SheetID, bufio.NewWriterSize(f, 1<<16)
 	}
 	b := append(rc.line[:0], `<row r="`...)
 	b = strconv.AppendInt(b, int64(n), 10)
@@ -194,8 +193,6 @@ func (z *splicedZip) Create(name string) (io.Writer, error) {
 	}
 	return w, err
 }
-
-func (z *splicedZip) AddFS(fsys fs.FS) error { return z.ZipWriter.AddFS(fsys) }
 
 // Close ends the ZIP once every sheet's rows are in.
 func (z *splicedZip) Close() error {
