@@ -22,6 +22,7 @@ const (
 	maxScanColumns = 16384   // Excel's columns
 	maxScanText    = 1 << 20 // a cell's text as stored; Excel holds 32,767 characters
 	maxScanTag     = 1 << 16
+	maxScanRow     = 1 << 24 // a row's texts
 )
 
 // errSheetXML is a sheet whose XML the scanner does not take.
@@ -118,6 +119,9 @@ func (s *sheetScanner) each(fn func([]nodeCell) error) error {
 			s.ends = append(s.ends, len(s.arena))
 			s.arena = append(s.arena, s.text...)
 			s.ends = append(s.ends, len(s.arena))
+			if len(s.arena) > maxScanRow {
+				return fmt.Errorf("%w: a row of more than %d bytes", errSheetXML, maxScanRow)
+			}
 		case name == "v" || name == "t":
 			inText = inCell && !closing && !empty
 		}
@@ -196,11 +200,11 @@ func (s *sheetScanner) next(keep bool) ([]byte, error) {
 	for {
 		b, err := s.r.ReadSlice('>')
 		s.tag = append(s.tag, b...)
-		if err == nil && bytes.HasPrefix(s.tag, []byte("!--")) && !bytes.HasSuffix(s.tag, []byte("-->")) {
-			continue // a comment may hold a >
-		}
 		if len(s.tag) > maxScanTag {
 			return nil, fmt.Errorf("%w: a tag of more than %d bytes", errSheetXML, maxScanTag)
+		}
+		if err == nil && bytes.HasPrefix(s.tag, []byte("!--")) && !bytes.HasSuffix(s.tag, []byte("-->")) {
+			continue // a comment may hold a >
 		}
 		if err == nil {
 			break
