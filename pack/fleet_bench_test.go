@@ -117,10 +117,13 @@ func writeBenchNode(dir string, n int) error {
 
 // buildBenchFleet writes the fleet pack of the three nodes to w: each
 // node's pack (one after another, as one process would), its checkpoint
-// posted to a fleet log and cosigned, and the fleet pack around them.
+// posted to a fleet log and cosigned, the merged workbook of the node
+// packs' (pack.WriteFleetWorkbook, as auditd's fleet pack writes it) and
+// the fleet pack around them.
 func buildBenchFleet(b *testing.B, w io.Writer, fl *benchFleet, dbs [3]*bolt.DB, keys [3]string, log *fleetlog.Log) {
 	ctx := context.Background()
 	parts := pack.FleetParts{Packs: map[string]io.Reader{}}
+	nodes := map[string]*pack.Pack{}
 	var entries []fleetlog.Entry
 	var leaves [][]byte
 	for n, db := range dbs {
@@ -135,11 +138,15 @@ func buildBenchFleet(b *testing.B, w io.Writer, fl *benchFleet, dbs [3]*bolt.DB,
 		if _, err := bl.Build(ctx, f, pack.Request{Request: benchRequest, Checkpoint: cp}); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
+		size, err := f.Seek(0, io.SeekCurrent)
+		if err != nil {
 			b.Fatal(err)
 		}
 		defer f.Close()
-		parts.Packs[name] = f
+		if nodes[name], err = pack.Open(f, size); err != nil {
+			b.Fatal(err)
+		}
+		parts.Packs[name] = io.NewSectionReader(f, 0, size)
 		e, err := log.Post(ctx, fleetlog.Post{Node: name, Key: keys[n], Checkpoint: cp})
 		if err != nil {
 			b.Fatal(err)
@@ -175,6 +182,17 @@ func buildBenchFleet(b *testing.B, w io.Writer, fl *benchFleet, dbs [3]*bolt.DB,
 		parts.Manifest.Nodes = append(parts.Manifest.Nodes, pack.FleetNode{Name: string(rune('a' + n)), Key: keys[n],
 			LeafIndex: entries[n].Index, Leaf: encodeB64(leaves[n]), Inclusion: b64h(p)})
 	}
+	book := benchOut(b)
+	defer book.Close()
+	start := time.Now()
+	if err := pack.WriteFleetWorkbook(book, benchRun, nodes, b.TempDir()); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(time.Since(start).Seconds(), "workbook-s/op")
+	if _, err := book.Seek(0, io.SeekStart); err != nil {
+		b.Fatal(err)
+	}
+	parts.Workbook = book
 	if err := pack.WriteFleet(w, parts); err != nil {
 		b.Fatal(err)
 	}

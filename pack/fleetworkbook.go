@@ -17,22 +17,26 @@ import (
 // rows behind a Node column (reports.WriteFleetEvidence), stored.
 const FileFleetWorkbook = "evidence.xlsx"
 
-// NodeWorkbook returns the bytes of node's workbook in its pack, in
-// place, to merge into the fleet's; nil when the node has no pack.
-func (fp *FleetPack) NodeWorkbook(node string) (*io.SectionReader, error) {
-	p := fp.Nodes[node]
-	if p == nil {
-		return nil, fmt.Errorf("node %s: no pack", node)
+// WriteFleetWorkbook writes the fleet pack's workbook of run runID to w:
+// the workbooks of the node packs (by node name), read in place, merged
+// behind a Node column by reports.WriteFleetEvidence, without the fleet's
+// checks, which are not one node's rows and which no node pack proves.
+// tmpDir holds the merge's temporary file ("" is os.TempDir).
+func WriteFleetWorkbook(w io.Writer, runID string, nodes map[string]*Pack, tmpDir string) error {
+	var books []reports.FleetWorkbook
+	for _, node := range slices.Sorted(maps.Keys(nodes)) {
+		f := nodes[node].files[FileWorkbook]
+		if f == nil || f.Method != zip.Store {
+			return fmt.Errorf("%w: node %s: its pack does not store %s", ErrBadPack, node, FileWorkbook)
+		}
+		off, err := f.DataOffset()
+		if err != nil {
+			return fmt.Errorf("%w: node %s: %s: %v", ErrBadPack, node, FileWorkbook, err)
+		}
+		size := int64(f.CompressedSize64)
+		books = append(books, reports.FleetWorkbook{Node: node, Book: io.NewSectionReader(nodes[node].ra, off, size), Size: size})
 	}
-	f := p.files[FileWorkbook]
-	if f.Method != zip.Store {
-		return nil, fmt.Errorf("%w: node %s: %s is compressed; a pack stores it", ErrBadPack, node, FileWorkbook)
-	}
-	off, err := f.DataOffset()
-	if err != nil {
-		return nil, err
-	}
-	return io.NewSectionReader(p.ra, off, int64(f.CompressedSize64)), nil
+	return reports.WriteFleetEvidence(w, reports.FleetEvidence{RunID: runID, Parts: books, TmpDir: tmpDir})
 }
 
 // sheetRows are a workbook's populations, each the rows of its sheet and

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -39,8 +40,12 @@ type FleetEvidence struct {
 	Report *FleetReport
 	// GeneratedAt is recorded in the Manifest (zero: nothing).
 	GeneratedAt time.Time
-	// TmpDir holds the temporary file of the ZIP ("" is os.TempDir).
+	// TmpDir holds the temporary files of the ZIP and of the copied rows
+	// ("" is os.TempDir).
 	TmpDir string
+	// RowLimit caps the rows of a sheet, its header included; a sheet
+	// continues on "Name (2)" and so on (0 is DefaultRowLimit).
+	RowLimit int
 }
 
 // fleetSheets are the populations a fleet workbook may carry, in order.
@@ -61,8 +66,9 @@ var fleetSpecs = func() map[string]sheetSpec {
 // checkpoint and public key, which its rows are proven against (the fleet
 // pack), and each sheet's rows and SHA-256 as a run's Manifest does.
 // Nothing is written to w unless every node's workbook was read whole; a
-// node's workbook whose sheet has other columns than a run's is an error
-// naming the node and the sheet.
+// node's workbook whose sheet has other columns than a run's, or a cell a
+// run's export does not write (copyable), is an error naming the node and
+// the sheet. Node rows are copied as stored (fleet_copy.go).
 func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 	parts := slices.Clone(fe.Parts)
 	slices.SortFunc(parts, func(a, b FleetWorkbook) int { return strings.Compare(a.Node, b.Node) })
@@ -87,9 +93,11 @@ func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 	if err := out.SetSheetName("Sheet1", SheetManifest); err != nil {
 		return err
 	}
+	rc := newRowCopier(fe.TmpDir)
+	defer rc.close()
 	var stats []SheetStat
 	for _, name := range fleetSheets {
-		s, err := fleetSheet(out, st, name, parts, books, fe.Report)
+		s, err := fleetSheet(out, st, rc, name, parts, books, fe)
 		if err != nil {
 			return err
 		}
@@ -98,17 +106,39 @@ func WriteFleetEvidence(w io.Writer, fe FleetEvidence) error {
 	if err := fleetManifest(out, st, fe, parts, books, stats); err != nil {
 		return err
 	}
-	return writeWorkbook(out, w, fe.TmpDir)
+	if err := rc.flush(); err != nil {
+		return err
+	}
+	return writeFleetWorkbook(out, w, fe.TmpDir, rc.rows)
+}
+
+// writeFleetWorkbook writes out as writeWorkbook does, with the node rows
+// rc copied spliced into their sheets.
+func writeFleetWorkbook(out *excelize.File, w io.Writer, tmpDir string, rows map[string]*os.File) error {
+	z, err := newSortedZip(w, tmpDir)
+	if err != nil {
+		return err
+	}
+	defer z.discard()
+	out.SetZipWriter(func(io.Writer) excelize.ZipWriter { return &splicedZip{ZipWriter: z, rows: rows} })
+	if _, err := out.WriteTo(io.Discard); err != nil {
+		return fmt.Errorf("write workbook: %w", err)
+	}
+	return nil
 }
 
 // fleetSheet writes population name from every node's workbook (the
 // Retention sheet only when a node has one).
-func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkbook, books []*nodeBook, rep *FleetReport) ([]SheetStat, error) {
+func fleetSheet(out *excelize.File, st styles, rc *rowCopier, name string, parts []FleetWorkbook, books []*nodeBook, fe FleetEvidence) ([]SheetStat, error) {
 	if name == SheetRetention && !slices.ContainsFunc(books, func(b *nodeBook) bool { return b.has(name) }) {
 		return nil, nil
 	}
 	spec := fleetSpecs[name]
-	sw, err := newSheetWriter(out, st, spec, DefaultRowLimit)
+	limit := fe.RowLimit
+	if limit <= 0 {
+		limit = DefaultRowLimit
+	}
+	sw, err := newSheetWriter(out, st, spec, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -118,12 +148,12 @@ func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkboo
 			if !f.has(sheet) {
 				break
 			}
-			if err := copyRows(sw, f, sheet, parts[i].Node, spec); err != nil {
+			if err := copyRows(sw, rc, f, sheet, parts[i].Node, spec); err != nil {
 				return nil, fmt.Errorf("node %s: sheet %s: %w", parts[i].Node, sheet, err)
 			}
 		}
 	}
-	if name == SheetReconciliation && rep != nil {
+	if rep := fe.Report; name == SheetReconciliation && rep != nil {
 		checks := slices.Clone(rep.Checks)
 		for _, s := range rep.Sources {
 			checks = append(checks, s.Checks...)
@@ -138,13 +168,19 @@ func fleetSheet(out *excelize.File, st styles, name string, parts []FleetWorkboo
 	return sw.close()
 }
 
-// copyRows writes the data rows of a node's sheet to sw, the node first.
-func copyRows(sw *sheetWriter, b *nodeBook, sheet, node string, spec sheetSpec) error {
+// copyRows writes the data rows of a node's sheet to sw, the node first,
+// each cell as stored (rc), and adds them as read to the sheet's hash.
+func copyRows(sw *sheetWriter, rc *rowCopier, b *nodeBook, sheet, node string, spec sheetSpec) error {
 	want := make([]string, len(spec.columns)-1)
 	for i, c := range spec.columns[1:] {
 		want[i] = c.title
 	}
+	nodeXML, err := nodeCellXML(node)
+	if err != nil {
+		return err
+	}
 	r := 0
+	vals := make([]any, len(spec.columns))
 	return b.rows(sheet, func(row []nodeCell) error {
 		if r++; r == 1 {
 			if got := b.texts(row, 0); !slices.Equal(got, want) {
@@ -152,42 +188,31 @@ func copyRows(sw *sheetWriter, b *nodeBook, sheet, node string, spec sheetSpec) 
 			}
 			return nil
 		}
-		vals := make([]any, len(spec.columns))
-		cells := make([]any, len(spec.columns))
-		vals[0], cells[0] = node, node
-		for _, c := range row {
+		clear(vals)
+		vals[0] = node
+		for i, c := range row {
 			if c.col >= len(want) {
 				return fmt.Errorf("row %d has a cell past its %d columns", r, len(want))
 			}
+			if i > 0 && c.col <= row[i-1].col {
+				return fmt.Errorf("row %d has its cells out of order", r) // copied as they are, they must be in order
+			}
 			v, err := b.value(c)
+			if err == nil {
+				err = copyable(c, v)
+			}
 			if err != nil {
 				return fmt.Errorf("row %d, column %s: %w", r, want[c.col], err)
 			}
-			vals[c.col+1], cells[c.col+1] = v, v
-			if d, ok := v.(date); ok {
-				vals[c.col+1], cells[c.col+1] = d.shown, excelize.Cell{StyleID: sw.st.date, Value: d.stored}
-			}
+			vals[c.col+1] = v
 		}
-		return sw.rowAs(vals, cells)
+		if err := sw.room(); err != nil {
+			return err
+		}
+		sw.hashRow(vals)
+		sw.rows++
+		return rc.row(sw, sw.rows, nodeXML, row, b.dates)
 	})
-}
-
-// date is a date cell: the time its serial holds to the nanosecond,
-// which excelize writes back as the same serial, and the time it shows
-// (to the microsecond, a serial's precision), which the sheet's hash takes.
-type date struct {
-	stored, shown time.Time
-}
-
-// rowAs writes a row whose cells are given as written (a date as its
-// serial, styled) and as shown (vals: a date as a time.Time, for the
-// sheet's hash), continuing on a new sheet as row does.
-func (w *sheetWriter) rowAs(vals, cells []any) error {
-	if err := w.room(); err != nil {
-		return err
-	}
-	w.hashRow(vals)
-	return w.setRow(cells)
 }
 
 // excelEpoch is day 0 of a spreadsheet date serial (1900 date system).

@@ -210,3 +210,108 @@ func TestCombineFleetR9(t *testing.T) {
 		t.Errorf("parts without dispatches: %v", rep.Failed())
 	}
 }
+
+// The merge reads node workbooks with a byte scanner of the sheets' XML:
+// it reads a run's workbook, and a fleet workbook, cell for cell as
+// excelize does.
+func TestFleetMergeReadsAsExcelize(t *testing.T) {
+	node, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
+	x := reports.NewExporter(reports.NewReconciler(newSynthReader(synthRun{items: 200, pages: 2, throttleEvery: 7})))
+	x.Ledger = fixedCheckpoint{}
+	synth, _ := export(t, x, reports.Request{ExportID: "synth", RunIDs: []string{synthRunID}, Filters: "run " + synthRunID})
+	var fleet bytes.Buffer
+	parts := []reports.FleetWorkbook{{Node: "a", Book: bytes.NewReader(node), Size: int64(len(node))},
+		{Node: "b", Book: bytes.NewReader(synth), Size: int64(len(synth))}}
+	rep := reports.CombineFleet(fixtureRun, []reports.FleetPart{nodePart(t, "a", 3), nodePart(t, "b", 4)})
+	if err := reports.WriteFleetEvidence(&fleet, reports.FleetEvidence{RunID: fixtureRun, Parts: parts, Report: rep, GeneratedAt: generatedAt}); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"clean": node, "synth": synth, "fleet": fleet.Bytes()} {
+		if err := reports.SameRowsAsExcelize(b); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// A fleet sheet past its row limit continues on numbered sheets, each with
+// the header, the rows in order across them, each hashed in the Manifest;
+// node workbooks split the same way merge whole.
+func TestWriteFleetEvidenceRowLimit(t *testing.T) {
+	x := newExporter(newMemLedger(loadFixture(t, "clean.ndjson")))
+	x.RowLimit = 4
+	node, _ := export(t, x, cleanRequest())
+	own := readWorkbook(t, node)
+	parts := []reports.FleetWorkbook{{Node: "b", Book: bytes.NewReader(node), Size: int64(len(node))},
+		{Node: "a", Book: bytes.NewReader(node), Size: int64(len(node))}}
+	rep := reports.CombineFleet(fixtureRun, []reports.FleetPart{nodePart(t, "a", 3), nodePart(t, "b", 4)})
+	var buf bytes.Buffer
+	if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fixtureRun, Parts: parts, Report: rep, RowLimit: 5}); err != nil {
+		t.Fatal(err)
+	}
+	wb := readWorkbook(t, buf.Bytes())
+	// population is a sheet's rows across its continuations, and the parts.
+	population := func(w workbook, name string) (header []string, rows [][]string, names []string) {
+		for n := 1; ; n++ {
+			part := reports.ContinuationName(name, n)
+			sheet, ok := w.sheets[part]
+			if !ok {
+				return header, rows, names
+			}
+			header, rows, names = sheet[0], append(rows, sheet[1:]...), append(names, part)
+		}
+	}
+	fields := map[string][]string{}
+	for _, r := range wb.sheets[reports.SheetManifest][1:] {
+		fields[r[0]] = r
+	}
+	for _, name := range []string{reports.SheetDispatches, reports.SheetWaits, reports.SheetReconciliation} {
+		_, ownRows, _ := population(own, name)
+		header, rows, names := population(wb, name)
+		if len(names) < 2 {
+			t.Errorf("%s: %d sheets, want it continued", name, len(names))
+		}
+		var want [][]string
+		for _, n := range []string{"a", "b"} {
+			for _, r := range ownRows {
+				want = append(want, append([]string{n}, r...))
+			}
+		}
+		if len(rows) < len(want) || !slices.EqualFunc(rows[:len(want)], want, slices.Equal) || header[0] != reports.FleetNodeColumn {
+			t.Errorf("%s: the fleet sheets hold %d rows, not the nodes' %d in order", name, len(rows), len(want))
+		}
+		for _, part := range names {
+			sheet := wb.sheets[part]
+			if len(sheet) > 5 || !slices.Equal(sheet[0], header) {
+				t.Errorf("%s: %d rows (limit 5), header %q", part, len(sheet), sheet[0])
+			}
+			if got := fields[part]; got == nil || got[1] != fmt.Sprint(len(sheet)-1) || got[2] != rowsHash(sheet) {
+				t.Errorf("the Manifest's row of %s: %q, want %d rows, hash %s", part, got, len(sheet)-1, rowsHash(sheet))
+			}
+		}
+	}
+}
+
+// A node workbook holding a cell a run's export does not write (here a
+// shared string, as a spreadsheet program saves one) is not merged: the
+// error names the node and the sheet.
+func TestWriteFleetEvidenceRefusesOtherCells(t *testing.T) {
+	node, _ := export(t, newExporter(newMemLedger(loadFixture(t, "clean.ndjson"))), cleanRequest())
+	f, err := excelize.OpenReader(bytes.NewReader(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetCellStr(reports.SheetDispatches, "D2", "edited"); err != nil {
+		t.Fatal(err)
+	}
+	var edited bytes.Buffer
+	if err := f.Write(&edited); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	parts := []reports.FleetWorkbook{{Node: "a", Book: bytes.NewReader(node), Size: int64(len(node))},
+		{Node: "b", Book: bytes.NewReader(edited.Bytes()), Size: int64(edited.Len())}}
+	err = reports.WriteFleetEvidence(io.Discard, reports.FleetEvidence{RunID: fixtureRun, Parts: parts})
+	if err == nil || !strings.Contains(err.Error(), "node b: sheet "+reports.SheetDispatches) || !strings.Contains(err.Error(), `type "s"`) {
+		t.Errorf("a node workbook with a shared string: %v", err)
+	}
+}

@@ -3,7 +3,6 @@ package reports
 import (
 	"archive/zip"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -13,9 +12,9 @@ import (
 	"time"
 )
 
-// A node's run workbook is read for the fleet workbook with a token scan
-// of its sheets' XML rather than excelize's cell by cell look-ups, which
-// take minutes over sheets of a hundred thousand rows.
+// A node's run workbook is read for the fleet workbook by a scan of its
+// sheets' XML bytes (sheetScanner) rather than excelize's cell by cell
+// look-ups, which take minutes over sheets of a hundred thousand rows.
 
 // nodeBook is a run workbook opened for its cells.
 type nodeBook struct {
@@ -31,6 +30,8 @@ type nodeCell struct {
 	style int
 	typ   string // the t attribute: "" (number), "b", "s", "inlineStr", "str", ...
 	text  string
+	// stored is the text as the sheet's XML has it, escaped.
+	stored string
 }
 
 func openNodeBook(ra io.ReaderAt, size int64) (*nodeBook, error) {
@@ -93,13 +94,20 @@ func openNodeBook(ra io.ReaderAt, size int64) (*nodeBook, error) {
 		var sst struct {
 			SI []struct {
 				T string `xml:"t"`
+				R []struct {
+					T string `xml:"t"`
+				} `xml:"r"`
 			} `xml:"si"`
 		}
 		if err := b.decode("xl/sharedStrings.xml", &sst); err != nil {
 			return nil, err
 		}
 		for _, si := range sst.SI {
-			b.shared = append(b.shared, si.T)
+			s := si.T
+			for _, r := range si.R { // rich text: its runs' texts
+				s += r.T
+			}
+			b.shared = append(b.shared, s)
 		}
 	}
 	return b, nil
@@ -120,72 +128,6 @@ func (b *nodeBook) decode(name string, v any) error {
 
 func (b *nodeBook) has(sheet string) bool { _, ok := b.sheets[sheet]; return ok }
 
-// rows calls fn with each row of sheet, in order, its cells in order.
-func (b *nodeBook) rows(sheet string, fn func([]nodeCell) error) error {
-	f, ok := b.files[b.sheets[sheet]]
-	if !ok {
-		return fmt.Errorf("the workbook has no sheet %s", sheet)
-	}
-	rc, err := f.Open()
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	dec := xml.NewDecoder(rc)
-	var row []nodeCell
-	var cur *nodeCell
-	var inText bool
-	for {
-		tok, err := dec.RawToken()
-		if errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("sheet %s: %w", sheet, err)
-		}
-		switch t := tok.(type) {
-		case xml.StartElement:
-			switch t.Name.Local {
-			case "row":
-				row = row[:0]
-			case "c":
-				cur = &nodeCell{col: len(row)}
-				for _, a := range t.Attr {
-					switch a.Name.Local {
-					case "r":
-						if c, _, err := cellColumn(a.Value); err == nil {
-							cur.col = c
-						}
-					case "s":
-						cur.style, _ = strconv.Atoi(a.Value)
-					case "t":
-						cur.typ = a.Value
-					}
-				}
-			case "v", "t":
-				inText = cur != nil
-			}
-		case xml.CharData:
-			if inText {
-				cur.text += string(t)
-			}
-		case xml.EndElement:
-			switch t.Name.Local {
-			case "v", "t":
-				inText = false
-			case "c":
-				if cur != nil {
-					row = append(row, *cur)
-				}
-				cur = nil
-			case "row":
-				if err := fn(row); err != nil {
-					return err
-				}
-			}
-		}
-	}
-}
-
 // cellColumn is the column (from 0) of a cell reference such as "AB12".
 func cellColumn(ref string) (int, string, error) {
 	col := 0
@@ -200,7 +142,8 @@ func cellColumn(ref string) (int, string, error) {
 }
 
 // value is a cell's value as the run's export gave it: a bool, a date
-// (a number in the date style), a float64, a string, or nil when empty.
+// (a number in the date style) as a time.Time to the microsecond, a
+// serial's precision, a float64, a string, or nil when empty.
 func (b *nodeBook) value(c nodeCell) (any, error) {
 	switch c.typ {
 	case "b":
@@ -227,7 +170,7 @@ func (b *nodeBook) value(c nodeCell) (any, error) {
 		// float64's integers, and would lose the microseconds.
 		days, frac := math.Modf(x)
 		t := excelEpoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
-		return date{stored: t, shown: t.Round(time.Microsecond)}, nil
+		return t.Round(time.Microsecond), nil
 	}
 	return x, nil
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/pack"
-	"github.com/auditd/auditd/reports"
 )
 
 // WritePack writes the fleet pack of the run: every node's part (each
@@ -99,25 +98,20 @@ func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorizatio
 	return pack.WriteFleet(w, pack.FleetParts{Manifest: m, Checkpoint: cp, Packs: packs, Workbook: book})
 }
 
-// fleetWorkbook merges the node packs' workbooks into the fleet pack's
-// (reports.WriteFleetEvidence, without the fleet's checks, which are not
-// one node's rows) in a temporary file, open at its start; the caller
-// removes it.
+// fleetWorkbook writes the fleet pack's workbook of the node packs'
+// workbooks (pack.WriteFleetWorkbook) to a temporary file, open at its
+// start; the caller removes it.
 func fleetWorkbook(id string, parts []*pack.FleetPack) (*os.File, error) {
-	books := make([]reports.FleetWorkbook, len(parts))
-	for i, fp := range parts {
+	nodes := map[string]*pack.Pack{}
+	for _, fp := range parts {
 		node := fp.Manifest.Nodes[0].Name
-		wb, err := fp.NodeWorkbook(node)
-		if err != nil {
-			return nil, err
-		}
-		books[i] = reports.FleetWorkbook{Node: node, Book: wb, Size: wb.Size()}
+		nodes[node] = fp.Nodes[node]
 	}
 	tmp, err := os.CreateTemp("", "auditd-fleet-workbook-*.xlsx")
 	if err != nil {
 		return nil, err
 	}
-	err = reports.WriteFleetEvidence(tmp, reports.FleetEvidence{RunID: id, Parts: books})
+	err = pack.WriteFleetWorkbook(tmp, id, nodes, "")
 	if err == nil {
 		_, err = tmp.Seek(0, io.SeekStart)
 	}
