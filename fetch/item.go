@@ -403,7 +403,8 @@ var (
 // once it is durable, unless the source's breaker opened or a throttle
 // paused it since the admission (then it releases the permit and says
 // which). A request on a fleet slot whose record is durable only after
-// the slot's time to leave by is not sent (errSlotPassed, slotPassed). It waits for the record until ctx ends. When that comes first
+// the slot's time to leave by is not sent (errSlotPassed, slotPassed).
+// It waits for the record until ctx ends. When that comes first
 // and late is set (a proxied request, whose wait its deadline bounds),
 // late is handed the record's future, and dispatch returns
 // errDispatchLate: the request was not sent, and late ends it once the
