@@ -541,9 +541,8 @@ func (rc *recount) staged(s *scope, e *auditd.Event) {
 	}
 	s.counts.Staged++
 	c := &s.checks[5]
-	// The payload is re-hashed after the scan (verifyPayloads): reading the
-	// payload store here would open a read transaction inside the ledger
-	// scan's, which deadlocks once the ledger's writer waits to grow the file.
+	// The payload is re-hashed once the scan pauses (verifyPayloads), not
+	// here inside the ledger scan's read transaction.
 	p := pendingPayload{seq: e.Seq, check: c}
 	p.hash, p.malformed = decodeSum(e.PayloadHash)
 	if it != nil && it.has(itemRestage) && !it.has(itemFinished) {
