@@ -90,7 +90,7 @@ type await struct {
 	src  *scope // scope the throttle counted in
 }
 
-// reqKey is a request: an item and a page.
+// reqKey is a request of the evidence join (join.go): an item and a page.
 type reqKey struct {
 	item string
 	page uint32
