@@ -24,6 +24,9 @@ import (
 
 const synthRunID = "01JSYNTH0RUN00000000000000"
 
+// synthPayloadHash is the payload every item of a synthRun stages.
+var synthPayloadHash = strings.Repeat("ab", 32)
+
 // synthRun is a large, balanced run generated on the fly in ledger order:
 // every item queued, then per item its pages, each a dispatch and a success,
 // every throttleEvery-th request first throttled (429, a pause wait, a
@@ -102,7 +105,7 @@ func (s synthRun) each(fn func(*auditd.Event) error) error {
 			}
 		}
 		for _, ev := range []auditd.Event{
-			{Type: auditd.EventPayloadStaged, SourceID: sid, ItemKey: k, PayloadHash: strings.Repeat("ab", 32), Bytes: 192_000},
+			{Type: auditd.EventPayloadStaged, SourceID: sid, ItemKey: k, PayloadHash: synthPayloadHash, Bytes: 192_000},
 			{Type: auditd.EventItemFinished, SourceID: sid, ItemKey: k, Outcome: auditd.ItemSucceeded},
 		} {
 			if err := emit(ev); err != nil {
@@ -167,7 +170,11 @@ func (r synthReader) Scan(from, to uint64, fn func(*auditd.Event) error) error {
 }
 
 // millionLedger is synth1MEvents written once into a real bbolt ledger.
-var millionLedger struct {
+var millionLedger builtLedger
+
+// builtLedger is a synthRun written once into a real bbolt ledger in a
+// temporary directory, which TestMain removes.
+type builtLedger struct {
 	once sync.Once
 	dir  string
 	err  error
@@ -175,8 +182,10 @@ var millionLedger struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if millionLedger.dir != "" {
-		os.RemoveAll(millionLedger.dir)
+	for _, dir := range []string{millionLedger.dir, recountLedgers[0].dir, recountLedgers[1].dir} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
 	}
 	for _, dir := range fleetLedgers.dirs { // fleet_bench_test.go
 		if dir != "" {
@@ -187,44 +196,17 @@ func TestMain(m *testing.M) {
 }
 
 func openMillionLedger(b *testing.B) *bolt.DB {
+	return millionLedger.open(b, synth1MEvents)
+}
+
+// open writes run into f's ledger the first time, then opens it read-only.
+func (f *builtLedger) open(b *testing.B, run synthRun) *bolt.DB {
 	b.Helper()
-	f := &millionLedger
 	f.once.Do(func() {
 		if f.dir, f.err = os.MkdirTemp("", "reports-bench-"); f.err != nil {
 			return
 		}
-		db, err := bolt.Open(filepath.Join(f.dir, "auditd.db"), 0o600, &bolt.Options{NoSync: true})
-		if err != nil {
-			f.err = err
-			return
-		}
-		defer db.Close()
-		clk := clock.NewFake(fixtureBase)
-		l, err := ledger.Open(db, ledger.Options{KeyDir: f.dir, Clock: clk})
-		if err != nil {
-			f.err = err
-			return
-		}
-		defer l.Close(context.Background())
-		batch := make([]auditd.Event, 0, 1000)
-		flush := func() error {
-			_, err := l.AppendBatch(context.Background(), batch)
-			batch = batch[:0]
-			clk.Advance(time.Second) // one commit group per second keeps windows under the limit
-			return err
-		}
-		f.err = synth1MEvents.each(func(e *auditd.Event) error {
-			c := *e
-			c.Seq, c.Time, c.PrevHash, c.Hash = 0, time.Time{}, [32]byte{}, [32]byte{}
-			c.Wait, c.Actual = 0, 0 // stamps are per commit group: a pause would cover its own retry
-			if batch = append(batch, c); len(batch) == cap(batch) {
-				return flush()
-			}
-			return nil
-		})
-		if f.err == nil && len(batch) > 0 {
-			f.err = flush()
-		}
+		f.err = writeLedger(filepath.Join(f.dir, "auditd.db"), f.dir, run)
 	})
 	if f.err != nil {
 		b.Fatal(f.err)
@@ -235,6 +217,42 @@ func openMillionLedger(b *testing.B) *bolt.DB {
 	}
 	b.Cleanup(func() { db.Close() })
 	return db
+}
+
+// writeLedger appends run's events to a new ledger at path, in commits of
+// 1,000 events a second apart on a fake clock.
+func writeLedger(path, keyDir string, run synthRun) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: true})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	clk := clock.NewFake(fixtureBase)
+	l, err := ledger.Open(db, ledger.Options{KeyDir: keyDir, Clock: clk})
+	if err != nil {
+		return err
+	}
+	defer l.Close(context.Background())
+	batch := make([]auditd.Event, 0, 1000)
+	flush := func() error {
+		_, err := l.AppendBatch(context.Background(), batch)
+		batch = batch[:0]
+		clk.Advance(time.Second) // one commit group per second keeps windows under the limit
+		return err
+	}
+	err = run.each(func(e *auditd.Event) error {
+		c := *e
+		c.Seq, c.Time, c.PrevHash, c.Hash = 0, time.Time{}, [32]byte{}, [32]byte{}
+		c.Wait, c.Actual = 0, 0 // stamps are per commit group: a pause would cover its own retry
+		if batch = append(batch, c); len(batch) == cap(batch) {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil && len(batch) > 0 {
+		err = flush()
+	}
+	return err
 }
 
 // BenchmarkReconcile1M reconciles a run of about 1M events: "ledger" reads a

@@ -308,28 +308,39 @@ func (r *Reconciler) Reconcile(ctx context.Context, runID string, live *LiveCoun
 func (r *Reconciler) reconcileRange(ctx context.Context, runID string, first, last uint64, live *LiveCounters) (*Report, error) {
 	rc := r.newRecount(runID)
 	rc.chain = &chainCheck{runID: runID, first: first, hash: r.Hash}
-	from := first
-	if from > 1 {
-		from-- // the event before the run anchors its chain
+	next := first
+	if next > 1 {
+		next-- // the event before the run anchors its chain
 	}
 	var n int64
-	err := r.Events.Scan(from, last, func(e *auditd.Event) error {
-		if n++; n%ctxEvery == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
+	for next <= last {
+		err := r.Events.Scan(next, last, func(e *auditd.Event) error {
+			if n++; n%ctxEvery == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
 			}
+			if e.Seq > last {
+				return errStop
+			}
+			rc.chain.observe(rc, e)
+			if e.RunID == runID && e.Seq >= first {
+				rc.observe(e)
+			}
+			next = e.Seq + 1
+			if len(rc.pending) == pendingBatch {
+				return errPause
+			}
+			return nil
+		})
+		if errors.Is(err, errPause) {
+			rc.verifyPayloads() // outside the scan's read transaction
+			continue
 		}
-		if e.Seq > last {
-			return errStop
+		if err != nil && !errors.Is(err, errStop) {
+			return nil, fmt.Errorf("scan run %s: %w", runID, err)
 		}
-		rc.chain.observe(rc, e)
-		if e.RunID == runID && e.Seq >= first {
-			rc.observe(e)
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errStop) {
-		return nil, fmt.Errorf("scan run %s: %w", runID, err)
+		break
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -51,6 +51,7 @@ func firstSeqs(s []uint64, most int) []uint64 {
 // scope is the recount of one source (or of run-level events, id "").
 type scope struct {
 	id     string
+	at     uint32 // its index in recount.scopes
 	counts LedgerCounts
 	checks [numChecks]tally
 
@@ -81,27 +82,24 @@ type keyAt struct {
 	key string
 }
 
-// item is what the recount remembers per item of the run.
-type item struct {
-	src         *scope
-	queuedSeq   uint64
-	finishedSeq uint64
-	outcome     auditd.Outcome
-	maxPage     uint32
-	finished    bool
-	staged      bool
-	restage     bool // staged before a restart and not finished: may be staged again
-	acked       bool
-	// awaitThrottle is the seq of a throttle whose pause wait has not been
-	// seen yet, for the request (item, awaitPage).
-	awaitThrottle uint64
-	awaitPage     uint32
-	awaitSrc      *scope // scope the throttle counted in
-	stagedSeq     uint64
+// await is a throttle of an item's request (the item's page) whose pause
+// wait has not been seen yet.
+type await struct {
+	seq  uint64
+	page uint32
+	src  *scope // scope the throttle counted in
 }
 
+// reqKey is a request of the evidence join (join.go): an item and a page.
 type reqKey struct {
 	item string
+	page uint32
+}
+
+// reqID is a request of the recount: an item, by its index in
+// recount.items, and a page.
+type reqID struct {
+	item uint32
 	page uint32
 }
 
@@ -129,7 +127,7 @@ type recount struct {
 	payloads     PayloadVerifier
 	payloadErr   error
 	purged       int              // staged payloads purged under retention: counted, not re-hashed
-	pending      []pendingPayload // staged payloads to re-hash after the scan
+	pending      []pendingPayload // staged payloads to re-hash once the scan pauses
 
 	run      RunSummary
 	finished bool
@@ -143,9 +141,11 @@ type recount struct {
 	total      LedgerCounts // events of the run, all scopes
 
 	sources   map[string]*scope
-	lastScope *scope // the one source returned last
-	items     map[string]*item
-	reqs      map[reqKey]request
+	scopes    []*scope // by index (item.src)
+	lastScope *scope   // the one source returned last
+	items     *itemTable
+	awaits    map[uint32]await // by item
+	reqs      map[reqID]request
 	groupOf   map[string]string
 	pauses    map[string]*pause
 	hasAck    bool
@@ -167,8 +167,9 @@ func (r *Reconciler) newRecount(runID string) *recount {
 		payloads:     r.Payloads,
 		run:          RunSummary{ID: runID, Status: "unfinished"},
 		sources:      make(map[string]*scope),
-		items:        make(map[string]*item),
-		reqs:         make(map[reqKey]request),
+		items:        newItemTable(),
+		awaits:       make(map[uint32]await),
+		reqs:         make(map[reqID]request),
 		groupOf:      make(map[string]string),
 		pauses:       make(map[string]*pause),
 	}
@@ -185,10 +186,11 @@ func (rc *recount) source(id string) *scope {
 		return s
 	}
 	id = strings.Clone(id)
-	s := &scope{id: id, breaker: breakerClosed, violated: make(map[uint64]bool), margin: 1 << 62}
+	s := &scope{id: id, at: uint32(len(rc.scopes)), breaker: breakerClosed, violated: make(map[uint64]bool), margin: 1 << 62}
 	s.control.SourceID, s.control.Unit = id, UnitRequests
 	s.burst = rc.bursts[id]
 	rc.sources[id] = s
+	rc.scopes = append(rc.scopes, s)
 	return s
 }
 
@@ -220,14 +222,7 @@ func (rc *recount) observe(e *auditd.Event) {
 	case auditd.EventRunResumed:
 		rc.resumed()
 	case auditd.EventItemQueued:
-		s.counts.Queued++
-		c := &s.checks[0] // R1
-		c.expected++
-		if _, dup := rc.items[e.ItemKey]; dup {
-			c.offend(e.Seq, rc.maxOffending)
-			break
-		}
-		rc.items[strings.Clone(e.ItemKey)] = &item{src: s, queuedSeq: e.Seq}
+		rc.queued(s, e)
 	case auditd.EventDispatch:
 		rc.dispatch(s, e)
 	case auditd.EventResponse, auditd.EventThrottle, auditd.EventTransportError, auditd.EventInterrupted:
@@ -238,8 +233,10 @@ func (rc *recount) observe(e *auditd.Event) {
 		// limiter names the gate that held it longest (a rate cut by the
 		// same 429 can outlast the pause), and the pause check in dispatch
 		// proves no request went before the pause ended.
-		if it := rc.items[e.ItemKey]; it != nil && it.awaitThrottle != 0 && it.awaitPage == e.Page {
-			it.awaitThrottle = 0
+		if i, it := rc.item(e.ItemKey); it != nil {
+			if a, ok := rc.awaits[i]; ok && a.page == e.Page {
+				delete(rc.awaits, i)
+			}
 		}
 	case auditd.EventBreaker:
 		rc.breaker(s, e)
@@ -252,6 +249,37 @@ func (rc *recount) observe(e *auditd.Event) {
 	case auditd.EventAcknowledged:
 		rc.acknowledged(s, e)
 	}
+}
+
+// queued counts an item queued (R1), once a key.
+func (rc *recount) queued(s *scope, e *auditd.Event) {
+	s.counts.Queued++
+	c := &s.checks[0] // R1
+	c.expected++
+	i, ok := rc.items.find(e.ItemKey)
+	if !ok {
+		i = rc.items.add(e.ItemKey)
+	}
+	it := rc.items.at(i)
+	if it.has(itemQueued) {
+		c.offend(e.Seq, rc.maxOffending)
+		return
+	}
+	// A key dispatched before it was queued keeps its requests' state.
+	it.flags, it.src = itemQueued, s.at
+}
+
+// item returns the index and record of the item of key, or a nil record
+// when no item.queued named it.
+func (rc *recount) item(key string) (uint32, *item) {
+	i, ok := rc.items.find(key)
+	if !ok {
+		return 0, nil
+	}
+	if it := rc.items.at(i); it.has(itemQueued) {
+		return i, it
+	}
+	return i, nil
 }
 
 // registry counts a registry snapshot or change of s and takes the limit
@@ -285,9 +313,9 @@ func (rc *recount) resumed() {
 		req.retryable = true
 		rc.reqs[k] = req
 	}
-	for _, it := range rc.items {
-		if it.staged && !it.finished {
-			it.restage = true
+	for i := range rc.items.n {
+		if it := rc.items.at(i); it.has(itemStaged) && !it.has(itemFinished) {
+			it.flags |= itemRestage
 		}
 	}
 }
@@ -326,19 +354,19 @@ func (rc *recount) cacheServed(s *scope, e *auditd.Event) {
 // the item is unknown) and holds it to R10: it names a delivered item, once.
 func (rc *recount) acknowledged(s *scope, e *auditd.Event) {
 	rc.hasAck = true
-	it := rc.items[e.ItemKey]
+	_, it := rc.item(e.ItemKey)
 	if it != nil {
-		s = it.src
+		s = rc.scopes[it.src]
 	}
 	s.counts.Acknowledged++
 	c := &s.checks[9] // R10
 	c.actual++
-	if it == nil || !it.finished || it.acked || (it.outcome != auditd.ItemSucceeded && it.outcome != auditd.ItemCached) {
+	if it == nil || !it.has(itemFinished) || it.has(itemAcked) || !it.has(itemDelivered) {
 		c.offend(e.Seq, rc.maxOffending)
 		s.undelivered = append(s.undelivered, keyAt{e.Seq, strings.Clone(e.ItemKey)})
 	}
 	if it != nil {
-		it.acked = true
+		it.flags |= itemAcked
 	}
 }
 
@@ -379,11 +407,18 @@ func (rc *recount) dispatch(s *scope, e *auditd.Event) {
 
 	// R3: a first attempt, or a retry after a non-final outcome, numbered
 	// without gaps, of a request of a queued item that has not finished.
-	it := rc.items[e.ItemKey]
-	k := reqKey{e.ItemKey, e.Page}
-	req, known := rc.reqs[k]
+	i, ok := rc.items.find(e.ItemKey)
+	if !ok {
+		i = rc.items.add(e.ItemKey) // dispatched, never queued: a key for its requests
+	}
+	it := rc.items.at(i)
+	if !it.has(itemQueued) {
+		it = nil
+	}
+	k := reqID{i, e.Page}
+	req := rc.reqs[k]
 	switch {
-	case it == nil || it.finished:
+	case it == nil || it.has(itemFinished):
 		s.checks[2].offend(e.Seq, most)
 	case e.Attempt == 1 && req.attempts == 0:
 		s.counts.FirstAttempts++
@@ -397,9 +432,6 @@ func (rc *recount) dispatch(s *scope, e *auditd.Event) {
 	if req.outstanding { // the previous dispatch never got its outcome
 		s.checks[1].offend(req.dispatchSeq, most)
 	}
-	if !known {
-		k.item = strings.Clone(k.item)
-	}
 	rc.reqs[k] = request{attempts: e.Attempt, dispatchSeq: e.Seq, outstanding: true}
 	if it != nil && e.Page > it.maxPage {
 		it.maxPage = e.Page
@@ -407,10 +439,10 @@ func (rc *recount) dispatch(s *scope, e *auditd.Event) {
 
 	// R4: the request honoured its throttle's pause wait, and no pause of
 	// the source or its group covers this dispatch.
-	if it != nil && it.awaitThrottle != 0 && it.awaitPage == e.Page {
-		it.awaitSrc.violated[it.awaitThrottle] = true
-		it.awaitSrc.checks[3].offend(it.awaitThrottle, most)
-		it.awaitThrottle = 0
+	if a, ok := rc.awaits[i]; ok && it != nil && a.page == e.Page {
+		a.src.violated[a.seq] = true
+		a.src.checks[3].offend(a.seq, most)
+		delete(rc.awaits, i)
 	}
 	if p := rc.pauseFor(s); p != nil && !e.Time.Before(p.from) && e.Time.Before(p.until) {
 		p.src.violated[p.seq] = true
@@ -457,8 +489,8 @@ func (rc *recount) outcome(s *scope, e *auditd.Event) {
 		if p := rc.pauses[key]; p == nil || !until.Before(p.until) {
 			rc.pauses[key] = &pause{from: e.Time, until: until, seq: e.Seq, src: s}
 		}
-		if it := rc.items[e.ItemKey]; it != nil {
-			it.awaitThrottle, it.awaitPage, it.awaitSrc = e.Seq, e.Page, s
+		if i, it := rc.item(e.ItemKey); it != nil {
+			rc.awaits[i] = await{seq: e.Seq, page: e.Page, src: s}
 		}
 	case auditd.EventResponse:
 		switch {
@@ -478,9 +510,10 @@ func (rc *recount) outcome(s *scope, e *auditd.Event) {
 	}
 	c := &s.checks[1]
 	c.actual++
-	k := reqKey{e.ItemKey, e.Page}
+	i, known := rc.items.find(e.ItemKey)
+	k := reqID{i, e.Page}
 	req, ok := rc.reqs[k]
-	if !ok || !req.outstanding || req.attempts != e.Attempt {
+	if !known || !ok || !req.outstanding || req.attempts != e.Attempt {
 		c.offend(e.Seq, most) // an outcome with no dispatch waiting for it
 		return
 	}
@@ -502,38 +535,39 @@ func retryable(e *auditd.Event) bool {
 }
 
 func (rc *recount) staged(s *scope, e *auditd.Event) {
-	it := rc.items[e.ItemKey]
+	_, it := rc.item(e.ItemKey)
 	if it != nil {
-		s = it.src
+		s = rc.scopes[it.src]
 	}
 	s.counts.Staged++
 	c := &s.checks[5]
-	// The payload is re-hashed after the scan (verifyPayloads): reading the
-	// payload store here would open a read transaction inside the ledger
-	// scan's, which deadlocks once the ledger's writer waits to grow the file.
+	// The payload is re-hashed once the scan pauses (verifyPayloads), not
+	// here inside the ledger scan's read transaction.
 	p := pendingPayload{seq: e.Seq, check: c}
 	p.hash, p.malformed = decodeSum(e.PayloadHash)
-	if it != nil && it.restage && !it.finished {
+	if it != nil && it.has(itemRestage) && !it.has(itemFinished) {
 		// Staged again after a restart: the item still counts once.
-		it.restage, it.stagedSeq = false, e.Seq
+		it.flags &^= itemRestage
+		it.seq = e.Seq
 		rc.addPending(p)
 		return
 	}
 	c.actual++
 	p.counted = true
 	rc.addPending(p)
-	if it == nil || it.staged || it.finished {
+	if it == nil || it.has(itemStaged) || it.has(itemFinished) {
 		c.offend(e.Seq, rc.maxOffending)
 		return
 	}
-	it.staged, it.stagedSeq = true, e.Seq
+	it.flags |= itemStaged
+	it.seq = e.Seq
 }
 
 func (rc *recount) itemFinished(s *scope, e *auditd.Event) {
 	most := rc.maxOffending
-	it := rc.items[e.ItemKey]
+	i, it := rc.item(e.ItemKey)
 	if it != nil {
-		s = it.src
+		s = rc.scopes[it.src]
 	}
 	c := &s.checks[0]
 	switch e.Outcome {
@@ -550,18 +584,25 @@ func (rc *recount) itemFinished(s *scope, e *auditd.Event) {
 		return
 	}
 	c.actual++
-	if it == nil || it.finished {
+	if it == nil || it.has(itemFinished) {
 		c.offend(e.Seq, most)
 		return
 	}
-	it.finished, it.outcome, it.finishedSeq = true, e.Outcome, e.Seq
-	if it.staged && e.Outcome != auditd.ItemSucceeded {
-		s.checks[5].offend(it.stagedSeq, most) // a payload staged for an item that did not succeed
+	if it.has(itemStaged) && e.Outcome != auditd.ItemSucceeded {
+		s.checks[5].offend(it.seq, most) // a payload staged for an item that did not succeed
+	}
+	it.flags |= itemFinished
+	it.seq = e.Seq
+	switch e.Outcome {
+	case auditd.ItemSucceeded:
+		it.flags |= itemSucceeded | itemDelivered
+	case auditd.ItemCached:
+		it.flags |= itemDelivered
 	}
 	// The item's requests are over: one still waiting for its outcome never
 	// got it (R2), and later dispatches offend R3 via the item.
 	for p := uint32(0); p <= it.maxPage; p++ {
-		k := reqKey{e.ItemKey, p}
+		k := reqID{i, p}
 		if req, ok := rc.reqs[k]; ok && req.outstanding {
 			s.checks[1].offend(req.dispatchSeq, most)
 		}

@@ -7,10 +7,21 @@ import (
 	"github.com/auditd/auditd"
 )
 
-// Payloads the recount checks against staging once the scan is done.
+// Payloads the recount checks against staging, a batch at a time: the scan
+// pauses when pendingBatch are waiting and resumes after them, so that
+// they are not all held until its end. Reading the payload store inside
+// the ledger scan's read transaction would deadlock once the ledger's
+// writer waits to grow the file.
 
-// pendingPayload is a staged payload whose hash is checked after the scan.
-// It is kept small (a million-dispatch export holds hundreds of thousands).
+// pendingBatch is how many staged payloads wait for their re-hash at most.
+const pendingBatch = 1 << 14
+
+// errPause pauses a scan to re-hash the payloads waiting; it never leaves
+// this package.
+var errPause = errors.New("pause scan")
+
+// pendingPayload is a staged payload whose hash is checked once the scan
+// pauses.
 type pendingPayload struct {
 	seq       uint64
 	hash      [32]byte
@@ -33,8 +44,8 @@ func decodeSum(s string) (sum [32]byte, malformed bool) {
 	return sum, err != nil
 }
 
-// verifyPayloads re-hashes every staged payload the scan saw; one that is
-// missing or altered breaks R6 at its event.
+// verifyPayloads re-hashes the staged payloads waiting, in the order the
+// scan saw them; one that is missing or altered breaks R6 at its event.
 func (rc *recount) verifyPayloads() {
 	if rc.payloads == nil {
 		return
@@ -61,7 +72,7 @@ func (rc *recount) verifyPayloads() {
 		}
 		p.check.offend(p.seq, rc.maxOffending)
 	}
-	rc.pending = nil
+	rc.pending = rc.pending[:0]
 }
 
 // errMalformedSum is a recorded payload hash that is not a SHA-256 in hex.

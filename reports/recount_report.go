@@ -100,23 +100,27 @@ func (rc *recount) report(live *LiveCounters) *Report {
 // acknowledgements, each delivered item to one (R10).
 func (rc *recount) settleItems() {
 	most := rc.maxOffending
-	for key, it := range rc.items {
-		s := it.src
+	for i := range rc.items.n {
+		it := rc.items.at(i)
+		if !it.has(itemQueued) {
+			continue
+		}
+		s := rc.scopes[it.src]
 		switch {
-		case !it.finished:
+		case !it.has(itemFinished):
 			s.counts.Pending++
 			s.checks[0].actual++
-		case it.outcome == auditd.ItemSucceeded:
+		case it.has(itemSucceeded):
 			s.checks[5].expected++
-			if !it.staged {
-				s.checks[5].offend(it.finishedSeq, most)
+			if !it.has(itemStaged) {
+				s.checks[5].offend(it.seq, most)
 			}
 		}
-		if it.finished && (it.outcome == auditd.ItemSucceeded || it.outcome == auditd.ItemCached) {
+		if it.has(itemDelivered) {
 			s.checks[9].expected++
-			if rc.hasAck && !it.acked {
-				s.checks[9].offend(it.finishedSeq, most)
-				s.unacked = append(s.unacked, keyAt{it.finishedSeq, key})
+			if rc.hasAck && !it.has(itemAcked) {
+				s.checks[9].offend(it.seq, most)
+				s.unacked = append(s.unacked, keyAt{it.seq, string(rc.items.key(i))})
 			}
 		}
 	}
@@ -130,8 +134,8 @@ func (rc *recount) settleRequests() {
 			continue
 		}
 		s := rc.sources[""]
-		if it := rc.items[k.item]; it != nil {
-			s = it.src
+		if it := rc.items.at(k.item); it.has(itemQueued) {
+			s = rc.scopes[it.src]
 		}
 		if rc.finished {
 			s.checks[1].offend(req.dispatchSeq, rc.maxOffending)

@@ -38,7 +38,10 @@ type Ledger interface {
 // a finished run's events change only when one is added to it (an
 // acknowledgement), which moves the run's last sequence number. So a
 // finished run's report is kept, up to DefaultCachedReports of them, under
-// that number; concurrent requests for one run compute it once.
+// that number; concurrent requests for one run compute it once. A run is
+// recounted by one request at a time, running or not: a recount holds a
+// record per item (a run's end brings the log line's request and its
+// clients' at once).
 type Service struct {
 	// Payloads re-hashes staged payloads for R6; nil counts them only.
 	Payloads PayloadVerifier
@@ -59,7 +62,13 @@ type Service struct {
 
 	mu      sync.Mutex
 	reports map[string]cachedReport
-	busy    map[string]*sync.Mutex // per run: one computation at a time
+	busy    map[string]*runLock // runs being recounted or waited for
+}
+
+// runLock lets one request at a time recount a run.
+type runLock struct {
+	mu      sync.Mutex
+	holders int // holding or waiting for mu; the lock is dropped at 0
 }
 
 type cachedReport struct {
@@ -70,7 +79,7 @@ type cachedReport struct {
 // NewService returns a Service of the runs in runs, recorded in ledger.
 func NewService(ledger Ledger, runs Runs) *Service {
 	return &Service{Admission: NewAdmission(), Clock: clock.Real{}, ledger: ledger, runs: runs,
-		reports: map[string]cachedReport{}, busy: map[string]*sync.Mutex{}}
+		reports: map[string]cachedReport{}, busy: map[string]*runLock{}}
 }
 
 func (s *Service) reconciler() *Reconciler {
@@ -102,23 +111,38 @@ func (s *Service) Reconciliation(ctx context.Context, runID string) (*Report, er
 	compute := func() (*Report, error) {
 		return s.reconciler().Reconcile(ctx, runID, &LiveCounters{Total: v.Counts})
 	}
+	defer s.lockRun(runID)()
 	if v.Status.Terminal() {
 		return s.cached(runID, v.LastSeq, compute)
 	}
 	return compute() // a running run changes under every request
 }
 
-// cached returns the kept report of run id at lastSeq, or computes it.
-func (s *Service) cached(id string, lastSeq uint64, compute func() (*Report, error)) (*Report, error) {
+// lockRun waits until no other request recounts run id, and returns the
+// func that lets the next one go.
+func (s *Service) lockRun(id string) (unlock func()) {
 	s.mu.Lock()
-	m := s.busy[id]
-	if m == nil {
-		m = &sync.Mutex{}
-		s.busy[id] = m
+	l := s.busy[id]
+	if l == nil {
+		l = &runLock{}
+		s.busy[id] = l
 	}
+	l.holders++
 	s.mu.Unlock()
-	m.Lock()
-	defer m.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		s.mu.Lock()
+		if l.holders--; l.holders == 0 {
+			delete(s.busy, id)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// cached returns the kept report of run id at lastSeq, or computes it; the
+// caller holds the run's lock.
+func (s *Service) cached(id string, lastSeq uint64, compute func() (*Report, error)) (*Report, error) {
 	s.mu.Lock()
 	got, ok := s.reports[id]
 	s.mu.Unlock()
@@ -133,7 +157,6 @@ func (s *Service) cached(id string, lastSeq uint64, compute func() (*Report, err
 	if len(s.reports) >= DefaultCachedReports {
 		for k := range s.reports { // evict one: any will do
 			delete(s.reports, k)
-			delete(s.busy, k)
 			break
 		}
 	}

@@ -16,7 +16,9 @@
 //
 // For each it prints the service's anonymous memory (RssAnon of
 // /proc/PID/status) when a quarter of the items are done and when all
-// are, the run's wall time, the time to list every item by cursor (pages
+// are, the most it took while the finished run was reconciled in the
+// service (as the log line at a run's end asks for it), the run's wall
+// time, the time to list every item by cursor (pages
 // of 1,000), the time of `auditd reconcile --data` of the run once the
 // service has stopped (the second of two, warm), and the bbolt file's size,
 // its bytes per item, and the share of its pages that are free; then it
@@ -99,6 +101,7 @@ func main() {
 		default:
 			log.Fatalf("unknown mode %q", mode)
 		}
+		b.settle(id)
 		b.report(mode, id)
 	}
 }
@@ -117,6 +120,38 @@ type bench struct {
 
 	submit    time.Duration // ndjson: the streamed page's submit
 	rssSubmit int64         // ndjson: the most kB while it lasted
+
+	settled   time.Duration // the finished run's reconciliation in the service
+	rssSettle int64         // the most kB while it lasted
+}
+
+// settle asks the service for finished run id's reconciliation, which the
+// service computes once (its log line at the run's end asks for it too),
+// and notes the most anonymous memory the service took until it came.
+func (b *bench) settle(id string) {
+	done, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			b.rssSettle = max(b.rssSettle, b.rss())
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	start := time.Now()
+	var rep struct {
+		Balanced bool `json:"balanced"`
+	}
+	b.call("GET", "/v1/runs/"+id+"/reconciliation", nil, &rep)
+	b.settled = time.Since(start)
+	close(done)
+	<-sampled
+	if !rep.Balanced {
+		log.Fatalf("run %s does not balance", id)
+	}
 }
 
 func (b *bench) start() {
@@ -465,6 +500,7 @@ func (b *bench) report(mode, id string) {
 	if b.submit > 0 {
 		fmt.Fprintf(&w, "  streamed submit of %d items: %v, anonymous memory at most %.1f MB meanwhile\n", b.n, b.submit.Round(time.Millisecond), float64(b.rssSubmit)/1024)
 	}
+	fmt.Fprintf(&w, "  its reconciliation in the service: %v, anonymous memory at most %.1f MB meanwhile\n", b.settled.Round(time.Millisecond), float64(b.rssSettle)/1024)
 	fmt.Fprintf(&w, "  items listed by cursor: %d in %v\n", listed, list.Round(time.Millisecond))
 	fmt.Fprintf(&w, "  auditd reconcile --data (warm): %v, peak RSS %.0f MB\n", reconcile.Round(time.Millisecond), float64(reconcileRSS)/1024)
 	fmt.Fprintf(&w, "  bbolt file: %.1f MB, %.0f bytes per item, %.1f%% of its pages free\n",
