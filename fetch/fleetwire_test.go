@@ -54,6 +54,8 @@ func (s *wireShared) Changed() <-chan struct{} { return nil } // nothing to wait
 
 func (s *wireShared) Pause(time.Time) {}
 
+func (s *wireShared) BreakerOpened(time.Time) {}
+
 func (s *wireShared) Lag() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
