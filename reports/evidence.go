@@ -364,7 +364,10 @@ func (b *bookWriter) finish() error {
 			}
 		}
 	}
-	b.f.SetActiveSheet(0)
+	// The Manifest, excelize's first sheet renamed, is already the one
+	// selected and active. SetActiveSheet would read every sheet back
+	// through encoding/xml, a streamed one's rows and all, to clear flags
+	// that were never set.
 	return b.manifest()
 }
 

@@ -1,12 +1,14 @@
 package reports_test
 
 import (
+	"archive/zip"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -475,5 +477,50 @@ func TestExport_TwoInterleavedRuns(t *testing.T) {
 		if r[9] == "" { // completed at: every dispatch found its outcome across the interleaving
 			t.Errorf("dispatch %s of run %s has no outcome", r[0], r[1])
 		}
+	}
+}
+
+// TestExport_OpensOnTheManifest: the workbook opens on the Manifest, the
+// only sheet selected, continuation sheets moved into place included.
+func TestExport_OpensOnTheManifest(t *testing.T) {
+	l := newMemLedger(loadFixture(t, "clean.ndjson"))
+	x := newExporter(l)
+	x.RowLimit = 4 // continuation sheets, moved after their first
+	b, _ := export(t, x, cleanRequest())
+	f, err := excelize.OpenReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if i := f.GetActiveSheetIndex(); f.GetSheetName(i) != reports.SheetManifest {
+		t.Errorf("the active sheet is %q, want %q", f.GetSheetName(i), reports.SheetManifest)
+	}
+	if f.GetSheetMap()[1] != reports.SheetManifest {
+		t.Fatalf("sheet 1 is %q, want the Manifest", f.GetSheetMap()[1])
+	}
+	z, err := zip.NewReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var selected []string
+	for _, part := range z.File {
+		if !strings.HasPrefix(part.Name, "xl/worksheets/") {
+			continue
+		}
+		r, err := part.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := io.ReadAll(r)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(x, []byte(`tabSelected="1"`)) || bytes.Contains(x, []byte(`tabSelected="true"`)) {
+			selected = append(selected, part.Name)
+		}
+	}
+	if !slices.Equal(selected, []string{"xl/worksheets/sheet1.xml"}) {
+		t.Errorf("selected sheets %q, want only the Manifest's (sheet1.xml)", selected)
 	}
 }
