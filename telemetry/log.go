@@ -78,12 +78,12 @@ func (t *Telemetry) logEvent(e *auditd.Event) {
 }
 
 // logFinished logs run id's end with its counts and verdict, read once the
-// commit that finished it is durable.
+// commit that finished it is durable and the store has the run's end.
 func logFinished(log *slog.Logger, runs Runs, id, status string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	args := []any{"run", id, "status", status}
-	if v, err := runs.Run(ctx, id); err == nil {
+	if v, err := waitEnded(ctx, runs, id); err == nil {
 		c := v.Counts
 		args = append(args, "items", c.Items, "succeeded", c.Succeeded, "cached", c.Cached, "failed", c.Failed,
 			"shed", c.Shed, "pending", c.Pending, "dispatches", c.Dispatches, "status_429", c.Status429, "status_5xx", c.Status5xx)
@@ -99,5 +99,38 @@ func logFinished(log *slog.Logger, runs Runs, id, status string) {
 	}
 	log.Info("run finished", args...)
 }
+
+// waitEnded returns run id's view once the store has its end, or the view
+// it has after endWait. The store has the end a moment after run.finished
+// is durable (the loop compacts staging first); read before it, the counts
+// are not the last and the verdict is a running run's, which the reports
+// service computes afresh for every request, so that a client asking right
+// after the end would recount a large run a second time.
+func waitEnded(ctx context.Context, runs Runs, id string) (auditd.RunView, error) {
+	give := time.NewTimer(endWait)
+	defer give.Stop()
+	tick := time.NewTicker(endPoll)
+	defer tick.Stop()
+	for {
+		v, err := runs.Run(ctx, id)
+		if err != nil || v.Status.Terminal() {
+			return v, err
+		}
+		select {
+		case <-tick.C:
+		case <-give.C:
+			return v, nil
+		case <-ctx.Done():
+			return v, nil
+		}
+	}
+}
+
+// endWait bounds how long the finished run's log line waits for the store
+// to have the run's end; endPoll is how often it looks.
+const (
+	endWait = 30 * time.Second
+	endPoll = 20 * time.Millisecond
+)
 
 func round(v float64) float64 { return math.Round(v*1000) / 1000 }

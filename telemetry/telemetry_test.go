@@ -38,7 +38,7 @@ func (f fakeLimiter) State(string) (limiter.State, error) {
 type fakeRuns struct{}
 
 func (fakeRuns) Run(context.Context, string) (auditd.RunView, error) {
-	return auditd.RunView{Counts: auditd.Counts{Items: 2, Succeeded: 1, Failed: 1}}, nil
+	return auditd.RunView{Run: auditd.Run{Status: auditd.RunPartial}, Counts: auditd.Counts{Items: 2, Succeeded: 1, Failed: 1}}, nil
 }
 func (fakeRuns) Reconciled(context.Context, string) (bool, []string, error) {
 	return false, []string{"R1"}, nil
@@ -230,5 +230,47 @@ auditd_ledger_stalls_total 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "auditd_ledger_stalls_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// endingRuns is a store that has a run's end only after a few reads, as
+// the loop stores it a moment after run.finished is durable.
+type endingRuns struct {
+	mu          sync.Mutex
+	reads       int
+	verdictRead bool // Reconciled was called while the run was running
+}
+
+func (r *endingRuns) Run(context.Context, string) (auditd.RunView, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reads++
+	v := auditd.RunView{Run: auditd.Run{Status: auditd.RunRunning}, Counts: auditd.Counts{Items: 2, Succeeded: 1}}
+	if r.reads > 3 {
+		v.Status, v.Counts.Succeeded = auditd.RunSucceeded, 2
+	}
+	return v, nil
+}
+
+func (r *endingRuns) Reconciled(context.Context, string) (bool, []string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verdictRead = r.reads <= 3
+	return true, nil, nil
+}
+
+// The finished run's line waits for the store to have the run's end: its
+// counts are the last, and its verdict is asked of a finished run, which
+// the reports service keeps, rather than of a running one it would
+// recount again for the next request.
+func TestRunFinishedLineWaitsForTheEnd(t *testing.T) {
+	var logs syncBuffer
+	runs := &endingRuns{}
+	telemetry.LogFinished(slog.New(slog.NewTextHandler(&logs, nil)), runs, "run-1", "succeeded")
+	if runs.verdictRead {
+		t.Error("the verdict was asked while the store had the run running")
+	}
+	if out := logs.String(); !strings.Contains(out, "succeeded=2") {
+		t.Errorf("the line does not have the run's last counts:\n%s", out)
 	}
 }
