@@ -66,21 +66,18 @@ func (l *Loop) resume(ctx context.Context, id string) (launch func(), err error)
 	if err != nil {
 		return nil, err
 	}
+	var items []auditd.Item
 	if !rp.started {
 		// The crash came between storing the run and recording its
 		// start (one commit): it starts now, with all its items.
-		items, err := l.itemsFrom(id, legacy, 0, nil)
-		if err != nil {
+		if items, err = l.itemsFrom(id, legacy, 0, nil); err != nil {
 			return nil, err
 		}
-		if cont, err := l.pickUp(ctx, ar, rp, items); !cont || err != nil {
-			return nil, err
-		}
-		q.n, q.sources = uint32(len(items)), map[string]bool{}
 		for _, it := range items {
 			q.sources[it.SourceID] = true
 		}
-	} else if cont, err := l.pickUp(ctx, ar, rp, nil); !cont || err != nil {
+	}
+	if cont, err := l.pickUp(ctx, ar, rp, items); !cont || err != nil {
 		return nil, err
 	}
 	if rp.started {
