@@ -1,0 +1,118 @@
+package pack
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/auditd/auditd/reports"
+)
+
+// The fleet workbook's sheet hashes: the merge (reports.WriteFleetEvidence)
+// hashes each sheet over the values it read from the node workbooks, and
+// copies the cells as stored; a verifier reads those cells back to the
+// same values and hashes them the same way (docs/EVIDENCE-PACK.md, "Fleet
+// packs", step 5).
+
+// fleetDateFormat is the number format of a date cell: a number in a
+// style with it is a time (reports' dateFormat).
+const fleetDateFormat = `yyyy-mm-dd"T"hh:mm:ss.000"Z"`
+
+// dateStyles are the cell styles (cellXfs indexes) of the workbook whose
+// number format is fleetDateFormat.
+func (b *book) dateStyles() (map[int]bool, error) {
+	var st struct {
+		NumFmts []struct {
+			ID   int    `xml:"numFmtId,attr"`
+			Code string `xml:"formatCode,attr"`
+		} `xml:"numFmts>numFmt"`
+		Xfs []struct {
+			NumFmt int `xml:"numFmtId,attr"`
+		} `xml:"cellXfs>xf"`
+	}
+	if err := b.decodeXML("xl/styles.xml", &st); err != nil {
+		return nil, err
+	}
+	dateFmt := map[int]bool{}
+	for _, f := range st.NumFmts {
+		dateFmt[f.ID] = f.Code == fleetDateFormat
+	}
+	out := map[int]bool{}
+	for i, x := range st.Xfs {
+		if dateFmt[x.NumFmt] {
+			out[i] = true
+		}
+	}
+	return out, nil
+}
+
+// sheetHasher hashes one sheet's rows as the fleet merge does.
+type sheetHasher struct {
+	dates map[int]bool
+	sum   hashWriter
+	line  []byte
+	width int // the header row's columns
+}
+
+// header starts the sheet's hash with its header row.
+func (h *sheetHasher) header(cells []cell) bool {
+	h.width = 0
+	for _, c := range cells {
+		h.width = max(h.width, c.col+1)
+	}
+	return h.row(cells)
+}
+
+// row adds a row's canonical text: its cells as reports.AppendCellText
+// renders the values read (value), joined by tabs up to the header's last
+// column or the row's, ended by a newline. It reports false for cells out
+// of column order, which the merge never writes (a verifier says so rather
+// than hash them).
+func (h *sheetHasher) row(cells []cell) bool {
+	b := h.line[:0]
+	tabs := 0
+	for i, c := range cells {
+		if i > 0 && c.col <= cells[i-1].col {
+			return false
+		}
+		for ; tabs < c.col; tabs++ {
+			b = append(b, '\t')
+		}
+		b = reports.AppendCellText(b, h.value(c))
+	}
+	for ; tabs < h.width-1; tabs++ {
+		b = append(b, '\t')
+	}
+	b = append(b, '\n')
+	h.sum.Write(b)
+	h.line = b
+	return true
+}
+
+// value is a cell as the merge reads it (reports' nodeBook.value): a
+// boolean, a number in a date style as the time it holds to the
+// microsecond, another number as a float64, any other cell its text.
+// A number that does not parse is its text, which the merge never hashes.
+func (h *sheetHasher) value(c cell) any {
+	switch c.typ {
+	case "b":
+		return string(c.text) == "1"
+	case "", "n":
+	default:
+		return string(c.text)
+	}
+	if len(c.text) == 0 {
+		return nil
+	}
+	x, err := strconv.ParseFloat(string(c.text), 64)
+	if err != nil {
+		return string(c.text)
+	}
+	if h.dates[c.style] {
+		days, frac := math.Modf(x)
+		epoch := time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC)
+		t := epoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
+		return t.Round(time.Microsecond)
+	}
+	return x
+}

@@ -1,0 +1,49 @@
+package pack
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"testing"
+)
+
+// TestSheetHasherCanonical holds the fleet sheet hash to the rule of
+// docs/EVIDENCE-PACK.md (fleet step 5): a number as the shortest decimal
+// that reads back as it however stored, a date-styled number as its time
+// to the millisecond, booleans as TRUE/FALSE, strings escaped, empty
+// cells up to the header's last column.
+func TestSheetHasherCanonical(t *testing.T) {
+	h := &sheetHasher{dates: map[int]bool{3: true}}
+	h.sum.Reset()
+	text := func(s string) []byte { return []byte(s) }
+	h.header([]cell{{col: 0, typ: "inlineStr", text: text("Node")}, {col: 1, typ: "inlineStr", text: text("A\tB")},
+		{col: 2, typ: "inlineStr", text: text("C")}, {col: 3, typ: "inlineStr", text: text("D")}, {col: 4, typ: "inlineStr", text: text("E")},
+		{col: 5, typ: "inlineStr", text: text("F")}})
+	// 46083.4984567 is 2026-03-02T11:57:46.65888Z: .658, the digits past
+	// the millisecond dropped, not rounded.
+	if !h.row([]cell{{col: 0, typ: "inlineStr", text: text("a")}, {col: 1, text: text("1.50000000000000")},
+		{col: 2, style: 3, text: text("46083.4984567")}, {col: 3, typ: "b", text: text("1")}, {col: 4, typ: "n", text: text("1E3")}}) {
+		t.Fatal("cells in order reported out of order")
+	}
+	if !h.row([]cell{{col: 0, typ: "inlineStr", text: text(`x\y` + "\n")}, {col: 3, typ: "b", text: text("0")}}) {
+		t.Fatal("cells in order reported out of order")
+	}
+	want := sha256.Sum256([]byte("Node\tA\\tB\tC\tD\tE\tF\n" +
+		"a\t1.5\t2026-03-02T11:57:46.658Z\tTRUE\t1000\t\n" +
+		"x\\\\y\\n\t\t\tFALSE\t\t\n"))
+	if got := h.sum.hex(); got != hex.EncodeToString(want[:]) {
+		t.Errorf("hash %s, want %x", got, want)
+	}
+	if h.row([]cell{{col: 2, text: text("1")}, {col: 1, text: text("2")}}) {
+		t.Error("cells out of column order hashed")
+	}
+}
+
+// TestAppendUnescapedLineEnds: a cell's text is read as XML reads it, a
+// literal CR or CRLF a newline, a CR written &#xD; a CR, as the fleet
+// merge's own reader and an XML decoder take it.
+func TestAppendUnescapedLineEnds(t *testing.T) {
+	got, err := appendUnescaped(nil, []byte("a\r\nb\rc&#xD;d&amp;"))
+	if err != nil || string(got) != "a\nb\nc\rd&" {
+		t.Errorf("got %q, %v", got, err)
+	}
+}
