@@ -541,7 +541,6 @@ func outsideSheetHashes(book []byte) (map[string]string, error) {
 	for _, f := range styles.NumFmts {
 		dateFmts[f.ID] = f.Code == `yyyy-mm-dd"T"hh:mm:ss.000"Z"`
 	}
-	escape := strings.NewReplacer(`\`, `\\`, "\t", `\t`, "\n", `\n`)
 	out := map[string]string{}
 	for _, s := range wb.Sheets {
 		if s.Name == "Manifest" {
@@ -579,22 +578,8 @@ func outsideSheetHashes(book []byte) (map[string]string, error) {
 				for len(cols) < col-1 {
 					cols = append(cols, "")
 				}
-				text := escape.Replace(c.V)
-				switch x, err := strconv.ParseFloat(c.V, 64); {
-				case c.Type == "inlineStr":
-					text = escape.Replace(c.T)
-				case c.Type == "b" && c.V == "1":
-					text = "TRUE"
-				case c.Type == "b":
-					text = "FALSE"
-				case c.Type != "" && c.Type != "n" || err != nil:
-				case c.Style < len(styles.Xfs) && dateFmts[styles.Xfs[c.Style].NumFmt]:
-					days, frac := math.Modf(x)
-					at := time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC).Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
-					text = at.Round(time.Microsecond).Format("2006-01-02T15:04:05.000Z")
-				default:
-					text = strconv.FormatFloat(x, 'f', -1, 64)
-				}
+				date := c.Style >= 0 && c.Style < len(styles.Xfs) && dateFmts[styles.Xfs[c.Style].NumFmt]
+				text := outsideCellText(c.Type, c.V, c.T, date)
 				cols = append(cols, text)
 			}
 			if i == 0 {
@@ -608,4 +593,27 @@ func outsideSheetHashes(book []byte) (map[string]string, error) {
 		out[s.Name] = hex.EncodeToString(h.Sum(nil))
 	}
 	return out, nil
+}
+
+// outsideCellText is a cell's text in a sheet's hash (outsideSheetHashes):
+// of type typ, its value v or its inline string t, date when its style is
+// the date style.
+func outsideCellText(typ, v, t string, date bool) string {
+	escape := strings.NewReplacer(`\`, `\\`, "\t", `\t`, "\n", `\n`)
+	x, err := strconv.ParseFloat(v, 64)
+	switch {
+	case typ == "inlineStr":
+		return escape.Replace(t)
+	case typ == "b" && v == "1":
+		return "TRUE"
+	case typ == "b":
+		return "FALSE"
+	case typ != "" && typ != "n" || err != nil:
+		return escape.Replace(v)
+	case date:
+		days, frac := math.Modf(x)
+		at := time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC).Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
+		return at.Round(time.Microsecond).Format("2006-01-02T15:04:05.000Z")
+	}
+	return strconv.FormatFloat(x, 'f', -1, 64)
 }
