@@ -149,9 +149,10 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	}
 	manifest := pack.FleetManifest{Origin: head.Origin, TreeSize: head.Size, Runs: []string{fleetRun}, Nodes: nodes,
 		Limits: []pack.FleetLimit{{Source: "county", Limit: 100, Window: int64(time.Second)}}, SlotSlack: int64(50 * time.Millisecond)}
-	// merge is the fleet workbook of the node workbooks of packs, each
-	// under the node name books gives it (its own when absent).
-	merge := func(packs map[string][]byte, books map[string]string) []byte {
+	// mergeRows is the fleet workbook of the node workbooks of packs,
+	// each under the node name books gives it (its own when absent), its
+	// sheets continued past limit rows (0: the default).
+	mergeRows := func(packs map[string][]byte, books map[string]string, limit int) []byte {
 		var parts []reports.FleetWorkbook
 		for n, b := range packs {
 			if from, ok := books[n]; ok {
@@ -164,11 +165,12 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 			parts = append(parts, reports.FleetWorkbook{Node: n, Book: bytes.NewReader(wb), Size: int64(len(wb))})
 		}
 		var buf bytes.Buffer
-		if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fleetRun, Parts: parts}); err != nil {
+		if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fleetRun, Parts: parts, RowLimit: limit}); err != nil {
 			t.Fatal(err)
 		}
 		return buf.Bytes()
 	}
+	merge := func(packs map[string][]byte, books map[string]string) []byte { return mergeRows(packs, books, 0) }
 	writeBook := func(m pack.FleetManifest, packs map[string][]byte, book []byte) []byte {
 		readers := map[string]io.Reader{}
 		for n, b := range packs {
@@ -197,6 +199,11 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	good := write(manifest, packs)
 	if r, outside := verify(good); !r.OK || outside != nil {
 		t.Fatalf("a good fleet pack: VerifyFleet %v, the outsider: %v", r.Problems, outside)
+	}
+	// Sheets continued on "Dispatches (2)" and on: each part's hash is
+	// over its own rows, header first.
+	if r, outside := verify(writeBook(manifest, packs, mergeRows(packs, nil, 8))); !r.OK || outside != nil {
+		t.Fatalf("a good fleet pack, its sheets continued: VerifyFleet %v, the outsider: %v", r.Problems, outside)
 	}
 	// auditd verify --pack reads a fleet pack as one, with the nodes' keys
 	// given on the command line.
@@ -315,6 +322,11 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 			}
 			return writeBook(manifest, packs, editBook(t, book, sum, forged))
 		}, []string{"evidence.xlsx: sheet Manifest row", "sheet Dispatches's SHA-256 of rows"}, "sheet Dispatches's SHA-256", ""},
+		{"WorkbookContinuationSHAEdited", func() []byte {
+			book := mergeRows(packs, nil, 8)
+			sum := manifestSHA(t, book, "Dispatches (2)")
+			return writeBook(manifest, packs, editBook(t, book, sum, strings.Repeat("0", len(sum))))
+		}, []string{"evidence.xlsx: sheet Manifest row", "sheet Dispatches (2)'s SHA-256 of rows"}, "sheet Dispatches (2)'s SHA-256", ""},
 		{"WorkbookCellAndSHAEdited", func() []byte {
 			// A data cell edited and its sheet's hash made to match: the
 			// cell is still caught, cell by cell.
