@@ -4,8 +4,6 @@ import (
 	"math"
 	"strconv"
 	"time"
-
-	"github.com/auditd/auditd/reports"
 )
 
 // The fleet workbook's sheet hashes: the merge (reports.WriteFleetEvidence)
@@ -63,11 +61,10 @@ func (h *sheetHasher) header(cells []cell) bool {
 	return h.row(cells)
 }
 
-// row adds a row's canonical text: its cells as reports.AppendCellText
-// renders the values read (value), joined by tabs up to the header's last
-// column or the row's, ended by a newline. It reports false for cells out
-// of column order, which the merge never writes (a verifier says so rather
-// than hash them).
+// row adds a row's canonical text: its cells' texts (appendCell) joined
+// by tabs up to the header's last column or the row's, ended by a
+// newline. It reports false for cells out of column order, which the
+// merge never writes (a verifier says so rather than hash them).
 func (h *sheetHasher) row(cells []cell) bool {
 	b := h.line[:0]
 	tabs := 0
@@ -78,7 +75,7 @@ func (h *sheetHasher) row(cells []cell) bool {
 		for ; tabs < c.col; tabs++ {
 			b = append(b, '\t')
 		}
-		b = reports.AppendCellText(b, h.value(c))
+		b = h.appendCell(b, c)
 	}
 	for ; tabs < h.width-1; tabs++ {
 		b = append(b, '\t')
@@ -89,30 +86,57 @@ func (h *sheetHasher) row(cells []cell) bool {
 	return true
 }
 
-// value is a cell as the merge reads it (reports' nodeBook.value): a
-// boolean, a number in a date style as the time it holds to the
-// microsecond, another number as a float64, any other cell its text.
-// A number that does not parse is its text, which the merge never hashes.
-func (h *sheetHasher) value(c cell) any {
+// appendCell appends a cell's text as the merge hashes it: the value it
+// reads (reports' nodeBook.value) as reports.AppendCellText renders it,
+// written out here so that a million rows box no value. A boolean is
+// TRUE or FALSE; a number in a date style the time it holds to the
+// microsecond, shown to the millisecond (the rest dropped); another
+// number the shortest decimal that reads back as it; any other cell, and
+// a number that does not parse (which the merge never hashes), its text,
+// escaped.
+func (h *sheetHasher) appendCell(b []byte, c cell) []byte {
 	switch c.typ {
 	case "b":
-		return string(c.text) == "1"
+		if string(c.text) == "1" {
+			return append(b, "TRUE"...)
+		}
+		return append(b, "FALSE"...)
 	case "", "n":
 	default:
-		return string(c.text)
+		return appendEscapedText(b, c.text)
 	}
 	if len(c.text) == 0 {
-		return nil
+		return b
 	}
 	x, err := strconv.ParseFloat(string(c.text), 64)
-	if err != nil {
-		return string(c.text)
-	}
-	if h.dates[c.style] {
+	switch {
+	case err != nil:
+		return appendEscapedText(b, c.text)
+	case h.dates[c.style]:
 		days, frac := math.Modf(x)
-		epoch := time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC)
-		t := epoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
-		return t.Round(time.Microsecond)
+		t := fleetEpoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
+		return t.Round(time.Microsecond).AppendFormat(b, "2006-01-02T15:04:05.000Z07:00")
 	}
-	return x
+	return strconv.AppendFloat(b, x, 'f', -1, 64)
+}
+
+// fleetEpoch is day 0 of a date serial: 1899-12-30T00:00:00Z.
+var fleetEpoch = time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC)
+
+// appendEscapedText appends s with backslash, tab and newline escaped as
+// \\, \t and \n, as reports.AppendCellText writes a string.
+func appendEscapedText(b, s []byte) []byte {
+	for _, c := range s {
+		switch c {
+		case '\\':
+			b = append(b, `\\`...)
+		case '\t':
+			b = append(b, `\t`...)
+		case '\n':
+			b = append(b, `\n`...)
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
 }

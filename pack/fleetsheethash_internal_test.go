@@ -3,7 +3,13 @@ package pack
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"math"
+	"math/rand/v2"
+	"strconv"
 	"testing"
+	"time"
+
+	"github.com/auditd/auditd/reports"
 )
 
 // TestSheetHasherCanonical holds the fleet sheet hash to the rule of
@@ -45,5 +51,36 @@ func TestAppendUnescapedLineEnds(t *testing.T) {
 	got, err := appendUnescaped(nil, []byte("a\r\nb\rc&#xD;d&amp;"))
 	if err != nil || string(got) != "a\nb\nc\rd&" {
 		t.Errorf("got %q, %v", got, err)
+	}
+}
+
+// TestSheetHasherMatchesCellText: a cell's text in the hash is what
+// reports.AppendCellText, which the merge hashes with, renders for the
+// value the merge reads: random numbers, dates over two centuries (as the
+// merge turns a date serial to a time) and strings with escapes.
+func TestSheetHasherMatchesCellText(t *testing.T) {
+	h := &sheetHasher{dates: map[int]bool{1: true}}
+	rng := rand.New(rand.NewPCG(30, 5))
+	for range 20_000 {
+		x := math.Float64frombits(rng.Uint64())
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			continue
+		}
+		stored := strconv.FormatFloat(x, 'E', -1, 64)
+		if got, want := h.appendCell(nil, cell{text: []byte(stored)}), reports.AppendCellText(nil, x); string(got) != string(want) {
+			t.Fatalf("number %s: %q, want %q", stored, got, want)
+		}
+		serial := rng.Float64() * 73_000 // 1899 to 2099
+		stored = strconv.FormatFloat(serial, 'f', -1, 64)
+		days, frac := math.Modf(serial)
+		at := time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC).Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9))).Round(time.Microsecond)
+		if got, want := h.appendCell(nil, cell{style: 1, text: []byte(stored)}), reports.AppendCellText(nil, at); string(got) != string(want) {
+			t.Fatalf("date %s: %q, want %q", stored, got, want)
+		}
+	}
+	for _, s := range []string{"", "plain", "a\tb\nc\\d", "\\\\", "é\u2014"} {
+		if got, want := h.appendCell(nil, cell{typ: "inlineStr", text: []byte(s)}), reports.AppendCellText(nil, s); string(got) != string(want) {
+			t.Errorf("string %q: %q, want %q", s, got, want)
+		}
 	}
 }
