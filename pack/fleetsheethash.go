@@ -53,19 +53,20 @@ type sheetHasher struct {
 }
 
 // header starts the sheet's hash with its header row.
-func (h *sheetHasher) header(cells []cell) bool {
+func (h *sheetHasher) header(cells []cell, texts []string) bool {
 	h.width = 0
 	for _, c := range cells {
 		h.width = max(h.width, c.col+1)
 	}
-	return h.row(cells)
+	return h.row(cells, texts)
 }
 
 // row adds a row's canonical text: its cells' texts (appendCell) joined
 // by tabs up to the header's last column or the row's, ended by a
-// newline. It reports false for cells out of column order, which the
-// merge never writes (a verifier says so rather than hash them).
-func (h *sheetHasher) row(cells []cell) bool {
+// newline; texts are the cells' texts by column, as texts gives them. It
+// reports false for cells out of column order, which the merge never
+// writes (a verifier says so rather than hash them).
+func (h *sheetHasher) row(cells []cell, texts []string) bool {
 	b := h.line[:0]
 	tabs := 0
 	for i, c := range cells {
@@ -75,7 +76,7 @@ func (h *sheetHasher) row(cells []cell) bool {
 		for ; tabs < c.col; tabs++ {
 			b = append(b, '\t')
 		}
-		b = h.appendCell(b, c)
+		b = h.appendCell(b, c, texts[c.col])
 	}
 	for ; tabs < h.width-1; tabs++ {
 		b = append(b, '\t')
@@ -93,8 +94,8 @@ func (h *sheetHasher) row(cells []cell) bool {
 // microsecond, shown to the millisecond (the rest dropped); another
 // number the shortest decimal that reads back as it; any other cell, and
 // a number that does not parse (which the merge never hashes), its text,
-// escaped.
-func (h *sheetHasher) appendCell(b []byte, c cell) []byte {
+// escaped. text is c's text as a string.
+func (h *sheetHasher) appendCell(b []byte, c cell, text string) []byte {
 	switch c.typ {
 	case "b":
 		if string(c.text) == "1" {
@@ -108,7 +109,7 @@ func (h *sheetHasher) appendCell(b []byte, c cell) []byte {
 	if len(c.text) == 0 {
 		return b
 	}
-	x, err := strconv.ParseFloat(string(c.text), 64)
+	x, err := strconv.ParseFloat(text, 64)
 	switch {
 	case err != nil:
 		return appendEscapedText(b, c.text)

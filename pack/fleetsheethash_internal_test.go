@@ -21,16 +21,17 @@ func TestSheetHasherCanonical(t *testing.T) {
 	h := &sheetHasher{dates: map[int]bool{3: true}}
 	h.sum.Reset()
 	text := func(s string) []byte { return []byte(s) }
+	row := func(cells []cell) bool { return h.row(cells, texts(cells, 0)) }
 	h.header([]cell{{col: 0, typ: "inlineStr", text: text("Node")}, {col: 1, typ: "inlineStr", text: text("A\tB")},
 		{col: 2, typ: "inlineStr", text: text("C")}, {col: 3, typ: "inlineStr", text: text("D")}, {col: 4, typ: "inlineStr", text: text("E")},
-		{col: 5, typ: "inlineStr", text: text("F")}})
+		{col: 5, typ: "inlineStr", text: text("F")}}, []string{"Node", "A\tB", "C", "D", "E", "F"})
 	// 46083.4984567 is 2026-03-02T11:57:46.65888Z: .658, the digits past
 	// the millisecond dropped, not rounded.
-	if !h.row([]cell{{col: 0, typ: "inlineStr", text: text("a")}, {col: 1, text: text("1.50000000000000")},
+	if !row([]cell{{col: 0, typ: "inlineStr", text: text("a")}, {col: 1, text: text("1.50000000000000")},
 		{col: 2, style: 3, text: text("46083.4984567")}, {col: 3, typ: "b", text: text("1")}, {col: 4, typ: "n", text: text("1E3")}}) {
 		t.Fatal("cells in order reported out of order")
 	}
-	if !h.row([]cell{{col: 0, typ: "inlineStr", text: text(`x\y` + "\n")}, {col: 3, typ: "b", text: text("0")}}) {
+	if !row([]cell{{col: 0, typ: "inlineStr", text: text(`x\y` + "\n")}, {col: 3, typ: "b", text: text("0")}}) {
 		t.Fatal("cells in order reported out of order")
 	}
 	want := sha256.Sum256([]byte("Node\tA\\tB\tC\tD\tE\tF\n" +
@@ -39,7 +40,7 @@ func TestSheetHasherCanonical(t *testing.T) {
 	if got := h.sum.hex(); got != hex.EncodeToString(want[:]) {
 		t.Errorf("hash %s, want %x", got, want)
 	}
-	if h.row([]cell{{col: 2, text: text("1")}, {col: 1, text: text("2")}}) {
+	if row([]cell{{col: 2, text: text("1")}, {col: 1, text: text("2")}}) {
 		t.Error("cells out of column order hashed")
 	}
 }
@@ -67,19 +68,19 @@ func TestSheetHasherMatchesCellText(t *testing.T) {
 			continue
 		}
 		stored := strconv.FormatFloat(x, 'E', -1, 64)
-		if got, want := h.appendCell(nil, cell{text: []byte(stored)}), reports.AppendCellText(nil, x); string(got) != string(want) {
+		if got, want := h.appendCell(nil, cell{text: []byte(stored)}, stored), reports.AppendCellText(nil, x); string(got) != string(want) {
 			t.Fatalf("number %s: %q, want %q", stored, got, want)
 		}
 		serial := rng.Float64() * 73_000 // 1899 to 2099
 		stored = strconv.FormatFloat(serial, 'f', -1, 64)
 		days, frac := math.Modf(serial)
 		at := time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC).Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9))).Round(time.Microsecond)
-		if got, want := h.appendCell(nil, cell{style: 1, text: []byte(stored)}), reports.AppendCellText(nil, at); string(got) != string(want) {
+		if got, want := h.appendCell(nil, cell{style: 1, text: []byte(stored)}, stored), reports.AppendCellText(nil, at); string(got) != string(want) {
 			t.Fatalf("date %s: %q, want %q", stored, got, want)
 		}
 	}
 	for _, s := range []string{"", "plain", "a\tb\nc\\d", "\\\\", "é\u2014"} {
-		if got, want := h.appendCell(nil, cell{typ: "inlineStr", text: []byte(s)}), reports.AppendCellText(nil, s); string(got) != string(want) {
+		if got, want := h.appendCell(nil, cell{typ: "inlineStr", text: []byte(s)}, s), reports.AppendCellText(nil, s); string(got) != string(want) {
 			t.Errorf("string %q: %q, want %q", s, got, want)
 		}
 	}

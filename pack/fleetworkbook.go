@@ -114,16 +114,16 @@ func (out *sheetRows) readPart(rr *rowReader, name, part string, h *sheetHasher)
 		} else if err != nil {
 			return fmt.Errorf("sheet %s: %w", name, err)
 		}
+		row := texts(cells, 0)
 		if h != nil && out.disorder[part] == 0 {
 			ordered := h.row
 			if i == 0 {
 				ordered = h.header
 			}
-			if !ordered(cells) {
+			if !ordered(cells, row) {
 				out.disorder[part] = i + 1
 			}
 		}
-		row := texts(cells, 0)
 		if i == 0 {
 			out.headers[name] = row
 		} else {
