@@ -320,8 +320,9 @@ func (rr *rowReader) next() ([]cell, error) {
 			t, _ := attr(tag, "t")
 			c.typ = cellType(t)
 			if rr.style {
-				s, _ := attr(tag, "s")
-				c.style, _ = strconv.Atoi(string(s)) // none: style 0
+				if s, ok := attr(tag, "s"); ok { // none: style 0
+					c.style, _ = strconv.Atoi(string(s))
+				}
 			}
 			if selfClosing {
 				rr.cells = append(rr.cells, c)
