@@ -366,11 +366,62 @@ func TestFleetPack(t *testing.T) {
 		f.parts.Manifest.Nodes = nodes
 		mustName(t, verifyFleet(t, f.write(t), f.keys), "node b:", "revision 500 is after revision 101")
 	})
+	t.Run("WorkbookSHA", func(t *testing.T) {
+		// The merged workbook verifies, its sheets' hashes taken again
+		// from the rows as read (latencies such as 0.08, dates, booleans);
+		// another hash for one sheet fails, naming it and its Manifest row.
+		book := f.workbook(t)
+		f := *f
+		f.parts.Workbook = bytes.NewReader(book)
+		if r := verifyFleet(t, f.write(t), f.keys); !r.OK {
+			t.Fatalf("with its merged workbook, a good fleet pack fails:\n%s", strings.Join(r.Problems, "\n"))
+		}
+		edited := rezip(t, book, "xl/worksheets/sheet1.xml", func(x []byte) []byte {
+			i := bytes.Index(x, []byte("<v>Dispatches</v>"))
+			if i < 0 {
+				i = bytes.Index(x, []byte(">Dispatches<"))
+			}
+			j := bytes.Index(x[i:], []byte("</row>"))
+			if i < 0 || j < 0 {
+				t.Fatal("the Manifest lists no Dispatches sheet")
+			}
+			row := x[i : i+j]
+			k := bytes.LastIndex(row, []byte("<t>"))
+			x = bytes.Clone(x)
+			if x[i+k+3] != '0' { // the hash's first digit, another hex digit
+				x[i+k+3] = '0'
+			} else {
+				x[i+k+3] = '1'
+			}
+			return x
+		})
+		f.parts.Workbook = bytes.NewReader(edited)
+		mustName(t, verifyFleet(t, f.write(t), f.keys), "evidence.xlsx: sheet Manifest row", "sheet Dispatches's SHA-256 of rows is")
+	})
 	t.Run("DispatchesOverLimit", func(t *testing.T) {
 		f := *f
 		f.parts.Manifest.Limits = []pack.FleetLimit{{Source: "src-a", Limit: 3, Window: int64(time.Second)}}
 		mustName(t, verifyFleet(t, f.write(t), f.keys), "source src-a", "over the limit 3 per 1s", "node ")
 	})
+}
+
+// workbook is the fleet workbook of f's node packs, as auditd's fleet
+// pack merges it.
+func (f *fleetFixture) workbook(tb testing.TB) []byte {
+	tb.Helper()
+	nodes := map[string]*pack.Pack{}
+	for _, n := range f.nodes {
+		p, err := pack.Open(bytes.NewReader(n.pack), int64(len(n.pack)))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		nodes[n.name] = p
+	}
+	var buf bytes.Buffer
+	if err := pack.WriteFleetWorkbook(&buf, benchRun, nodes, tb.TempDir()); err != nil {
+		tb.Fatal(err)
+	}
+	return buf.Bytes()
 }
 
 func cloneNodes(ns []*fleetNode) []*fleetNode {

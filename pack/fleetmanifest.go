@@ -36,10 +36,10 @@ func readManifestRows(b *book) ([][]string, error) {
 // fleet run and its nodes as fleet.json says, each node's checkpoint that
 // of its part (which Verify and the fleet leaf hold), each node's key the
 // one its part was verified with, fields the pack's workbook leaves empty
-// empty, and each sheet's row count that of the sheet. The SHA-256 cells
-// are over the rows as shown, which this check does not format; the rows
-// themselves are held cell by cell (checkFleetSheet). Keys are the keys
-// the nodes were verified with, by node.
+// empty, and each sheet's row count and SHA-256 those of the sheet: the
+// hash over its rows as read, as the merge takes it (sheetHasher); the
+// rows themselves are held cell by cell (checkFleetSheet). Keys are the
+// keys the nodes were verified with, by node.
 func checkFleetManifest(fp *FleetPack, fleet *sheetRows, keys map[string]string, r *FleetReport) {
 	const wb = FileFleetWorkbook
 	if fleet.manifest == nil {
@@ -88,8 +88,10 @@ func checkFleetManifest(fp *FleetPack, fleet *sheetRows, keys map[string]string,
 				r.fail("%s: sheet %s row %d lists sheet %q a second time", wb, reports.SheetManifest, at, row[0])
 			case err != nil || n != got:
 				r.fail("%s: sheet %s row %d says sheet %s has %q rows; it has %d", wb, reports.SheetManifest, at, row[0], row[1], got)
-			case len(row[2]) != 64 || strings.Trim(row[2], "0123456789abcdef") != "":
-				r.fail("%s: sheet %s row %d: %q is not a SHA-256", wb, reports.SheetManifest, at, row[2])
+			case fleet.disorder[row[0]] > 0:
+				r.fail("%s: sheet %s row %d: sheet %s row %d has its cells out of column order, which the merge does not write, so no SHA-256 of its rows", wb, reports.SheetManifest, at, row[0], fleet.disorder[row[0]])
+			case row[2] != fleet.sums[row[0]]:
+				r.fail("%s: sheet %s row %d: sheet %s's SHA-256 of rows is %q; its rows as read hash to %s", wb, reports.SheetManifest, at, row[0], row[2], fleet.sums[row[0]])
 			}
 			listed[row[0]] = true
 		case row[0] == reports.ManifestFieldSheet:

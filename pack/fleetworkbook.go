@@ -47,19 +47,35 @@ type sheetRows struct {
 	// counts are the rows of each sheet as stored, continuations apart,
 	// header rows not counted.
 	counts map[string]int64
+	// sums are each sheet's SHA-256 over its rows as read, as the merge
+	// hashes them (sheetHasher), continuations apart; disorder is the
+	// first row of a sheet whose cells are out of column order, which
+	// has no such hash. Both only when read with hashes.
+	sums     map[string]string
+	disorder map[string]int
 	// manifest are the Manifest's rows (nil: none).
 	manifest [][]string
 }
 
-// readSheetRows reads every sheet of zr but the Manifest.
-func readSheetRows(zr *zip.Reader) (*sheetRows, error) {
+// readSheetRows reads every sheet of zr but the Manifest, and with hash
+// each sheet's SHA-256 as the fleet merge takes it.
+func readSheetRows(zr *zip.Reader, hash bool) (*sheetRows, error) {
 	b, err := openBook(zr)
 	if err != nil {
 		return nil, err
 	}
-	out := &sheetRows{headers: map[string][]string{}, rows: map[string][][]string{}, counts: map[string]int64{}}
+	out := &sheetRows{headers: map[string][]string{}, rows: map[string][][]string{}, counts: map[string]int64{},
+		sums: map[string]string{}, disorder: map[string]int{}}
 	if out.manifest, err = readManifestRows(b); err != nil {
 		return nil, err
+	}
+	var h *sheetHasher
+	if hash {
+		dates, err := b.dateStyles()
+		if err != nil {
+			return nil, err
+		}
+		h = &sheetHasher{dates: dates}
 	}
 	for name := range b.sheets {
 		if name == reports.SheetManifest || strings.HasSuffix(name, ")") && strings.Contains(name, " (") {
@@ -73,27 +89,52 @@ func readSheetRows(zr *zip.Reader) (*sheetRows, error) {
 			} else if !ok {
 				break
 			}
-			out.counts[part] = 0
-			for i := 0; ; i++ {
-				cells, err := rr.next()
-				if errors.Is(err, io.EOF) {
-					break
-				} else if err != nil {
-					rr.Close()
-					return nil, fmt.Errorf("sheet %s: %w", name, err)
-				}
-				row := texts(cells, 0)
-				if i == 0 {
-					out.headers[name] = row
-				} else {
-					out.rows[name] = append(out.rows[name], row)
-					out.counts[part]++
-				}
-			}
+			err = out.readPart(rr, name, part, h)
 			rr.Close()
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	return out, nil
+}
+
+// readPart reads one sheet of population name, hashing it with h (nil:
+// not hashed).
+func (out *sheetRows) readPart(rr *rowReader, name, part string, h *sheetHasher) error {
+	rr.style = h != nil
+	if h != nil {
+		h.sum.Reset()
+	}
+	out.counts[part] = 0
+	for i := 0; ; i++ {
+		cells, err := rr.next()
+		if errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("sheet %s: %w", name, err)
+		}
+		row := texts(cells, 0)
+		if h != nil && out.disorder[part] == 0 {
+			ordered := h.row
+			if i == 0 {
+				ordered = h.header
+			}
+			if !ordered(cells, row) {
+				out.disorder[part] = i + 1
+			}
+		}
+		if i == 0 {
+			out.headers[name] = row
+		} else {
+			out.rows[name] = append(out.rows[name], row)
+			out.counts[part]++
+		}
+	}
+	if h != nil {
+		out.sums[part] = h.sum.hex()
+	}
+	return nil
 }
 
 // verifyFleetWorkbook checks the fleet workbook against the node packs'
@@ -111,7 +152,7 @@ func verifyFleetWorkbook(fp *FleetPack, keys map[string]string, r *FleetReport) 
 	zr, err := zip.NewReader(fp.Workbook, fp.Workbook.Size())
 	var fleet *sheetRows
 	if err == nil {
-		fleet, err = readSheetRows(zr)
+		fleet, err = readSheetRows(zr, true)
 	}
 	if err != nil {
 		r.fail("%s: %v", FileFleetWorkbook, err)
@@ -126,7 +167,7 @@ func verifyFleetWorkbook(fp *FleetPack, keys map[string]string, r *FleetReport) 
 		zr, err := p.workbook()
 		var rows *sheetRows
 		if err == nil {
-			rows, err = readSheetRows(zr)
+			rows, err = readSheetRows(zr, false)
 		}
 		if err != nil {
 			r.fail("node %s: %s: %v", n.Name, FileWorkbook, err)

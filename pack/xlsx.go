@@ -158,6 +158,9 @@ type cell struct {
 	col  int    // from 0
 	typ  string // the t attribute: "" (number), "s", "inlineStr", "str", "b", ...
 	text []byte // the value's text, shared strings resolved; valid until the next row
+	// style is the s attribute (a cellXfs index), read when the reader's
+	// style is set.
+	style int
 }
 
 // rowReader scans a sheet's rows in order.
@@ -169,6 +172,7 @@ type rowReader struct {
 	cells   []cell
 	arena   []byte // the current row's cell texts
 	done    bool
+	style   bool // read each cell's style too
 }
 
 func (rr *rowReader) Close() error { return rr.rc.Close() }
@@ -315,6 +319,11 @@ func (rr *rowReader) next() ([]cell, error) {
 			}
 			t, _ := attr(tag, "t")
 			c.typ = cellType(t)
+			if rr.style {
+				if s, ok := attr(tag, "s"); ok { // none: style 0
+					c.style, _ = strconv.Atoi(string(s))
+				}
+			}
 			if selfClosing {
 				rr.cells = append(rr.cells, c)
 				continue
@@ -368,8 +377,12 @@ func columnIndex(ref string) (int, bool) {
 }
 
 // appendUnescaped appends b to dst with XML's character references and
-// the five entities resolved.
+// the five entities resolved, and its line ends made \n as XML reads them
+// (a CR written &#xD; stays one).
 func appendUnescaped(dst, b []byte) ([]byte, error) {
+	if bytes.IndexByte(b, '\r') >= 0 { // never in what excelize writes
+		b = bytes.ReplaceAll(bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n")), []byte("\r"), []byte("\n"))
+	}
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '&')
 		if i < 0 {

@@ -149,9 +149,10 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	}
 	manifest := pack.FleetManifest{Origin: head.Origin, TreeSize: head.Size, Runs: []string{fleetRun}, Nodes: nodes,
 		Limits: []pack.FleetLimit{{Source: "county", Limit: 100, Window: int64(time.Second)}}, SlotSlack: int64(50 * time.Millisecond)}
-	// merge is the fleet workbook of the node workbooks of packs, each
-	// under the node name books gives it (its own when absent).
-	merge := func(packs map[string][]byte, books map[string]string) []byte {
+	// mergeRows is the fleet workbook of the node workbooks of packs,
+	// each under the node name books gives it (its own when absent), its
+	// sheets continued past limit rows (0: the default).
+	mergeRows := func(packs map[string][]byte, books map[string]string, limit int) []byte {
 		var parts []reports.FleetWorkbook
 		for n, b := range packs {
 			if from, ok := books[n]; ok {
@@ -164,11 +165,12 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 			parts = append(parts, reports.FleetWorkbook{Node: n, Book: bytes.NewReader(wb), Size: int64(len(wb))})
 		}
 		var buf bytes.Buffer
-		if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fleetRun, Parts: parts}); err != nil {
+		if err := reports.WriteFleetEvidence(&buf, reports.FleetEvidence{RunID: fleetRun, Parts: parts, RowLimit: limit}); err != nil {
 			t.Fatal(err)
 		}
 		return buf.Bytes()
 	}
+	merge := func(packs map[string][]byte, books map[string]string) []byte { return mergeRows(packs, books, 0) }
 	writeBook := func(m pack.FleetManifest, packs map[string][]byte, book []byte) []byte {
 		readers := map[string]io.Reader{}
 		for n, b := range packs {
@@ -197,6 +199,11 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	good := write(manifest, packs)
 	if r, outside := verify(good); !r.OK || outside != nil {
 		t.Fatalf("a good fleet pack: VerifyFleet %v, the outsider: %v", r.Problems, outside)
+	}
+	// Sheets continued on "Dispatches (2)" and on: each part's hash is
+	// over its own rows, header first.
+	if r, outside := verify(writeBook(manifest, packs, mergeRows(packs, nil, 8))); !r.OK || outside != nil {
+		t.Fatalf("a good fleet pack, its sheets continued: VerifyFleet %v, the outsider: %v", r.Problems, outside)
 	}
 	// auditd verify --pack reads a fleet pack as one, with the nodes' keys
 	// given on the command line.
@@ -243,9 +250,11 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 		}
 	})
 	for _, tc := range []struct {
-		name  string
-		pack  func() []byte
-		named []string // in a problem of VerifyFleet
+		name    string
+		pack    func() []byte
+		named   []string // in a problem of VerifyFleet
+		outside string   // in the outsider's error, when set
+		clean   string   // in no problem of VerifyFleet, when set
 	}{
 		{"EditedLeaf", func() []byte {
 			return write(manifest, with("b", editEntry(t, packs["b"], "events.bin", func(x []byte) []byte {
@@ -253,55 +262,101 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 				x[len(x)-3] ^= 1
 				return x
 			})))
-		}, []string{"node b:", "leaf"}},
+		}, []string{"node b:", "leaf"}, "", ""},
 		{"DroppedNode", func() []byte {
 			m := manifest
 			m.Nodes = []pack.FleetNode{nodes[0], nodes[2]}
 			p := with("b", nil)
 			delete(p, "b")
 			return write(m, p)
-		}, []string{"node b:", "no part"}},
+		}, []string{"node b:", "no part"}, "", ""},
 		{"SwappedKey", func() []byte {
 			m := manifest
 			m.Nodes = append([]pack.FleetNode(nil), nodes...)
 			m.Nodes[1].Key = otherKey
 			return write(m, with("b", editEntry(t, packs["b"], "public-key.txt", func([]byte) []byte { return []byte(otherKey + "\n") })))
-		}, []string{"node b:", "key"}},
-		{"ForkedNodeCheckpoint", func() []byte { return write(manifest, with("b", forked)) }, []string{"node b:", "forks"}},
+		}, []string{"node b:", "key"}, "", ""},
+		{"ForkedNodeCheckpoint", func() []byte { return write(manifest, with("b", forked)) }, []string{"node b:", "forks"}, "", ""},
 		{"OverlappingReservations", func() []byte {
 			m := manifest
 			m.Nodes = append([]pack.FleetNode(nil), nodes...)
 			m.Nodes[2].Blocks = []pack.FleetBlock{nodes[2].Blocks[0]}
 			m.Nodes[2].Blocks[0].First = nodes[1].Blocks[0].First + int64(400*time.Millisecond)
 			return write(m, packs)
-		}, []string{"source county", "overlaps"}},
+		}, []string{"source county", "overlaps"}, "", ""},
 		{"DispatchOutsideReservations", func() []byte {
 			m := manifest
 			m.Nodes = append([]pack.FleetNode(nil), nodes...)
 			m.Nodes[1].Blocks = []pack.FleetBlock{nodes[1].Blocks[0]}
 			m.Nodes[1].Blocks[0].First += int64(300 * time.Millisecond) // after node b's first dispatches
 			return write(m, packs)
-		}, []string{"node b's dispatch event", "none of its reserved blocks"}},
+		}, []string{"node b's dispatch event", "none of its reserved blocks"}, "", ""},
 		{"WorkbookRowsOfAnotherNode", func() []byte {
 			return writeBook(manifest, packs, merge(packs, map[string]string{"b": "c"}))
-		}, []string{"node b:", "evidence.xlsx: sheet Dispatches row"}},
+		}, []string{"node b:", "evidence.xlsx: sheet Dispatches row"}, "", ""},
 		{"WorkbookNodeLeftOut", func() []byte {
 			return writeBook(manifest, packs, merge(map[string][]byte{"a": packs["a"], "c": packs["c"]}, nil))
-		}, []string{"node b:", "holds 0 of the node's"}},
+		}, []string{"node b:", "holds 0 of the node's"}, "", ""},
 		{"WorkbookCellEdited", func() []byte {
 			return writeBook(manifest, packs, editBook(t, merge(packs, nil), "/q?n=2", "/q?n=9"))
-		}, []string{"node ", "evidence.xlsx: sheet Dispatches row"}},
+		}, []string{"node ", "evidence.xlsx: sheet Dispatches row"}, "", ""},
 		{"WorkbookManifestKeyEdited", func() []byte {
 			return writeBook(manifest, packs, editBook(t, merge(packs, nil), keys["b"], otherKey))
-		}, []string{"evidence.xlsx: sheet Manifest row", "Node b: Public key"}},
+		}, []string{"evidence.xlsx: sheet Manifest row", "Node b: Public key"}, "", ""},
 		{"WorkbookManifestNodesEdited", func() []byte {
 			return writeBook(manifest, packs, editBook(t, merge(packs, nil), ">a b c<", ">a c<"))
-		}, []string{"evidence.xlsx: sheet Manifest row", "Nodes is"}},
+		}, []string{"evidence.xlsx: sheet Manifest row", "Nodes is"}, "", ""},
+		{"WorkbookManifestSHAEdited", func() []byte {
+			// Another valid-looking hash for the Dispatches sheet: its rows
+			// are untouched, so only the hash over them catches it.
+			book := merge(packs, nil)
+			sum := manifestSHA(t, book, "Dispatches")
+			forged := strings.Map(func(r rune) rune {
+				if r == '0' {
+					return '1'
+				}
+				return r
+			}, sum)
+			if forged == sum {
+				forged = strings.Repeat("0", len(sum))
+			}
+			return writeBook(manifest, packs, editBook(t, book, sum, forged))
+		}, []string{"evidence.xlsx: sheet Manifest row", "sheet Dispatches's SHA-256 of rows"}, "sheet Dispatches's SHA-256", ""},
+		{"WorkbookContinuationSHAEdited", func() []byte {
+			book := mergeRows(packs, nil, 8)
+			sum := manifestSHA(t, book, "Dispatches (2)")
+			return writeBook(manifest, packs, editBook(t, book, sum, strings.Repeat("0", len(sum))))
+		}, []string{"evidence.xlsx: sheet Manifest row", "sheet Dispatches (2)'s SHA-256 of rows"}, "sheet Dispatches (2)'s SHA-256", ""},
+		{"WorkbookCellAndSHAEdited", func() []byte {
+			// A data cell edited and its sheet's hash made to match: the
+			// cell is still caught, cell by cell.
+			book := merge(packs, nil)
+			before, err := outsideSheetHashes(book)
+			if err != nil {
+				t.Fatal(err)
+			}
+			edited := editBook(t, book, "/q?n=2", "/q?n=9")
+			after, err := outsideSheetHashes(edited)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var changed []string
+			for sheet, sum := range after {
+				if sum != before[sheet] {
+					changed = append(changed, sheet)
+					edited = editBook(t, edited, before[sheet], sum)
+				}
+			}
+			if len(changed) != 1 || manifestSHA(t, edited, changed[0]) != after[changed[0]] {
+				t.Fatalf("the edit changed the hashes of sheets %q, want one, restated", changed)
+			}
+			return writeBook(manifest, packs, edited)
+		}, []string{"node ", "evidence.xlsx: sheet Dispatches row"}, "sheet Dispatches row", "SHA-256"},
 		{"DispatchesOverLimit", func() []byte {
 			m := manifest
 			m.Limits = []pack.FleetLimit{{Source: "county", Limit: 3, Window: int64(time.Second)}}
 			return write(m, packs)
-		}, []string{"source county", "over the limit 3"}},
+		}, []string{"source county", "over the limit 3"}, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.pack()
@@ -311,9 +366,16 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 			r, outside := verify(b)
 			if outside == nil {
 				t.Error("the outsider's verifier accepts it")
+			} else if !strings.Contains(outside.Error(), tc.outside) {
+				t.Errorf("the outsider's verifier: %v; want it to name %q", outside, tc.outside)
 			}
 			if r.OK {
 				t.Fatal("VerifyFleet accepts it")
+			}
+			for _, p := range r.Problems {
+				if tc.clean != "" && strings.Contains(p, tc.clean) {
+					t.Errorf("a problem names %q: %s", tc.clean, p)
+				}
 			}
 			for _, p := range r.Problems {
 				if all := strings.Contains(p, tc.named[0]) && strings.Contains(p, tc.named[1]); all {
@@ -348,6 +410,23 @@ func editBook(t *testing.T, book []byte, old, new string) []byte {
 	}
 	t.Fatalf("the workbook has no %q", old)
 	return nil
+}
+
+// manifestSHA is the SHA-256 of rows the Manifest of workbook book states
+// for sheet.
+func manifestSHA(t *testing.T, book []byte, sheet string) string {
+	t.Helper()
+	sheets, err := outsideSheets(book)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range sheets["Manifest"] {
+		if len(row) == 3 && row[0] == sheet {
+			return row[2]
+		}
+	}
+	t.Fatalf("the Manifest states no SHA-256 for sheet %s", sheet)
+	return ""
 }
 
 // TestFleetVerifierImports: the outsider's fleet verifier uses no auditd

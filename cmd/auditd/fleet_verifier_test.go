@@ -13,13 +13,18 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/transparency-dev/merkle/proof"
 	"github.com/transparency-dev/merkle/rfc6962"
@@ -430,10 +435,14 @@ func outsideCheckFleetBook(fleetBook []byte, books map[string]map[string][][]str
 // outsideCheckFleetManifest holds the fleet workbook's Manifest to the
 // pack: its runs and nodes those of fleet.json, each node's checkpoint
 // and key those of its verified part (cps) and fleet.json, no field the
-// fleet Manifest does not have, and each sheet's stated row count the
-// rows the sheet has.
+// fleet Manifest does not have, and each sheet's stated row count and
+// SHA-256 of rows those of the sheet (outsideSheetHashes).
 func outsideCheckFleetManifest(fleetBook []byte, runs, nodes []string, keys, cps map[string]string) error {
 	sheets, err := outsideSheets(fleetBook)
+	if err != nil {
+		return fmt.Errorf("evidence.xlsx: %v", err)
+	}
+	sums, err := outsideSheetHashes(fleetBook)
 	if err != nil {
 		return fmt.Errorf("evidence.xlsx: %v", err)
 	}
@@ -454,6 +463,9 @@ func outsideCheckFleetManifest(fleetBook []byte, runs, nodes []string, keys, cps
 			rs, ok := sheets[row[0]]
 			if !ok || row[0] == "Manifest" || seen["sheet "+row[0]] || row[1] != strconv.Itoa(len(rs)-1) {
 				return fmt.Errorf("evidence.xlsx: sheet Manifest row %d: sheet %q with %q rows is not a sheet of the workbook as it is", i+1, row[0], row[1])
+			}
+			if row[2] != sums[row[0]] {
+				return fmt.Errorf("evidence.xlsx: sheet Manifest row %d: sheet %s's SHA-256 of rows is %q; its rows hash to %s", i+1, row[0], row[2], sums[row[0]])
 			}
 			seen["sheet "+row[0]] = true
 		case row[0] == "Sheet":
@@ -477,4 +489,131 @@ func outsideCheckFleetManifest(fleetBook []byte, runs, nodes []string, keys, cps
 		}
 	}
 	return nil
+}
+
+// outsideSheetHashes computes the SHA-256 of rows of every sheet of an
+// XLSX but the Manifest, as the fleet workbook's Manifest states them
+// (docs/EVIDENCE-PACK.md, "Fleet packs", step 5): each row, header first,
+// its cells' texts joined by tabs up to the header's last column, ended by
+// a newline; a string cell its text (backslash, tab and newline escaped), a
+// boolean TRUE or FALSE, a number in the date style the time it holds
+// rounded to the microsecond as RFC 3339 UTC with milliseconds (the rest
+// dropped), another number the shortest decimal that reads back as it.
+func outsideSheetHashes(book []byte) (map[string]string, error) {
+	zr, err := zip.NewReader(bytes.NewReader(book), int64(len(book)))
+	if err != nil {
+		return nil, err
+	}
+	decode := func(name string, v any) error {
+		b, err := readZipEntry(zr, name)
+		if err != nil {
+			return err
+		}
+		return xml.Unmarshal(b, v)
+	}
+	var wb struct {
+		Sheets []struct {
+			Name string `xml:"name,attr"`
+			ID   string `xml:"http://schemas.openxmlformats.org/officeDocument/2006/relationships id,attr"`
+		} `xml:"sheets>sheet"`
+	}
+	var rels struct {
+		Rels []struct {
+			ID     string `xml:"Id,attr"`
+			Target string `xml:"Target,attr"`
+		} `xml:"Relationship"`
+	}
+	var styles struct {
+		NumFmts []struct {
+			ID   int    `xml:"numFmtId,attr"`
+			Code string `xml:"formatCode,attr"`
+		} `xml:"numFmts>numFmt"`
+		Xfs []struct {
+			NumFmt int `xml:"numFmtId,attr"`
+		} `xml:"cellXfs>xf"`
+	}
+	for name, v := range map[string]any{"xl/workbook.xml": &wb, "xl/_rels/workbook.xml.rels": &rels, "xl/styles.xml": &styles} {
+		if err := decode(name, v); err != nil {
+			return nil, fmt.Errorf("%s: %v", name, err)
+		}
+	}
+	dateFmts := map[int]bool{}
+	for _, f := range styles.NumFmts {
+		dateFmts[f.ID] = f.Code == `yyyy-mm-dd"T"hh:mm:ss.000"Z"`
+	}
+	out := map[string]string{}
+	for _, s := range wb.Sheets {
+		if s.Name == "Manifest" {
+			continue
+		}
+		var target string
+		for _, r := range rels.Rels {
+			if r.ID == s.ID {
+				target = path.Join("xl", r.Target)
+			}
+		}
+		var ws struct {
+			Rows []struct {
+				Cells []struct {
+					Ref   string `xml:"r,attr"`
+					Type  string `xml:"t,attr"`
+					Style int    `xml:"s,attr"`
+					V     string `xml:"v"`
+					T     string `xml:"is>t"`
+				} `xml:"c"`
+			} `xml:"sheetData>row"`
+		}
+		if err := decode(target, &ws); err != nil {
+			return nil, fmt.Errorf("sheet %s: %v", s.Name, err)
+		}
+		h := sha256.New()
+		width := 0
+		for i, r := range ws.Rows {
+			var cols []string
+			for _, c := range r.Cells {
+				col := 0
+				for _, ch := range strings.TrimRight(c.Ref, "0123456789") {
+					col = col*26 + int(ch-'A'+1)
+				}
+				for len(cols) < col-1 {
+					cols = append(cols, "")
+				}
+				date := c.Style >= 0 && c.Style < len(styles.Xfs) && dateFmts[styles.Xfs[c.Style].NumFmt]
+				text := outsideCellText(c.Type, c.V, c.T, date)
+				cols = append(cols, text)
+			}
+			if i == 0 {
+				width = len(cols)
+			}
+			for len(cols) < width {
+				cols = append(cols, "")
+			}
+			h.Write([]byte(strings.Join(cols, "\t") + "\n"))
+		}
+		out[s.Name] = hex.EncodeToString(h.Sum(nil))
+	}
+	return out, nil
+}
+
+// outsideCellText is a cell's text in a sheet's hash (outsideSheetHashes):
+// of type typ, its value v or its inline string t, date when its style is
+// the date style.
+func outsideCellText(typ, v, t string, date bool) string {
+	escape := strings.NewReplacer(`\`, `\\`, "\t", `\t`, "\n", `\n`)
+	x, err := strconv.ParseFloat(v, 64)
+	switch {
+	case typ == "inlineStr":
+		return escape.Replace(t)
+	case typ == "b" && v == "1":
+		return "TRUE"
+	case typ == "b":
+		return "FALSE"
+	case typ != "" && typ != "n" || err != nil:
+		return escape.Replace(v)
+	case date:
+		days, frac := math.Modf(x)
+		at := time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC).Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
+		return at.Round(time.Microsecond).Format("2006-01-02T15:04:05.000Z")
+	}
+	return strconv.FormatFloat(x, 'f', -1, 64)
 }
