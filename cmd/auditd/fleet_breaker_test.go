@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -62,17 +61,10 @@ func TestFleetSharesTheBreaker(t *testing.T) {
 	const token = "fleet-admin-token-0123456789abcdef"
 	up := startOutageUpstream(t)
 	cluster := etcdtest.Start(t, 1)
-	dir := t.TempDir()
-	var nodes []*child
-	var runs, datas []string
-	for i := range 3 {
-		name := fmt.Sprintf("node%d", i+1)
-		config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: up\n    base_url: %s/%s\n    limit: 20\n    window: 1s\n    concurrency: 4\n    breaker: {threshold: 3, cooldown: 2s}\n", up.URL, name))
-		data := filepath.Join(dir, name)
-		n := startServe(t, data, config, token, "--fleet-etcd", cluster.Endpoints()[0], "--node", name)
-		nodes, datas = append(nodes, n), append(datas, data)
-		runs = append(runs, n.proxyRun(t, token))
-	}
+	f := startFleetNodesWith(t, token, func(i int) string {
+		return fmt.Sprintf("sources:\n  - id: up\n    base_url: %s/node%d\n    limit: 20\n    window: 1s\n    concurrency: 4\n    breaker: {threshold: 3, cooldown: 2s}\n", up.URL, i+1)
+	}, func(int) []string { return []string{"--fleet-etcd", cluster.Endpoints()[0]} })
+	nodes, runs, datas := f.nodes, f.runs, f.datas
 	stop := make(chan struct{})
 	wait := fleetLoadWithin(t, nodes, runs, token, "3", 2, stop)
 	time.Sleep(3 * time.Second)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -78,16 +77,10 @@ func TestFleetLearnsAnUntoldLimit(t *testing.T) {
 	rate := float64(limit) / window.Seconds()
 	up := startSlidingUpstream(t, limit, window)
 	cluster := etcdtest.Start(t, 1)
-	dir := t.TempDir()
-	var nodes []*child
-	var runs []string
-	for i := range 3 {
-		name := fmt.Sprintf("node%d", i+1)
-		config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    concurrency: 4\n", up.URL))
-		n := startServe(t, filepath.Join(dir, name), config, token, "--fleet-etcd", cluster.Endpoints()[0], "--node", name)
-		nodes = append(nodes, n)
-		runs = append(runs, n.proxyRun(t, token))
-	}
+	f := startFleetNodesWith(t, token, func(int) string {
+		return fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    concurrency: 4\n", up.URL)
+	}, func(int) []string { return []string{"--fleet-etcd", cluster.Endpoints()[0]} })
+	nodes, runs := f.nodes, f.runs
 	stop := make(chan struct{})
 	start := time.Now()
 	wait := fleetLoad(t, nodes, runs, token, 8, stop)

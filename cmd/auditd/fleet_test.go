@@ -194,10 +194,20 @@ func startFleetNodes(t *testing.T, upstream string, limit int, token string, fla
 // the key, and so the budget, is the same. config is node 1's.
 func startFleetNodesAt(t *testing.T, upstream func(i int) string, limit int, token string, flags func(i int) []string) *fleetNodes {
 	t.Helper()
+	return startFleetNodesWith(t, token, func(i int) string {
+		return fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", upstream(i), limit)
+	}, flags)
+}
+
+// startFleetNodesWith starts three nodes named node1 to node3, node i
+// with the sources file sources(i) and the fleet flags flags(i), and opens
+// a proxy run on each. config is node 1's.
+func startFleetNodesWith(t *testing.T, token string, sources func(i int) string, flags func(i int) []string) *fleetNodes {
+	t.Helper()
 	f := &fleetNodes{dir: t.TempDir()}
 	for i := range 3 {
 		name := fmt.Sprintf("node%d", i+1)
-		config := writeConfig(t, t.TempDir(), fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    limit: %d\n    window: 1s\n    concurrency: 16\n", upstream(i), limit))
+		config := writeConfig(t, t.TempDir(), sources(i))
 		if i == 0 {
 			f.config = config
 		}
