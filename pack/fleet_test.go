@@ -107,29 +107,27 @@ type fleetFixture struct {
 	keys  map[string]string
 }
 
-func newFleetFixture(tb testing.TB, items int) *fleetFixture {
+// logNodes makes nodes the fixture's: it posts each node's checkpoint to
+// the fleet log (revisions 100 on), builds its pack at that checkpoint,
+// has every node cosign the log's head and keeps the fleet checkpoint. It
+// returns the head and each node's entry and leaf.
+func (f *fleetFixture) logNodes(tb testing.TB, ctx context.Context, log *fleetlog.Log, nodes []*fleetNode) (fleetlog.Tree, []fleetlog.Entry, [][]byte) {
 	tb.Helper()
-	ctx := context.Background()
-	c := etcdtest.Start(tb, 1)
-	log := fleetlog.New(etcdtest.NewClient(tb, c.Endpoints()...), fleetlog.Config{})
-	f := &fleetFixture{keys: map[string]string{}}
-	f.parts.Packs = map[string]io.Reader{}
 	var entries []fleetlog.Entry
 	var leaves [][]byte
-	for i, name := range []string{"a", "b", "c"} {
-		n := nodeLedger(tb, name, tb.TempDir(), i, items, nil)
+	for i, n := range nodes {
 		cp, err := ledger.NewReader(n.db).Checkpoint()
 		if err != nil {
 			tb.Fatal(err)
 		}
 		rev := int64(100 + i)
-		e, err := log.Post(ctx, fleetlog.Post{Node: name, Key: n.key, Checkpoint: cp, Revision: rev})
+		e, err := log.Post(ctx, fleetlog.Post{Node: n.name, Key: n.key, Checkpoint: cp, Revision: rev})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		f.nodes, f.keys[name] = append(f.nodes, n), n.key
+		f.nodes, f.keys[n.name] = append(f.nodes, n), n.key
 		entries = append(entries, e)
-		leaves = append(leaves, fleetlog.Leaf{Node: name, Revision: rev, Checkpoint: cp}.Marshal())
+		leaves = append(leaves, fleetlog.Leaf{Node: n.name, Revision: rev, Checkpoint: cp}.Marshal())
 		n.pack = n.buildPack(tb, cp)
 	}
 	head, err := log.Head(ctx)
@@ -148,6 +146,21 @@ func newFleetFixture(tb testing.TB, items int) *fleetFixture {
 	if f.parts.Checkpoint, _, err = log.Checkpoint(ctx, head.Size); err != nil {
 		tb.Fatal(err)
 	}
+	return head, entries, leaves
+}
+
+func newFleetFixture(tb testing.TB, items int) *fleetFixture {
+	tb.Helper()
+	ctx := context.Background()
+	c := etcdtest.Start(tb, 1)
+	log := fleetlog.New(etcdtest.NewClient(tb, c.Endpoints()...), fleetlog.Config{})
+	f := &fleetFixture{keys: map[string]string{}}
+	f.parts.Packs = map[string]io.Reader{}
+	var nodes []*fleetNode
+	for i, name := range []string{"a", "b", "c"} {
+		nodes = append(nodes, nodeLedger(tb, name, tb.TempDir(), i, items, nil))
+	}
+	head, entries, leaves := f.logNodes(tb, ctx, log, nodes)
 	m := &f.parts.Manifest
 	*m = pack.FleetManifest{Origin: head.Origin, TreeSize: head.Size, Runs: []string{benchRun},
 		Limits: []pack.FleetLimit{{Source: "src-a", Limit: 200, Window: int64(time.Second)}, {Source: "src-b", Limit: 200, Window: int64(time.Second)}}}

@@ -3,7 +3,6 @@ package pack_test
 import (
 	"context"
 	"io"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"github.com/auditd/auditd/internal/etcdtest"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/pack"
-	"github.com/auditd/auditd/witness"
 )
 
 // slotSlack is the fleet's grace and lag in the packs of slotPack.
@@ -36,8 +34,7 @@ func slotPack(tb testing.TB, late time.Duration, notSent bool, edit func(blocks 
 	c := etcdtest.Start(tb, 1)
 	flog := fleetlog.New(etcdtest.NewClient(tb, c.Endpoints()...), fleetlog.Config{})
 	f := &fleetFixture{keys: map[string]string{}}
-	var entries []fleetlog.Entry
-	var leaves [][]byte
+	var nodes []*fleetNode
 	type slot struct {
 		node string
 		at   int64
@@ -64,36 +61,10 @@ func slotPack(tb testing.TB, late time.Duration, notSent bool, edit func(blocks 
 		if err != nil {
 			tb.Fatal(err)
 		}
-		cp, err := ledger.NewReader(n.db).Checkpoint()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		rev := int64(100 + i)
-		e, err := flog.Post(ctx, fleetlog.Post{Node: name, Key: n.key, Checkpoint: cp, Revision: rev})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		f.nodes, f.keys[name] = append(f.nodes, n), n.key
-		entries = append(entries, e)
-		leaves = append(leaves, fleetlog.Leaf{Node: name, Revision: rev, Checkpoint: cp}.Marshal())
-		n.pack = n.buildPack(tb, cp)
+		nodes = append(nodes, n)
 	}
-	head, err := flog.Head(ctx)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, n := range f.nodes {
-		cs, err := witness.ReadCosigner(filepath.Join(n.dir, ledger.PrivateKeyFile))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if _, err := flog.Cosign(ctx, cs, head.Size); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	if f.parts.Checkpoint, _, err = flog.Checkpoint(ctx, head.Size); err != nil {
-		tb.Fatal(err)
-	}
+	head, entries, leaves := f.logNodes(tb, ctx, flog, nodes)
+
 	// One slot a block, granted in time order: revisions follow the slots.
 	slices.SortFunc(slots, func(a, b slot) int { return int(a.at - b.at) })
 	blocks := map[string][]pack.FleetBlock{}
