@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
-	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/reports"
 	bolt "go.etcd.io/bbolt"
@@ -37,7 +36,7 @@ func openFleetLedgers(b *testing.B) [3]*bolt.DB {
 			if f.dirs[i], f.err = os.MkdirTemp("", "reports-fleet-bench-"); f.err != nil {
 				return
 			}
-			if f.err = writeSynthLedger(f.dirs[i], synthThirdOf1M); f.err != nil {
+			if f.err = writeLedger(filepath.Join(f.dirs[i], "auditd.db"), f.dirs[i], synthThirdOf1M); f.err != nil {
 				return
 			}
 		}
@@ -55,42 +54,6 @@ func openFleetLedgers(b *testing.B) [3]*bolt.DB {
 		dbs[i] = db
 	}
 	return dbs
-}
-
-// writeSynthLedger writes run into a real bbolt ledger in dir, a commit
-// group a second (as openMillionLedger does).
-func writeSynthLedger(dir string, run synthRun) error {
-	db, err := bolt.Open(filepath.Join(dir, "auditd.db"), 0o600, &bolt.Options{NoSync: true})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	clk := clock.NewFake(fixtureBase)
-	l, err := ledger.Open(db, ledger.Options{KeyDir: dir, Clock: clk})
-	if err != nil {
-		return err
-	}
-	defer l.Close(context.Background())
-	batch := make([]auditd.Event, 0, 1000)
-	flush := func() error {
-		_, err := l.AppendBatch(context.Background(), batch)
-		batch = batch[:0]
-		clk.Advance(time.Second)
-		return err
-	}
-	err = run.each(func(e *auditd.Event) error {
-		c := *e
-		c.Seq, c.Time, c.PrevHash, c.Hash = 0, time.Time{}, [32]byte{}, [32]byte{}
-		c.Wait, c.Actual = 0, 0
-		if batch = append(batch, c); len(batch) == cap(batch) {
-			return flush()
-		}
-		return nil
-	})
-	if err == nil && len(batch) > 0 {
-		err = flush()
-	}
-	return err
 }
 
 // BenchmarkFleetReconcile1M reconciles a fleet run of about 1M events over
