@@ -15,12 +15,10 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -500,28 +498,9 @@ func outsideCheckFleetManifest(fleetBook []byte, runs, nodes []string, keys, cps
 // rounded to the microsecond as RFC 3339 UTC with milliseconds (the rest
 // dropped), another number the shortest decimal that reads back as it.
 func outsideSheetHashes(book []byte) (map[string]string, error) {
-	zr, err := zip.NewReader(bytes.NewReader(book), int64(len(book)))
+	decode, sheets, err := outsideBook(book)
 	if err != nil {
 		return nil, err
-	}
-	decode := func(name string, v any) error {
-		b, err := readZipEntry(zr, name)
-		if err != nil {
-			return err
-		}
-		return xml.Unmarshal(b, v)
-	}
-	var wb struct {
-		Sheets []struct {
-			Name string `xml:"name,attr"`
-			ID   string `xml:"http://schemas.openxmlformats.org/officeDocument/2006/relationships id,attr"`
-		} `xml:"sheets>sheet"`
-	}
-	var rels struct {
-		Rels []struct {
-			ID     string `xml:"Id,attr"`
-			Target string `xml:"Target,attr"`
-		} `xml:"Relationship"`
 	}
 	var styles struct {
 		NumFmts []struct {
@@ -532,25 +511,17 @@ func outsideSheetHashes(book []byte) (map[string]string, error) {
 			NumFmt int `xml:"numFmtId,attr"`
 		} `xml:"cellXfs>xf"`
 	}
-	for name, v := range map[string]any{"xl/workbook.xml": &wb, "xl/_rels/workbook.xml.rels": &rels, "xl/styles.xml": &styles} {
-		if err := decode(name, v); err != nil {
-			return nil, fmt.Errorf("%s: %v", name, err)
-		}
+	if err := decode("xl/styles.xml", &styles); err != nil {
+		return nil, fmt.Errorf("xl/styles.xml: %v", err)
 	}
 	dateFmts := map[int]bool{}
 	for _, f := range styles.NumFmts {
 		dateFmts[f.ID] = f.Code == `yyyy-mm-dd"T"hh:mm:ss.000"Z"`
 	}
 	out := map[string]string{}
-	for _, s := range wb.Sheets {
-		if s.Name == "Manifest" {
+	for _, s := range sheets {
+		if s.name == "Manifest" {
 			continue
-		}
-		var target string
-		for _, r := range rels.Rels {
-			if r.ID == s.ID {
-				target = path.Join("xl", r.Target)
-			}
 		}
 		var ws struct {
 			Rows []struct {
@@ -563,8 +534,8 @@ func outsideSheetHashes(book []byte) (map[string]string, error) {
 				} `xml:"c"`
 			} `xml:"sheetData>row"`
 		}
-		if err := decode(target, &ws); err != nil {
-			return nil, fmt.Errorf("sheet %s: %v", s.Name, err)
+		if err := decode(s.target, &ws); err != nil {
+			return nil, fmt.Errorf("sheet %s: %v", s.name, err)
 		}
 		h := sha256.New()
 		width := 0
@@ -590,7 +561,7 @@ func outsideSheetHashes(book []byte) (map[string]string, error) {
 			}
 			h.Write([]byte(strings.Join(cols, "\t") + "\n"))
 		}
-		out[s.Name] = hex.EncodeToString(h.Sum(nil))
+		out[s.name] = hex.EncodeToString(h.Sum(nil))
 	}
 	return out, nil
 }

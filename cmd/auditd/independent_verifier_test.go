@@ -357,21 +357,27 @@ func outsideVerify(packBytes []byte, key string) error {
 	return nil
 }
 
-// outsideSheets reads every sheet of an XLSX into rows of cell texts,
-// shared and inline strings resolved, with encoding/xml.
-func outsideSheets(book []byte) (map[string][][]string, error) {
+// errNoPart: an XLSX has no such part.
+var errNoPart = errors.New("no part")
+
+// outsideSheet is a sheet of an XLSX and the part that holds it.
+type outsideSheet struct{ name, target string }
+
+// outsideBook opens an XLSX with encoding/xml: decode reads one of its
+// parts into v, and sheets are its sheets in order, each with its part.
+func outsideBook(book []byte) (decode func(name string, v any) error, sheets []outsideSheet, err error) {
 	zr, err := zip.NewReader(bytes.NewReader(book), int64(len(book)))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	files := map[string]*zip.File{}
 	for _, f := range zr.File {
 		files[f.Name] = f
 	}
-	decode := func(name string, v any) error {
+	decode = func(name string, v any) error {
 		f, ok := files[name]
 		if !ok {
-			return fmt.Errorf("no %s", name)
+			return fmt.Errorf("%w %s", errNoPart, name)
 		}
 		rc, err := f.Open()
 		if err != nil {
@@ -393,33 +399,45 @@ func outsideSheets(book []byte) (map[string][][]string, error) {
 		} `xml:"Relationship"`
 	}
 	if err := decode("xl/workbook.xml", &wb); err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("xl/workbook.xml: %v", err)
 	}
 	if err := decode("xl/_rels/workbook.xml.rels", &rels); err != nil {
+		return nil, nil, fmt.Errorf("xl/_rels/workbook.xml.rels: %v", err)
+	}
+	for _, s := range wb.Sheets {
+		sh := outsideSheet{name: s.Name}
+		for _, r := range rels.Rels {
+			if r.ID == s.ID {
+				sh.target = path.Join("xl", r.Target)
+			}
+		}
+		sheets = append(sheets, sh)
+	}
+	return decode, sheets, nil
+}
+
+// outsideSheets reads every sheet of an XLSX into rows of cell texts,
+// shared and inline strings resolved, with encoding/xml.
+func outsideSheets(book []byte) (map[string][][]string, error) {
+	decode, sheets, err := outsideBook(book)
+	if err != nil {
 		return nil, err
 	}
 	var shared []string
-	if _, ok := files["xl/sharedStrings.xml"]; ok {
-		var sst struct {
-			SI []struct {
-				T string `xml:"t"`
-			} `xml:"si"`
-		}
-		if err := decode("xl/sharedStrings.xml", &sst); err != nil {
-			return nil, err
-		}
+	var sst struct {
+		SI []struct {
+			T string `xml:"t"`
+		} `xml:"si"`
+	}
+	if err := decode("xl/sharedStrings.xml", &sst); err == nil {
 		for _, si := range sst.SI {
 			shared = append(shared, si.T)
 		}
+	} else if !errors.Is(err, errNoPart) {
+		return nil, err
 	}
 	out := map[string][][]string{}
-	for _, s := range wb.Sheets {
-		var target string
-		for _, r := range rels.Rels {
-			if r.ID == s.ID {
-				target = path.Join("xl", r.Target)
-			}
-		}
+	for _, s := range sheets {
 		var ws struct {
 			Rows []struct {
 				Cells []struct {
@@ -430,8 +448,8 @@ func outsideSheets(book []byte) (map[string][][]string, error) {
 				} `xml:"c"`
 			} `xml:"sheetData>row"`
 		}
-		if err := decode(target, &ws); err != nil {
-			return nil, fmt.Errorf("sheet %s: %v", s.Name, err)
+		if err := decode(s.target, &ws); err != nil {
+			return nil, fmt.Errorf("sheet %s: %v", s.name, err)
 		}
 		for _, r := range ws.Rows {
 			var row []string
@@ -458,7 +476,7 @@ func outsideSheets(book []byte) (map[string][][]string, error) {
 				}
 				row = append(row, text)
 			}
-			out[s.Name] = append(out[s.Name], row)
+			out[s.name] = append(out[s.name], row)
 		}
 	}
 	return out, nil
