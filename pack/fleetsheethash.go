@@ -4,6 +4,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/auditd/auditd/reports"
 )
 
 // The fleet workbook's sheet hashes: the merge (reports.WriteFleetEvidence)
@@ -12,36 +14,14 @@ import (
 // same values and hashes them the same way (docs/EVIDENCE-PACK.md, "Fleet
 // packs", step 5).
 
-// fleetDateFormat is the number format of a date cell: a number in a
-// style with it is a time (reports' dateFormat).
-const fleetDateFormat = `yyyy-mm-dd"T"hh:mm:ss.000"Z"`
-
 // dateStyles are the cell styles (cellXfs indexes) of the workbook whose
-// number format is fleetDateFormat.
+// number format is the date style (reports.Styles).
 func (b *book) dateStyles() (map[int]bool, error) {
-	var st struct {
-		NumFmts []struct {
-			ID   int    `xml:"numFmtId,attr"`
-			Code string `xml:"formatCode,attr"`
-		} `xml:"numFmts>numFmt"`
-		Xfs []struct {
-			NumFmt int `xml:"numFmtId,attr"`
-		} `xml:"cellXfs>xf"`
-	}
+	var st reports.Styles
 	if err := b.decodeXML("xl/styles.xml", &st); err != nil {
 		return nil, err
 	}
-	dateFmt := map[int]bool{}
-	for _, f := range st.NumFmts {
-		dateFmt[f.ID] = f.Code == fleetDateFormat
-	}
-	out := map[int]bool{}
-	for i, x := range st.Xfs {
-		if dateFmt[x.NumFmt] {
-			out[i] = true
-		}
-	}
-	return out, nil
+	return st.DateStyles(), nil
 }
 
 // sheetHasher hashes one sheet's rows as the fleet merge does.
@@ -104,7 +84,7 @@ func (h *sheetHasher) appendCell(b []byte, c cell, text string) []byte {
 		return append(b, "FALSE"...)
 	case "", "n":
 	default:
-		return appendEscapedText(b, c.text)
+		return reports.AppendEscapedText(b, text)
 	}
 	if len(c.text) == 0 {
 		return b
@@ -112,7 +92,7 @@ func (h *sheetHasher) appendCell(b []byte, c cell, text string) []byte {
 	x, err := strconv.ParseFloat(text, 64)
 	switch {
 	case err != nil:
-		return appendEscapedText(b, c.text)
+		return reports.AppendEscapedText(b, text)
 	case h.dates[c.style]:
 		days, frac := math.Modf(x)
 		t := fleetEpoch.Add(time.Duration(days)*24*time.Hour + time.Duration(math.Round(frac*86400e9)))
@@ -123,21 +103,3 @@ func (h *sheetHasher) appendCell(b []byte, c cell, text string) []byte {
 
 // fleetEpoch is day 0 of a date serial: 1899-12-30T00:00:00Z.
 var fleetEpoch = time.Date(1899, 12, 30, 0, 0, 0, 0, time.UTC)
-
-// appendEscapedText appends s with backslash, tab and newline escaped as
-// \\, \t and \n, as reports.AppendCellText writes a string.
-func appendEscapedText(b, s []byte) []byte {
-	for _, c := range s {
-		switch c {
-		case '\\':
-			b = append(b, `\\`...)
-		case '\t':
-			b = append(b, `\t`...)
-		case '\n':
-			b = append(b, `\n`...)
-		default:
-			b = append(b, c)
-		}
-	}
-	return b
-}

@@ -39,7 +39,7 @@ func openNodeBook(ra io.ReaderAt, size int64) (*nodeBook, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &nodeBook{files: map[string]*zip.File{}, sheets: map[string]string{}, dates: map[int]bool{}}
+	b := &nodeBook{files: map[string]*zip.File{}, sheets: map[string]string{}}
 	for _, f := range zr.File {
 		b.files[f.Name] = f
 	}
@@ -55,15 +55,7 @@ func openNodeBook(ra io.ReaderAt, size int64) (*nodeBook, error) {
 			Target string `xml:"Target,attr"`
 		} `xml:"Relationship"`
 	}
-	var st struct {
-		NumFmts []struct {
-			ID   int    `xml:"numFmtId,attr"`
-			Code string `xml:"formatCode,attr"`
-		} `xml:"numFmts>numFmt"`
-		Xfs []struct {
-			NumFmt int `xml:"numFmtId,attr"`
-		} `xml:"cellXfs>xf"`
-	}
+	var st Styles
 	for _, d := range []struct {
 		name string
 		v    any
@@ -83,13 +75,7 @@ func openNodeBook(ra io.ReaderAt, size int64) (*nodeBook, error) {
 	for _, s := range wb.Sheets {
 		b.sheets[s.Name] = targets[s.ID]
 	}
-	dateFmt := map[int]bool{}
-	for _, f := range st.NumFmts {
-		dateFmt[f.ID] = f.Code == dateFormat
-	}
-	for i, x := range st.Xfs {
-		b.dates[i] = dateFmt[x.NumFmt]
-	}
+	b.dates = st.DateStyles()
 	if _, ok := b.files["xl/sharedStrings.xml"]; ok {
 		var sst struct {
 			SI []struct {

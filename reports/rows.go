@@ -66,3 +66,36 @@ func (f rowFunc) row(vals ...any) error { return f(vals...) }
 // AppendCellText appends a cell value as a sheet's row hash renders it
 // (see the package doc): the text a spreadsheet shows.
 func AppendCellText(b []byte, v any) []byte { return appendCanonical(b, v) }
+
+// AppendEscapedText appends a string cell's text as a row hash renders it:
+// backslash, tab and newline escaped as \\, \t and \n.
+func AppendEscapedText(b []byte, s string) []byte { return appendEscaped(b, s) }
+
+// Styles is what a workbook's xl/styles.xml says of its number formats,
+// read with encoding/xml.
+type Styles struct {
+	NumFmts []struct {
+		ID   int    `xml:"numFmtId,attr"`
+		Code string `xml:"formatCode,attr"`
+	} `xml:"numFmts>numFmt"`
+	Xfs []struct {
+		NumFmt int `xml:"numFmtId,attr"`
+	} `xml:"cellXfs>xf"`
+}
+
+// DateStyles returns the cell styles (cellXfs indexes) whose number
+// format is the date style a run's workbook writes times in: a number in
+// one of them is a time.
+func (st *Styles) DateStyles() map[int]bool {
+	dateFmt := map[int]bool{}
+	for _, f := range st.NumFmts {
+		dateFmt[f.ID] = f.Code == dateFormat
+	}
+	out := map[int]bool{}
+	for i, x := range st.Xfs {
+		if dateFmt[x.NumFmt] {
+			out[i] = true
+		}
+	}
+	return out
+}
