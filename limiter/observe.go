@@ -97,9 +97,11 @@ func (p *Permit) Observe(o Outcome) Verdict {
 		s.broadcast()
 	}
 	s.mu.Unlock()
-	for _, t := range v.Breaker {
-		if sh := l.sharedOf(p.Source, cfg); sh != nil && t.To == BreakerOpen {
-			sh.BreakerOpened(t.At.Add(t.Cooldown))
+	if sh := l.sharedOf(p.Source, cfg); sh != nil {
+		for _, t := range v.Breaker {
+			if t.To == BreakerOpen {
+				sh.BreakerOpened(t.At.Add(t.Cooldown))
+			}
 		}
 	}
 
