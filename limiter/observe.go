@@ -97,11 +97,12 @@ func (p *Permit) Observe(o Outcome) Verdict {
 		s.broadcast()
 	}
 	s.mu.Unlock()
-	if sh := l.sharedOf(p.Source, cfg); sh != nil && len(v.Breaker) > 0 {
-		for _, t := range v.Breaker {
-			if t.To == BreakerOpen {
-				sh.BreakerOpened(t.At.Add(t.Cooldown))
-			}
+	for _, t := range v.Breaker {
+		if t.To != BreakerOpen {
+			continue
+		}
+		if sh := l.sharedOf(p.Source, cfg); sh != nil {
+			sh.BreakerOpened(t.At.Add(t.Cooldown))
 		}
 	}
 
