@@ -138,11 +138,19 @@ func (l *Limiter) Budget(id string) (*Budget, error) {
 
 // SetLimit tightens source id's budget (its group's, when it has one) to
 // limit per window; see Budget.SetLimit. The configured ceiling stays in
-// force: a learned limit can slow a source, never raise it.
+// force: a learned limit can slow a source, never raise it. While a
+// Learner is attached to the budget (Share) the fleet paces it, and
+// SetLimit changes nothing.
 func (l *Limiter) SetLimit(id string, limit int, window time.Duration) error {
-	b, err := l.Budget(id)
+	s, err := l.source(id)
 	if err != nil {
 		return err
+	}
+	s.mu.Lock()
+	b, learner := s.budget, l.learnerOf(id, s.cfg)
+	s.mu.Unlock()
+	if learner != nil {
+		return nil
 	}
 	if err := b.SetLimit(limit, window); err != nil {
 		return fmt.Errorf("set limit of %s: %w", id, err)

@@ -45,6 +45,21 @@ type Shared interface {
 	Lag() time.Duration
 }
 
+// Learner is a Shared that learns its key's rate for the whole fleet
+// (package fleet's learner): its slots are handed out at the rate the
+// fleet learned, so the node's own learned pace would only hold the node to
+// a share of it. While a Learner is attached, the budget paces at its
+// ceiling alone (SetLimit is not applied), and the Learner is told of every
+// response.
+type Learner interface {
+	Shared
+	// Observed tells of the response to a request admitted at admitted:
+	// its class, and whether the server said when to come back (a
+	// Retry-After, or a spent quota's Remaining 0 with its Reset), which
+	// makes a refusal a pause rather than a sign the pace is too fast.
+	Observed(admitted time.Time, c Class, hinted bool)
+}
+
 // Share attaches s to the budget of key: a gateway group's name for its
 // members, or a source id for a source in no group. From then on that
 // budget admits a request only when s also hands it a slot. A nil s
@@ -66,11 +81,21 @@ func (l *Limiter) Share(key string, s Shared) {
 	} else {
 		l.shared.Store(&next)
 	}
+	_, learns := s.(Learner)
 	for _, src := range *l.sources.Load() {
 		src.mu.Lock()
+		if learns && (src.id == key || src.cfg.Group == key) {
+			_ = src.budget.SetLimit(0, 0) // the fleet's slots pace it: the ceiling alone here
+		}
 		src.broadcast() // waiters look again
 		src.mu.Unlock()
 	}
+}
+
+// learnerOf returns the Learner attached to source id's budget, or nil.
+func (l *Limiter) learnerOf(id string, cfg Config) Learner {
+	lr, _ := l.sharedOf(id, cfg).(Learner)
+	return lr
 }
 
 // sharedOf returns the Shared of a source with cfg, or nil: one atomic load

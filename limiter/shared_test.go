@@ -3,10 +3,12 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/auditd/auditd/hints"
 	"github.com/auditd/auditd/limiter"
 )
 
@@ -259,5 +261,60 @@ func TestSharedToldOfBreakerOpenings(t *testing.T) {
 	want := []time.Time{opened.Add(time.Minute), reopened.Add(2 * time.Minute)}
 	if len(sh.opened) != 2 || !sh.opened[0].Equal(want[0]) || !sh.opened[1].Equal(want[1]) {
 		t.Fatalf("fleet told of openings %v, want %v", sh.opened, want)
+	}
+}
+
+// fakeLearner is a fakeShared that learns the fleet's rate: it records
+// what it is told of each response.
+type fakeLearner struct {
+	*fakeShared
+	observed []string
+}
+
+func (f *fakeLearner) Observed(admitted time.Time, c limiter.Class, hinted bool) {
+	f.observed = append(f.observed, fmt.Sprintf("%s %s %v", admitted.Sub(epoch), c, hinted))
+}
+
+// TestSharedLearnerPacesTheBudget: with a Learner attached, the fleet's
+// slots pace the budget: a learned pace set before or after it is not
+// applied, and the Learner is told of every response, a refusal's hint
+// included. Detached, the node's own pace applies again.
+func TestSharedLearnerPacesTheBudget(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": {Limit: 100, Window: time.Second, Burst: 1}})
+	if err := l.SetLimit("s", 1, time.Second); err != nil { // learned alone: 1/s
+		t.Fatal(err)
+	}
+	sh := &fakeLearner{fakeShared: newFakeShared()}
+	l.Share("s", sh)
+	if err := l.SetLimit("s", 1, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Slots 10ms apart: the ceiling (100/s) admits them, 1/s would not. A
+	// refusal pauses the budget for its backoff: the next slot is later.
+	for i, at := range []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, time.Minute} {
+		c.Set(epoch.Add(at))
+		sh.grant(c.Now())
+		p, err := l.Acquire(context.Background(), "s", limiter.Request{Deadline: c.Now()})
+		if err != nil {
+			t.Fatalf("at %v, with a fleet slot: %v (a pace of its own held it)", at, err)
+		}
+		var h hints.Hint
+		if i == 3 {
+			h = hints.Hint{RetryAfter: time.Second, HasRetryAfter: true}
+		}
+		p.Observe(limiter.Outcome{Status: []int{200, 200, 429, 429}[i], Hint: h})
+	}
+	want := []string{"0s success false", "10ms success false", "20ms throttled false", "1m0s throttled true"}
+	if fmt.Sprint(sh.observed) != fmt.Sprint(want) {
+		t.Fatalf("the learner was told %q, want %q", sh.observed, want)
+	}
+	l.Share("s", nil)
+	if err := l.SetLimit("s", 1, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := l.Budget("s"); d != nil {
+		if lim, win, _, _ := d.Limits(); lim != 1 || win != time.Second {
+			t.Fatalf("detached, the budget paces at %d per %v, want its own 1/s", lim, win)
+		}
 	}
 }
