@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,11 @@ import (
 type Limit struct {
 	Key  string
 	Rate Rate // zero when nothing was learned yet
+	// Refused is the rate in force when a node last saw a refusal that cut
+	// it, at RefusedAt; zero when none is remembered. The learner raises
+	// toward it quickly and probes past it slowly (Raise).
+	Refused   Rate
+	RefusedAt time.Time
 	// By names the node that wrote it.
 	By string
 	// Revision is the etcd revision it was written at; 0 when never written.
@@ -50,29 +56,49 @@ func (s *Store) Limit(ctx context.Context, key string) (Limit, error) {
 	return limitOf(key, resp.Kvs)
 }
 
-// Cut lowers key's learned limit to r, fleet-wide, by a compare-and-swap
-// on the key's revision, retried on conflict: it never raises it, so a cut
-// by any node wins over a raise written meanwhile. It returns the limit in
-// force and whether this call wrote it.
-func (s *Store) Cut(ctx context.Context, key string, r Rate, by string) (Limit, bool, error) {
+// Start writes r as key's learned limit when none is stored yet, and
+// returns the limit in force: the first node to share a key sets where
+// the fleet's learning starts.
+func (s *Store) Start(ctx context.Context, key string, r Rate, by string) (Limit, error) {
+	l, _, err := s.swapLimit(ctx, key, Limit{}, Limit{Rate: r}, by)
+	if err != nil {
+		return Limit{}, fmt.Errorf("start %s: %w", key, err)
+	}
+	return l, nil
+}
+
+// Cut lowers key's learned limit to to, fleet-wide, by a compare-and-swap
+// on the key's revision, retried on conflict, and remembers refused (the
+// rate the refusal was seen at) for the learner. It never raises it, so a
+// cut by any node wins over a raise written meanwhile, and a second node
+// cutting for the same refusals finds the limit already low enough. It
+// returns the limit in force and whether this call wrote it.
+func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, by string) (Limit, bool, error) {
 	cur, err := s.Limit(ctx, key)
 	for err == nil {
-		if cur.Revision != 0 && cur.Rate.perSecond() <= r.perSecond() {
+		if cur.Revision != 0 && cur.Rate.perSecond() <= to.perSecond() {
 			return cur, false, nil
 		}
 		var ok bool
-		if cur, ok, err = s.swapLimit(ctx, key, cur, r, by); ok {
+		next := Limit{Rate: to, Refused: refused, RefusedAt: s.clock.Now()}
+		if cur, ok, err = s.swapLimit(ctx, key, cur, next, by); ok {
 			return cur, true, nil
 		}
 	}
 	return Limit{}, false, fmt.Errorf("cut %s: %w", key, err)
 }
 
-// swapLimit writes r over from when key's limit is still at from's revision;
-// otherwise it returns the limit found and false.
-func (s *Store) swapLimit(ctx context.Context, key string, from Limit, r Rate, by string) (Limit, bool, error) {
+// swapLimit writes next (its Rate, Refused and RefusedAt) over from when
+// key's limit is still at from's revision; otherwise it returns the limit
+// found and false.
+func (s *Store) swapLimit(ctx context.Context, key string, from Limit, next Limit, by string) (Limit, bool, error) {
 	k := s.limitKey(key)
-	val := fmt.Sprintf("%d %d %s", r.Limit, r.Window.Nanoseconds(), by)
+	var at int64
+	if !next.RefusedAt.IsZero() {
+		at = next.RefusedAt.UnixNano()
+	}
+	val := fmt.Sprintf("%d %d %d %d %d %s", next.Rate.Limit, next.Rate.Window.Nanoseconds(),
+		next.Refused.Limit, next.Refused.Window.Nanoseconds(), at, by)
 	resp, err := s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k), "=", from.Revision)).
 		Then(clientv3.OpPut(k, val)).
@@ -82,7 +108,8 @@ func (s *Store) swapLimit(ctx context.Context, key string, from Limit, r Rate, b
 		return Limit{}, false, err
 	}
 	if resp.Succeeded {
-		return Limit{Key: key, Rate: r, By: by, Revision: resp.Header.Revision}, true, nil
+		next.Key, next.By, next.Revision = key, by, resp.Header.Revision
+		return next, true, nil
 	}
 	cur, err := limitOf(key, resp.Responses[0].GetResponseRange().Kvs)
 	return cur, false, err
@@ -161,16 +188,27 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 	if len(kvs) == 0 {
 		return Limit{Key: key}, nil
 	}
-	f := strings.SplitN(string(kvs[0].Value), " ", 3)
-	if len(f) != 3 {
-		return Limit{}, fmt.Errorf("%s: %q: %w", key, kvs[0].Value, errBadLimit)
+	bad := fmt.Errorf("%s: %q: %w", key, kvs[0].Value, errBadLimit)
+	f := strings.SplitN(string(kvs[0].Value), " ", 6)
+	if len(f) != 6 {
+		return Limit{}, bad
 	}
-	n, err1 := strconv.Atoi(f[0])
-	w, err2 := strconv.ParseInt(f[1], 10, 64)
-	if err := errors.Join(err1, err2); err != nil || n <= 0 || w <= 0 {
-		return Limit{}, fmt.Errorf("%s: %q: %w", key, kvs[0].Value, errBadLimit)
+	var n [5]int64
+	for i := range n {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || v < 0 {
+			return Limit{}, bad
+		}
+		n[i] = v
 	}
-	return Limit{Key: key, Rate: Rate{Limit: n, Window: time.Duration(w)}, By: f[2], Revision: kvs[0].ModRevision}, nil
+	if n[0] <= 0 || n[1] <= 0 || n[0] > math.MaxInt32 {
+		return Limit{}, bad
+	}
+	l := Limit{Key: key, Rate: Rate{Limit: int(n[0]), Window: time.Duration(n[1])}, By: f[5], Revision: kvs[0].ModRevision}
+	if n[2] > 0 && n[3] > 0 && n[2] <= math.MaxInt32 {
+		l.Refused, l.RefusedAt = Rate{Limit: int(n[2]), Window: time.Duration(n[3])}, time.Unix(0, n[4])
+	}
+	return l, nil
 }
 
 // SetRate makes r the rate of the slots this node reserves from its next

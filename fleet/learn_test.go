@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -11,33 +12,54 @@ import (
 )
 
 func TestRaiseRule(t *testing.T) {
-	perSec := func(n int) fleet.Rate { return fleet.Rate{Limit: n, Window: time.Second} }
-	period := 2 * time.Second
+	perSec := func(n float64) fleet.Rate { return fleet.Rate{Limit: int(n * 10), Window: 10 * time.Second} }
+	const period = 2 * time.Second
+	now := time.Unix(1e9, 0)
+	refused := func(r fleet.Rate, ago time.Duration) fleet.Limit {
+		return fleet.Limit{Refused: r, RefusedAt: now.Add(-ago)}
+	}
+	at := func(l fleet.Limit, r fleet.Rate) fleet.Limit { l.Rate = r; return l }
 	for _, c := range []struct {
-		name      string
-		cur, ceil fleet.Rate
-		d         fleet.Outcomes
-		want      fleet.Rate
-		raise     bool
+		name  string
+		cur   fleet.Limit
+		ceil  fleet.Rate
+		d     fleet.Outcomes
+		want  fleet.Rate
+		raise bool
 	}{
-		{"used and never refused: a tenth more", perSec(10), fleet.Rate{}, fleet.Outcomes{OK: 20}, perSec(11), true},
-		{"a small limit still grows by one", perSec(3), fleet.Rate{}, fleet.Outcomes{OK: 6}, perSec(4), true},
-		{"one refusal anywhere keeps it", perSec(10), fleet.Rate{}, fleet.Outcomes{OK: 20, Refused: 1}, perSec(10), false},
-		{"demand below the limit keeps it", perSec(10), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(10), false},
-		{"never above the told ceiling", perSec(10), perSec(10), fleet.Outcomes{OK: 20}, perSec(10), false},
-		{"capped at the told ceiling", perSec(10), fleet.Rate{Limit: 21, Window: 2 * time.Second}, fleet.Outcomes{OK: 20}, fleet.Rate{Limit: 21, Window: 2 * time.Second}, true},
+		{"used and never refused: half more", at(fleet.Limit{}, perSec(10)), fleet.Rate{}, fleet.Outcomes{OK: 16}, perSec(15), true},
+		{"one refusal anywhere keeps it", at(fleet.Limit{}, perSec(10)), fleet.Rate{}, fleet.Outcomes{OK: 20, Refused: 1}, perSec(10), false},
+		{"demand below four fifths keeps it", at(fleet.Limit{}, perSec(10)), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(10), false},
+		{"never above the told ceiling", at(fleet.Limit{}, perSec(10)), perSec(10), fleet.Outcomes{OK: 20}, perSec(10), false},
+		{"capped at the told ceiling", at(fleet.Limit{}, perSec(10)), perSec(12), fleet.Outcomes{OK: 20}, perSec(12), true},
+		{"after a cut, a quarter more", at(refused(perSec(8), time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, perSec(7.2), true},
+		{"to nine tenths of the refused rate", at(refused(perSec(8), time.Second), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(7.2), true},
+		{"held there until the probe hold ends", at(refused(perSec(8), 29*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(7.2), false},
+		{"then probed by a twentieth", at(refused(perSec(8), 30*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, fleet.Rate{Limit: 151, Window: 20 * time.Second}, true},
+		{"a limit that rose: slow start again", at(refused(perSec(6), time.Minute), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(10.5), true},
 	} {
-		got, raise := fleet.Raise(c.cur, c.ceil, c.d, period)
-		if got != c.want || raise != c.raise {
-			t.Errorf("%s: Raise = %v %v, want %v %v", c.name, got, raise, c.want, c.raise)
+		got, raise := fleet.Raise(c.cur, c.ceil, c.d, period, now)
+		if ps(got.Rate) != ps(c.want) || raise != c.raise {
+			t.Errorf("%s: Raise = %v %v, want %v %v", c.name, got.Rate, raise, c.want, c.raise)
+		}
+		if c.name == "a limit that rose: slow start again" && (got.Refused != fleet.Rate{}) {
+			t.Errorf("%s: the refusal is still remembered: %+v", c.name, got)
 		}
 	}
-	if got := fleet.CutTo(fleet.Rate{Limit: 1, Window: time.Second}); got.Limit != 1 {
-		t.Errorf("CutTo(1/s) = %v, want at least 1", got)
+	for _, c := range []struct{ cur, want fleet.Rate }{
+		{fleet.Rate{Limit: 1, Window: time.Second}, fleet.Rate{Limit: 75, Window: 100 * time.Second}},
+		{fleet.Rate{Limit: 200, Window: time.Second}, fleet.Rate{Limit: 150, Window: time.Second}},
+		{fleet.Rate{Limit: 1, Window: 24 * time.Hour}, fleet.Rate{Limit: 1, Window: 24 * time.Hour}},
+	} {
+		if got := fleet.CutTo(c.cur); got != c.want {
+			t.Errorf("CutTo(%v) = %v, want %v", c.cur, got, c.want)
+		}
 	}
-	if got := fleet.CutTo(fleet.Rate{Limit: 20, Window: time.Second}); got.Limit != 15 {
-		t.Errorf("CutTo(20/s) = %v, want 15/s", got)
-	}
+}
+
+// ps is r per second, to the thousandth.
+func ps(r fleet.Rate) float64 {
+	return math.Round(1000*float64(r.Limit)/r.Window.Seconds()) / 1000
 }
 
 // TestCutLowersOnly has two nodes cut one key's limit: a cut never raises
@@ -47,17 +69,18 @@ func TestCutLowersOnly(t *testing.T) {
 	a := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
 	b := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
-	l, wrote, err := a.Cut(ctx, "geo", fleet.Rate{Limit: 50, Window: time.Second}, "a")
+	refused := fleet.Rate{Limit: 100, Window: time.Second}
+	l, wrote, err := a.Cut(ctx, "geo", fleet.Rate{Limit: 50, Window: time.Second}, refused, "a")
 	if err != nil || !wrote || l.Rate.Limit != 50 || l.Revision == 0 {
 		t.Fatalf("first cut = %+v %v %v", l, wrote, err)
 	}
-	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 80, Window: time.Second}, "b"); err != nil || wrote || l.Rate.Limit != 50 {
+	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 80, Window: time.Second}, refused, "b"); err != nil || wrote || l.Rate.Limit != 50 {
 		t.Fatalf("cut above = %+v %v %v, want 50 kept", l, wrote, err)
 	}
-	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 30, Window: time.Second}, "b"); err != nil || !wrote || l.By != "b" {
+	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 30, Window: time.Second}, refused, "b"); err != nil || !wrote || l.By != "b" {
 		t.Fatalf("cut below = %+v %v %v", l, wrote, err)
 	}
-	if got, err := a.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 30 || got.Revision != l.Revision {
+	if got, err := a.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 30 || got.Revision != l.Revision || got.Refused != refused || got.RefusedAt.IsZero() {
 		t.Fatalf("Limit = %+v %v, want 30 at %d", got, err, l.Revision)
 	}
 }
@@ -87,7 +110,7 @@ func TestLearnerFailover(t *testing.T) {
 		nodes[i] = node{st, clk, l, func() { cli.Close() }}
 		go l.Run(ctx) //nolint:errcheck // Run returns nil when ctx ends
 	}
-	if _, _, err := nodes[0].store.Cut(ctx, "geo", start, "a"); err != nil {
+	if _, err := nodes[0].store.Start(ctx, "geo", start, "a"); err != nil {
 		t.Fatal(err)
 	}
 	leader := waitLeader(t, nodes[0].l, nodes[1].l)
@@ -108,8 +131,8 @@ func TestLearnerFailover(t *testing.T) {
 	step(nodes[leader], 0)  // the first read is the baseline
 	step(nodes[leader], 10) // 20 in 2 s at 10/s: the limit held the pace
 	got, err := nodes[other].store.Limit(ctx, "geo")
-	if err != nil || got.Rate.Limit != 11 || got.By != []string{"a", "b"}[leader] {
-		t.Fatalf("after a full period the limit is %+v %v, want 11/s by the leader", got, err)
+	if err != nil || got.Rate != (fleet.Rate{Limit: 150, Window: 10 * time.Second}) || got.By != []string{"a", "b"}[leader] {
+		t.Fatalf("after a full period the limit is %+v %v, want 15/s by the leader", got, err)
 	}
 	nodes[leader].close()
 	if waitLeader(t, nodes[other].l) != 0 {
@@ -117,9 +140,9 @@ func TestLearnerFailover(t *testing.T) {
 	}
 	next := nodes[other]
 	step(next, 0)
-	step(next, 12) // 24 in 2 s at 11/s
-	if got, err = next.store.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 12 || got.By != []string{"a", "b"}[other] {
-		t.Fatalf("after the failover the limit is %+v %v, want 12/s (11 stored, raised) by the new learner", got, err)
+	step(next, 15) // 30 in 2 s at 15/s
+	if got, err = next.store.Limit(ctx, "geo"); err != nil || got.Rate != (fleet.Rate{Limit: 225, Window: 10 * time.Second}) || got.By != []string{"a", "b"}[other] {
+		t.Fatalf("after the failover the limit is %+v %v, want 22.5/s (15 stored, raised) by the new learner", got, err)
 	}
 	if nodes[leader].l.Leading() {
 		t.Fatal("the dead learner still leads")

@@ -17,6 +17,19 @@ const (
 	DefaultPeriod   = 2 * time.Second
 )
 
+// The learning rules' constants (Raise, CutTo).
+const (
+	// ProbeHold is how long after a refusal the learner holds the limit
+	// just under the rate that was refused before it probes past it.
+	ProbeHold = 30 * time.Second
+	// Settle is how long a cut takes to reach every node's requests: the
+	// blocks a node already holds keep their spacing, up to a Block's
+	// worth, and the next is reserved up to a Lead early. A refusal of a
+	// request admitted sooner after the cut reached the node is part of
+	// the episode the cut answered, and cuts nothing more.
+	Settle = DefaultBlock + DefaultLead
+)
+
 // LearnerConfig shapes one key's learner on one node.
 type LearnerConfig struct {
 	Key  string
@@ -123,18 +136,18 @@ func (l *Learner) step(ctx context.Context) error {
 		d.Refused += max(o.Refused-p.Refused, 0)
 	}
 	l.last = obs
-	if first {
-		return nil
-	}
 	cur, err := l.store.Limit(ctx, l.cfg.Key)
 	if err != nil {
 		return err
 	}
-	r := cur.Rate
 	if cur.Revision == 0 {
-		r = l.cfg.Start
+		_, err = l.store.Start(ctx, l.cfg.Key, l.cfg.Start, l.cfg.Node)
+		return err
 	}
-	next, raise := Raise(r, l.cfg.Ceiling, d, l.cfg.Period)
+	if first {
+		return nil
+	}
+	next, raise := Raise(cur, l.cfg.Ceiling, d, l.cfg.Period, l.clock.Now())
 	if !raise {
 		return nil
 	}
@@ -142,29 +155,69 @@ func (l *Learner) step(ctx context.Context) error {
 	return err // a cut written meanwhile wins: the swap fails, nothing to do
 }
 
-// Raise is the learner's rule: over a period with no refusal anywhere in
-// the fleet, in which the fleet used at least four fifths of the limit (it
-// is the limit, not the demand, that holds the pace back; slots are spaced
-// a little wider than the limit for the skew guard), the limit is
-// raised by a tenth (at least one), never above ceiling when one is told.
-// A refusal, or demand below the limit, keeps it.
-func Raise(cur, ceiling Rate, d Outcomes, period time.Duration) (Rate, bool) {
-	if d.Refused > 0 || cur.Limit <= 0 || cur.Window <= 0 {
+// Raise is the learner's rule, applied each period to the fleet's
+// outcomes d over it. A refusal anywhere in the fleet keeps the limit (the
+// node that saw it cuts), and so does demand that used less than four
+// fifths of it (the demand, not the limit, held the pace back; slots are
+// spaced a little wider than the limit for the skew guard). Otherwise:
+//   - with no refusal remembered, the limit grows by half a period (slow
+//     start);
+//   - below nine tenths of the rate last refused, by up to a quarter, to
+//     nine tenths of it: a cut's three quarters is regained in a period or
+//     two;
+//   - there it holds until ProbeHold after the refusal, then probes by a
+//     twentieth a period, each probe a refusal's risk;
+//   - once probes have gone a sixth past the refused rate with none
+//     refused, the limit has risen: the refusal is forgotten and slow
+//     start resumes.
+//
+// It never goes above ceiling when one is told.
+func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.Time) (Limit, bool) {
+	r := cur.Rate
+	if d.Refused > 0 || r.Limit <= 0 || r.Window <= 0 {
 		return cur, false
 	}
-	allowed := cur.perSecond() * period.Seconds()
-	if float64(d.OK) < 0.8*allowed {
+	if float64(d.OK) < 0.8*r.perSecond()*period.Seconds() {
 		return cur, false
 	}
-	next := Rate{Limit: cur.Limit + max(cur.Limit/10, 1), Window: cur.Window}
-	if ceiling.Limit > 0 && next.perSecond() > ceiling.perSecond() {
-		next = ceiling
+	next, ref := cur, cur.Refused.perSecond()
+	switch {
+	case ref == 0:
+		next.Rate = scale(r, 1.5)
+	case r.perSecond() < 0.9*ref:
+		next.Rate = scale(r, min(1.25, 0.9*ref/r.perSecond()))
+	case now.Sub(cur.RefusedAt) < ProbeHold:
+		return cur, false
+	case r.perSecond() >= ref*7/6:
+		next.Refused, next.RefusedAt = Rate{}, time.Time{}
+		next.Rate = scale(r, 1.5)
+	default:
+		next.Rate = scale(r, 1.05)
 	}
-	return next, next.perSecond() > cur.perSecond()
+	if ceiling.Limit > 0 && next.Rate.perSecond() > ceiling.perSecond() {
+		next.Rate = ceiling
+	}
+	return next, next.Rate.perSecond() > r.perSecond()
 }
 
-// CutTo is the rule any node cuts by on a refusal: to three quarters of
-// the limit in force, at least one in its window.
-func CutTo(cur Rate) Rate {
-	return Rate{Limit: max(cur.Limit*3/4, 1), Window: cur.Window}
+// CutTo is the rule any node cuts by on a refusal that no hint explains: to
+// three quarters of the limit in force.
+func CutTo(cur Rate) Rate { return scale(cur, 0.75) }
+
+// scale returns r times f. A small limit is first counted over a longer
+// window (60 a minute, not 1 a second), so that a step of a twentieth is
+// not rounded to nothing or to a doubling; a step up is at least one.
+func scale(r Rate, f float64) Rate {
+	if r.Limit <= 0 || r.Window <= 0 {
+		return r
+	}
+	if r.Limit < 100 {
+		k := min((100+r.Limit-1)/r.Limit, max(int(24*time.Hour/r.Window), 1))
+		r = Rate{Limit: r.Limit * k, Window: r.Window * time.Duration(k)}
+	}
+	n := int(float64(r.Limit) * f)
+	if f > 1 {
+		n = max(n, r.Limit+1)
+	}
+	return Rate{Limit: max(n, 1), Window: r.Window}
 }
