@@ -29,13 +29,14 @@ func TestRaiseRule(t *testing.T) {
 	}{
 		{"used and never refused: half more", at(fleet.Limit{}, perSec(10)), fleet.Rate{}, fleet.Outcomes{OK: 16}, perSec(15), true},
 		{"one refusal anywhere keeps it", at(fleet.Limit{}, perSec(10)), fleet.Rate{}, fleet.Outcomes{OK: 20, Refused: 1}, perSec(10), false},
-		{"demand below four fifths keeps it", at(fleet.Limit{}, perSec(10)), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(10), false},
+		{"demand below seven tenths keeps it", at(fleet.Limit{}, perSec(10)), fleet.Rate{}, fleet.Outcomes{OK: 13}, perSec(10), false},
 		{"never above the told ceiling", at(fleet.Limit{}, perSec(10)), perSec(10), fleet.Outcomes{OK: 20}, perSec(10), false},
 		{"capped at the told ceiling", at(fleet.Limit{}, perSec(10)), perSec(12), fleet.Outcomes{OK: 20}, perSec(12), true},
-		{"after a cut, a quarter more", at(refused(perSec(8), time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, perSec(7.2), true},
-		{"to nine tenths of the refused rate", at(refused(perSec(8), time.Second), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(7.2), true},
+		{"no raise just after a cut", at(refused(perSec(8), 4*time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, perSec(6), false},
+		{"after a cut, a quarter more", at(refused(perSec(8), 5*time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, perSec(7.2), true},
+		{"to nine tenths of the refused rate", at(refused(perSec(8), 6*time.Second), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(7.2), true},
 		{"held there until the probe hold ends", at(refused(perSec(8), 29*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(7.2), false},
-		{"then probed by a twentieth", at(refused(perSec(8), 30*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, fleet.Rate{Limit: 151, Window: 20 * time.Second}, true},
+		{"then probed by 3%", at(refused(perSec(8), 30*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, fleet.Rate{Limit: 148, Window: 20 * time.Second}, true},
 		{"a limit that rose: slow start again", at(refused(perSec(6), time.Minute), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(10.5), true},
 	} {
 		got, raise := fleet.Raise(c.cur, c.ceil, c.d, period, now)

@@ -22,12 +22,23 @@ const (
 	// ProbeHold is how long after a refusal the learner holds the limit
 	// just under the rate that was refused before it probes past it.
 	ProbeHold = 30 * time.Second
-	// Settle is how long a cut takes to reach every node's requests: the
+	// Regain is how long after a cut the learner waits before it raises
+	// again: the nodes' outcomes reach it a report late, and the cut must
+	// show in them first.
+	Regain = 5 * time.Second
+	// Settle is how long a cut takes to reach the upstream's count: the
 	// blocks a node already holds keep their spacing, up to a Block's
-	// worth, and the next is reserved up to a Lead early. A refusal of a
-	// request admitted sooner after the cut reached the node is part of
-	// the episode the cut answered, and cuts nothing more.
-	Settle = DefaultBlock + DefaultLead
+	// worth, and an upstream that counts over a sliding window of a
+	// second or two still holds the requests sent before the cut. A
+	// refusal of a request admitted sooner after the cut reached the node
+	// is part of the episode the cut answered, and cuts nothing more.
+	Settle = 3 * time.Second
+	// Busy is the share of the limit the fleet's successes must reach in a
+	// period for the limit, not the demand, to be what held them back: the
+	// slots are spaced wider than the limit for the skew guard (some 7%
+	// at a window of a second), and a node wastes a few at the ends of
+	// its blocks.
+	Busy = 0.7
 )
 
 // LearnerConfig shapes one key's learner on one node.
@@ -157,16 +168,15 @@ func (l *Learner) step(ctx context.Context) error {
 
 // Raise is the learner's rule, applied each period to the fleet's
 // outcomes d over it. A refusal anywhere in the fleet keeps the limit (the
-// node that saw it cuts), and so does demand that used less than four
-// fifths of it (the demand, not the limit, held the pace back; slots are
-// spaced a little wider than the limit for the skew guard). Otherwise:
+// node that saw it cuts), and so does demand that used less than Busy of
+// it (the demand, not the limit, held the pace back). Otherwise:
 //   - with no refusal remembered, the limit grows by half a period (slow
 //     start);
-//   - below nine tenths of the rate last refused, by up to a quarter, to
-//     nine tenths of it: a cut's three quarters is regained in a period or
-//     two;
-//   - there it holds until ProbeHold after the refusal, then probes by a
-//     twentieth a period, each probe a refusal's risk;
+//   - below nine tenths of the rate last refused, from Regain after the
+//     cut, by up to a quarter, to nine tenths of it: a cut's three
+//     quarters is regained in a period or two;
+//   - there it holds until ProbeHold after the refusal, then probes by 3%
+//     a period, each probe a refusal's risk;
 //   - once probes have gone a sixth past the refused rate with none
 //     refused, the limit has risen: the refusal is forgotten and slow
 //     start resumes.
@@ -177,13 +187,15 @@ func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.T
 	if d.Refused > 0 || r.Limit <= 0 || r.Window <= 0 {
 		return cur, false
 	}
-	if float64(d.OK) < 0.8*r.perSecond()*period.Seconds() {
+	if float64(d.OK) < Busy*r.perSecond()*period.Seconds() {
 		return cur, false
 	}
 	next, ref := cur, cur.Refused.perSecond()
 	switch {
 	case ref == 0:
 		next.Rate = scale(r, 1.5)
+	case now.Sub(cur.RefusedAt) < Regain:
+		return cur, false
 	case r.perSecond() < 0.9*ref:
 		next.Rate = scale(r, min(1.25, 0.9*ref/r.perSecond()))
 	case now.Sub(cur.RefusedAt) < ProbeHold:
@@ -192,7 +204,7 @@ func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.T
 		next.Refused, next.RefusedAt = Rate{}, time.Time{}
 		next.Rate = scale(r, 1.5)
 	default:
-		next.Rate = scale(r, 1.05)
+		next.Rate = scale(r, 1.03)
 	}
 	if ceiling.Limit > 0 && next.Rate.perSecond() > ceiling.perSecond() {
 		next.Rate = ceiling
