@@ -28,11 +28,17 @@ type FleetSource struct {
 	// Members are this node's sources that spend the budget.
 	Members []string `json:"members"`
 	// Limit per Window is the ceiling the fleet is told and shares;
-	// Learned per LearnedWindow the limit in force on this node.
+	// Learned per LearnedWindow the limit the fleet learned, which this
+	// node reserves its slots at (0 until one is read), last written by
+	// LearnedBy.
 	Limit         int             `json:"limit"`
 	Window        auditd.Duration `json:"window"`
 	Learned       int             `json:"learned_limit"`
 	LearnedWindow auditd.Duration `json:"learned_window"`
+	LearnedBy     string          `json:"learned_by,omitempty"`
+	// Learner is the node elected to raise and probe the key's limit;
+	// empty when no reporting node leads it.
+	Learner string `json:"learner,omitempty"`
 	// Nodes are the nodes' recent use of the key, this node first, then
 	// by name.
 	Nodes []FleetNodeUse `json:"nodes"`
@@ -57,6 +63,9 @@ type FleetNodeUse struct {
 	PausedUntil time.Time `json:"paused_until,omitzero"`
 	// Etcd is the round trip of the node's last granted reservation.
 	Etcd auditd.Duration `json:"etcd_latency"`
+	// Learner is true when the node is the key's learner: the one that
+	// raises and probes its limit.
+	Learner bool `json:"learner"`
 }
 
 // FleetView serves GET /v1/fleet/sources (cmd/auditd's fleet view).

@@ -17,6 +17,9 @@ const (
 	EventCutOff EventKind = "cut_off"
 	// EventRejoined: a reservation succeeded again after a cut-off.
 	EventRejoined EventKind = "rejoined"
+	// EventLearned: the key's learned limit changed, and this node's next
+	// blocks are reserved at it (Limit).
+	EventLearned EventKind = "learned"
 )
 
 // Event is one thing a node's Slots acted on, for the node's ledger: each
@@ -30,6 +33,8 @@ type Event struct {
 	Block Block
 	// Pause is the pause of EventPaused.
 	Pause Pause
+	// Limit is the learned limit of EventLearned.
+	Limit Limit
 	// Err is why etcd did not answer (EventCutOff).
 	Err error
 }

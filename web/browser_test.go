@@ -559,12 +559,12 @@ func TestBrowser(t *testing.T) {
 	must("fleet view", chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(`#fleet-view tr[data-node="node-c"]`))))
 	nodes, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#fleet-texas-gateway tbody tr')].map((tr) => tr.dataset.node + ' ' + tr.textContent)`))
 	must("fleet rows", err)
-	if len(nodes) != 3 || !strings.HasPrefix(nodes[0], "node-a node-a (this node)50%250241542.51msnot pausednow") ||
+	if len(nodes) != 3 || !strings.HasPrefix(nodes[0], "node-a node-a (this node)learner50%250241542.51msnot pausednow") ||
 		!strings.Contains(nodes[1], "cut off30%") || !strings.Contains(nodes[1], "no report for") || !strings.Contains(nodes[1], "1.5s") ||
 		!strings.Contains(nodes[2], "20%") || !strings.Contains(nodes[2], "13ms") || !strings.Contains(nodes[2], "over the last 43s") {
 		t.Errorf("fleet rows of texas-gateway: %q", nodes)
 	}
-	contains("#fleet-view", "texas-gateway (gateway group) · 10 per second shared, 5 per second in force here", "travis-gis · 0.5 per second shared", "This node (node-a) reaches etcd")
+	contains("#fleet-view", "texas-gateway (gateway group) · 10 per second shared, 5 per second learned by the fleet · learner node-a", "travis-gis · 0.5 per second shared", "This node (node-a) reaches etcd")
 	if got := text("#fleet-view"); strings.Contains(got, "This node (node-a) is cut off") {
 		t.Errorf("another node's cut-off is shown as this node's: %q", got)
 	}

@@ -49,6 +49,7 @@ const (
 	EventTypeDispatchInterrupted EventType = "dispatch.interrupted"
 	EventTypeExportDownloaded    EventType = "export.downloaded"
 	EventTypeFleetCutOff         EventType = "fleet.cut_off"
+	EventTypeFleetLearned        EventType = "fleet.learned"
 	EventTypeFleetPaused         EventType = "fleet.paused"
 	EventTypeFleetRejoined       EventType = "fleet.rejoined"
 	EventTypeFleetReserved       EventType = "fleet.reserved"
@@ -89,6 +90,8 @@ func (e EventType) Valid() bool {
 	case EventTypeExportDownloaded:
 		return true
 	case EventTypeFleetCutOff:
+		return true
+	case EventTypeFleetLearned:
 		return true
 	case EventTypeFleetPaused:
 		return true
@@ -791,8 +794,11 @@ type FleetNodeUse struct {
 	EtcdLatency Duration `json:"etcd_latency"`
 
 	// Held Slots granted and still usable now.
-	Held int    `json:"held"`
-	Node string `json:"node"`
+	Held int `json:"held"`
+
+	// Learner The node is the key's learner: it raises and probes the key's limit for the fleet; any node cuts it.
+	Learner bool   `json:"learner"`
+	Node    string `json:"node"`
 
 	// PausedUntil The fleet's pause of the key as the node holds it; absent when never paused.
 	PausedUntil *time.Time `json:"paused_until,omitempty"`
@@ -885,11 +891,17 @@ type FleetSource struct {
 	Group bool   `json:"group"`
 	Key   string `json:"key"`
 
-	// LearnedLimit The limit in force on this node, per learned_window.
+	// LearnedBy The node that last wrote the learned limit (a cut by any node, a raise by the learner).
+	LearnedBy *string `json:"learned_by,omitempty"`
+
+	// LearnedLimit The limit the fleet learned, per learned_window, which this node reserves its slots at (capped at the ceiling); 0 until one is read.
 	LearnedLimit int `json:"learned_limit"`
 
 	// LearnedWindow A Go duration ("1m30s", "250ms", "0s").
 	LearnedWindow Duration `json:"learned_window"`
+
+	// Learner The node elected to raise and probe the key's limit; absent when no reporting node leads it.
+	Learner *string `json:"learner,omitempty"`
 
 	// Limit The ceiling the fleet is told and shares, per window.
 	Limit int `json:"limit"`

@@ -80,6 +80,16 @@ type fleetShare struct {
 	group  bool   // the key is a gateway group's, member one of its sources
 	node   string // this node's name
 	lag    time.Duration
+	told   bool // the operator told the rate: learning starts at it
+	// learning is the key's learned rate on this node, which its slots
+	// are reserved at.
+	learning *fleetLearning
+}
+
+// Observed tells the key's learning of a response (limiter.Learner): the
+// fleet, not this node alone, learns the key's rate.
+func (s *fleetShare) Observed(admitted time.Time, c limiter.Class, hinted bool) {
+	s.learning.observed(admitted, c, hinted)
 }
 
 // Lag is how long after a slot is taken its request may still leave
@@ -167,7 +177,7 @@ func (n *fleetNode) sync() {
 			key, rate = st.Group, fleet.Rate{Limit: st.GroupCeilingLimit, Window: st.GroupCeilingWindow}
 		}
 		if _, ok := want[key]; !ok {
-			want[key] = &fleetShare{rate: rate, member: src.ID, group: st.Group != "", node: n.node, lag: n.lag}
+			want[key] = &fleetShare{rate: rate, member: src.ID, group: st.Group != "", node: n.node, lag: n.lag, told: src.Limit > 0}
 		}
 	}
 	var gone []*fleetShare
@@ -189,6 +199,7 @@ func (n *fleetNode) sync() {
 			continue
 		}
 		w.Slots = slots
+		w.learning = startLearning(n.store, slots, key, n.node, n.startRate(w), w.rate, n.notify)
 		slots.Open()
 		n.shares[key] = w
 		n.lim.Share(key, w)
@@ -199,9 +210,30 @@ func (n *fleetNode) sync() {
 	}
 }
 
+// startRate is where a key's learning starts on this node when the fleet
+// has learned nothing of it yet: the ceiling the operator told, else the
+// pace the node's registry would start the source at alone.
+func (n *fleetNode) startRate(w *fleetShare) fleet.Rate {
+	if w.told {
+		return w.rate
+	}
+	lim, err := n.reg.Limits(w.member)
+	if err != nil {
+		return w.rate
+	}
+	if l, win := lim.Pace(); l > 0 && win > 0 {
+		return fleet.Rate{Limit: l, Window: win}
+	}
+	return w.rate
+}
+
+// closeShare stops a key's learning on this node and its slots. Without a
+// quorum its learning's campaign does not resign (fleetLearning.stop):
+// closeShare gives it up to 5 s.
 func (n *fleetNode) closeShare(s *fleetShare) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	s.learning.stop(ctx)
 	_ = s.Close(ctx) // its held slots are wasted, never given back
 }
 
@@ -338,6 +370,14 @@ type fleetDetail struct {
 	Until    *time.Time `json:"until,omitempty"`
 	// Breaker names the node whose breaker opened the pause.
 	Breaker string `json:"breaker,omitempty"`
+	// A learned limit (fleet.learned): Limit per Window, written by By; the
+	// rate a refusal was last seen at, and when, if remembered.
+	Limit         int        `json:"limit,omitempty"`
+	Window        string     `json:"window,omitempty"`
+	By            string     `json:"by,omitempty"`
+	Refused       int        `json:"refused,omitempty"`
+	RefusedWindow string     `json:"refused_window,omitempty"`
+	RefusedAt     *time.Time `json:"refused_at,omitempty"`
 }
 
 // event is e as a ledger event.
@@ -360,6 +400,14 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 		}
 	case fleet.EventRejoined:
 		ev.Type = auditd.EventFleetRejoined
+	case fleet.EventLearned:
+		ev.Type = auditd.EventFleetLearned
+		l := e.Limit
+		d.Revision, d.Limit, d.Window, d.By = l.Revision, l.Rate.Limit, l.Rate.Window.String(), l.By
+		if l.Refused.Limit > 0 {
+			at := l.RefusedAt.UTC()
+			d.Refused, d.RefusedWindow, d.RefusedAt = l.Refused.Limit, l.Refused.Window.String(), &at
+		}
 	}
 	n.mu.Lock()
 	s := n.shares[e.Key]
@@ -388,12 +436,19 @@ func (n *fleetNode) close(ctx context.Context) error {
 	n.mu.Unlock()
 	for key, s := range shares {
 		n.lim.Share(key, nil)
-		n.closeShare(s)
+		s.learning.cancel()
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = s.Close(sctx) // its held slots are wasted, never given back
+		cancel()
 	}
 	if f, count := n.hand(); f != nil {
 		if err := f.Wait(ctx); err != nil {
 			n.log.Error("fleet: record events", "events", count, "err", err)
 		}
 	}
-	return n.client.Close()
+	err := n.client.Close()
+	for _, s := range shares {
+		s.learning.stop(ctx) // a campaign without a quorum ends with the client
+	}
+	return err
 }

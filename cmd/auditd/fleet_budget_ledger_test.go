@@ -263,11 +263,15 @@ func checkFleetRecords(t *testing.T, ledgers []fleetLedger, all []fleetArrival, 
 				pausedAt[i] = e.Time
 			case e.Type == auditd.EventFleetCutOff && i != 2:
 				t.Errorf("node %d recorded a cut-off it never had: %+v", i+1, e)
+			case e.Type == auditd.EventFleetLearned && (d.Revision == 0 || d.Limit*int(time.Second) != 20*int(mustDuration(t, d.Window))):
+				// Told 20/s, the fleet starts there; nginx refused nothing
+				// without a Retry-After, so nothing cut it.
+				t.Errorf("node %d applied a learned limit other than the told 20/s: %+v", i+1, d)
 			}
 		}
 		t.Logf("node %d fleet events: %v, dispatches %d", i+1, kinds, len(l.dispatches))
-		if kinds[auditd.EventFleetReserved] == 0 {
-			t.Errorf("node %d recorded no grant", i+1)
+		if kinds[auditd.EventFleetReserved] == 0 || kinds[auditd.EventFleetLearned] == 0 {
+			t.Errorf("node %d recorded %d grants and %d learned limits, want some of each", i+1, kinds[auditd.EventFleetReserved], kinds[auditd.EventFleetLearned])
 		}
 		if i == 2 && (kinds[auditd.EventFleetCutOff] == 0 || kinds[auditd.EventFleetRejoined] == 0) {
 			t.Errorf("node 3 was cut off and healed, but recorded cut-offs %d, rejoins %d", kinds[auditd.EventFleetCutOff], kinds[auditd.EventFleetRejoined])
@@ -321,4 +325,13 @@ func checkPaused(t *testing.T, all []fleetArrival, pausedAt [3]time.Time, thrott
 	if inPause > 0 {
 		t.Errorf("the fleet sent %d requests inside the pause a 429 asked for", inPause)
 	}
+}
+
+func mustDuration(t *testing.T, s string) time.Duration {
+	t.Helper()
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Errorf("duration %q: %v", s, err)
+	}
+	return d
 }

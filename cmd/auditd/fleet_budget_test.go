@@ -157,6 +157,7 @@ func startBatch(t *testing.T, node *child, token, name string, n int) string {
 // only there, and that every node used slots and reserved.
 func checkCutOffMetrics(t *testing.T, nodes []*child) {
 	t.Helper()
+	learners := 0
 	for i, n := range nodes {
 		m := parseMetrics(t, scrape(t, n.url+"/metrics"))
 		series := fmt.Sprintf(`{key="up",node="node%d"}`, i+1)
@@ -170,9 +171,16 @@ func checkCutOffMetrics(t *testing.T, nodes []*child) {
 		if m["auditd_fleet_slots_used_total"+series] == 0 || m["auditd_fleet_reservations_total"+series] == 0 {
 			t.Errorf("node %d: no slots used or reservations in its metrics after 13 s of load", i+1)
 		}
+		if got, ok := m["auditd_fleet_learned_requests_per_second"+series]; !ok || got != 20 {
+			t.Errorf("node %d: auditd_fleet_learned_requests_per_second %v (present %v), want the told 20", i+1, got, ok)
+		}
+		learners += int(m["auditd_fleet_learner"+series])
 		t.Logf("node %d metrics: reserved %v, used %v, wasted %v, held %v, last reservation %v s", i+1,
 			m["auditd_fleet_slots_reserved_total"+series], m["auditd_fleet_slots_used_total"+series],
 			m["auditd_fleet_slots_wasted_total"+series], m["auditd_fleet_slots_held"+series], m["auditd_fleet_reservation_seconds"+series])
+	}
+	if learners != 1 {
+		t.Errorf("%d nodes say they are the key's learner, want one", learners)
 	}
 }
 

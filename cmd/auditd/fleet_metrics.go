@@ -24,6 +24,10 @@ var (
 		"1 while the node's last reservation failed (it hands out what it holds, then nothing), else 0.", []string{"key", "node"}, nil)
 	descFleetTrip = prometheus.NewDesc("auditd_fleet_reservation_seconds",
 		"The last granted reservation's round trip to etcd.", []string{"key", "node"}, nil)
+	descFleetLearner = prometheus.NewDesc("auditd_fleet_learner",
+		"1 while this node is the key's elected learner (it raises and probes the key's limit), else 0.", []string{"key", "node"}, nil)
+	descFleetLearned = prometheus.NewDesc("auditd_fleet_learned_requests_per_second",
+		"The key's limit the fleet learned, which this node reserves its slots at (capped at the ceiling); absent until read.", []string{"key", "node"}, nil)
 	descFleetLag = prometheus.NewDesc("auditd_fleet_lag_allowance_seconds",
 		"The lag from a slot to the wire the slots are spaced for (--fleet-lag).", []string{"node"}, nil)
 )
@@ -31,7 +35,7 @@ var (
 // Describe implements prometheus.Collector.
 func (n *fleetNode) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descFleetBlocks, descFleetReserved, descFleetUsed, descFleetWasted,
-		descFleetHeld, descFleetCutOff, descFleetTrip, descFleetLag} {
+		descFleetHeld, descFleetCutOff, descFleetTrip, descFleetLearner, descFleetLearned, descFleetLag} {
 		ch <- d
 	}
 }
@@ -45,9 +49,16 @@ func (n *fleetNode) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descFleetLag, prometheus.GaugeValue, n.lag.Seconds(), n.node)
 	for key, s := range shares {
 		st := s.Stats()
-		cut := 0.0
+		cut, learner := 0.0, 0.0
 		if st.CutOff {
 			cut = 1
+		}
+		if s.learning.Leading() {
+			learner = 1
+		}
+		if l := s.learning.Limit(); l.Revision != 0 {
+			ps := min(float64(l.Rate.Limit)/l.Rate.Window.Seconds(), float64(s.rate.Limit)/s.rate.Window.Seconds())
+			ch <- prometheus.MustNewConstMetric(descFleetLearned, prometheus.GaugeValue, ps, key, n.node)
 		}
 		for _, m := range []struct {
 			d *prometheus.Desc
@@ -61,6 +72,7 @@ func (n *fleetNode) Collect(ch chan<- prometheus.Metric) {
 			{descFleetHeld, prometheus.GaugeValue, float64(st.Held)},
 			{descFleetCutOff, prometheus.GaugeValue, cut},
 			{descFleetTrip, prometheus.GaugeValue, st.Trip.Seconds()},
+			{descFleetLearner, prometheus.GaugeValue, learner},
 		} {
 			ch <- prometheus.MustNewConstMetric(m.d, m.t, m.v, key, n.node)
 		}

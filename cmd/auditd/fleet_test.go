@@ -140,7 +140,7 @@ func fleetLoadWithin(t *testing.T, nodes []*child, runs []string, token, deadlin
 func fleetEvents(t *testing.T, data string) (fleetEv []auditd.Event, throttles []time.Time) {
 	scanLedger(t, data, func(e *auditd.Event) {
 		switch e.Type {
-		case auditd.EventFleetReserved, auditd.EventFleetPaused, auditd.EventFleetCutOff, auditd.EventFleetRejoined:
+		case auditd.EventFleetReserved, auditd.EventFleetPaused, auditd.EventFleetCutOff, auditd.EventFleetRejoined, auditd.EventFleetLearned:
 			fleetEv = append(fleetEv, *e)
 		case auditd.EventThrottle:
 			throttles = append(throttles, e.Time)

@@ -126,6 +126,9 @@ func (v *fleetView) report() fleetReport {
 	for key, st := range stats {
 		u := v.samples.use(key, now, st)
 		u.Node = v.fl.node
+		if s := v.shared()[key]; s != nil {
+			u.Learner = s.learning.Leading()
+		}
 		rep.Keys[key] = u
 	}
 	return rep
@@ -263,6 +266,9 @@ func (v *fleetView) FleetSources(ctx context.Context) (api.FleetSources, error) 
 			if u, ok := r.Keys[key]; ok {
 				src.Nodes = append(src.Nodes, u)
 				total += u.Reserved
+				if u.Learner {
+					src.Learner = u.Node
+				}
 			}
 		}
 		for i := range src.Nodes {
@@ -309,13 +315,18 @@ func (v *fleetView) source(key string, s *fleetShare) api.FleetSource {
 			continue
 		}
 		switch {
-		case src.Group && st.Group == key:
+		case src.Group && st.Group == key, !src.Group && m.ID == key:
 			src.Members = append(src.Members, m.ID)
-			src.Learned, src.LearnedWindow = st.GroupLimit, auditd.Duration(st.GroupWindow)
-		case !src.Group && m.ID == key:
-			src.Members = append(src.Members, m.ID)
-			src.Learned, src.LearnedWindow = st.Limit, auditd.Duration(st.Window)
 		}
+	}
+	// The fleet's learned limit, which the node reserves its slots at,
+	// clamped to the ceiling as the slots are.
+	if l := s.learning.Limit(); l.Revision != 0 {
+		r := l.Rate
+		if float64(r.Limit)*s.rate.Window.Seconds() > float64(s.rate.Limit)*r.Window.Seconds() {
+			r = s.rate
+		}
+		src.Learned, src.LearnedWindow, src.LearnedBy = r.Limit, auditd.Duration(r.Window), l.By
 	}
 	return src
 }

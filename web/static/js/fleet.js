@@ -35,8 +35,9 @@ export function fleetSection(view) {
 
 function keyTable(s, me, unit, peersKnown) {
   const told = s.limit ? `${fmtRate(s.limit, s.window, unit)} shared` : 'not shared by this node';
-  const learned = s.learned_limit ? `, ${fmtRate(s.learned_limit, s.learned_window, unit)} in force here` : '';
-  const caption = h('span', null, h('span', { class: 'mono' }, s.key), s.group ? ' (gateway group)' : '', ` \u00b7 ${told}${learned}`);
+  const learned = s.learned_limit ? `, ${fmtRate(s.learned_limit, s.learned_window, unit)} learned by the fleet` : '';
+  const learner = s.learner ? h('span', { class: 'fleet-learner' }, ` \u00b7 learner ${s.learner}`) : h('span', { class: 'muted fleet-learner' }, ' \u00b7 no learner elected');
+  const caption = h('span', null, h('span', { class: 'mono' }, s.key), s.group ? ' (gateway group)' : '', ` \u00b7 ${told}${learned}`, learner);
   const rows = (s.nodes || []).map((n) => nodeRow(n, me, !peersKnown));
   return table(caption, ['Node', { label: 'Share', num: true }, { label: 'Reserved', num: true }, { label: 'Used', num: true },
     { label: 'Wasted', num: true }, { label: 'Held now', num: true }, 'etcd', 'Pause', 'Reported'],
@@ -50,6 +51,7 @@ function nodeRow(n, me, shareUnknown) {
   const paused = !zero(n.paused_until) && new Date(n.paused_until).getTime() > Date.now();
   return h('tr', { class: n.cut_off ? 'row-fail' : null, dataset: { node: n.node } },
     h('td', null, h('span', { class: 'mono' }, n.node), n.node === me ? h('span', { class: 'muted small' }, ' (this node)') : null,
+      n.learner ? h('div', null, badge('running', 'learner')) : null,
       n.cut_off ? h('div', null, badge('open', 'cut off')) : null),
     h('td', { class: 'num' }, shareUnknown ? h('span', { class: 'muted' }, 'unknown') : `${(100 * n.share).toFixed(0)}%`),
     h('td', { class: 'num' }, fmtNum(n.reserved)),

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/limiter"
+)
+
+// fleetOutcomesEvery is how often a node puts its outcomes of a key for the key's
+// learner (one etcd write a key a node, when they changed).
+const fleetOutcomesEvery = time.Second
+
+// fleetLearning is one key's learning on this node: the fleet learns one
+// rate for the key (fleet.Learner, elected among the nodes, raises it; any
+// node cuts it on a refusal), and this node reserves its slots at it. The
+// node's own learned pace is not applied to the key's budget meanwhile
+// (limiter.Learner): it would hold the node to a share of the fleet's.
+type fleetLearning struct {
+	key, node string
+	store     *fleet.Store
+	slots     *fleet.Slots
+	learner   *fleet.Learner
+	notify    func(fleet.Event)
+
+	ok, refused atomic.Int64 // this node's outcomes of the key, cumulative
+	cutting     atomic.Bool  // a cut is on its way to etcd
+	// episode is set by a cut, this node's or another's, and cleared by
+	// the next success here: refusals with no success between them are
+	// one episode, which cuts once (a spent window refuses everything
+	// until it resets, whatever the pace).
+	episode atomic.Bool
+
+	mu      sync.Mutex
+	limit   fleet.Limit // the learned limit in force here; Revision 0 until one is read
+	applied time.Time   // when this node began reserving at it
+
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// startLearning starts key's learning on this node: it campaigns to be the
+// key's learner, follows the key's learned limit and reports this node's
+// outcomes. Until the fleet's limit is read, the node reserves at start:
+// the ceiling when the operator told it, else where the node's registry
+// would start alone.
+func startLearning(store *fleet.Store, slots *fleet.Slots, key, node string, start, ceiling fleet.Rate, notify func(fleet.Event)) *fleetLearning {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &fleetLearning{key: key, node: node, store: store, slots: slots, notify: notify, cancel: cancel,
+		learner: fleet.NewLearner(store, clock.Real{}, fleet.LearnerConfig{Key: key, Node: node, Ceiling: ceiling, Start: start})}
+	slots.SetRate(start)
+	l.applied = time.Now()
+	l.done.Add(3)
+	go func() { defer l.done.Done(); _ = l.learner.Run(ctx) }()
+	go func() { defer l.done.Done(); l.follow(ctx) }()
+	go func() { defer l.done.Done(); l.report(ctx) }()
+	return l
+}
+
+// stop ends the key's learning on this node: its campaign, its watch and
+// its reports. It waits for them until ctx ends: without a quorum a
+// campaign resigns only when the etcd client closes.
+func (l *fleetLearning) stop(ctx context.Context) {
+	l.cancel()
+	done := make(chan struct{})
+	go func() {
+		l.done.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// Leading reports whether this node is the key's learner now.
+func (l *fleetLearning) Leading() bool { return l.learner.Leading() }
+
+// Limit returns the learned limit in force on this node (Revision 0 when
+// none was read yet).
+func (l *fleetLearning) Limit() fleet.Limit {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.limit
+}
+
+// follow applies every change of the key's learned limit to the node's
+// slots, recording it first, until ctx ends; a watch that fails is
+// started again.
+func (l *fleetLearning) follow(ctx context.Context) {
+	for ctx.Err() == nil {
+		ch := make(chan fleet.Limit)
+		errc := make(chan error, 1)
+		wctx, stop := context.WithCancel(ctx)
+		go func() { errc <- l.store.WatchLimit(wctx, l.key, ch) }()
+	watch:
+		for {
+			select {
+			case lim := <-ch:
+				l.apply(lim)
+			case <-errc:
+				break watch
+			}
+		}
+		stop()
+		if clock.Sleep(ctx, clock.Real{}, time.Second) != nil {
+			return
+		}
+	}
+}
+
+// apply makes lim the rate of the node's next blocks. The change is handed
+// to the ledger before any block at the new rate is reserved: a grant's
+// record is written with everything queued before it.
+func (l *fleetLearning) apply(lim fleet.Limit) {
+	if lim.Revision == 0 {
+		return
+	}
+	l.mu.Lock()
+	if lim.Revision <= l.limit.Revision {
+		l.mu.Unlock()
+		return
+	}
+	cut := l.limit.Revision != 0 && lim.Rate.Limit*int(l.limit.Rate.Window) < l.limit.Rate.Limit*int(lim.Rate.Window)
+	l.limit, l.applied = lim, time.Now()
+	l.mu.Unlock()
+	if cut {
+		l.episode.Store(true)
+	}
+	l.notify(fleet.Event{Kind: fleet.EventLearned, Key: l.key, At: time.Now(), Limit: lim})
+	l.slots.SetRate(lim.Rate)
+}
+
+// report puts this node's outcomes of the key for its learner every
+// fleetOutcomesEvery, when they changed, until ctx ends.
+func (l *fleetLearning) report(ctx context.Context) {
+	var last fleet.Outcomes
+	t := time.NewTicker(fleetOutcomesEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		o := fleet.Outcomes{OK: l.ok.Load(), Refused: l.refused.Load()}
+		if o == last {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, fleet.DefaultTimeout)
+		if l.store.Report(rctx, l.key, l.node, o) == nil {
+			last = o
+		}
+		cancel()
+	}
+}
+
+// observed counts a response to one of the key's requests admitted at
+// admitted, and cuts the fleet's limit for a refusal that no hint
+// explains, once an episode: not for a refusal with no success here since
+// the last cut, nor for a request admitted before the limit in force had
+// settled (fleet.Settle after this node applied it), which was sent at
+// the pace the last cut already answered.
+func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, hinted bool) {
+	switch c {
+	case limiter.ClassSuccess, limiter.ClassClient:
+		l.ok.Add(1)
+		l.episode.Store(false)
+		return
+	case limiter.ClassThrottled:
+		l.refused.Add(1)
+	default:
+		return
+	}
+	if hinted {
+		return // a pause the server asked for (limiter, registry), not a pace too fast
+	}
+	l.mu.Lock()
+	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
+	l.mu.Unlock()
+	if cur.Revision == 0 || !settled || l.episode.Load() || !l.cutting.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer l.cutting.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
+		defer cancel()
+		_, _, _ = l.store.Cut(ctx, l.key, fleet.CutTo(cur.Rate), cur.Rate, l.node) // a failure: the next refusal tries again
+	}()
+}
