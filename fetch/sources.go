@@ -85,7 +85,7 @@ func (g *gates) SetLimit(ctx context.Context, principal, id string, limit int, w
 		return lim, err
 	}
 	pl, pw := lim.Pace()
-	return lim, g.limiter.SetLimit(id, pl, pw)
+	return lim, g.limiter.SetLimitByHand(id, pl, pw)
 }
 
 // Pace returns a function that reports the pace a source of reg runs at

@@ -67,6 +67,20 @@ func (s *Store) Start(ctx context.Context, key string, r Rate, by string) (Limit
 	return l, nil
 }
 
+// Set writes r as key's learned limit whatever it was, by a
+// compare-and-swap retried on conflict, forgetting any refusal remembered:
+// an operator set it.
+func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, error) {
+	cur, err := s.Limit(ctx, key)
+	for err == nil {
+		var ok bool
+		if cur, ok, err = s.swapLimit(ctx, key, cur, Limit{Rate: r}, by); ok {
+			return cur, nil
+		}
+	}
+	return Limit{}, fmt.Errorf("set %s: %w", key, err)
+}
+
 // Cut lowers key's learned limit to to, fleet-wide, by a compare-and-swap
 // on the key's revision, retried on conflict, and remembers refused (the
 // rate the refusal was seen at) for the learner. It never raises it, so a

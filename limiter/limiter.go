@@ -158,6 +158,24 @@ func (l *Limiter) SetLimit(id string, limit int, window time.Duration) error {
 	return nil
 }
 
+// SetLimitByHand is SetLimit for a limit an operator set: with a Learner
+// attached to the budget, the fleet is told to pace the key at it
+// (Learner.SetByHand) rather than the call changing nothing.
+func (l *Limiter) SetLimitByHand(id string, limit int, window time.Duration) error {
+	s, err := l.source(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	learner := l.learnerOf(id, s.cfg)
+	s.mu.Unlock()
+	if learner == nil {
+		return l.SetLimit(id, limit, window)
+	}
+	learner.SetByHand(limit, window)
+	return nil
+}
+
 // Pause closes source id (its whole group, when it has one) until until, or
 // later if a longer pause is already in force, and returns the pause in
 // force. A Shared attached to the budget is told too, so the fleet pauses. The fetch loop calls it again with throttle.Time + Wait once the

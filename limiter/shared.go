@@ -58,6 +58,10 @@ type Learner interface {
 	// Retry-After, or a spent quota's Remaining 0 with its Reset), which
 	// makes a refusal a pause rather than a sign the pace is too fast.
 	Observed(admitted time.Time, c Class, hinted bool)
+	// SetByHand makes limit per window the fleet's limit of the key: an
+	// operator set it (Limiter.SetLimitByHand). It must not block on the
+	// shared store.
+	SetByHand(limit int, window time.Duration)
 }
 
 // Share attaches s to the budget of key: a gateway group's name for its

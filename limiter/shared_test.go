@@ -269,6 +269,11 @@ func TestSharedToldOfBreakerOpenings(t *testing.T) {
 type fakeLearner struct {
 	*fakeShared
 	observed []string
+	byHand   []string
+}
+
+func (f *fakeLearner) SetByHand(limit int, window time.Duration) {
+	f.byHand = append(f.byHand, fmt.Sprintf("%d/%v", limit, window))
 }
 
 func (f *fakeLearner) Observed(admitted time.Time, c limiter.Class, hinted bool) {
@@ -308,8 +313,11 @@ func TestSharedLearnerPacesTheBudget(t *testing.T) {
 	if fmt.Sprint(sh.observed) != fmt.Sprint(want) {
 		t.Fatalf("the learner was told %q, want %q", sh.observed, want)
 	}
+	if err := l.SetLimitByHand("s", 5, time.Second); err != nil || fmt.Sprint(sh.byHand) != "[5/1s]" {
+		t.Fatalf("an operator's limit reached the learner as %v (%v), want [5/1s]", sh.byHand, err)
+	}
 	l.Share("s", nil)
-	if err := l.SetLimit("s", 1, time.Second); err != nil {
+	if err := l.SetLimitByHand("s", 1, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if d, _ := l.Budget("s"); d != nil {

@@ -2261,7 +2261,7 @@ type ClientInterface interface {
 
 	// GetFleetSources The fleet's view of each shared budget, with every node's recent use of it.
 	//
-	// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+	// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit the fleet learned and the node elected to learn it, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
 	//
 	// Corresponds with GET /v1/fleet/sources (the `GetFleetSources` operationId).
 	GetFleetSources(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3215,7 +3215,7 @@ func (c *Client) GetFleetTimeline(ctx context.Context, id RunID, params *GetFlee
 
 // GetFleetSources The fleet's view of each shared budget, with every node's recent use of it.
 //
-// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit the fleet learned and the node elected to learn it, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
 //
 // Corresponds with GET /v1/fleet/sources (the `GetFleetSources` operationId).
 func (c *Client) GetFleetSources(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -7307,7 +7307,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetFleetSourcesWithResponse The fleet's view of each shared budget, with every node's recent use of it.
 	//
-	// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+	// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit the fleet learned and the node elected to learn it, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -14951,7 +14951,7 @@ func (c *ClientWithResponses) GetFleetTimelineWithResponse(ctx context.Context, 
 
 // GetFleetSourcesWithResponse The fleet's view of each shared budget, with every node's recent use of it.
 //
-// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit learned on this node, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
+// Per shared key (a source, or a gateway group): the ceiling the fleet is told and shares, the limit the fleet learned and the node elected to learn it, and per node the slots it was granted, used and wasted in the last minute (or since it started sharing the key), its share of the slots granted, whether it is cut off from etcd, the fleet's pause as it holds it and the round trip of its last reservation. Each node publishes its use to etcd every 5 s (a key under a lease it revokes when it stops; one that dies stays, with its reported_at ageing, for a minute). This node's row is read live; when etcd does not answer it is the only row and peers_error says why. A node not in a fleet answers 404 not_in_fleet.
 //
 // Returns a wrapper object for the known response body format(s).
 //

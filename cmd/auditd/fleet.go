@@ -86,6 +86,11 @@ type fleetShare struct {
 	learning *fleetLearning
 }
 
+// SetByHand makes an operator's limit the fleet's (limiter.Learner).
+func (s *fleetShare) SetByHand(limit int, window time.Duration) {
+	s.learning.setByHand(fleet.Rate{Limit: limit, Window: window})
+}
+
 // Observed tells the key's learning of a response (limiter.Learner): the
 // fleet, not this node alone, learns the key's rate.
 func (s *fleetShare) Observed(admitted time.Time, c limiter.Class, hinted bool) {

@@ -18,7 +18,8 @@ import (
 // quarters; further refusals with no success between them, refusals of
 // requests admitted before the cut settled, and refusals the server
 // explained (a Retry-After) cut nothing; after a success, the next
-// settled refusal cuts again.
+// settled refusal cuts again; an operator's limit set on the node becomes
+// the fleet's.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	cluster := etcdtest.Start(t, 1)
 	store := fleet.NewStore(etcdtest.NewClient(t, cluster.Endpoints()...), clock.Real{}, "")
@@ -93,13 +94,20 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 		t.Fatalf("a settled refusal after a success left %+v, want 5.6/s", got.Rate)
 	}
 	applied(5.6)
+	// An operator's limit, set on this node, is the fleet's: written
+	// whatever it was, the refusal forgotten.
+	l.setByHand(fleet.Rate{Limit: 9, Window: time.Second})
+	applied(9)
+	if got := stored(); got.Refused != (fleet.Rate{}) || got.By != "n1" {
+		t.Errorf("after the operator's limit the fleet holds %+v, want 9/s by n1 and no refusal", got)
+	}
 	if ok, refused := l.ok.Load(), l.refused.Load(); ok != 1 || refused != 5 {
 		t.Errorf("counted %d answers and %d refusals, want 1 and 5", ok, refused)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(learned) != 3 || learned[0] != 10 || learned[1] != 7.5 || learned[2] != 5.6 {
-		t.Errorf("fleet.learned events at %v a second, want 10, 7.5, 5.6", learned)
+	if len(learned) != 4 || learned[0] != 10 || learned[1] != 7.5 || learned[2] != 5.6 || learned[3] != 9 {
+		t.Errorf("fleet.learned events at %v a second, want 10, 7.5, 5.6, 9", learned)
 	}
 }
 

@@ -192,3 +192,18 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, hinted boo
 		_, _, _ = l.store.Cut(ctx, l.key, fleet.CutTo(cur.Rate), cur.Rate, l.node) // a failure: the next refusal tries again
 	}()
 }
+
+// setByHand writes r as the key's learned limit for the whole fleet, in the
+// background: it was set by hand on this node (fetch.Loop.SetLimit), and
+// the registry recorded it. It applies once the
+// write is watched back, as any change.
+func (l *fleetLearning) setByHand(r fleet.Rate) {
+	if r.Limit <= 0 || r.Window <= 0 {
+		return // no limit to share: the ceiling's slots pace the key
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
+		defer cancel()
+		_, _ = l.store.Set(ctx, l.key, r, l.node) // a failure leaves the fleet's limit as it was
+	}()
+}
