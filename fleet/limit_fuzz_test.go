@@ -1,0 +1,43 @@
+package fleet
+
+import (
+	"fmt"
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+// FuzzLimitOf feeds learn/<key>/limit values, written by other nodes, to
+// the parser: it never panics, and a value it accepts has a positive rate
+// and writes back (as swapLimit formats it) to itself.
+func FuzzLimitOf(f *testing.F) {
+	for _, seed := range []string{
+		"75 10000000000 100 1000000000 1733356800000000000 node1",
+		"10 1000000000 0 0 0 node2",
+		"10 1000000000 node2",
+		"-1 1000000000 0 0 0 n",
+		"1 1 1 1 1 a b c",
+		"",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		l, err := limitOf("geo", []*mvccpb.KeyValue{{Value: []byte(v), ModRevision: 7}})
+		if err != nil {
+			return
+		}
+		if l.Rate.Limit <= 0 || l.Rate.Window <= 0 || l.Revision != 7 {
+			t.Fatalf("%q parsed to %+v", v, l)
+		}
+		var at int64
+		if !l.RefusedAt.IsZero() {
+			at = l.RefusedAt.UnixNano()
+		}
+		again := fmt.Sprintf("%d %d %d %d %d %s", l.Rate.Limit, l.Rate.Window.Nanoseconds(), l.Refused.Limit, l.Refused.Window.Nanoseconds(), at, l.By)
+		l2, err := limitOf("geo", []*mvccpb.KeyValue{{Value: []byte(again), ModRevision: 7}})
+		if err != nil || l2.Rate != l.Rate || l2.Refused != l.Refused || !l2.RefusedAt.Equal(l.RefusedAt) || l2.By != l.By {
+			t.Fatalf("%q parsed to %+v, written as %q, read back as %+v (%v)", v, l, again, l2, err)
+		}
+	})
+}
+
