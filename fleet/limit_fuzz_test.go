@@ -40,4 +40,3 @@ func FuzzLimitOf(f *testing.F) {
 		}
 	})
 }
-
