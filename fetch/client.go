@@ -1,9 +1,13 @@
 package fetch
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
 	"time"
 )
 
@@ -55,7 +59,7 @@ func NewClient(o ClientOptions) *http.Client {
 		// A proxy from the environment is dialled, and checked, in the
 		// upstream's place: it must apply its own policy.
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           dialer.DialContext,
+		DialContext:           gatedDial(dialer),
 		TLSHandshakeTimeout:   o.ConnectTimeout,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		MaxIdleConnsPerHost:   o.MaxIdlePerHost,
@@ -75,3 +79,66 @@ func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastR
 
 // isDenied reports whether err is a connection the address policy refused.
 func isDenied(err error) bool { return errors.Is(err, ErrAddressDenied) }
+
+// The wire gate: a request on a fleet slot must not leave after its slot's
+// time to leave by (limiter.Permit.SendBy). The loop checks once its
+// dispatch record is durable (Loop.dispatch); the wire gate checks again
+// as the transport writes the request's first byte, after any dial and
+// any wait for a connection. Each connection the loop's client dials is a
+// gatedConn; a request armed by gateWire has its connection armed when
+// the transport hands it one (httptrace's GotConn), and the connection's
+// next write, the request's first (the HTTP/1.1 header), fails with
+// errSlotPassed when it comes too late: nothing of the request is written,
+// and net/http gives it up (a request with a body and no GetBody is never
+// sent again on its own).
+
+// wireDeadline is a request's time to leave by, on the loop's clock.
+type wireDeadline struct {
+	by  time.Time
+	now func() time.Time
+}
+
+// gatedConn is a connection whose next write may be armed with a deadline.
+type gatedConn struct {
+	net.Conn
+	gate atomic.Pointer[wireDeadline]
+}
+
+func (c *gatedConn) Write(p []byte) (int, error) {
+	if d := c.gate.Swap(nil); d != nil && d.now().After(d.by) {
+		return 0, errSlotPassed
+	}
+	return c.Conn.Write(p)
+}
+
+// gatedDial dials with d and returns every connection as a gatedConn.
+func gatedDial(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &gatedConn{Conn: c}, nil
+	}
+}
+
+// gateWire returns req armed to fail with errSlotPassed, nothing written,
+// if the transport writes it after by on the clock now; every request the
+// loop sends is armed, by or not (zero: no deadline), so that one
+// connection's gate never outlives its request.
+func gateWire(req *http.Request, by time.Time, now func() time.Time) *http.Request {
+	var d *wireDeadline
+	if !by.IsZero() {
+		d = &wireDeadline{by: by, now: now}
+	}
+	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		c := info.Conn
+		if tc, ok := c.(*tls.Conn); ok {
+			c = tc.NetConn()
+		}
+		if g, ok := c.(*gatedConn); ok {
+			g.gate.Store(d)
+		}
+	}}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+}

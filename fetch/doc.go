@@ -61,7 +61,8 @@
 //
 // Invariants:
 //   - A dispatch is durable before its request leaves the process; one on
-//     a fleet slot leaves only if that was within the fleet's lag of its
+//     a fleet slot leaves only if that, and the transport's first write of
+//     it (the wire gate, client.go), were within the fleet's lag of its
 //     slot (limiter.Permit.SendBy), else it is closed as not sent and the
 //     request takes a new slot.
 //   - Each dispatch has exactly one outcome event (response, throttle,

@@ -217,7 +217,12 @@ func (l *Loop) fetchPage(ctx context.Context, ar *activeRun, src *auditd.Source,
 		recordFailures = 0
 		throttled = nil
 
-		x := l.send(rctx, src, rule, it.Item, pg)
+		x := l.send(rctx, src, rule, it.Item, pg, a.permit.SendBy)
+		if errors.Is(x.err, errSlotPassed) {
+			l.slotPassed(ar, it.Item, a, path, wireLate)
+			it.attempts.forgive(pg.index)
+			continue
+		}
 		out, bodyErr, wait := l.settle(rctx, ar, src, it.Item, a, &x)
 		final, pe, reason, backoff := pageVerdict(&x, out, bodyErr, rule)
 		switch {
@@ -441,33 +446,37 @@ func (l *Loop) dispatch(ctx context.Context, ar *activeRun, it *auditd.Item, a *
 	a.permit.Sent(a.sent)
 	l.freeEventBuf(buf)
 	if by := a.permit.SendBy; !by.IsZero() && l.cfg.Clock.Now().After(by) {
-		l.slotPassed(ar, it, a, path)
+		l.slotPassed(ar, it, a, path, "its fleet slot passed while its record committed")
 		return errSlotPassed
 	}
 	return nil
 }
 
 // errSlotPassed means a request admitted on a fleet slot was not sent: its
-// dispatch record became durable after the time its slot allowed it to
-// leave by (limiter.Permit.SendBy). The dispatch is on record and closed;
-// the request goes back to the gates for a new slot, under a new attempt.
-var errSlotPassed = errors.New("fleet slot passed before the dispatch was durable")
+// dispatch record became durable, or it reached the wire (wireGate), after
+// the time its slot allowed it to leave by (limiter.Permit.SendBy). The
+// dispatch is on record and closed; the request goes back to the gates for
+// a new slot, under a new attempt.
+var errSlotPassed = errors.New("fleet slot passed before the request was sent")
 
 // slotPassed closes a's dispatch, durable too late for its fleet slot, with
 // dispatch.interrupted (posted: the run records it before anything after),
 // and gives back its permit. The slot is spent: sent now, the request could
 // reach the upstream in a window the fleet's other slots already fill.
-func (l *Loop) slotPassed(ar *activeRun, it *auditd.Item, a *attempt, path string) {
+func (l *Loop) slotPassed(ar *activeRun, it *auditd.Item, a *attempt, path, why string) {
 	a.permit.Release()
 	buf := l.eventBuf()
 	buf[0] = auditd.Event{Type: auditd.EventInterrupted, SourceID: it.SourceID, ItemKey: it.Key, Page: uint32(a.page),
-		Attempt: a.n, Method: it.Method, Path: path, Reason: auditd.NotSentPrefix + ": its fleet slot passed while its record committed"}
+		Attempt: a.n, Method: it.Method, Path: path, Reason: auditd.NotSentPrefix + ": " + why}
 	l.post(ar, buf, 1, nil, nil)
 }
 
+// wireLate is the not-sent reason of a request its wireGate held back.
+const wireLate = "its fleet slot passed before it reached the wire"
+
 // send performs one request with the source's secret headers and reads a
 // capped body.
-func (l *Loop) send(ctx context.Context, src *auditd.Source, rule redact.Rule, it *auditd.Item, pg page) exchange {
+func (l *Loop) send(ctx context.Context, src *auditd.Source, rule redact.Rule, it *auditd.Item, pg page, sendBy time.Time) exchange {
 	start := l.cfg.Clock.Now()
 	var body io.Reader
 	if len(pg.body) > 0 {
@@ -487,6 +496,7 @@ func (l *Loop) send(ctx context.Context, src *auditd.Source, rule redact.Rule, i
 		req.Body = emptyBody{}
 	}
 	req.GetBody = nil
+	req = gateWire(req, sendBy, l.cfg.Clock.Now)
 	req.Header.Set("User-Agent", "auditd")
 	headers, err := l.cfg.Registry.RequestHeaders(src.ID)
 	if err != nil {
@@ -537,11 +547,14 @@ func scrubError(err error, rule redact.Rule) error {
 	return withText(err, rule.Text(err.Error()))
 }
 
-// withText is err's redacted text as an error, still ErrAddressDenied
-// when err was.
+// withText is err's redacted text as an error, still ErrAddressDenied or
+// errSlotPassed when err was.
 func withText(err error, text string) error {
-	if isDenied(err) {
+	switch {
+	case isDenied(err):
 		return &scrubbed{text: text, wrapped: ErrAddressDenied}
+	case errors.Is(err, errSlotPassed):
+		return &scrubbed{text: text, wrapped: errSlotPassed}
 	}
 	return errors.New(text)
 }

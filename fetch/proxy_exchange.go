@@ -3,6 +3,7 @@ package fetch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -29,7 +30,15 @@ import (
 func (p *proxied) exchange(ctx, rctx context.Context, a *attempt, final bool) (done bool, err error) {
 	l := p.l
 	start := l.cfg.Clock.Now()
-	resp, err := p.send(ctx)
+	resp, err := p.send(ctx, a.permit.SendBy)
+	if errors.Is(err, errSlotPassed) {
+		// Not sent (wireGate): back to the gates for a new fleet slot,
+		// counted against no retry bound.
+		l.slotPassed(p.ar, p.job.Item, a, p.path, wireLate)
+		p.job.attempts.forgive(0)
+		p.throttled = nil
+		return false, nil
+	}
 	if err != nil {
 		now := l.cfg.Clock.Now()
 		x := exchange{receivedAt: now, latency: now.Sub(start), err: err}
@@ -210,7 +219,7 @@ func (p *proxied) pass(r io.Reader, body io.Writer, w *staging.Writer, keep *byt
 // secret headers, the source's secret query parameters added to the
 // client's query, no redirect followed (the client gets the 3xx), and a
 // body the transport cannot resend on its own (see Loop.send).
-func (p *proxied) send(ctx context.Context) (*http.Response, error) {
+func (p *proxied) send(ctx context.Context, sendBy time.Time) (*http.Response, error) {
 	u := strings.TrimRight(p.src.BaseURL, "/") + p.req.Path
 	if len(p.query) > 0 {
 		var q strings.Builder
@@ -248,6 +257,7 @@ func (p *proxied) send(ctx context.Context) (*http.Response, error) {
 	for k, v := range p.headers {
 		req.Header.Set(k, v)
 	}
+	req = gateWire(req, sendBy, p.l.cfg.Clock.Now)
 	resp, err := p.l.cfg.Client.Do(req) // it never follows a redirect (New)
 	if err != nil {
 		return nil, p.scrub(err)
