@@ -95,49 +95,56 @@ func (s *Slots) learn(p Pause) {
 
 // reserveLoop reserves a block whenever the node needs one, until ctx ends.
 func (s *Slots) reserveLoop(ctx context.Context) {
-	cut := false
 	for {
-		s.mu.Lock()
-		now := s.clock.Now()
-		s.expire(now.UnixNano())
-		wait, need := s.due(now.UnixNano())
-		count := 0
-		if need {
-			count = s.size(now.UnixNano())
-		}
-		s.mu.Unlock()
-
-		if !need {
-			if s.sleep(ctx, wait, true) != nil {
-				return
-			}
-			continue
-		}
-		b, err := s.reserve(ctx, count)
+		wait, wake, again := s.reserveNext(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
-			if !cut {
-				cut = true
-				s.setCut(true)
-				s.notify(Event{Kind: EventCutOff, Key: s.cfg.Key, At: s.clock.Now(), Err: err})
-			}
-			if s.sleep(ctx, s.cfg.Retry, false) != nil {
-				return
-			}
-			continue
+		if !again && s.sleep(ctx, wait, wake) != nil {
+			return
 		}
-		if cut {
-			cut = false
-			s.setCut(false)
-			s.notify(Event{Kind: EventRejoined, Key: s.cfg.Key, At: s.clock.Now()})
-		}
-		// Reported before it is held: a Notify that records the grant
-		// durably has it on record before any of its slots is used.
-		s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
-		s.add(b)
 	}
+}
+
+// reserveNext is one turn of the reservation loop: it reserves a block when
+// one is due and reports again, to look once more at once; otherwise it
+// reports how long to wait before the next turn (0: until woken) and
+// whether a taker's poke may end the wait early.
+func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, again bool) {
+	s.mu.Lock()
+	now := s.clock.Now()
+	s.expire(now.UnixNano())
+	wait, need := s.due(now.UnixNano())
+	count := 0
+	if need {
+		count = s.size(now.UnixNano())
+	}
+	cut := s.stats.CutOff
+	s.mu.Unlock()
+
+	if !need {
+		return wait, true, false
+	}
+	b, err := s.reserve(ctx, count)
+	if ctx.Err() != nil {
+		return 0, false, false
+	}
+	if err != nil {
+		if !cut {
+			s.setCut(true)
+			s.notify(Event{Kind: EventCutOff, Key: s.cfg.Key, At: s.clock.Now(), Err: err})
+		}
+		return s.cfg.Retry, false, false
+	}
+	if cut {
+		s.setCut(false)
+		s.notify(Event{Kind: EventRejoined, Key: s.cfg.Key, At: s.clock.Now()})
+	}
+	// Reported before it is held: a Notify that records the grant
+	// durably has it on record before any of its slots is used.
+	s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
+	s.add(b)
+	return 0, false, true
 }
 
 // due reports whether a reservation is needed now and, when not, how long
