@@ -125,7 +125,7 @@ func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, agai
 	if !need {
 		return wait, true, false
 	}
-	b, err := s.reserve(ctx, count)
+	b, from, err := s.reserve(ctx, count)
 	if ctx.Err() != nil {
 		return 0, false, false
 	}
@@ -143,7 +143,7 @@ func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, agai
 	// Reported before it is held: a Notify that records the grant
 	// durably has it on record before any of its slots is used.
 	s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
-	s.add(b)
+	s.add(b, from)
 	return 0, false, true
 }
 
@@ -182,6 +182,8 @@ func (s *Slots) size(now int64) int {
 		s.want = 1
 	case s.lostRun > 0:
 		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
+	case s.usedRun > 0 && s.usedRun >= s.want/2 && s.behind:
+		s.want = s.max // the Store caps it at the node's share
 	case s.usedRun > 0 && s.usedRun >= s.want/2:
 		s.want *= 2
 	}
@@ -204,31 +206,36 @@ func (s *Slots) idleAfter() int64 {
 // reach this node (now plus the last reservation's round trip): a block's
 // first slot is then due on arrival, so a request waiting for it goes at
 // once, and is not past its grace unless the round trip grew by more than
-// half of it.
-func (s *Slots) reserve(ctx context.Context, count int) (Block, error) {
+// half of it. It returns the block and the time it was asked from.
+func (s *Slots) reserve(ctx context.Context, count int) (Block, time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	s.mu.Lock()
 	early := max(s.trip-s.cfg.Grace/2, 0)
-	interval := s.interval
+	a := Ask{Node: s.cfg.Node, Count: count, Interval: time.Duration(s.interval), Full: s.max, Least: max(s.need, 1)}
 	s.mu.Unlock()
 	start := s.clock.Now()
-	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(early), count, time.Duration(interval))
+	a.From = start.Add(early)
+	b, err := s.backend.Reserve(ctx, s.cfg.Key, a)
 	if err == nil {
 		s.mu.Lock()
 		s.trip = min(s.clock.Now().Sub(start), s.cfg.Lead)
 		s.mu.Unlock()
 	}
-	return b, err
+	return b, a.From, err
 }
 
-// add takes b into the held slots.
-func (s *Slots) add(b Block) {
+// add takes b, asked for from from, into the held slots. A block that
+// starts later than from, than this node's last block's end and than the
+// pause came after other nodes' slots: the key is shared.
+func (s *Slots) add(b Block, from time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.held = append(s.held, b)
+	s.behind = b.First.UnixNano() > max(from.UnixNano(), s.end, s.pause)
 	s.span = int64(b.Count) * b.Interval.Nanoseconds()
 	s.lastSlot = b.Slot(b.Count - 1).UnixNano()
+	s.end = b.End().UnixNano()
 	s.stats.Blocks++
 	s.stats.Reserved += int64(b.Count)
 	s.need = 0
