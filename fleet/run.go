@@ -172,24 +172,42 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 // with none (idleAfter past its last slot) starts again from what the
 // taker asks, as a new node does: sparse demand takes one slot a request
 // and wastes none. A node whose last run wasted slots asks for a
-// little more than it used, but no less than half its last ask (a taker
+// little more than it used, but no less than half its last grant (a taker
 // woken late once does not collapse its blocks); one that used at least
-// half asks for twice as many, up to Block's worth of the rate. The caller
+// half asks for twice as many, up to Block's worth of the rate, or, when
+// it shares the key and its demand keeps up with the slots (busy), for
+// Block's worth at once, which the Store caps at its share. The caller
 // holds s.mu.
 func (s *Slots) size(now int64) int {
+	dry := s.need > 0 && s.count() == 0
 	switch {
-	case s.need > 0 && s.count() == 0 && now >= s.lastSlot+s.idleAfter():
-		s.want = 1
+	case dry && now >= s.lastSlot+s.idleAfter():
+		s.want, s.wasted = 1, false
 	case s.lostRun > 0:
-		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
-	case s.usedRun > 0 && s.usedRun >= s.want/2 && s.behind:
-		s.want = s.max // the Store caps it at the node's share
+		s.want, s.wasted = max(s.usedRun+s.usedRun/4+1, s.want/2), true
+	case s.behind && !s.wasted && s.busy(now, dry):
+		s.want = s.max
 	case s.usedRun > 0 && s.usedRun >= s.want/2:
 		s.want *= 2
 	}
 	s.want = min(max(s.want, s.need, 1), s.max)
-	s.usedRun, s.lostRun = 0, 0
+	s.usedRun, s.lostRun, s.lateRun = 0, 0, 0
 	return s.want
+}
+
+// busy reports whether the node's demand keeps up with the key's slots, so
+// that its blocks may jump to its share: asked again, with none held,
+// within an interval of its last slot (or half a grace, for a taker woken
+// a little late at a high rate); or, reserving ahead, having used at least
+// half of what it asked for, each slot less than half a grace after its
+// time. A node with less demand takes its slots ever later, or wastes
+// them, and its blocks grow by doubling. The caller holds s.mu.
+func (s *Slots) busy(now int64, dry bool) bool {
+	prompt := max(s.interval, int64(s.cfg.Grace)/2)
+	if dry {
+		return now < s.lastSlot+prompt
+	}
+	return s.usedRun >= 2 && s.usedRun >= s.want/2 && s.lateRun < int64(s.cfg.Grace)/2
 }
 
 // idleAfter is how long after its last slot a node that asks again counts
@@ -232,6 +250,7 @@ func (s *Slots) add(b Block, from time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.held = append(s.held, b)
+	s.want = min(s.want, b.Count) // a grant the Store capped
 	s.behind = b.First.UnixNano() > max(from.UnixNano(), s.end, s.pause)
 	s.span = int64(b.Count) * b.Interval.Nanoseconds()
 	s.lastSlot = b.Slot(b.Count - 1).UnixNano()

@@ -15,7 +15,9 @@ import (
 type simNode struct {
 	name   string
 	s      *Slots
-	busy   [][2]time.Duration // spells of full demand, from the run's start
+	busy   [][2]time.Duration // spells of demand, from the run's start
+	every  time.Duration      // while busy, a request each every; 0: a request for every slot
+	queue  int                // requests waiting for a slot (every > 0)
 	due    time.Time          // when its reservation loop looks again; zero: only when poked
 	wake   bool               // a poke ends the loop's wait
 	takes  []time.Duration    // when it took its slots, from the run's start
@@ -79,6 +81,9 @@ func (f *simFleet) run(t *testing.T, end time.Duration) {
 			}
 		}
 		for _, n := range f.nodes {
+			if n.every > 0 && n.busyAt(d) && d%n.every == 0 {
+				n.queue++
+			}
 			f.take(n, d)
 			if !f.turnDue(n) {
 				continue
@@ -121,12 +126,13 @@ func (f *simFleet) take(n *simNode, d time.Duration) {
 		return
 	}
 	now := f.fc.Now()
-	for {
+	for n.every == 0 || n.queue > 0 {
 		at, ok := n.s.Earliest(now, 1)
 		if !ok || at.After(now) || !n.s.Take(now, 1) {
 			return
 		}
 		n.takes = append(n.takes, d)
+		n.queue = max(n.queue-1, 0)
 	}
 }
 
@@ -195,6 +201,26 @@ func TestSlotsShareABusyKey(t *testing.T) {
 			t.Logf("a alone: %d grants from 1s to 3s, %d from 9s to 11s", a.grantsIn(sec, 3*sec), a.grantsIn(9*sec, 11*sec))
 			checkAlone(t, a, sec, 3*sec)
 			checkAlone(t, a, 9*sec, 11*sec) // ShareSpan after b's and c's last blocks
+		})
+		t.Run(fmt.Sprintf("LightJoiner/%d", rate.Limit), func(t *testing.T) {
+			// b asks for a third of the rate: it gets what it asks for,
+			// in blocks of its share that it does not quite fill.
+			a := &simNode{name: "a", busy: [][2]time.Duration{{0, 8 * sec}}}
+			b := &simNode{name: "b", busy: [][2]time.Duration{{3 * sec, 8 * sec}}, every: 3 * sec / time.Duration(rate.Limit)}
+			f := newSimFleet(t, "light", rate, a, b)
+			f.run(t, 8*sec)
+			first, _, _ := f.shares(3*sec, 4*sec)
+			line, _, total := f.shares(4*sec, 8*sec)
+			st := b.s.Stats()
+			asked := len(b.takes) + b.queue
+			t.Logf("the first second after b (a third of the rate) joins:%s; the next four:%s; b took %d of %d requests, wasted %d of %d slots",
+				first, line, len(b.takes), asked, st.Wasted, st.Reserved)
+			if 100*len(b.takes) < 85*asked { // the rest still queued at the end
+				t.Errorf("b took %d of its %d requests' slots, want at least 85%%", len(b.takes), asked)
+			}
+			if slots := int(4 * sec / Interval(rate, DefaultGrace, DefaultMaxSkew)); 100*total < 85*slots {
+				t.Errorf("the nodes took %d slots in 4 s, want at least 85%% of %d", total, slots)
+			}
 		})
 		t.Run(fmt.Sprintf("AfterAPause/%d", rate.Limit), func(t *testing.T) {
 			a := &simNode{name: "a", busy: [][2]time.Duration{{0, 3 * sec}, {4 * sec, 10 * sec}}}

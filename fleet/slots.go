@@ -89,9 +89,11 @@ type Slots struct {
 	lastSlot int64         // unix nanoseconds of the last granted block's last slot
 	end      int64         // unix nanoseconds where the last granted block's span ends
 	behind   bool          // the last grant came after other nodes' slots: the key is shared
+	wasted   bool          // a run since the node's demand began wasted slots
 	trip     time.Duration // how long the last reservation took, up to Lead
 	need     int           // largest cost a taker found too few slots for since the last reservation; 0 when none
 	usedRun  int           // slots used since the last reservation
+	lateRun  int64         // nanoseconds: the latest after its time a slot was taken since the last reservation
 	lostRun  int           // slots wasted since the last reservation
 	stats    Stats
 	changed  chan struct{} // closed on any change a taker could care about; nil when nobody waits
@@ -188,6 +190,7 @@ func (s *Slots) Take(now time.Time, cost int) bool {
 	if !ok || at > n {
 		return false
 	}
+	s.lateRun = max(s.lateRun, n-s.at(0))
 	for range cost {
 		s.advance()
 	}
