@@ -76,18 +76,18 @@
 //     per second per key: the busy nodes over Block), and a node whose
 //     demand stops wastes at most what it holds plus one block.
 //   - Busy nodes split a key evenly. A node counts as sharing a key until
-//     ShareSpan after its last grant ends; while n nodes share it, a grant
-//     holds at most Block's worth over n (Ask.Full), counted on the state
-//     the grant commits on. A node alone keeps full blocks. A node whose
-//     last grant started after other nodes' slots (later than it asked
-//     from, than its own last block's end and than the pause), and whose
-//     demand keeps up with the slots (Slots.busy), asks for a full block,
-//     capped at its share, where it would have doubled; once a run of its
-//     spell of demand wasted slots it only doubles. A node that joins a
-//     busy key waits for what the others hold (up to about one and a half
-//     Blocks) and then takes its share. A node whose demand is below its
-//     share wastes what its runs ask beyond their use, as a node alone
-//     does, but those slots were another node's to use.
+//     ShareSpan after its last grant ends; while others share it, a grant
+//     holds at most what their last grants left of Block's worth
+//     (Ask.Full), and never less than Block's worth over the nodes
+//     sharing, counted on the state the grant commits on. A node alone
+//     keeps full blocks. A node whose last grant started after other
+//     nodes' slots (later than it asked from, than its own last block's
+//     end and than the pause), found busy (Slots.busy) by busyStreak
+//     reservations in a row, asks for a full block where it would have
+//     doubled; once a run of its spell of demand wasted slots it only
+//     doubles. A node that joins a busy key waits for what the others hold
+//     (up to about one and a half Blocks) and then grows to its share
+//     within a few grants.
 //   - When the next block is reserved: once the node has used two slots
 //     since its last grant and half its last block's span (at least Lead)
 //     is left before its last held slot, or when a taker finds too few. A

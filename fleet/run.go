@@ -175,17 +175,21 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 // little more than it used, but no less than half its last grant (a taker
 // woken late once does not collapse its blocks); one that used at least
 // half asks for twice as many, up to Block's worth of the rate, or, when
-// it shares the key and its demand keeps up with the slots (busy), for
-// Block's worth at once, which the Store caps at its share. The caller
-// holds s.mu.
+// it shares the key and busyStreak reservations in a row found it busy,
+// for Block's worth at once. The Store caps either at the node's share.
+// The caller holds s.mu.
 func (s *Slots) size(now int64) int {
 	dry := s.need > 0 && s.count() == 0
+	s.streak++
+	if !s.busy(now, dry) {
+		s.streak = 0
+	}
 	switch {
 	case dry && now >= s.lastSlot+s.idleAfter():
 		s.want, s.wasted = 1, false
 	case s.lostRun > 0:
 		s.want, s.wasted = max(s.usedRun+s.usedRun/4+1, s.want/2), true
-	case s.behind && !s.wasted && s.busy(now, dry):
+	case s.behind && !s.wasted && s.streak >= busyStreak:
 		s.want = s.max
 	case s.usedRun > 0 && s.usedRun >= s.want/2:
 		s.want *= 2
@@ -195,19 +199,23 @@ func (s *Slots) size(now int64) int {
 	return s.want
 }
 
-// busy reports whether the node's demand keeps up with the key's slots, so
-// that its blocks may jump to its share: asked again, with none held,
-// within an interval of its last slot (or half a grace, for a taker woken
-// a little late at a high rate); or, reserving ahead, having used at least
-// half of what it asked for, each slot less than half a grace after its
-// time. A node with less demand takes its slots ever later, or wastes
-// them, and its blocks grow by doubling. The caller holds s.mu.
+// busyStreak is how many reservations in a row must find a sharing node
+// busy before its blocks jump: a burst of requests (a source's
+// concurrency) looks busy for one or two.
+const busyStreak = 2
+
+// busy reports whether the node's demand kept up with its slots since the
+// last reservation: it took them less than half a grace after their times
+// and wasted none, and either asked again, holding none, within an
+// interval of its last slot (or half a grace, for a taker woken a little
+// late at a high rate), or, reserving ahead, used at least half of what it
+// asked for. The caller holds s.mu.
 func (s *Slots) busy(now int64, dry bool) bool {
-	prompt := max(s.interval, int64(s.cfg.Grace)/2)
+	onTime := s.usedRun > 0 && s.lostRun == 0 && s.lateRun < int64(s.cfg.Grace)/2
 	if dry {
-		return now < s.lastSlot+prompt
+		return onTime && now < s.lastSlot+max(s.interval, int64(s.cfg.Grace)/2)
 	}
-	return s.usedRun >= 2 && s.usedRun >= s.want/2 && s.lateRun < int64(s.cfg.Grace)/2
+	return onTime && s.usedRun >= 2 && s.usedRun >= s.want/2
 }
 
 // idleAfter is how long after its last slot a node that asks again counts
@@ -252,9 +260,9 @@ func (s *Slots) add(b Block, from time.Time) {
 	s.held = append(s.held, b)
 	s.want = min(s.want, b.Count) // a grant the Store capped
 	s.behind = b.First.UnixNano() > max(from.UnixNano(), s.end, s.pause)
+	s.end = b.End().UnixNano()
 	s.span = int64(b.Count) * b.Interval.Nanoseconds()
 	s.lastSlot = b.Slot(b.Count - 1).UnixNano()
-	s.end = b.End().UnixNano()
 	s.stats.Blocks++
 	s.stats.Reserved += int64(b.Count)
 	s.need = 0

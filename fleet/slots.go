@@ -90,6 +90,7 @@ type Slots struct {
 	end      int64         // unix nanoseconds where the last granted block's span ends
 	behind   bool          // the last grant came after other nodes' slots: the key is shared
 	wasted   bool          // a run since the node's demand began wasted slots
+	streak   int           // reservations in a row that found the node busy
 	trip     time.Duration // how long the last reservation took, up to Lead
 	need     int           // largest cost a taker found too few slots for since the last reservation; 0 when none
 	usedRun  int           // slots used since the last reservation

@@ -43,11 +43,12 @@ type state struct {
 	sharers []sharer
 }
 
-// sharer is a node that reserved a key's slots, and where its last grant
-// ended (unix nanoseconds).
+// sharer is a node that reserved a key's slots: where its last grant ended
+// (unix nanoseconds) and how many slots it held.
 type sharer struct {
-	node string
-	end  int64
+	node  string
+	end   int64
+	count int
 }
 
 // ShareSpan is how long after its last grant ends a node still counts as
@@ -100,20 +101,24 @@ type Ask struct {
 	Count    int // slots wanted
 	Interval time.Duration
 	// Full is the most slots a node alone is granted (a Block's worth of
-	// the rate). While n nodes share the key a grant holds at most Full/n,
-	// and never fewer than Least (the most a taker asks for at once) or
+	// the rate). While other nodes share the key a grant holds at most
+	// what their last grants left of Full, but never fewer than Full over
+	// the nodes sharing, than Least (the most a taker asks for at once) or
 	// one. Zero: Count, uncapped.
 	Full  int
 	Least int
 }
 
-// grant returns how many slots a is granted while n nodes, a's included,
-// share the key.
-func (a Ask) grant(n int) int {
-	if n <= 1 || a.Full == 0 {
+// grant returns how many slots a is granted while others share the key.
+func (a Ask) grant(others []sharer) int {
+	if len(others) == 0 || a.Full == 0 {
 		return a.Count
 	}
-	return min(a.Count, max(a.Full/n, a.Least, 1))
+	left := a.Full
+	for _, sh := range others {
+		left -= sh.count
+	}
+	return min(a.Count, max(left, a.Full/(len(others)+1), a.Least, 1))
 }
 
 // Reserve grants slots of key spaced a.Interval apart, starting at the
@@ -133,11 +138,11 @@ func (s *Store) Reserve(ctx context.Context, key string, a Ask) (Block, error) {
 	from := a.From.UnixNano()
 	for {
 		others := cur.sharersAfter(from-int64(ShareSpan), a.Node)
-		count := a.grant(len(others) + 1)
+		count := a.grant(others)
 		first := max(cur.tat, from)
 		next := state{tat: first + int64(count)*int64(a.Interval), sharers: others}
 		if a.Node != "" {
-			next.sharers = append(next.sharers, sharer{node: a.Node, end: next.tat})
+			next.sharers = append(next.sharers, sharer{node: a.Node, end: next.tat, count: count})
 		}
 		resp, err := s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.rev)).
@@ -188,14 +193,15 @@ func (s *Store) remember(k string, st state) {
 
 // encodeTat is an arrival-time key's value: the arrival time in unix
 // nanoseconds, then, for each node sharing the key, a space, the end of its
-// last grant in unix nanoseconds, a colon and the node's name
-// (path-escaped). A build before sharers were kept reads the first field
-// alone, and writes it alone; such a key reads as shared by nobody.
+// last grant in unix nanoseconds, a colon, the grant's slots, a colon and
+// the node's name (path-escaped). A build before sharers were kept reads
+// the first field alone, and writes it alone; such a key reads as shared
+// by nobody.
 func encodeTat(st state) string {
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(st.tat, 10))
 	for _, sh := range st.sharers {
-		fmt.Fprintf(&b, " %d:%s", sh.end, url.PathEscape(sh.node))
+		fmt.Fprintf(&b, " %d:%d:%s", sh.end, sh.count, url.PathEscape(sh.node))
 	}
 	return b.String()
 }
@@ -217,13 +223,24 @@ func decodeTat(kvs []*mvccpb.KeyValue) (state, error) {
 	}
 	st := state{tat: t, rev: kvs[0].ModRevision}
 	for _, f := range fields[1:] {
-		e, n, _ := strings.Cut(f, ":")
-		end, err1 := strconv.ParseInt(e, 10, 64)
-		node, err2 := url.PathUnescape(n)
-		if err1 != nil || err2 != nil || node == "" {
+		sh, ok := decodeSharer(f)
+		if !ok {
 			return state{}, corrupt
 		}
-		st.sharers = append(st.sharers, sharer{node: node, end: end})
+		st.sharers = append(st.sharers, sh)
 	}
 	return st, nil
+}
+
+// decodeSharer reads one sharer of encodeTat: end:count:node.
+func decodeSharer(f string) (sharer, bool) {
+	e, rest, _ := strings.Cut(f, ":")
+	c, n, _ := strings.Cut(rest, ":")
+	end, err1 := strconv.ParseInt(e, 10, 64)
+	count, err2 := strconv.Atoi(c)
+	node, err3 := url.PathUnescape(n)
+	if err1 != nil || err2 != nil || err3 != nil || node == "" {
+		return sharer{}, false
+	}
+	return sharer{node: node, end: end, count: count}, true
 }

@@ -153,9 +153,10 @@ func TestNoGrantAfterAPauseFallsInsideIt(t *testing.T) {
 
 // TestReserveCapsAGrantByTheNodesSharingTheKey has nodes ask one key for a
 // full block each: alone a node gets it; while others reserved within
-// ShareSpan of its ask a grant holds at most Full over the nodes sharing,
-// and never fewer than Least; once they are gone a node alone gets full
-// blocks again. A pause keeps the sharers.
+// ShareSpan of its ask a grant holds what their last grants left of Full,
+// at least Full over the nodes sharing, and never fewer than Least; once
+// they are gone a node alone gets full blocks again. A pause keeps the
+// sharers.
 func TestReserveCapsAGrantByTheNodesSharingTheKey(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	ctx := context.Background()
@@ -200,6 +201,13 @@ func TestReserveCapsAGrantByTheNodesSharingTheKey(t *testing.T) {
 	if b := ask("a", 1); b.Count != 90 {
 		t.Fatalf("a granted %+v once the others were gone, want a full block", b)
 	}
+	// A node taking little leaves the rest of a full block to the others.
+	if _, err := stores["b"].Reserve(ctx, "k", fleet.Ask{Node: "b", From: at, Count: 1, Interval: iv, Full: 90, Least: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if b := ask("a", 1); b.Count != 89 {
+		t.Fatalf("a granted %+v beside b's one slot, want 89", b)
+	}
 }
 
 // TestReserveReadsAnArrivalTimeWithoutSharers has a key written as a build
@@ -225,7 +233,7 @@ func TestReserveReadsAnArrivalTimeWithoutSharers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("%d %d:a", b.End().UnixNano(), b.End().UnixNano())
+	want := fmt.Sprintf("%d %d:90:a", b.End().UnixNano(), b.End().UnixNano())
 	if got := string(resp.Kvs[0].Value); got != want {
 		t.Fatalf("arrival time %q, want %q", got, want)
 	}
