@@ -179,11 +179,11 @@ const sec = time.Second
 // slot it can while busy: one alone first, the others joining later, or
 // all three back from a breaker's pause, its opener two seconds before the
 // others (BreakerGrace). A node that joins waits for the blocks the first
-// holds (up to one and a half Blocks), then doubles its blocks once a
-// grant, each grant after the first node's block capped at its share; in
-// the third and fourth seconds after they join each busy node takes at
-// least two thirds of an even share of the key's slots, and together they
-// take them all. A node alone takes full blocks, about one etcd write per
+// holds (up to one and a half Blocks), then grows to its share within a
+// few grants while the first node's blocks shrink to theirs; in the third
+// and fourth seconds after they join each busy node takes at least two
+// thirds of an even share of the key's slots, and together they take them
+// all. A node alone takes full blocks, about one etcd write per
 // Block, before the others join and again once they have left.
 func TestSlotsShareABusyKey(t *testing.T) {
 	if testing.Short() {
@@ -205,10 +205,8 @@ func TestSlotsShareABusyKey(t *testing.T) {
 			checkAlone(t, a, 10*sec, 12*sec) // ShareSpan after b's and c's last blocks
 		})
 		t.Run(fmt.Sprintf("LightJoiner/%d", rate.Limit), func(t *testing.T) {
-			// b asks for a third of the rate. Its blocks grow by doubling
-			// from one slot, each grant after a's capped block: the fleet
-			// still uses every slot, and b more of them than it could
-			// beside a's full blocks.
+			// b asks for a third of the rate: it gets a good part of it,
+			// and the fleet still uses every slot.
 			a := &simNode{name: "a", busy: [][2]time.Duration{{0, 8 * sec}}}
 			b := &simNode{name: "b", busy: [][2]time.Duration{{3 * sec, 8 * sec}}, every: 3 * sec / time.Duration(rate.Limit)}
 			f := newSimFleet(t, "light", rate, a, b)
