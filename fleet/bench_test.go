@@ -166,7 +166,7 @@ func BenchmarkReserve(b *testing.B) {
 	st := fleet.NewStore(etcdtest.NewClient(b, c.Endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
 	for b.Loop() {
-		if _, err := st.Reserve(ctx, "k", time.Now(), 1, time.Nanosecond); err != nil {
+		if _, err := st.Reserve(ctx, "k", fleet.Ask{From: time.Now(), Count: 1, Interval: time.Nanosecond}); err != nil {
 			b.Fatal(err)
 		}
 	}

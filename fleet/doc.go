@@ -6,10 +6,11 @@
 // Store is the etcd side. Per key it keeps two values under its prefix,
 // budget/<key>/tat (the GCRA theoretical arrival time: where the next grant
 // starts) and budget/<key>/pause (pause-until), each a decimal count of Unix
-// nanoseconds. Reserve grants a block of slots by advancing the arrival time
-// with a compare-and-swap on the key's ModRevision; Pause writes pause-until
-// and pushes the arrival time past it in one transaction; Watch follows the
-// pause.
+// nanoseconds; the arrival time is followed by the nodes sharing the key
+// (encodeTat), a breaker's pause by its node. Reserve grants a block of
+// slots by advancing the arrival time with a compare-and-swap on the key's
+// ModRevision; Pause writes pause-until and pushes the arrival time past it
+// in one transaction; Watch follows the pause.
 //
 // Slots is the node side of one key: it hands out the slots of the blocks
 // it holds, with no etcd call on the way (Earliest, Take), while one
@@ -74,6 +75,19 @@
 //     full pace each busy node reserves about once per Block (etcd writes
 //     per second per key: the busy nodes over Block), and a node whose
 //     demand stops wastes at most what it holds plus one block.
+//   - Busy nodes split a key evenly. A node counts as sharing a key until
+//     ShareSpan after its last grant ends; while others share it, a grant
+//     holds at most what their last grants left of Block's worth
+//     (Ask.Full), and never less than Block's worth over the nodes
+//     sharing, counted on the state the grant commits on. A node alone
+//     keeps full blocks. A node whose last grant started after other
+//     nodes' slots (later than it asked from, than its own last block's
+//     end and than the pause), found busy (Slots.busy) by busyStreak
+//     reservations in a row, asks for a full block where it would have
+//     doubled; once a run of its spell of demand wasted slots it only
+//     doubles. A node that joins a busy key waits for what the others hold
+//     (up to about one and a half Blocks) and then grows to its share
+//     within a few grants.
 //   - When the next block is reserved: once the node has used two slots
 //     since its last grant and half its last block's span (at least Lead)
 //     is left before its last held slot, or when a taker finds too few. A

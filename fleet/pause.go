@@ -69,7 +69,7 @@ func (s *Store) PauseFor(ctx context.Context, key string, until time.Time, break
 		resp, err := s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(tk), "=", tat.rev),
 				clientv3.Compare(clientv3.ModRevision(pk), "=", cur.rev)).
-			Then(clientv3.OpPut(tk, strconv.FormatInt(max(tat.tat, u), 10)),
+			Then(clientv3.OpPut(tk, encodeTat(state{tat: max(tat.tat, u), sharers: tat.sharers})),
 				clientv3.OpPut(pk, encodePause(paused))).
 			Else(clientv3.OpGet(tk), clientv3.OpGet(pk)).
 			Commit()
@@ -79,12 +79,12 @@ func (s *Store) PauseFor(ctx context.Context, key string, until time.Time, break
 		if resp.Succeeded {
 			rev := resp.Header.Revision
 			paused.rev = rev
-			s.remember(tk, state{tat: max(tat.tat, u), rev: rev})
+			s.remember(tk, state{tat: max(tat.tat, u), rev: rev, sharers: tat.sharers})
 			s.remember(pk, paused)
 			return Pause{Key: key, Until: time.Unix(0, paused.tat), Revision: rev, Breaker: paused.by}, nil
 		}
 		var err1, err2 error
-		tat, err1 = decodeState(resp.Responses[0].GetResponseRange().Kvs)
+		tat, err1 = decodeTat(resp.Responses[0].GetResponseRange().Kvs)
 		cur, err2 = decodeState(resp.Responses[1].GetResponseRange().Kvs)
 		if err1 != nil || err2 != nil {
 			return Pause{}, fmt.Errorf("pause %s: %w", key, firstErr(err1, err2))
@@ -164,9 +164,8 @@ func encodePause(st state) string {
 	return v
 }
 
-// decodeState reads a time key (arrival time, or pause-until with the node
-// of a breaker's pause) from a range response; an absent key is the zero
-// state.
+// decodeState reads a pause key (pause-until, with the node of a
+// breaker's pause) from a range response; an absent key is the zero state.
 func decodeState(kvs []*mvccpb.KeyValue) (state, error) {
 	if len(kvs) == 0 {
 		return state{}, nil

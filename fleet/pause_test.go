@@ -73,7 +73,7 @@ func TestPauseReachesEveryNode(t *testing.T) {
 				t.Fatalf("node %d paused until %v, want %v", n, st.PausedUntil, p.Until)
 			}
 		}
-		b, err := stores[1].Reserve(context.Background(), "geo", time.Now(), 1, time.Millisecond)
+		b, err := stores[1].Reserve(context.Background(), "geo", fleet.Ask{From: time.Now(), Count: 1, Interval: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

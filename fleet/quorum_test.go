@@ -20,7 +20,7 @@ func TestReservationsNeedAQuorum(t *testing.T) {
 	reserve := func(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		b, err := st.Reserve(ctx, "geo", time.Now(), 10, time.Millisecond)
+		b, err := st.Reserve(ctx, "geo", fleet.Ask{From: time.Now(), Count: 10, Interval: time.Millisecond})
 		if err == nil {
 			blocks = append(blocks, b)
 		}

@@ -95,49 +95,56 @@ func (s *Slots) learn(p Pause) {
 
 // reserveLoop reserves a block whenever the node needs one, until ctx ends.
 func (s *Slots) reserveLoop(ctx context.Context) {
-	cut := false
 	for {
-		s.mu.Lock()
-		now := s.clock.Now()
-		s.expire(now.UnixNano())
-		wait, need := s.due(now.UnixNano())
-		count := 0
-		if need {
-			count = s.size(now.UnixNano())
-		}
-		s.mu.Unlock()
-
-		if !need {
-			if s.sleep(ctx, wait, true) != nil {
-				return
-			}
-			continue
-		}
-		b, err := s.reserve(ctx, count)
+		wait, wake, again := s.reserveNext(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
-			if !cut {
-				cut = true
-				s.setCut(true)
-				s.notify(Event{Kind: EventCutOff, Key: s.cfg.Key, At: s.clock.Now(), Err: err})
-			}
-			if s.sleep(ctx, s.cfg.Retry, false) != nil {
-				return
-			}
-			continue
+		if !again && s.sleep(ctx, wait, wake) != nil {
+			return
 		}
-		if cut {
-			cut = false
-			s.setCut(false)
-			s.notify(Event{Kind: EventRejoined, Key: s.cfg.Key, At: s.clock.Now()})
-		}
-		// Reported before it is held: a Notify that records the grant
-		// durably has it on record before any of its slots is used.
-		s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
-		s.add(b)
 	}
+}
+
+// reserveNext is one turn of the reservation loop: it reserves a block when
+// one is due and reports again, to look once more at once; otherwise it
+// reports how long to wait before the next turn (0: until woken) and
+// whether a taker's poke may end the wait early.
+func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, again bool) {
+	s.mu.Lock()
+	now := s.clock.Now()
+	s.expire(now.UnixNano())
+	wait, need := s.due(now.UnixNano())
+	count := 0
+	if need {
+		count = s.size(now.UnixNano())
+	}
+	cut := s.stats.CutOff
+	s.mu.Unlock()
+
+	if !need {
+		return wait, true, false
+	}
+	b, from, err := s.reserve(ctx, count)
+	if ctx.Err() != nil {
+		return 0, false, false
+	}
+	if err != nil {
+		if !cut {
+			s.setCut(true)
+			s.notify(Event{Kind: EventCutOff, Key: s.cfg.Key, At: s.clock.Now(), Err: err})
+		}
+		return s.cfg.Retry, false, false
+	}
+	if cut {
+		s.setCut(false)
+		s.notify(Event{Kind: EventRejoined, Key: s.cfg.Key, At: s.clock.Now()})
+	}
+	// Reported before it is held: a Notify that records the grant
+	// durably has it on record before any of its slots is used.
+	s.notify(Event{Kind: EventReserved, Key: s.cfg.Key, At: s.clock.Now(), Block: b})
+	s.add(b, from)
+	return 0, false, true
 }
 
 // due reports whether a reservation is needed now and, when not, how long
@@ -165,22 +172,50 @@ func (s *Slots) due(now int64) (time.Duration, bool) {
 // with none (idleAfter past its last slot) starts again from what the
 // taker asks, as a new node does: sparse demand takes one slot a request
 // and wastes none. A node whose last run wasted slots asks for a
-// little more than it used, but no less than half its last ask (a taker
+// little more than it used, but no less than half its last grant (a taker
 // woken late once does not collapse its blocks); one that used at least
-// half asks for twice as many, up to Block's worth of the rate. The caller
-// holds s.mu.
+// half asks for twice as many, up to Block's worth of the rate, or, when
+// it shares the key and busyStreak reservations in a row found it busy,
+// for Block's worth at once. The Store caps either at the node's share.
+// The caller holds s.mu.
 func (s *Slots) size(now int64) int {
+	dry := s.need > 0 && s.count() == 0
+	s.streak++
+	if !s.busy(now, dry) {
+		s.streak = 0
+	}
 	switch {
-	case s.need > 0 && s.count() == 0 && now >= s.lastSlot+s.idleAfter():
-		s.want = 1
+	case dry && now >= s.lastSlot+s.idleAfter():
+		s.want, s.wasted = 1, false
 	case s.lostRun > 0:
-		s.want = max(s.usedRun+s.usedRun/4+1, s.want/2)
+		s.want, s.wasted = max(s.usedRun+s.usedRun/4+1, s.want/2), true
+	case s.behind && !s.wasted && s.streak >= busyStreak:
+		s.want = s.max
 	case s.usedRun > 0 && s.usedRun >= s.want/2:
 		s.want *= 2
 	}
 	s.want = min(max(s.want, s.need, 1), s.max)
-	s.usedRun, s.lostRun = 0, 0
+	s.usedRun, s.lostRun, s.lateRun = 0, 0, 0
 	return s.want
+}
+
+// busyStreak is how many reservations in a row must find a sharing node
+// busy before its blocks jump: a burst of requests (a source's
+// concurrency) looks busy for one or two.
+const busyStreak = 2
+
+// busy reports whether the node's demand kept up with its slots since the
+// last reservation: it took them less than half a grace after their times
+// and wasted none, and either asked again, holding none, within an
+// interval of its last slot (or half a grace, for a taker woken a little
+// late at a high rate), or, reserving ahead, used at least half of what it
+// asked for. The caller holds s.mu.
+func (s *Slots) busy(now int64, dry bool) bool {
+	onTime := s.usedRun > 0 && s.lostRun == 0 && s.lateRun < int64(s.cfg.Grace)/2
+	if dry {
+		return onTime && now < s.lastSlot+max(s.interval, int64(s.cfg.Grace)/2)
+	}
+	return onTime && s.usedRun >= 2 && s.usedRun >= s.want/2
 }
 
 // idleAfter is how long after its last slot a node that asks again counts
@@ -197,29 +232,35 @@ func (s *Slots) idleAfter() int64 {
 // reach this node (now plus the last reservation's round trip): a block's
 // first slot is then due on arrival, so a request waiting for it goes at
 // once, and is not past its grace unless the round trip grew by more than
-// half of it.
-func (s *Slots) reserve(ctx context.Context, count int) (Block, error) {
+// half of it. It returns the block and the time it was asked from.
+func (s *Slots) reserve(ctx context.Context, count int) (Block, time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	s.mu.Lock()
 	early := max(s.trip-s.cfg.Grace/2, 0)
-	interval := s.interval
+	a := Ask{Node: s.cfg.Node, Count: count, Interval: time.Duration(s.interval), Full: s.max, Least: max(s.need, 1)}
 	s.mu.Unlock()
 	start := s.clock.Now()
-	b, err := s.backend.Reserve(ctx, s.cfg.Key, start.Add(early), count, time.Duration(interval))
+	a.From = start.Add(early)
+	b, err := s.backend.Reserve(ctx, s.cfg.Key, a)
 	if err == nil {
 		s.mu.Lock()
 		s.trip = min(s.clock.Now().Sub(start), s.cfg.Lead)
 		s.mu.Unlock()
 	}
-	return b, err
+	return b, a.From, err
 }
 
-// add takes b into the held slots.
-func (s *Slots) add(b Block) {
+// add takes b, asked for from from, into the held slots. A block that
+// starts later than from, than this node's last block's end and than the
+// pause came after other nodes' slots: the key is shared.
+func (s *Slots) add(b Block, from time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.held = append(s.held, b)
+	s.want = min(s.want, b.Count) // a grant the Store capped
+	s.behind = b.First.UnixNano() > max(from.UnixNano(), s.end, s.pause)
+	s.end = b.End().UnixNano()
 	s.span = int64(b.Count) * b.Interval.Nanoseconds()
 	s.lastSlot = b.Slot(b.Count - 1).UnixNano()
 	s.stats.Blocks++

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"sync"
 	"time"
@@ -30,6 +31,10 @@ type Config struct {
 	// Key names the shared budget: a source id, or a gateway group's.
 	Key  string
 	Rate Rate
+	// Node names this node in the key's state, where the nodes sharing the
+	// key are counted (Ask.Node); default a random name. Two nodes of one
+	// fleet must not share a name.
+	Node string
 	// Block is the most time of the rate one reservation takes; default
 	// DefaultBlock. A node with little demand takes less (see doc.go).
 	Block time.Duration
@@ -59,7 +64,7 @@ type Config struct {
 
 // Backend is the shared state Slots reserve from; *Store is the etcd one.
 type Backend interface {
-	Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (Block, error)
+	Reserve(ctx context.Context, key string, a Ask) (Block, error)
 	PauseFor(ctx context.Context, key string, until time.Time, breaker string) (Pause, error)
 	Watch(ctx context.Context, key string, ch chan<- Pause) error
 }
@@ -82,9 +87,14 @@ type Slots struct {
 	want     int           // size of the next reservation
 	span     int64         // nanoseconds the last granted block spans
 	lastSlot int64         // unix nanoseconds of the last granted block's last slot
+	end      int64         // unix nanoseconds where the last granted block's span ends
+	behind   bool          // the last grant came after other nodes' slots: the key is shared
+	wasted   bool          // a run since the node's demand began wasted slots
+	streak   int           // reservations in a row that found the node busy
 	trip     time.Duration // how long the last reservation took, up to Lead
 	need     int           // largest cost a taker found too few slots for since the last reservation; 0 when none
 	usedRun  int           // slots used since the last reservation
+	lateRun  int64         // nanoseconds: the latest after its time a slot was taken since the last reservation
 	lostRun  int           // slots wasted since the last reservation
 	stats    Stats
 	changed  chan struct{} // closed on any change a taker could care about; nil when nobody waits
@@ -124,6 +134,9 @@ func NewSlots(backend Backend, c clock.Clock, cfg Config) (*Slots, error) {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+	}
+	if cfg.Node == "" {
+		cfg.Node = rand.Text()[:8]
 	}
 	s := &Slots{cfg: cfg, backend: backend, clock: c, kick: make(chan struct{}, 1)}
 	s.interval = Interval(cfg.Rate, cfg.Grace, cfg.MaxSkew).Nanoseconds()
@@ -178,6 +191,7 @@ func (s *Slots) Take(now time.Time, cost int) bool {
 	if !ok || at > n {
 		return false
 	}
+	s.lateRun = max(s.lateRun, n-s.at(0))
 	for range cost {
 		s.advance()
 	}

@@ -30,7 +30,9 @@ func newMemBackend(c clock.Clock) *memBackend {
 	return &memBackend{clock: c, pauses: make(chan fleet.Pause, 8)}
 }
 
-func (m *memBackend) Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (fleet.Block, error) {
+// Reserve grants a.Count slots: one node alone, never sharing the key.
+func (m *memBackend) Reserve(ctx context.Context, key string, a fleet.Ask) (fleet.Block, error) {
+	from, count, interval := a.From, a.Count, a.Interval
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.calls++

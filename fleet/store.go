@@ -3,10 +3,13 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/auditd/auditd/clock"
@@ -29,12 +32,30 @@ type Store struct {
 	known map[string]state // last state seen per key: the first CAS of a reservation needs no read
 }
 
-// state is a key's arrival time and the revision it was last written at.
+// state is a key's time (arrival time, or pause-until) and the revision it
+// was last written at.
 type state struct {
 	tat int64  // unix nanoseconds; 0 when the key has never been written
 	rev int64  // the key's ModRevision; 0 when it does not exist
 	by  string // a pause's: the node whose breaker opened it (Pause.Breaker)
+	// The arrival time's: the nodes that reserved lately, each with the
+	// end of its last grant.
+	sharers []sharer
 }
+
+// sharer is a node that reserved a key's slots: where its last grant ended
+// (unix nanoseconds) and how many slots it held.
+type sharer struct {
+	node  string
+	end   int64
+	count int
+}
+
+// ShareSpan is how long after its last grant ends a node still counts as
+// sharing a key: long enough that a busy node, which reserves before its
+// held slots run out, is always counted, and one whose demand stopped is
+// soon not.
+const ShareSpan = 2 * time.Second
 
 // NewStore returns a Store on client that keeps its keys under prefix
 // (DefaultPrefix when empty) and times Watch's retries on c.
@@ -68,40 +89,91 @@ func (b Block) End() time.Time { return b.Slot(b.Count) }
 func (s *Store) tatKey(key string) string   { return s.prefix + "budget/" + key + "/tat" }
 func (s *Store) pauseKey(key string) string { return s.prefix + "budget/" + key + "/pause" }
 
-// Reserve grants count slots of key spaced interval apart, starting at the
-// key's arrival time or at from, whichever is later, and advances the
-// arrival time past them. From is the caller's wall time: when it could use
-// its first slot (now, plus the time the grant takes to reach it). The advance is a compare-and-swap on the key's
+// Ask is one reservation: what a node asks Reserve for.
+type Ask struct {
+	// Node names the asking node in the key's state, where it counts as
+	// sharing the key for ShareSpan after its grant ends; empty: the ask
+	// is not recorded.
+	Node string
+	// From is the asking node's wall time when it could use its first
+	// slot: now, plus the time the grant takes to reach it.
+	From     time.Time
+	Count    int // slots wanted
+	Interval time.Duration
+	// Full is the most slots a node alone is granted (a Block's worth of
+	// the rate). While other nodes share the key a grant holds at most
+	// what their last grants left of Full, but never fewer than Full over
+	// the nodes sharing, than Least (the most a taker asks for at once) or
+	// one. Zero: Count, uncapped.
+	Full  int
+	Least int
+}
+
+// grant returns how many slots a is granted while others share the key.
+func (a Ask) grant(others []sharer) int {
+	if len(others) == 0 || a.Full == 0 {
+		return a.Count
+	}
+	left := a.Full
+	for _, sh := range others {
+		left -= sh.count
+	}
+	return min(a.Count, max(left, a.Full/(len(others)+1), a.Least, 1))
+}
+
+// Reserve grants slots of key spaced a.Interval apart, starting at the
+// key's arrival time or at a.From, whichever is later, and advances the
+// arrival time past them: a.Count of them, fewer when other nodes share
+// the key (Ask.Full). The advance is a compare-and-swap on the key's
 // ModRevision, retried on conflict, so two calls, on any nodes, never get
-// overlapping blocks. It fails when etcd cannot commit (no quorum, no
-// connection) before ctx ends; nothing is granted then.
-func (s *Store) Reserve(ctx context.Context, key string, from time.Time, count int, interval time.Duration) (Block, error) {
-	if count < 1 || interval <= 0 {
-		return Block{}, fmt.Errorf("reserve %s: count %d, interval %v: %w", key, count, interval, ErrInvalidBlock)
+// overlapping blocks, and the nodes counted as sharing the key are those
+// of the state the grant was made on. It fails when etcd cannot commit
+// (no quorum, no connection) before ctx ends; nothing is granted then.
+func (s *Store) Reserve(ctx context.Context, key string, a Ask) (Block, error) {
+	if a.Count < 1 || a.Interval <= 0 {
+		return Block{}, fmt.Errorf("reserve %s: count %d, interval %v: %w", key, a.Count, a.Interval, ErrInvalidBlock)
 	}
 	k := s.tatKey(key)
 	cur := s.cached(k)
+	from := a.From.UnixNano()
 	for {
-		first := max(cur.tat, from.UnixNano())
-		next := first + int64(count)*int64(interval)
+		others := cur.sharersAfter(from-int64(ShareSpan), a.Node)
+		count := a.grant(others)
+		first := max(cur.tat, from)
+		next := state{tat: first + int64(count)*int64(a.Interval), sharers: others}
+		if a.Node != "" {
+			next.sharers = append(next.sharers, sharer{node: a.Node, end: next.tat, count: count})
+		}
 		resp, err := s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.rev)).
-			Then(clientv3.OpPut(k, strconv.FormatInt(next, 10))).
+			Then(clientv3.OpPut(k, encodeTat(next))).
 			Else(clientv3.OpGet(k)).
 			Commit()
 		if err != nil {
 			return Block{}, fmt.Errorf("reserve %s: %w", key, err)
 		}
 		if resp.Succeeded {
-			rev := resp.Header.Revision
-			s.remember(k, state{tat: next, rev: rev})
-			return Block{Key: key, First: time.Unix(0, first), Interval: interval, Count: count, Revision: rev}, nil
+			next.rev = resp.Header.Revision
+			s.remember(k, next)
+			return Block{Key: key, First: time.Unix(0, first), Interval: a.Interval, Count: count, Revision: next.rev}, nil
 		}
-		if cur, err = decodeState(resp.Responses[0].GetResponseRange().Kvs); err != nil {
+		if cur, err = decodeTat(resp.Responses[0].GetResponseRange().Kvs); err != nil {
 			return Block{}, fmt.Errorf("reserve %s: %w", key, err)
 		}
 		s.remember(k, cur)
 	}
+}
+
+// sharersAfter returns, in a new slice, the sharers other than node whose
+// last grant ended after since.
+func (st state) sharersAfter(since int64, node string) []sharer {
+	var out []sharer
+	for _, sh := range st.sharers {
+		if sh.end > since && sh.node != node {
+			out = append(out, sh)
+		}
+	}
+	return out
 }
 
 func (s *Store) cached(k string) state {
@@ -117,4 +189,58 @@ func (s *Store) remember(k string, st state) {
 	if st.rev >= s.known[k].rev {
 		s.known[k] = st
 	}
+}
+
+// encodeTat is an arrival-time key's value: the arrival time in unix
+// nanoseconds, then, for each node sharing the key, a space, the end of its
+// last grant in unix nanoseconds, a colon, the grant's slots, a colon and
+// the node's name (path-escaped). A build before sharers were kept reads
+// the first field alone, and writes it alone; such a key reads as shared
+// by nobody.
+func encodeTat(st state) string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(st.tat, 10))
+	for _, sh := range st.sharers {
+		fmt.Fprintf(&b, " %d:%d:%s", sh.end, sh.count, url.PathEscape(sh.node))
+	}
+	return b.String()
+}
+
+// decodeTat reads an arrival-time key (encodeTat) from a range response;
+// an absent key is the zero state.
+func decodeTat(kvs []*mvccpb.KeyValue) (state, error) {
+	if len(kvs) == 0 {
+		return state{}, nil
+	}
+	fields := strings.Fields(string(kvs[0].Value))
+	corrupt := fmt.Errorf("key %s: %w", kvs[0].Key, ErrCorrupt)
+	if len(fields) == 0 {
+		return state{}, corrupt
+	}
+	t, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil {
+		return state{}, corrupt
+	}
+	st := state{tat: t, rev: kvs[0].ModRevision}
+	for _, f := range fields[1:] {
+		sh, ok := decodeSharer(f)
+		if !ok {
+			return state{}, corrupt
+		}
+		st.sharers = append(st.sharers, sh)
+	}
+	return st, nil
+}
+
+// decodeSharer reads one sharer of encodeTat: end:count:node.
+func decodeSharer(f string) (sharer, bool) {
+	e, rest, _ := strings.Cut(f, ":")
+	c, n, _ := strings.Cut(rest, ":")
+	end, err1 := strconv.ParseInt(e, 10, 64)
+	count, err2 := strconv.Atoi(c)
+	node, err3 := url.PathUnescape(n)
+	if err1 != nil || err2 != nil || err3 != nil || node == "" {
+		return sharer{}, false
+	}
+	return sharer{node: node, end: end, count: count}, true
 }
