@@ -198,7 +198,7 @@ func (n *fleetNode) sync() {
 		if _, ok := n.shares[key]; ok {
 			continue
 		}
-		slots, err := fleet.NewSlots(n.store, clock.Real{}, fleet.Config{Key: key, Rate: w.rate, MaxSkew: fleet.DefaultMaxSkew + n.lag, Notify: n.notify})
+		slots, err := fleet.NewSlots(n.store, clock.Real{}, fleet.Config{Key: key, Node: n.node, Rate: w.rate, MaxSkew: fleet.DefaultMaxSkew + n.lag, Notify: n.notify})
 		if err != nil {
 			n.log.Error("fleet: share budget", "key", key, "err", err)
 			continue
