@@ -293,7 +293,7 @@ func checkFleetRecords(t *testing.T, ledgers []fleetLedger, all []fleetArrival, 
 			late++
 		}
 	}
-	t.Logf("node 3 held slots until %v into its 5 s cut", held.Sub(cutAt))
+	t.Logf("node 3 held slots until %v into its cut", held.Sub(cutAt))
 	if late > 0 {
 		t.Errorf("node 3, cut off from etcd, sent %d requests past the slots it held", late)
 	}

@@ -62,7 +62,7 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	time.Sleep(8 * time.Second) // steady: every node busy
 	cut.Cut()
 	cutAt := time.Now()
-	time.Sleep(5 * time.Second) // longer than the blocks it holds
+	time.Sleep(fleetCutFor(t)) // longer than the blocks it holds
 	checkCutOffMetrics(t, nodes)
 	// Node 3, out of slots and cut off, answers a request it cannot admit
 	// by its deadline with 503 and a Retry-After, end to end.
@@ -151,6 +151,20 @@ func startBatch(t *testing.T, node *child, token, name string, n int) string {
 		t.Fatalf("create batch run %s: %d\n%s", name, code, node.logs)
 	}
 	return created.ID
+}
+
+// fleetCutFor is how long TestFleetSharesOneBudget cuts node 3 from etcd:
+// 5 s, longer than the blocks it holds, or AUDITD_FLEET_CUT (the issue's
+// 60 s: AUDITD_FLEET_CUT=60s go test -run TestFleetSharesOneBudget).
+func fleetCutFor(t *testing.T) time.Duration {
+	d := 5 * time.Second
+	if v := os.Getenv("AUDITD_FLEET_CUT"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil || d < 5*time.Second {
+			t.Fatalf("AUDITD_FLEET_CUT=%q: want a duration of 5s or more", v)
+		}
+	}
+	return d
 }
 
 // checkCutOffMetrics checks that the metrics show the cut on node 3 and
