@@ -107,8 +107,7 @@ func (p *Permit) Observe(o Outcome) Verdict {
 	}
 
 	if lr := l.learnerOf(p.Source, cfg); lr != nil {
-		spent := o.Hint.HasRemaining && o.Hint.Remaining == 0 && o.Hint.HasReset
-		lr.Observed(p.Admitted, v.Class, o.Hint.HasRetryAfter || spent)
+		lr.Observed(p.Admitted, v.Class, o.Hint)
 	}
 
 	switch v.Class {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"maps"
 	"time"
+
+	"github.com/auditd/auditd/hints"
 )
 
 // GateFleet holds a request that its budget admits while the node holds no
@@ -54,10 +56,10 @@ type Shared interface {
 type Learner interface {
 	Shared
 	// Observed tells of the response to a request admitted at admitted:
-	// its class, and whether the server said when to come back (a
-	// Retry-After, or a spent quota's Remaining 0 with its Reset), which
-	// makes a refusal a pause rather than a sign the pace is too fast.
-	Observed(admitted time.Time, c Class, hinted bool)
+	// its class and its parsed rate-limit headers (whether the server said
+	// when to come back, which makes a refusal a pause rather than a sign
+	// the pace is too fast; the quota it advertises).
+	Observed(admitted time.Time, c Class, h hints.Hint)
 	// SetByHand makes limit per window the fleet's limit of the key: an
 	// operator set it (Limiter.SetLimitByHand). It must not block on the
 	// shared store.

@@ -276,8 +276,8 @@ func (f *fakeLearner) SetByHand(limit int, window time.Duration) {
 	f.byHand = append(f.byHand, fmt.Sprintf("%d/%v", limit, window))
 }
 
-func (f *fakeLearner) Observed(admitted time.Time, c limiter.Class, hinted bool) {
-	f.observed = append(f.observed, fmt.Sprintf("%s %s %v", admitted.Sub(epoch), c, hinted))
+func (f *fakeLearner) Observed(admitted time.Time, c limiter.Class, h hints.Hint) {
+	f.observed = append(f.observed, fmt.Sprintf("%s %s %v", admitted.Sub(epoch), c, h.HasRetryAfter))
 }
 
 // TestSharedLearnerPacesTheBudget: with a Learner attached, the fleet's

@@ -18,6 +18,7 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/hints"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
 )
@@ -93,8 +94,8 @@ func (s *fleetShare) SetByHand(limit int, window time.Duration) {
 
 // Observed tells the key's learning of a response (limiter.Learner): the
 // fleet, not this node alone, learns the key's rate.
-func (s *fleetShare) Observed(admitted time.Time, c limiter.Class, hinted bool) {
-	s.learning.observed(admitted, c, hinted)
+func (s *fleetShare) Observed(admitted time.Time, c limiter.Class, h hints.Hint) {
+	s.learning.observed(admitted, c, h)
 }
 
 // Lag is how long after a slot is taken its request may still leave

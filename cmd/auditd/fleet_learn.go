@@ -8,6 +8,7 @@ import (
 
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/hints"
 	"github.com/auditd/auditd/limiter"
 )
 
@@ -125,7 +126,7 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 		l.mu.Unlock()
 		return
 	}
-	cut := l.limit.Revision != 0 && lim.Rate.Limit*int(l.limit.Rate.Window) < l.limit.Rate.Limit*int(lim.Rate.Window)
+	cut := l.limit.Revision != 0 && faster(l.limit.Rate, lim.Rate)
 	l.limit, l.applied = lim, time.Now()
 	l.mu.Unlock()
 	if cut {
@@ -160,12 +161,21 @@ func (l *fleetLearning) report(ctx context.Context) {
 }
 
 // observed counts a response to one of the key's requests admitted at
-// admitted, and cuts the fleet's limit for a refusal that no hint
-// explains, once an episode: not for a refusal with no success here since
-// the last cut, nor for a request admitted before the limit in force had
-// settled (fleet.Settle after this node applied it), which was sent at
-// the pace the last cut already answered.
-func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, hinted bool) {
+// admitted, holds the fleet's limit to a quota the server advertises (h),
+// and cuts it for a refusal that no hint explains, once an episode: not
+// for a refusal with no success here since the last cut, nor for a request
+// admitted before the limit in force had settled (fleet.Settle after this
+// node applied it), which was sent at the pace the last cut already
+// answered. A refusal whose server said when to come back (a Retry-After,
+// a spent quota's Remaining 0 with its Reset) is a pause, shared as one.
+func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hint) {
+	l.mu.Lock()
+	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
+	l.mu.Unlock()
+	if told := (fleet.Rate{Limit: h.Limit, Window: h.Window}); h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0 &&
+		cur.Revision != 0 && faster(cur.Rate, told) {
+		l.cut(told, told) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
+	}
 	switch c {
 	case limiter.ClassSuccess, limiter.ClassClient:
 		l.ok.Add(1)
@@ -176,21 +186,30 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, hinted boo
 	default:
 		return
 	}
-	if hinted {
-		return // a pause the server asked for (limiter, registry), not a pace too fast
+	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
+	if h.HasRetryAfter || spent || cur.Revision == 0 || !settled || l.episode.Load() {
+		return
 	}
-	l.mu.Lock()
-	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
-	l.mu.Unlock()
-	if cur.Revision == 0 || !settled || l.episode.Load() || !l.cutting.CompareAndSwap(false, true) {
+	l.cut(fleet.CutTo(cur.Rate), cur.Rate)
+}
+
+// cut lowers the fleet's limit to to, remembering refused, in the
+// background; one cut at a time.
+func (l *fleetLearning) cut(to, refused fleet.Rate) {
+	if !l.cutting.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
 		defer l.cutting.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
 		defer cancel()
-		_, _, _ = l.store.Cut(ctx, l.key, fleet.CutTo(cur.Rate), cur.Rate, l.node) // a failure: the next refusal tries again
+		_, _, _ = l.store.Cut(ctx, l.key, to, refused, l.node) // a failure: the next response tries again
 	}()
+}
+
+// faster reports whether a allows more a second than b.
+func faster(a, b fleet.Rate) bool {
+	return float64(a.Limit)*b.Window.Seconds() > float64(b.Limit)*a.Window.Seconds()
 }
 
 // setByHand writes r as the key's learned limit for the whole fleet, in the
