@@ -86,8 +86,8 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 		t.Fatalf("a second refusal of one episode cut to %+v", got.Rate)
 	}
 	l.observed(at, limiter.ClassSuccess, hints.Hint{})
-	l.observed(at.Add(time.Second), limiter.ClassThrottled, hints.Hint{}) // admitted before the cut settled
-	l.observed(settled(), limiter.ClassThrottled, hints.Hint{RetryAfter: time.Second, HasRetryAfter: true})            // the server said when: a pause
+	l.observed(at.Add(time.Second), limiter.ClassThrottled, hints.Hint{})                                   // admitted before the cut settled
+	l.observed(settled(), limiter.ClassThrottled, hints.Hint{RetryAfter: time.Second, HasRetryAfter: true}) // the server said when: a pause
 	if got := stored(); ratePerSecond(got.Rate) != 7.5 {
 		t.Fatalf("an unsettled or explained refusal cut to %+v", got.Rate)
 	}
