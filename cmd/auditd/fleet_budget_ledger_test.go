@@ -220,7 +220,7 @@ func checkSentInTime(t *testing.T, ledgers []fleetLedger, lag time.Duration) {
 		notSent := len(l.dispatches) - len(l.sent)
 		shares = append(shares, fmt.Sprintf("node%d %d of %d (%.1f%%)", i+1, notSent, len(l.dispatches), 100*float64(notSent)/float64(max(1, len(l.dispatches)))))
 	}
-	t.Logf("dispatches closed as not sent, their fleet slot passed while their record committed: %s", strings.Join(shares, ", "))
+	t.Logf("dispatches closed as not sent, their fleet slot passed before they could leave (at the record or at the wire): %s", strings.Join(shares, ", "))
 }
 
 // quantiles is "p50 a, p99 b, max c" of ds.
