@@ -23,6 +23,12 @@ type slidingUpstream struct {
 }
 
 func startSlidingUpstream(t *testing.T, limit int, window time.Duration) *slidingUpstream {
+	return startSlidingUpstreamWith(t, limit, window, nil)
+}
+
+// startSlidingUpstreamWith is startSlidingUpstream with header set on
+// every answer (when not nil): a quota the server advertises.
+func startSlidingUpstreamWith(t *testing.T, limit int, window time.Duration, header http.Header) *slidingUpstream {
 	u := &slidingUpstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
@@ -38,6 +44,9 @@ func startSlidingUpstream(t *testing.T, limit int, window time.Duration) *slidin
 			u.bad = append(u.bad, now)
 		}
 		u.mu.Unlock()
+		for k, v := range header {
+			w.Header()[k] = v
+		}
 		if !admit {
 			w.WriteHeader(http.StatusTooManyRequests)
 			return
@@ -131,4 +140,42 @@ func killLearner(t *testing.T, nodes []*child, token string) {
 	}
 	nodes[n-1].cmd.Wait()
 	t.Logf("killed the learner, %s, whose limit was %d per %v", who, view.Sources[0].Learned, time.Duration(view.Sources[0].LearnedWindow))
+}
+
+// TestFleetHoldsToAnAdvertisedQuota: the same upstream, advertising its
+// quota (RateLimit-Policy: 16;w=2). The nodes are not told it, and do not
+// pace a shared key at what each reads alone: the fleet's learned limit is
+// held to the quota (a node that reads it cuts the limit to it), so after
+// its first 10 s the fleet admits at least 90% of the quota, with at most
+// 2% refused, and every node reserves at 16 per 2 s.
+func TestFleetHoldsToAnAdvertisedQuota(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three auditd nodes for 30 s")
+	}
+	const token, limit, window = "fleet-admin-token-0123456789abcdef", 16, 2 * time.Second
+	rate := float64(limit) / window.Seconds()
+	up := startSlidingUpstreamWith(t, limit, window, http.Header{"Ratelimit-Policy": {"16;w=2"}})
+	cluster := etcdtest.Start(t, 1)
+	f := startFleetNodesWith(t, token, func(int) string {
+		return fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    concurrency: 4\n", up.URL)
+	}, func(int) []string { return []string{"--fleet-etcd", cluster.Endpoints()[0]} })
+	stop := make(chan struct{})
+	start := time.Now()
+	wait := fleetLoad(t, f.nodes, f.runs, token, 8, stop)
+	time.Sleep(30 * time.Second)
+	var view api.FleetSources
+	f.nodes[0].call(t, "GET", "/v1/fleet/sources", token, nil, &view)
+	close(stop)
+	wait()
+	from, to := start.Add(10*time.Second), time.Now()
+	ok, bad := up.counts(from, to)
+	got := float64(ok) / to.Sub(from).Seconds()
+	share := float64(bad) / float64(max(1, ok+bad))
+	t.Logf("after the first 10 s: %.2f/s admitted of %g/s, %.1f%% refused", got, rate, 100*share)
+	if got < 0.9*rate || share > 0.02 {
+		t.Errorf("after the first 10 s the fleet admitted %.2f/s of an advertised %g/s with %.1f%% refused, want at least 90%% and at most 2%%", got, rate, 100*share)
+	}
+	if len(view.Sources) != 1 || view.Sources[0].Learned*int(time.Duration(view.Sources[0].LearnedWindow)/time.Millisecond) != limit*int(window/time.Millisecond) {
+		t.Errorf("the fleet's view %+v, want one key learned at the advertised %d per %v", view.Sources, limit, window)
+	}
 }
