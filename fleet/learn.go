@@ -35,8 +35,8 @@ type Outcomes struct {
 	Refused int64 // 429, or a spent quota
 }
 
-// perSecond orders rates: a Rate's limit per second.
-func (r Rate) perSecond() float64 {
+// PerSecond is r's limit a second, to order and show rates.
+func (r Rate) PerSecond() float64 {
 	if r.Window <= 0 {
 		return 0
 	}
@@ -90,7 +90,7 @@ func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, 
 func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, by string) (Limit, bool, error) {
 	cur, err := s.Limit(ctx, key)
 	for err == nil {
-		if cur.Revision != 0 && cur.Rate.perSecond() <= to.perSecond() {
+		if cur.Revision != 0 && cur.Rate.PerSecond() <= to.PerSecond() {
 			return cur, false, nil
 		}
 		var ok bool
@@ -230,7 +230,7 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 // key's learner, or a cut, agreed on. Held blocks keep their spacing. It
 // returns the rate applied.
 func (s *Slots) SetRate(r Rate) Rate {
-	if r.Limit <= 0 || r.Window <= 0 || r.perSecond() > s.cfg.Rate.perSecond() {
+	if r.Limit <= 0 || r.Window <= 0 || r.PerSecond() > s.cfg.Rate.PerSecond() {
 		r = s.cfg.Rate
 	}
 	iv := Interval(r, s.cfg.Grace, s.cfg.MaxSkew).Nanoseconds()

@@ -60,7 +60,7 @@ func TestRaiseRule(t *testing.T) {
 
 // ps is r per second, to the thousandth.
 func ps(r fleet.Rate) float64 {
-	return math.Round(1000*float64(r.Limit)/r.Window.Seconds()) / 1000
+	return math.Round(1000*r.PerSecond()) / 1000
 }
 
 // TestCutLowersOnly has two nodes cut one key's limit: a cut never raises

@@ -187,29 +187,29 @@ func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.T
 	if d.Refused > 0 || r.Limit <= 0 || r.Window <= 0 {
 		return cur, false
 	}
-	if float64(d.OK) < Busy*r.perSecond()*period.Seconds() {
+	if float64(d.OK) < Busy*r.PerSecond()*period.Seconds() {
 		return cur, false
 	}
-	next, ref := cur, cur.Refused.perSecond()
+	next, ref := cur, cur.Refused.PerSecond()
 	switch {
 	case ref == 0:
 		next.Rate = scale(r, 1.5)
 	case now.Sub(cur.RefusedAt) < Regain:
 		return cur, false
-	case r.perSecond() < 0.9*ref:
-		next.Rate = scale(r, min(1.25, 0.9*ref/r.perSecond()))
+	case r.PerSecond() < 0.9*ref:
+		next.Rate = scale(r, min(1.25, 0.9*ref/r.PerSecond()))
 	case now.Sub(cur.RefusedAt) < ProbeHold:
 		return cur, false
-	case r.perSecond() >= ref*7/6:
+	case r.PerSecond() >= ref*7/6:
 		next.Refused, next.RefusedAt = Rate{}, time.Time{}
 		next.Rate = scale(r, 1.5)
 	default:
 		next.Rate = scale(r, 1.03)
 	}
-	if ceiling.Limit > 0 && next.Rate.perSecond() > ceiling.perSecond() {
+	if ceiling.Limit > 0 && next.Rate.PerSecond() > ceiling.PerSecond() {
 		next.Rate = ceiling
 	}
-	return next, next.Rate.perSecond() > r.perSecond()
+	return next, next.Rate.PerSecond() > r.PerSecond()
 }
 
 // CutTo is the rule any node cuts by on a refusal that no hint explains: to

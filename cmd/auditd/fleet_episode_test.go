@@ -58,7 +58,8 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		t.Fatalf("the node never applied %g/s; it holds %+v", want, l.Limit())
+		lim, _ := l.Limit()
+		t.Fatalf("the node never applied %g/s; it holds %+v", want, lim)
 		return time.Time{}
 	}
 	// stored returns the fleet's limit once no cut is on its way.
@@ -129,5 +130,5 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 
 // ratePerSecond is r a second, to the thousandth.
 func ratePerSecond(r fleet.Rate) float64 {
-	return math.Round(1000*float64(r.Limit)/r.Window.Seconds()) / 1000
+	return math.Round(1000*r.PerSecond()) / 1000
 }

@@ -38,6 +38,7 @@ type fleetLearning struct {
 
 	mu      sync.Mutex
 	limit   fleet.Limit // the learned limit in force here; Revision 0 until one is read
+	rate    fleet.Rate  // what the slots reserve at: the limit, capped at the ceiling
 	applied time.Time   // when this node began reserving at it
 
 	cancel context.CancelFunc
@@ -53,8 +54,7 @@ func startLearning(store *fleet.Store, slots *fleet.Slots, key, node string, sta
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &fleetLearning{key: key, node: node, store: store, slots: slots, notify: notify, cancel: cancel,
 		learner: fleet.NewLearner(store, clock.Real{}, fleet.LearnerConfig{Key: key, Node: node, Ceiling: ceiling, Start: start})}
-	slots.SetRate(start)
-	l.applied = time.Now()
+	l.rate, l.applied = slots.SetRate(start), time.Now()
 	l.done.Add(3)
 	go func() { defer l.done.Done(); _ = l.learner.Run(ctx) }()
 	go func() { defer l.done.Done(); l.follow(ctx) }()
@@ -82,11 +82,12 @@ func (l *fleetLearning) stop(ctx context.Context) {
 func (l *fleetLearning) Leading() bool { return l.learner.Leading() }
 
 // Limit returns the learned limit in force on this node (Revision 0 when
-// none was read yet).
-func (l *fleetLearning) Limit() fleet.Limit {
+// none was read yet) and the rate the node's slots are reserved at: the
+// limit, capped at the told ceiling.
+func (l *fleetLearning) Limit() (fleet.Limit, fleet.Rate) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.limit
+	return l.limit, l.rate
 }
 
 // follow applies every change of the key's learned limit to the node's
@@ -126,14 +127,17 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 		l.mu.Unlock()
 		return
 	}
-	cut := l.limit.Revision != 0 && faster(l.limit.Rate, lim.Rate)
+	cut := l.limit.Revision != 0 && l.limit.Rate.PerSecond() > lim.Rate.PerSecond()
 	l.limit, l.applied = lim, time.Now()
 	l.mu.Unlock()
 	if cut {
 		l.episode.Store(true)
 	}
 	l.notify(fleet.Event{Kind: fleet.EventLearned, Key: l.key, At: time.Now(), Limit: lim})
-	l.slots.SetRate(lim.Rate)
+	r := l.slots.SetRate(lim.Rate)
+	l.mu.Lock()
+	l.rate = r
+	l.mu.Unlock()
 }
 
 // report puts this node's outcomes of the key for its learner every
@@ -173,7 +177,7 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
 	l.mu.Unlock()
 	if told := (fleet.Rate{Limit: h.Limit, Window: h.Window}); h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0 &&
-		cur.Revision != 0 && faster(cur.Rate, told) {
+		cur.Revision != 0 && cur.Rate.PerSecond() > told.PerSecond() {
 		l.cut(told, told) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
 	}
 	switch c {
@@ -205,11 +209,6 @@ func (l *fleetLearning) cut(to, refused fleet.Rate) {
 		defer cancel()
 		_, _, _ = l.store.Cut(ctx, l.key, to, refused, l.node) // a failure: the next response tries again
 	}()
-}
-
-// faster reports whether a allows more a second than b.
-func faster(a, b fleet.Rate) bool {
-	return float64(a.Limit)*b.Window.Seconds() > float64(b.Limit)*a.Window.Seconds()
 }
 
 // setByHand writes r as the key's learned limit for the whole fleet, in the

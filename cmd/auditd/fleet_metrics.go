@@ -56,9 +56,8 @@ func (n *fleetNode) Collect(ch chan<- prometheus.Metric) {
 		if s.learning.Leading() {
 			learner = 1
 		}
-		if l := s.learning.Limit(); l.Revision != 0 {
-			ps := min(float64(l.Rate.Limit)/l.Rate.Window.Seconds(), float64(s.rate.Limit)/s.rate.Window.Seconds())
-			ch <- prometheus.MustNewConstMetric(descFleetLearned, prometheus.GaugeValue, ps, key, n.node)
+		if l, r := s.learning.Limit(); l.Revision != 0 {
+			ch <- prometheus.MustNewConstMetric(descFleetLearned, prometheus.GaugeValue, r.PerSecond(), key, n.node)
 		}
 		for _, m := range []struct {
 			d *prometheus.Desc

@@ -119,16 +119,13 @@ func (v *fleetView) sample() {
 // report is the node's use of every key it shares now, counted from the
 // start of each key's span.
 func (v *fleetView) report() fleetReport {
-	now, stats := v.now(), v.stats()
+	now, shares := v.now(), v.shared()
 	rep := fleetReport{Node: v.fl.node, Keys: map[string]api.FleetNodeUse{}}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for key, st := range stats {
-		u := v.samples.use(key, now, st)
-		u.Node = v.fl.node
-		if s := v.shared()[key]; s != nil {
-			u.Learner = s.learning.Leading()
-		}
+	for key, s := range shares {
+		u := v.samples.use(key, now, s.Stats())
+		u.Node, u.Learner = v.fl.node, s.learning.Leading()
 		rep.Keys[key] = u
 	}
 	return rep
@@ -319,13 +316,9 @@ func (v *fleetView) source(key string, s *fleetShare) api.FleetSource {
 			src.Members = append(src.Members, m.ID)
 		}
 	}
-	// The fleet's learned limit, which the node reserves its slots at,
-	// clamped to the ceiling as the slots are.
-	if l := s.learning.Limit(); l.Revision != 0 {
-		r := l.Rate
-		if float64(r.Limit)*s.rate.Window.Seconds() > float64(s.rate.Limit)*r.Window.Seconds() {
-			r = s.rate
-		}
+	// The fleet's learned limit as the node reserves its slots at it:
+	// capped at the ceiling.
+	if l, r := s.learning.Limit(); l.Revision != 0 {
 		src.Learned, src.LearnedWindow, src.LearnedBy = r.Limit, auditd.Duration(r.Window), l.By
 	}
 	return src
