@@ -137,9 +137,12 @@ func (f *simFleet) take(n *simNode, d time.Duration) {
 }
 
 // used counts n's takes in [from, to).
-func (n *simNode) used(from, to time.Duration) int {
+func (n *simNode) used(from, to time.Duration) int { return countIn(n.takes, from, to) }
+
+// countIn counts the times of ds in [from, to).
+func countIn(ds []time.Duration, from, to time.Duration) int {
 	c := 0
-	for _, d := range n.takes {
+	for _, d := range ds {
 		if d >= from && d < to {
 			c++
 		}
@@ -163,15 +166,7 @@ func (f *simFleet) shares(from, to time.Duration) (string, []int, int) {
 }
 
 // grantsIn counts n's grants in [from, to): its etcd writes.
-func (n *simNode) grantsIn(from, to time.Duration) int {
-	c := 0
-	for _, d := range n.grants {
-		if d >= from && d < to {
-			c++
-		}
-	}
-	return c
-}
+func (n *simNode) grantsIn(from, to time.Duration) int { return countIn(n.grants, from, to) }
 
 const sec = time.Second
 

@@ -523,17 +523,7 @@ func outsideSheetHashes(book []byte) (map[string]string, error) {
 		if s.name == "Manifest" {
 			continue
 		}
-		var ws struct {
-			Rows []struct {
-				Cells []struct {
-					Ref   string `xml:"r,attr"`
-					Type  string `xml:"t,attr"`
-					Style int    `xml:"s,attr"`
-					V     string `xml:"v"`
-					T     string `xml:"is>t"`
-				} `xml:"c"`
-			} `xml:"sheetData>row"`
-		}
+		var ws outsideWorksheet
 		if err := decode(s.target, &ws); err != nil {
 			return nil, fmt.Errorf("sheet %s: %v", s.name, err)
 		}

@@ -438,16 +438,7 @@ func outsideSheets(book []byte) (map[string][][]string, error) {
 	}
 	out := map[string][][]string{}
 	for _, s := range sheets {
-		var ws struct {
-			Rows []struct {
-				Cells []struct {
-					Ref  string `xml:"r,attr"`
-					Type string `xml:"t,attr"`
-					V    string `xml:"v"`
-					T    string `xml:"is>t"`
-				} `xml:"c"`
-			} `xml:"sheetData>row"`
-		}
+		var ws outsideWorksheet
 		if err := decode(s.target, &ws); err != nil {
 			return nil, fmt.Errorf("sheet %s: %v", s.name, err)
 		}
@@ -480,4 +471,18 @@ func outsideSheets(book []byte) (map[string][][]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// outsideWorksheet is a worksheet's cells as the outsiders' verifiers read
+// them with encoding/xml: reference, type, style, value, inline text.
+type outsideWorksheet struct {
+	Rows []struct {
+		Cells []struct {
+			Ref   string `xml:"r,attr"`
+			Type  string `xml:"t,attr"`
+			Style int    `xml:"s,attr"`
+			V     string `xml:"v"`
+			T     string `xml:"is>t"`
+		} `xml:"c"`
+	} `xml:"sheetData>row"`
 }
