@@ -484,10 +484,11 @@ const resumeAfter = 2
 
 // maxHoldTime bounds the time a pace holds under the rate last refused
 // before it probes, and a probe must hold to count, whatever the hold in
-// rounds: a limit that rose is found within a minute or two of it. A
-// refused probe costs one refusal (probeRefused): one every holdRequests
-// requests at most is under 2% of them.
-const maxHoldTime = 30 * time.Second
+// rounds: a limit that rose is found within a minute of it at two
+// requests a second or more (BenchmarkRiseAtEveryPhase). A refused probe
+// costs one refusal (probeRefused): one every holdRequests requests at
+// most is 2% of them.
+const maxHoldTime = 15 * time.Second
 
 // holdTime is the longest x holds before a probe: maxHoldTime, two windows
 // of a spent window, or holdRequests intervals of the pace, whichever is
@@ -507,7 +508,7 @@ const stableTime = 5 * time.Minute
 
 // holdRequests is the fewest requests between two probes that maxHoldTime
 // lets go: at slow paces the hold is counted in requests, not time.
-const holdRequests = 60
+const holdRequests = 50
 
 // rateAt returns the pace in force at t, in requests per second.
 func (e *entry) rateAt(t time.Time) float64 {
