@@ -110,10 +110,10 @@
 //     Options.MaxHold rounds. Only a refusal of the pace held clean after
 //     that cuts (by Decrease, unless it was a drop; above). A probe the ceiling blocks is none: a
 //     refusal after it doubles nothing. Whatever the hold in rounds, a pace
-//     holds no longer than 30 seconds (or 60 of its intervals, or two
+//     holds no longer than 15 seconds (or 50 of its intervals, or two
 //     windows of a spent window) before it probes, nor must a probe hold
-//     longer to count: a probe refused every 60 requests at most is under
-//     2% refused. Once every probe for five minutes has been refused, the
+//     longer to count: a probe refused every 50 requests at most is 2%
+//     refused. Once every probe for five minutes has been refused, the
 //     limit is stable and that bound doubles.
 //   - Rising limits: after two probes in a row have held, with nothing
 //     refused for as long as a hold may last, the limit has risen: slow
