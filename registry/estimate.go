@@ -144,6 +144,21 @@ func roundWindow(d time.Duration) time.Duration {
 	return time.Duration(math.Ceil(d.Hours())) * time.Hour
 }
 
+// resetSpan is the longest a window whose Reset read d can be. A Reset
+// comes in whole seconds, rounded up by many servers, and one given as a
+// Unix time is read against a clock (the server's Date, or this one's) a
+// little behind the server's: a window of 2 minutes reads 121 s just after
+// it resets, which rounded up would be 5 minutes, pacing its quota at
+// two fifths. Past 5 s, a second and 2% are taken off; at 5 s or less a
+// second is too much to tell a window of 1 s from one of 2 s, and the
+// longer is kept (a slower pace, not a refused one).
+func resetSpan(d time.Duration) time.Duration {
+	if d <= 5*time.Second {
+		return d
+	}
+	return d - time.Second - d/50
+}
+
 // windowGuess infers the window of an advertised limit that comes without
 // one, from what Remaining and Reset have shown since the limit was first
 // advertised.
@@ -201,7 +216,7 @@ func (g *windowGuess) window(h *hints.Hint, now time.Time, o *Options) (time.Dur
 		}
 	}
 	if g.maxReset > 0 {
-		w := min(roundWindow(g.maxReset), o.MaxWindow)
+		w := min(roundWindow(resetSpan(g.maxReset)), o.MaxWindow)
 		switch {
 		case g.maxLeft >= h.Limit:
 			return w, WindowBucket

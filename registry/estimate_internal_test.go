@@ -109,6 +109,10 @@ func TestWindowGuess(t *testing.T) {
 		// nothing of the window; one with at most 5 missing does.
 		{"Bucket", []*hints.Hint{hint(5, 19, time.Second), hint(5, 0, 4*time.Second)}, time.Second, WindowBucket},
 		{"NewLimitStartsOver", []*hints.Hint{hint(60, 59, 50*time.Second), hint(30, 29, 4*time.Second), hint(30, 28, 2*time.Second)}, 5 * time.Second, WindowReset},
+		// A Unix-time Reset of a 2-minute window, in whole seconds,
+		// read just after the window began: 121 s is that window.
+		{"UnixResetASecondLong", []*hints.Hint{hint(1000, 999, 121*time.Second), hint(1000, 998, 119*time.Second)}, 2 * time.Minute, WindowReset},
+		{"ASecondLong", []*hints.Hint{hint(10, 9, 11*time.Second), hint(10, 8, 9*time.Second)}, 10 * time.Second, WindowReset},
 		{"PastAnHour", []*hints.Hint{hint(5000, 4999, 90*time.Minute), hint(5000, 4998, 90*time.Minute-2*time.Second)}, time.Hour, WindowReset},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
