@@ -120,3 +120,5 @@ tool (
 	golang.org/x/perf/cmd/benchstat
 	honnef.co/go/tools/cmd/staticcheck
 )
+
+replace go.etcd.io/bbolt => ./third_party/bbolt
