@@ -3,9 +3,11 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/auditd/auditd/clock"
@@ -232,4 +234,48 @@ func scale(r Rate, f float64) Rate {
 		n = max(n, r.Limit+1)
 	}
 	return Rate{Limit: max(n, 1), Window: r.Window}
+}
+
+// Spent marks, fleet-wide, that key's window was seen spent at at: the
+// first plain refusal of an episode on any node. It returns the time since
+// the mark before it and the requests the fleet had answered between the
+// two (as every node last reported them, once a second), ok false when
+// there was no mark before.
+func (s *Store) Spent(ctx context.Context, key string, at time.Time) (span time.Duration, admitted int64, ok bool, err error) {
+	obs, err := s.outcomes(ctx, key)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	var n int64
+	for _, o := range obs {
+		n += o.OK
+	}
+	k := s.prefix + "learn/" + key + "/spent"
+	resp, err := s.client.Put(ctx, k, fmt.Sprintf("%d %d", at.UnixNano(), n), clientv3.WithPrevKV())
+	if err != nil || resp.PrevKv == nil {
+		return 0, 0, false, err
+	}
+	var from, was int64
+	if _, err := fmt.Sscanf(string(resp.PrevKv.Value), "%d %d", &from, &was); err != nil {
+		return 0, 0, false, fmt.Errorf("spent %s: %q: %w", key, resp.PrevKv.Value, err)
+	}
+	return at.Sub(time.Unix(0, from)), n - was, true, nil
+}
+
+// MinWindowAdmitted is the fewest requests the fleet must have had
+// admitted between two spent windows for their pace to be taken as the
+// quota (WindowRate).
+const MinWindowAdmitted = 10
+
+// WindowRate is the rule for a window seen spent twice: admitted requests
+// were answered between the two refusals that began the episodes, span
+// apart. A fixed window refuses at the same point of each window it is
+// spent in, so span is whole windows and admitted their quota: the rate is
+// admitted over span, and it is not cut for the refusal. It returns false
+// when too few were admitted to tell.
+func WindowRate(admitted int64, span time.Duration) (Rate, bool) {
+	if admitted < MinWindowAdmitted || span <= 0 || admitted > math.MaxInt32 {
+		return Rate{}, false
+	}
+	return Rate{Limit: int(admitted), Window: span.Round(time.Millisecond)}, true
 }

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fleet"
 	"github.com/auditd/auditd/internal/etcdtest"
 	"github.com/auditd/auditd/sim"
 )
@@ -35,8 +37,8 @@ func (w *statusWriter) WriteHeader(code int) {
 }
 
 func startWindowUpstream(t *testing.T, limit int, window time.Duration) *windowUpstream {
-	sc, err := sim.ParseScenario(fmt.Appendf(nil, "upstreams:\n  - name: u\n    limit: {shape: %s, requests: %d, window: %v}\n",
-		sim.ShapeFixedWindow, limit, window))
+	sc, err := sim.ParseScenario(fmt.Appendf(nil, "upstreams:\n  - name: u\n    limit: {shape: %s, requests: %d, window: %v}\n    reject: {retry_after: %s}\n",
+		sim.ShapeFixedWindow, limit, window, sim.RetryAfterNone))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,13 +89,18 @@ func (u *windowUpstream) windowCounts(k int) (ok, bad int) {
 // window's boundary. The nodes are not told it. A refusal episode that
 // ends at a boundary is a spent window (docs/FLEET.md, "Fixed windows"):
 // the fleet's limit becomes the quota over the window and is not cut for
-// it, so after the first windows the fleet uses at least 90% of every
-// window's quota, with at most 2% of its requests refused.
+// it, so after the first four windows the fleet uses at least 90% of
+// every window's quota, with at most 2% of its requests refused, and has
+// learned the quota over the window.
 func TestFleetUsesAFixedWindow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three auditd nodes for 40 s")
 	}
-	const token, limit, window, windows, warm = "fleet-admin-token-0123456789abcdef", 30, 5 * time.Second, 8, 3
+	const token, limit, window, windows = "fleet-admin-token-0123456789abcdef", 30, 5 * time.Second, 8
+	// The first mark cuts nothing, the second sets the limit, and the
+	// window after it is paced at the new limit only once the blocks held
+	// at the old one are spent: the first four windows are the learning.
+	const warm = 4
 	up := startWindowUpstream(t, limit, window)
 	cluster := etcdtest.Start(t, 1)
 	f := startFleetNodesWith(t, token, func(int) string {
@@ -105,8 +112,15 @@ func TestFleetUsesAFixedWindow(t *testing.T) {
 	stop := make(chan struct{})
 	wait := fleetLoad(t, f.nodes, f.runs, token, 8, stop)
 	time.Sleep(time.Until(up.start.Add(time.Duration(first+windows) * window)))
+	var view api.FleetSources
+	f.nodes[0].call(t, "GET", "/v1/fleet/sources", token, nil, &view)
 	close(stop)
 	counts := wait()
+	if len(view.Sources) != 1 {
+		t.Fatalf("the fleet's view has %d keys, want 1", len(view.Sources))
+	}
+	learned := fleet.Rate{Limit: view.Sources[0].Learned, Window: time.Duration(view.Sources[0].LearnedWindow)}
+	t.Logf("the fleet learned %d per %v (%.2f/s of %.2f/s)", learned.Limit, learned.Window, learned.PerSecond(), float64(limit)/window.Seconds())
 	var ok, bad int
 	for k := range windows {
 		o, b := up.windowCounts(first + k)
@@ -121,6 +135,9 @@ func TestFleetUsesAFixedWindow(t *testing.T) {
 	}
 	share := float64(bad) / float64(max(1, ok+bad))
 	t.Logf("after the first %d windows: %d admitted, %.1f%% refused; clients %v", warm, ok, 100*share, counts)
+	if q := float64(limit) / window.Seconds(); learned.PerSecond() < 0.9*q || learned.PerSecond() > 1.1*q {
+		t.Errorf("the fleet learned %.2f/s, want the quota over the window, %.2f/s, within 10%%", learned.PerSecond(), q)
+	}
 	if share > 0.02 {
 		t.Errorf("after the first %d windows %.1f%% of requests were refused (%d of %d), want at most 2%%", warm, 100*share, bad, ok+bad)
 	}
