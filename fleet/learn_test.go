@@ -189,3 +189,40 @@ func waitLeader(t *testing.T, ls ...*fleet.Learner) int {
 	t.Fatal("no learner elected in 15 s")
 	return -1
 }
+
+// TestSpentMarks: the fleet's marks of a spent window, by any node, count
+// the answers every node reported between them, and keep the shortest span
+// of 2 s or more as the window's length.
+func TestSpentMarks(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	a := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	b := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	ctx := context.Background()
+	at := time.Unix(1e9, 0)
+	report := func(s *fleet.Store, node string, ok int64) {
+		if err := s.Report(ctx, "geo", node, fleet.Outcomes{OK: ok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report(a, "a", 10)
+	if _, _, _, seen, err := a.Spent(ctx, "geo", at); err != nil || seen {
+		t.Fatalf("first mark: seen %v, %v; want none before", seen, err)
+	}
+	report(a, "a", 30)
+	report(b, "b", 10)
+	for _, c := range []struct {
+		s         *fleet.Store
+		after     time.Duration
+		span, win time.Duration
+		admitted  int64
+	}{
+		{b, 10 * time.Second, 10 * time.Second, 0, 30},              // 20 from a, 10 from b
+		{a, 15 * time.Second, 5 * time.Second, 10 * time.Second, 0}, // nothing answered since
+		{a, 20 * time.Second, 5 * time.Second, 10 * time.Second, 0}, // too few answered: the length kept
+	} {
+		span, n, win, seen, err := c.s.Spent(ctx, "geo", at.Add(c.after))
+		if err != nil || !seen || span != c.span || n != c.admitted || win != c.win {
+			t.Errorf("mark at %v: %v %d %v %v %v, want %v %d %v", c.after, span, n, win, seen, err, c.span, c.admitted, c.win)
+		}
+	}
+}

@@ -205,6 +205,8 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //   - the first mark cuts nothing: the next episode measures the window;
 //   - another node's mark moments before (fewer than fleet.MinWindowAdmitted
 //     answered since) is the same spent window, and cuts nothing more;
+//   - a mark more than one and a half windows (the shortest span between
+//     marks seen) before cuts nothing: the windows between went unspent;
 //   - a mark within maxWindowSpan before: the pace the fleet was answered at
 //     between the two, a fixed window's quota over its length
 //     (fleet.WindowRate), is the limit and the rate refused, so the learner
@@ -214,11 +216,15 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (to, refused fleet.Rate, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
 	defer cancel()
-	span, n, seen, err := l.store.Spent(ctx, l.key, time.Now())
+	span, n, window, seen, err := l.store.Spent(ctx, l.key, time.Now())
 	switch {
 	case err == nil && !seen:
 		return fleet.Rate{}, fleet.Rate{}, false
 	case err == nil && span <= maxWindowSpan && n < fleet.MinWindowAdmitted:
+		return fleet.Rate{}, fleet.Rate{}, false
+	case err == nil && window > 0 && 2*span > 3*window:
+		// Windows went by unspent between the marks: the pace was under
+		// the quota in them, and what they admitted tells not the quota.
 		return fleet.Rate{}, fleet.Rate{}, false
 	case err == nil && span <= maxWindowSpan:
 		if r, ok := fleet.WindowRate(n, span); ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
