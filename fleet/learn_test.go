@@ -37,6 +37,8 @@ func TestRaiseRule(t *testing.T) {
 		{"to nine tenths of the refused rate", at(refused(perSec(8), 6*time.Second), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(7.2), true},
 		{"held there until the probe hold ends", at(refused(perSec(8), 29*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(7.2), false},
 		{"then probed by 3%", at(refused(perSec(8), 30*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, fleet.Rate{Limit: 148, Window: 20 * time.Second}, true},
+		{"a window spent at its quota: held there", at(refused(perSec(6), 10*time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, perSec(6), false},
+		{"and probed only after the probe hold", at(refused(perSec(6), 30*time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, fleet.Rate{Limit: 123, Window: 20 * time.Second}, true},
 		{"a limit that rose: slow start again", at(refused(perSec(6), time.Minute), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(10.5), true},
 	} {
 		got, raise := fleet.Raise(c.cur, c.ceil, c.d, period, now)
@@ -65,6 +67,28 @@ func ps(r fleet.Rate) float64 {
 
 // TestCutLowersOnly has two nodes cut one key's limit: a cut never raises
 // it, whoever writes it.
+// TestWindowRate: the pace admitted between two spent windows is the
+// quota over the window, whole windows counted; too few admitted tell
+// nothing.
+func TestWindowRate(t *testing.T) {
+	for _, c := range []struct {
+		admitted int64
+		span     time.Duration
+		want     fleet.Rate
+		ok       bool
+	}{
+		{30, 5 * time.Second, fleet.Rate{Limit: 30, Window: 5 * time.Second}, true},
+		{60, 10*time.Second + 400*time.Microsecond, fleet.Rate{Limit: 60, Window: 10 * time.Second}, true},
+		{fleet.MinWindowAdmitted - 1, 5 * time.Second, fleet.Rate{}, false},
+		{30, 0, fleet.Rate{}, false},
+	} {
+		got, ok := fleet.WindowRate(c.admitted, c.span)
+		if got != c.want || ok != c.ok {
+			t.Errorf("WindowRate(%d, %v) = %v %v, want %v %v", c.admitted, c.span, got, ok, c.want, c.ok)
+		}
+	}
+}
+
 func TestCutLowersOnly(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
@@ -164,4 +188,41 @@ func waitLeader(t *testing.T, ls ...*fleet.Learner) int {
 	}
 	t.Fatal("no learner elected in 15 s")
 	return -1
+}
+
+// TestSpentMarks: the fleet's marks of a spent window, by any node, count
+// the answers every node reported between them, and keep the shortest span
+// of 2 s or more as the window's length.
+func TestSpentMarks(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	a := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	b := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	ctx := context.Background()
+	at := time.Unix(1e9, 0)
+	report := func(s *fleet.Store, node string, ok int64) {
+		if err := s.Report(ctx, "geo", node, fleet.Outcomes{OK: ok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report(a, "a", 10)
+	if _, _, _, seen, err := a.Spent(ctx, "geo", at); err != nil || seen {
+		t.Fatalf("first mark: seen %v, %v; want none before", seen, err)
+	}
+	report(a, "a", 30)
+	report(b, "b", 10)
+	for _, c := range []struct {
+		s         *fleet.Store
+		after     time.Duration
+		span, win time.Duration
+		admitted  int64
+	}{
+		{b, 10 * time.Second, 10 * time.Second, 0, 30},              // 20 from a, 10 from b
+		{a, 15 * time.Second, 5 * time.Second, 10 * time.Second, 0}, // nothing answered since
+		{a, 20 * time.Second, 5 * time.Second, 10 * time.Second, 0}, // too few answered: the length kept
+	} {
+		span, n, win, seen, err := c.s.Spent(ctx, "geo", at.Add(c.after))
+		if err != nil || !seen || span != c.span || n != c.admitted || win != c.win {
+			t.Errorf("mark at %v: %v %d %v %v %v, want %v %d %v", c.after, span, n, win, seen, err, c.span, c.admitted, c.win)
+		}
+	}
 }

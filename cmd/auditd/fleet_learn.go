@@ -166,8 +166,9 @@ func (l *fleetLearning) report(ctx context.Context) {
 
 // observed counts a response to one of the key's requests admitted at
 // admitted, holds the fleet's limit to a quota the server advertises (h),
-// and cuts it for a refusal that no hint explains, once an episode: not
-// for a refusal with no success here since the last cut, nor for a request
+// and cuts it for a refusal that no hint explains, once an episode, by
+// windowSpent's rule: not for a refusal with no success here since the
+// episode began or the last cut, and by a quarter not for a request
 // admitted before the limit in force had settled (fleet.Settle after this
 // node applied it), which was sent at the pace the last cut already
 // answered. A refusal whose server said when to come back (a Retry-After,
@@ -178,7 +179,7 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	l.mu.Unlock()
 	if told := (fleet.Rate{Limit: h.Limit, Window: h.Window}); h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0 &&
 		cur.Revision != 0 && cur.Rate.PerSecond() > told.PerSecond() {
-		l.cut(told, told) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
+		l.cut(func() (fleet.Rate, fleet.Rate, bool) { return told, told, true }) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
 	}
 	switch c {
 	case limiter.ClassSuccess, limiter.ClassClient:
@@ -191,20 +192,65 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 		return
 	}
 	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
-	if h.HasRetryAfter || spent || cur.Revision == 0 || !settled || l.episode.Load() {
+	if h.HasRetryAfter || spent || cur.Revision == 0 || !l.episode.CompareAndSwap(false, true) {
 		return
 	}
-	l.cut(fleet.CutTo(cur.Rate), cur.Rate)
+	l.cut(func() (fleet.Rate, fleet.Rate, bool) { return l.windowSpent(cur.Rate, settled) })
 }
 
-// cut lowers the fleet's limit to to, remembering refused, in the
-// background; one cut at a time.
-func (l *fleetLearning) cut(to, refused fleet.Rate) {
+// windowSpent is the rule at the first plain refusal of an episode here.
+// It marks the window spent, fleet-wide (fleet.Store.Spent), and returns
+// the rate to cut the fleet's limit to, and the rate refused, or ok false
+// for no cut:
+//   - the first mark cuts nothing: the next episode measures the window;
+//   - another node's mark moments before (fewer than fleet.MinWindowAdmitted
+//     answered since) is the same spent window, and cuts nothing more;
+//   - a mark more than one and a half windows (the shortest span between
+//     marks seen) before cuts nothing: the windows between went unspent;
+//   - a mark within maxWindowSpan before: the pace the fleet was answered at
+//     between the two, a fixed window's quota over its length
+//     (fleet.WindowRate), is the limit and the rate refused, so the learner
+//     holds it (fleet.Raise); never lower than a quarter's cut;
+//   - otherwise, or when etcd fails, the quarter's cut (fleet.CutTo) of a
+//     request sent at a settled pace.
+func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (to, refused fleet.Rate, ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
+	defer cancel()
+	span, n, window, seen, err := l.store.Spent(ctx, l.key, time.Now())
+	switch {
+	case err == nil && !seen:
+		return fleet.Rate{}, fleet.Rate{}, false
+	case err == nil && span <= maxWindowSpan && n < fleet.MinWindowAdmitted:
+		return fleet.Rate{}, fleet.Rate{}, false
+	case err == nil && window > 0 && 2*span > 3*window:
+		// Windows went by unspent between the marks: the pace was under
+		// the quota in them, and what they admitted tells not the quota.
+		return fleet.Rate{}, fleet.Rate{}, false
+	case err == nil && span <= maxWindowSpan:
+		if r, ok := fleet.WindowRate(n, span); ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
+			return r, r, true
+		}
+	}
+	return fleet.CutTo(cur), cur, settled
+}
+
+// maxWindowSpan is the longest time between two episodes whose pace
+// windowSpent takes as a window's quota.
+const maxWindowSpan = time.Minute
+
+// cut lowers the fleet's limit to the rate rule returns, remembering the
+// refused rate it returns, in the background (rule may read etcd); one cut
+// at a time, and none when rule says no.
+func (l *fleetLearning) cut(rule func() (to, refused fleet.Rate, ok bool)) {
 	if !l.cutting.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
 		defer l.cutting.Store(false)
+		to, refused, ok := rule()
+		if !ok {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
 		defer cancel()
 		_, _, _ = l.store.Cut(ctx, l.key, to, refused, l.node) // a failure: the next response tries again

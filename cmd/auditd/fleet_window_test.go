@@ -1,0 +1,144 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/auditd/auditd/api"
+	"github.com/auditd/auditd/clock"
+	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/internal/etcdtest"
+	"github.com/auditd/auditd/sim"
+)
+
+// windowUpstream is a simulator's fixed window (sim.ShapeFixedWindow) with
+// a plain 429 and no headers, logging each answer by when it arrived.
+type windowUpstream struct {
+	*httptest.Server
+	start   time.Time // the first window's start: the simulator's time zero
+	window  time.Duration
+	mu      sync.Mutex
+	ok, bad []time.Time
+}
+
+// statusWriter keeps the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func startWindowUpstream(t *testing.T, limit int, window time.Duration) *windowUpstream {
+	sc, err := sim.ParseScenario(fmt.Appendf(nil, "upstreams:\n  - name: u\n    limit: {shape: %s, requests: %d, window: %v}\n    reject: {retry_after: %s}\n",
+		sim.ShapeFixedWindow, limit, window, sim.RetryAfterNone))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &windowUpstream{window: window, start: time.Now()}
+	s, err := sim.New(sc, clock.Real{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.Handler("u")
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(sw, r)
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if sw.status == http.StatusTooManyRequests {
+			u.bad = append(u.bad, at)
+		} else {
+			u.ok = append(u.ok, at)
+		}
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// windowCounts returns the admitted and refused answers of the upstream's
+// window k.
+func (u *windowUpstream) windowCounts(k int) (ok, bad int) {
+	from := u.start.Add(time.Duration(k) * u.window)
+	to := from.Add(u.window)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	in := func(ts []time.Time) int {
+		n := 0
+		for _, at := range ts {
+			if !at.Before(from) && at.Before(to) {
+				n++
+			}
+		}
+		return n
+	}
+	return in(u.ok), in(u.bad)
+}
+
+// TestFleetUsesAFixedWindow: three nodes in front of an upstream that
+// admits 30 requests in each fixed window of 5 s and refuses the rest with
+// a plain 429 (no Retry-After, no headers), whatever the pace, until the
+// window's boundary. The nodes are not told it. A refusal episode that
+// ends at a boundary is a spent window (docs/FLEET.md, "Fixed windows"):
+// the fleet's limit becomes the quota over the window and is not cut for
+// it, so after the first four windows the fleet uses at least 90% of
+// every window's quota, with at most 2% of its requests refused, and has
+// learned the quota over the window.
+func TestFleetUsesAFixedWindow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three auditd nodes for 40 s")
+	}
+	const token, limit, window, windows = "fleet-admin-token-0123456789abcdef", 30, 5 * time.Second, 8
+	// The first mark cuts nothing, the second sets the limit, and the
+	// window after it is paced at the new limit only once the blocks held
+	// at the old one are spent: the first four windows are the learning.
+	const warm = 4
+	up := startWindowUpstream(t, limit, window)
+	cluster := etcdtest.Start(t, 1)
+	f := startFleetNodesWith(t, token, func(int) string {
+		return fmt.Sprintf("sources:\n  - id: up\n    base_url: %s\n    concurrency: 4\n", up.URL)
+	}, func(int) []string { return []string{"--fleet-etcd", cluster.Endpoints()[0]} })
+	// Load from a window's start, so that every window counted is whole.
+	first := int(time.Since(up.start)/window) + 1
+	time.Sleep(time.Until(up.start.Add(time.Duration(first) * window)))
+	stop := make(chan struct{})
+	wait := fleetLoad(t, f.nodes, f.runs, token, 8, stop)
+	time.Sleep(time.Until(up.start.Add(time.Duration(first+windows) * window)))
+	var view api.FleetSources
+	f.nodes[0].call(t, "GET", "/v1/fleet/sources", token, nil, &view)
+	close(stop)
+	counts := wait()
+	if len(view.Sources) != 1 {
+		t.Fatalf("the fleet's view has %d keys, want 1", len(view.Sources))
+	}
+	learned := fleet.Rate{Limit: view.Sources[0].Learned, Window: time.Duration(view.Sources[0].LearnedWindow)}
+	t.Logf("the fleet learned %d per %v (%.2f/s of %.2f/s)", learned.Limit, learned.Window, learned.PerSecond(), float64(limit)/window.Seconds())
+	var ok, bad int
+	for k := range windows {
+		o, b := up.windowCounts(first + k)
+		t.Logf("window %d: %d admitted of %d, %d refused", k, o, limit, b)
+		if k < warm {
+			continue
+		}
+		ok, bad = ok+o, bad+b
+		if o < limit*9/10 {
+			t.Errorf("window %d admitted %d of a quota of %d, want at least 90%%", k, o, limit)
+		}
+	}
+	share := float64(bad) / float64(max(1, ok+bad))
+	t.Logf("after the first %d windows: %d admitted, %.1f%% refused; clients %v", warm, ok, 100*share, counts)
+	if q := float64(limit) / window.Seconds(); learned.PerSecond() < 0.9*q || learned.PerSecond() > 1.1*q {
+		t.Errorf("the fleet learned %.2f/s, want the quota over the window, %.2f/s, within 10%%", learned.PerSecond(), q)
+	}
+	if share > 0.02 {
+		t.Errorf("after the first %d windows %.1f%% of requests were refused (%d of %d), want at most 2%%", warm, 100*share, bad, ok+bad)
+	}
+}
