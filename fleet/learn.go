@@ -240,3 +240,45 @@ func (s *Slots) SetRate(r Rate) Rate {
 	s.max = max(1, int(s.cfg.Block.Nanoseconds()/iv))
 	return r
 }
+
+// Spent marks, fleet-wide, that key's window was seen spent at at: the
+// first plain refusal of an episode on any node. It returns the time since
+// the mark before it, the requests the fleet had answered between the two
+// (as every node last reported them, once a second), and the shortest such
+// span seen before (0 when none); ok false when there was no mark before.
+// The shortest span of minWindow or more is kept as the window's length.
+func (s *Store) Spent(ctx context.Context, key string, at time.Time) (span time.Duration, admitted int64, window time.Duration, ok bool, err error) {
+	obs, err := s.outcomes(ctx, key)
+	if err != nil {
+		return 0, 0, 0, false, err
+	}
+	var n int64
+	for _, o := range obs {
+		n += o.OK
+	}
+	k := s.prefix + "learn/" + key + "/spent"
+	resp, err := s.client.Get(ctx, k)
+	if err != nil {
+		return 0, 0, 0, false, err
+	}
+	var from, was, win int64
+	if len(resp.Kvs) > 0 {
+		if _, err := fmt.Sscanf(string(resp.Kvs[0].Value), "%d %d %d", &from, &was, &win); err != nil {
+			return 0, 0, 0, false, fmt.Errorf("spent %s: %q: %w", key, resp.Kvs[0].Value, err)
+		}
+		span = at.Sub(time.Unix(0, from))
+	}
+	next := win
+	if len(resp.Kvs) > 0 && n-was >= MinWindowAdmitted && span >= minWindow && (win == 0 || span.Nanoseconds() < win) {
+		next = span.Nanoseconds()
+	}
+	if _, err := s.client.Put(ctx, k, fmt.Sprintf("%d %d %d", at.UnixNano(), n, next)); err != nil {
+		return 0, 0, 0, false, err
+	}
+	return span, n - was, time.Duration(win), len(resp.Kvs) > 0, nil
+}
+
+// minWindow is the shortest span between marks taken as a window's length
+// (Spent): two nodes marking one spent window, a second or less apart, may
+// read more than MinWindowAdmitted between them from reports a second late.
+const minWindow = 2 * time.Second

@@ -18,8 +18,25 @@ import (
 // the rest with a plain 429 (no Retry-After), logging each arrival.
 type slidingUpstream struct {
 	*httptest.Server
+	answers
+}
+
+// answers logs an upstream's admitted and refused answers by when each
+// request arrived.
+type answers struct {
 	mu      sync.Mutex
 	ok, bad []time.Time
+}
+
+// add logs one answer.
+func (a *answers) add(at time.Time, admitted bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if admitted {
+		a.ok = append(a.ok, at)
+	} else {
+		a.bad = append(a.bad, at)
+	}
 }
 
 func startSlidingUpstream(t *testing.T, limit int, window time.Duration) *slidingUpstream {
@@ -59,7 +76,7 @@ func startSlidingUpstreamWith(t *testing.T, limit int, window time.Duration, hea
 }
 
 // counts returns the admitted and refused arrivals in [from, to).
-func (u *slidingUpstream) counts(from, to time.Time) (ok, bad int) {
+func (u *answers) counts(from, to time.Time) (ok, bad int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	in := func(ts []time.Time) int {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,10 +18,9 @@ import (
 // a plain 429 and no headers, logging each answer by when it arrived.
 type windowUpstream struct {
 	*httptest.Server
-	start   time.Time // the first window's start: the simulator's time zero
-	window  time.Duration
-	mu      sync.Mutex
-	ok, bad []time.Time
+	start  time.Time // the first window's start: the simulator's time zero
+	window time.Duration
+	answers
 }
 
 // statusWriter keeps the status a handler wrote.
@@ -52,13 +50,7 @@ func startWindowUpstream(t *testing.T, limit int, window time.Duration) *windowU
 		at := time.Now()
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(sw, r)
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		if sw.status == http.StatusTooManyRequests {
-			u.bad = append(u.bad, at)
-		} else {
-			u.ok = append(u.ok, at)
-		}
+		u.add(at, sw.status != http.StatusTooManyRequests)
 	}))
 	t.Cleanup(u.Close)
 	return u
@@ -68,19 +60,7 @@ func startWindowUpstream(t *testing.T, limit int, window time.Duration) *windowU
 // window k.
 func (u *windowUpstream) windowCounts(k int) (ok, bad int) {
 	from := u.start.Add(time.Duration(k) * u.window)
-	to := from.Add(u.window)
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	in := func(ts []time.Time) int {
-		n := 0
-		for _, at := range ts {
-			if !at.Before(from) && at.Before(to) {
-				n++
-			}
-		}
-		return n
-	}
-	return in(u.ok), in(u.bad)
+	return u.counts(from, from.Add(u.window))
 }
 
 // TestFleetUsesAFixedWindow: three nodes in front of an upstream that
