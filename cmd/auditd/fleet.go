@@ -205,7 +205,7 @@ func (n *fleetNode) sync() {
 			continue
 		}
 		w.Slots = slots
-		w.learning = startLearning(n.store, slots, key, n.node, n.startRate(w), w.rate, n.notify)
+		w.learning = startLearning(n.store, slots, clock.Real{}, key, n.node, n.startRate(w), w.rate, n.notify)
 		slots.Open()
 		n.shares[key] = w
 		n.lim.Share(key, w)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -15,13 +16,18 @@ import (
 )
 
 // TestFleetCutsOnceAnEpisode drives one node's learning of a key against a
-// real etcd: a refusal no hint explains cuts the fleet's limit to three
-// quarters; further refusals with no success between them, refusals of
-// requests admitted before the cut settled, and refusals the server
-// explained (a Retry-After) cut nothing; after a success, the next
-// settled refusal cuts again; a limit set by hand on the node becomes the
-// fleet's, and a quota the server advertises below it holds the fleet to
-// it.
+// real etcd, on a fake clock for the spans between spent windows
+// (docs/FLEET.md, "Fixed windows"). A refusal no hint explains begins an
+// episode and marks the window spent; further refusals with no success
+// between them, and refusals the server explained (a Retry-After, a spent
+// quota), are no episode. The first mark cuts nothing; a mark with fewer
+// than fleet.MinWindowAdmitted answered since the last is the same spent
+// window; a mark after enough were answered sets the limit to that pace,
+// the window's quota, unless it is below a quarter's cut, which then
+// applies to a request sent at a settled pace only; a mark more than one
+// and a half windows after the last cuts nothing. A limit set by hand on
+// the node becomes the fleet's, and a quota the server advertises below it
+// holds the fleet to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	cluster := etcdtest.Start(t, 1)
 	store := fleet.NewStore(etcdtest.NewClient(t, cluster.Endpoints()...), clock.Real{}, "")
@@ -34,9 +40,10 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clk := clock.NewFake(time.Now())
 	var mu sync.Mutex
 	var learned []float64 // per second, as the node applied them
-	l := startLearning(store, slots, "geo", "n1", start, fleet.Rate{Limit: 20, Window: time.Second}, func(e fleet.Event) {
+	l := startLearning(store, slots, clk, "geo", "n1", start, fleet.Rate{Limit: 20, Window: time.Second}, func(e fleet.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		if e.Kind == fleet.EventLearned {
@@ -74,29 +81,75 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 		}
 		return lim
 	}
-	at := applied(10)
-	settled := func() time.Time { return at.Add(fleet.Settle + time.Millisecond) }
+	// answered reports that the fleet had n more requests answered: this
+	// node's own (its counts as they stand) and another node's, the rest.
+	var total int64
+	answered := func(n int64) {
+		t.Helper()
+		total += n
+		own := fleet.Outcomes{OK: l.ok.Load(), Refused: l.refused.Load()}
+		if err := store.Report(ctx, "geo", "n1", own); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Report(ctx, "geo", "n2", fleet.Outcomes{OK: total - own.OK}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refuse := func(admitted time.Time, h hints.Hint) { l.observed(admitted, limiter.ClassThrottled, h) }
+	succeed := func() { l.observed(clk.Now(), limiter.ClassSuccess, hints.Hint{}) }
+	holds := func(want float64, why string) {
+		t.Helper()
+		if got := stored(); ratePerSecond(got.Rate) != want {
+			t.Fatalf("%s: the fleet's limit is %+v, want %g/s", why, got, want)
+		}
+	}
 
-	l.observed(settled(), limiter.ClassThrottled, hints.Hint{})
-	if got := stored(); ratePerSecond(got.Rate) != 7.5 || got.Refused != start || got.By != "n1" {
-		t.Fatalf("after a refusal the fleet's limit is %+v, want 7.5/s, refused at 10/s", got)
+	applied(10)
+	clk.Advance(fleet.Settle + time.Millisecond)
+	refuse(clk.Now(), hints.Hint{})
+	holds(10, "the first spent window")
+	refuse(clk.Now(), hints.Hint{})
+	holds(10, "a second refusal of one episode")
+
+	succeed()
+	refuse(clk.Now(), hints.Hint{RetryAfter: time.Second, HasRetryAfter: true})
+	refuse(clk.Now(), hints.Hint{Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true})
+	holds(10, "refusals the server explained")
+	answered(5)
+	clk.Advance(time.Second)
+	refuse(clk.Now(), hints.Hint{})
+	holds(10, "a window spent again with 5 answered since")
+
+	succeed()
+	answered(48)
+	clk.Advance(6 * time.Second)
+	refuse(clk.Now(), hints.Hint{})
+	if got := stored(); ratePerSecond(got.Rate) != 8 || got.Refused != (fleet.Rate{Limit: 48, Window: 6 * time.Second}) || got.By != "n1" {
+		t.Fatalf("after 48 answered between spent windows 6 s apart the fleet holds %+v, want 48 per 6 s, refused at it, by n1", got)
 	}
-	at = applied(7.5)
-	l.observed(settled(), limiter.ClassThrottled, hints.Hint{}) // no success since the cut
-	if got := stored(); ratePerSecond(got.Rate) != 7.5 {
-		t.Fatalf("a second refusal of one episode cut to %+v", got.Rate)
+	at := applied(8)
+
+	succeed()
+	answered(20)
+	clk.Advance(10 * time.Second)
+	refuse(clk.Now(), hints.Hint{})
+	holds(8, "spent windows 10 s apart, windows of 6 s between them unspent")
+
+	succeed()
+	answered(30)
+	clk.Advance(6 * time.Second)
+	refuse(at.Add(time.Second), hints.Hint{}) // 5/s, sent before the 8/s settled
+	holds(8, "a pace below a quarter's cut, sent before the limit settled")
+
+	succeed()
+	answered(30)
+	clk.Advance(6 * time.Second)
+	refuse(clk.Now(), hints.Hint{})
+	if got := stored(); ratePerSecond(got.Rate) != 6 || got.Refused != (fleet.Rate{Limit: 48, Window: 6 * time.Second}) {
+		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 6/s, refused at 8/s", got)
 	}
-	l.observed(at, limiter.ClassSuccess, hints.Hint{})
-	l.observed(at.Add(time.Second), limiter.ClassThrottled, hints.Hint{})                                   // admitted before the cut settled
-	l.observed(settled(), limiter.ClassThrottled, hints.Hint{RetryAfter: time.Second, HasRetryAfter: true}) // the server said when: a pause
-	if got := stored(); ratePerSecond(got.Rate) != 7.5 {
-		t.Fatalf("an unsettled or explained refusal cut to %+v", got.Rate)
-	}
-	l.observed(settled(), limiter.ClassThrottled, hints.Hint{})
-	if got := stored(); ratePerSecond(got.Rate) != 5.6 {
-		t.Fatalf("a settled refusal after a success left %+v, want 5.6/s", got.Rate)
-	}
-	applied(5.6)
+	applied(6)
+
 	// An operator's limit, set on this node, is the fleet's: written
 	// whatever it was, the refusal forgotten.
 	l.setByHand(fleet.Rate{Limit: 9, Window: time.Second})
@@ -109,22 +162,20 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	quota := func(n int) hints.Hint {
 		return hints.Hint{Limit: n, HasLimit: true, Window: time.Minute, HasWindow: true}
 	}
-	l.observed(settled(), limiter.ClassSuccess, quota(1200)) // 20/s
-	if got := stored(); ratePerSecond(got.Rate) != 9 {
-		t.Fatalf("a quota above the limit moved it to %+v", got.Rate)
-	}
-	l.observed(settled(), limiter.ClassSuccess, quota(300)) // 5/s
+	l.observed(clk.Now(), limiter.ClassSuccess, quota(1200)) // 20/s
+	holds(9, "a quota above the limit")
+	l.observed(clk.Now(), limiter.ClassSuccess, quota(300)) // 5/s
 	if got := stored(); ratePerSecond(got.Rate) != 5 || got.Refused != (fleet.Rate{Limit: 300, Window: time.Minute}) {
 		t.Fatalf("an advertised 5/s left the fleet at %+v", got)
 	}
 	applied(5)
-	if ok, refused := l.ok.Load(), l.refused.Load(); ok != 3 || refused != 5 {
-		t.Errorf("counted %d answers and %d refusals, want 3 and 5", ok, refused)
+	if ok, refused := l.ok.Load(), l.refused.Load(); ok != 7 || refused != 9 {
+		t.Errorf("counted %d answers and %d refusals, want 7 and 9", ok, refused)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(learned) != 5 || learned[0] != 10 || learned[1] != 7.5 || learned[2] != 5.6 || learned[3] != 9 || learned[4] != 5 {
-		t.Errorf("fleet.learned events at %v a second, want 10, 7.5, 5.6, 9, 5", learned)
+	if want := []float64{10, 8, 6, 9, 5}; !slices.Equal(learned, want) {
+		t.Errorf("fleet.learned events at %v a second, want %v", learned, want)
 	}
 }
 

@@ -27,6 +27,10 @@ type fleetLearning struct {
 	slots     *fleet.Slots
 	learner   *fleet.Learner
 	notify    func(fleet.Event)
+	// clock stamps what this node applies and the windows it marks spent
+	// (a fake in tests); the campaign, the watch and the reports run on
+	// real time.
+	clock clock.Clock
 
 	ok, refused atomic.Int64 // this node's outcomes of the key, cumulative
 	cutting     atomic.Bool  // a cut is on its way to etcd
@@ -50,11 +54,11 @@ type fleetLearning struct {
 // outcomes. Until the fleet's limit is read, the node reserves at start:
 // the ceiling when the operator told it, else where the node's registry
 // would start alone.
-func startLearning(store *fleet.Store, slots *fleet.Slots, key, node string, start, ceiling fleet.Rate, notify func(fleet.Event)) *fleetLearning {
+func startLearning(store *fleet.Store, slots *fleet.Slots, clk clock.Clock, key, node string, start, ceiling fleet.Rate, notify func(fleet.Event)) *fleetLearning {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &fleetLearning{key: key, node: node, store: store, slots: slots, notify: notify, cancel: cancel,
+	l := &fleetLearning{key: key, node: node, store: store, slots: slots, notify: notify, clock: clk, cancel: cancel,
 		learner: fleet.NewLearner(store, clock.Real{}, fleet.LearnerConfig{Key: key, Node: node, Ceiling: ceiling, Start: start})}
-	l.rate, l.applied = slots.SetRate(start), time.Now()
+	l.rate, l.applied = slots.SetRate(start), clk.Now()
 	l.done.Add(3)
 	go func() { defer l.done.Done(); _ = l.learner.Run(ctx) }()
 	go func() { defer l.done.Done(); l.follow(ctx) }()
@@ -128,12 +132,12 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 		return
 	}
 	cut := l.limit.Revision != 0 && l.limit.Rate.PerSecond() > lim.Rate.PerSecond()
-	l.limit, l.applied = lim, time.Now()
+	l.limit, l.applied = lim, l.clock.Now()
 	l.mu.Unlock()
 	if cut {
 		l.episode.Store(true)
 	}
-	l.notify(fleet.Event{Kind: fleet.EventLearned, Key: l.key, At: time.Now(), Limit: lim})
+	l.notify(fleet.Event{Kind: fleet.EventLearned, Key: l.key, At: l.clock.Now(), Limit: lim})
 	r := l.slots.SetRate(lim.Rate)
 	l.mu.Lock()
 	l.rate = r
@@ -216,7 +220,7 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (to, refused fleet.Rate, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
 	defer cancel()
-	span, n, window, seen, err := l.store.Spent(ctx, l.key, time.Now())
+	span, n, window, seen, err := l.store.Spent(ctx, l.key, l.clock.Now())
 	switch {
 	case err == nil && !seen:
 		return fleet.Rate{}, fleet.Rate{}, false

@@ -76,9 +76,9 @@ func startSlidingUpstreamWith(t *testing.T, limit int, window time.Duration, hea
 }
 
 // counts returns the admitted and refused arrivals in [from, to).
-func (u *answers) counts(from, to time.Time) (ok, bad int) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+func (a *answers) counts(from, to time.Time) (ok, bad int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	in := func(ts []time.Time) int {
 		n := 0
 		for _, at := range ts {
@@ -88,7 +88,7 @@ func (u *answers) counts(from, to time.Time) (ok, bad int) {
 		}
 		return n
 	}
-	return in(u.ok), in(u.bad)
+	return in(a.ok), in(a.bad)
 }
 
 // TestFleetLearnsAnUntoldLimit: three nodes in front of an upstream whose
