@@ -96,6 +96,21 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 		}
 	}
 	refuse := func(admitted time.Time, h hints.Hint) { l.observed(admitted, limiter.ClassThrottled, h) }
+	// spent is a plain refusal span after the last, of a request admitted
+	// at admitted (now, when zero), which begins an episode: its mark is
+	// read spentRead later.
+	var last time.Time
+	spent := func(span time.Duration, admitted time.Time) {
+		t.Helper()
+		clk.Set(last.Add(span))
+		last = clk.Now()
+		if admitted.IsZero() {
+			admitted = last
+		}
+		refuse(admitted, hints.Hint{})
+		clk.WaitForTimers(1)
+		clk.Advance(spentRead)
+	}
 	succeed := func() { l.observed(clk.Now(), limiter.ClassSuccess, hints.Hint{}) }
 	holds := func(want float64, why string) {
 		t.Helper()
@@ -104,9 +119,8 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 		}
 	}
 
-	applied(10)
-	clk.Advance(fleet.Settle + time.Millisecond)
-	refuse(clk.Now(), hints.Hint{})
+	last = applied(10).Add(fleet.Settle + time.Millisecond)
+	spent(0, time.Time{})
 	holds(10, "the first spent window")
 	refuse(clk.Now(), hints.Hint{})
 	holds(10, "a second refusal of one episode")
@@ -116,14 +130,12 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	refuse(clk.Now(), hints.Hint{Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true})
 	holds(10, "refusals the server explained")
 	answered(5)
-	clk.Advance(time.Second)
-	refuse(clk.Now(), hints.Hint{})
+	spent(2*time.Second, time.Time{})
 	holds(10, "a window spent again with 5 answered since")
 
 	succeed()
 	answered(48)
-	clk.Advance(6 * time.Second)
-	refuse(clk.Now(), hints.Hint{})
+	spent(6*time.Second, time.Time{})
 	if got := stored(); ratePerSecond(got.Rate) != 8 || got.Refused != (fleet.Rate{Limit: 48, Window: 6 * time.Second}) || got.By != "n1" {
 		t.Fatalf("after 48 answered between spent windows 6 s apart the fleet holds %+v, want 48 per 6 s, refused at it, by n1", got)
 	}
@@ -131,20 +143,17 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 
 	succeed()
 	answered(20)
-	clk.Advance(10 * time.Second)
-	refuse(clk.Now(), hints.Hint{})
+	spent(10*time.Second, time.Time{})
 	holds(8, "spent windows 10 s apart, windows of 6 s between them unspent")
 
 	succeed()
 	answered(30)
-	clk.Advance(6 * time.Second)
-	refuse(at.Add(time.Second), hints.Hint{}) // 5/s, sent before the 8/s settled
+	spent(6*time.Second, at.Add(time.Second)) // 5/s, sent before the 8/s settled
 	holds(8, "a pace below a quarter's cut, sent before the limit settled")
 
 	succeed()
 	answered(30)
-	clk.Advance(6 * time.Second)
-	refuse(clk.Now(), hints.Hint{})
+	spent(6*time.Second, time.Time{})
 	if got := stored(); ratePerSecond(got.Rate) != 6 || got.Refused != (fleet.Rate{Limit: 48, Window: 6 * time.Second}) {
 		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 6/s, refused at 8/s", got)
 	}
