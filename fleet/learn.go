@@ -247,6 +247,8 @@ func (s *Slots) SetRate(r Rate) Rate {
 // (as every node last reported them, once a second), and the shortest such
 // span seen before (0 when none); ok false when there was no mark before.
 // The shortest span of minWindow or more is kept as the window's length.
+// The mark replaces the one it was measured from by compare-and-swap: of
+// two nodes marking at once, the second is measured from the first's.
 func (s *Store) Spent(ctx context.Context, key string, at time.Time) (span time.Duration, admitted int64, window time.Duration, ok bool, err error) {
 	obs, err := s.outcomes(ctx, key)
 	if err != nil {
@@ -258,24 +260,63 @@ func (s *Store) Spent(ctx context.Context, key string, at time.Time) (span time.
 	}
 	k := s.prefix + "learn/" + key + "/spent"
 	resp, err := s.client.Get(ctx, k)
-	if err != nil {
-		return 0, 0, 0, false, err
-	}
-	var from, was, win int64
-	if len(resp.Kvs) > 0 {
-		if _, err := fmt.Sscanf(string(resp.Kvs[0].Value), "%d %d %d", &from, &was, &win); err != nil {
-			return 0, 0, 0, false, fmt.Errorf("spent %s: %q: %w", key, resp.Kvs[0].Value, err)
+	for err == nil {
+		var last spentMark
+		var rev int64
+		if len(resp.Kvs) > 0 {
+			if last, err = parseSpent(string(resp.Kvs[0].Value)); err != nil {
+				return 0, 0, 0, false, fmt.Errorf("spent %s: %w", key, err)
+			}
+			span, rev = at.Sub(time.Unix(0, last.At)), resp.Kvs[0].ModRevision
 		}
-		span = at.Sub(time.Unix(0, from))
+		next := spentMark{At: at.UnixNano(), Answered: n, Window: last.Window}
+		if rev != 0 && n-last.Answered >= MinWindowAdmitted && span >= minWindow && (last.Window == 0 || span.Nanoseconds() < last.Window) {
+			next.Window = span.Nanoseconds()
+		}
+		var txn *clientv3.TxnResponse
+		txn, err = s.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+			Then(clientv3.OpPut(k, next.String())).
+			Else(clientv3.OpGet(k)).
+			Commit()
+		if err == nil && txn.Succeeded {
+			return span, n - last.Answered, time.Duration(last.Window), rev != 0, nil
+		}
+		if err == nil {
+			resp = (*clientv3.GetResponse)(txn.Responses[0].GetResponseRange())
+		}
 	}
-	next := win
-	if len(resp.Kvs) > 0 && n-was >= MinWindowAdmitted && span >= minWindow && (win == 0 || span.Nanoseconds() < win) {
-		next = span.Nanoseconds()
+	return 0, 0, 0, false, fmt.Errorf("spent %s: %w", key, err)
+}
+
+// spentMark is the value of learn/<key>/spent: when a window was last seen
+// spent, the fleet's answered count then, and the window's length (the
+// shortest span between marks kept, 0 when none), in nanoseconds.
+type spentMark struct {
+	At, Answered, Window int64
+}
+
+func (m spentMark) String() string { return fmt.Sprintf("%d %d %d", m.At, m.Answered, m.Window) }
+
+// parseSpent reads a spentMark as String writes it, written by another
+// node: three integers, the count and the window not negative.
+func parseSpent(v string) (spentMark, error) {
+	f := strings.Fields(v)
+	if len(f) != 3 {
+		return spentMark{}, fmt.Errorf("spent mark %q: want 3 fields", v)
 	}
-	if _, err := s.client.Put(ctx, k, fmt.Sprintf("%d %d %d", at.UnixNano(), n, next)); err != nil {
-		return 0, 0, 0, false, err
+	var m spentMark
+	for i, p := range []*int64{&m.At, &m.Answered, &m.Window} {
+		x, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return spentMark{}, fmt.Errorf("spent mark %q: %w", v, err)
+		}
+		*p = x
 	}
-	return span, n - was, time.Duration(win), len(resp.Kvs) > 0, nil
+	if m.Answered < 0 || m.Window < 0 {
+		return spentMark{}, fmt.Errorf("spent mark %q: a negative count or window", v)
+	}
+	return m, nil
 }
 
 // minWindow is the shortest span between marks taken as a window's length

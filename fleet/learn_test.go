@@ -3,6 +3,8 @@ package fleet_test
 import (
 	"context"
 	"math"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,5 +226,32 @@ func TestSpentMarks(t *testing.T) {
 		if err != nil || !seen || span != c.span || n != c.admitted || win != c.win {
 			t.Errorf("mark at %v: %v %d %v %v %v, want %v %d %v", c.after, span, n, win, seen, err, c.span, c.admitted, c.win)
 		}
+	}
+}
+
+// TestSpentMarksAtOnce: nodes marking one key's window spent at once each
+// measure from the mark before theirs: exactly one finds no mark before.
+func TestSpentMarksAtOnce(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	stores := []*fleet.Store{
+		fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, ""),
+		fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, ""),
+	}
+	var wg sync.WaitGroup
+	var first atomic.Int32
+	for i := range 8 {
+		wg.Go(func() {
+			_, _, _, seen, err := stores[i%2].Spent(context.Background(), "geo", time.Unix(1e9, int64(i)))
+			if err != nil {
+				t.Error(err)
+			}
+			if !seen {
+				first.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := first.Load(); n != 1 {
+		t.Errorf("%d of 8 marks made at once found no mark before, want 1", n)
 	}
 }

@@ -65,3 +65,32 @@ func FuzzDecodeTat(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseSpent feeds learn/<key>/spent values, written by other nodes,
+// to the parser: it never panics, a mark it accepts has no negative count
+// or window, and it writes back (String) to itself.
+func FuzzParseSpent(f *testing.F) {
+	for _, seed := range []string{
+		"1733356800000000000 120 5000000000",
+		"1733356800000000000 0 0",
+		"1 -2 3",
+		"1 2",
+		"1 2 3 4",
+		"x y z",
+		"",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		m, err := parseSpent(v)
+		if err != nil {
+			return
+		}
+		if m.Answered < 0 || m.Window < 0 {
+			t.Fatalf("%q parsed to %+v", v, m)
+		}
+		if again, err := parseSpent(m.String()); err != nil || again != m {
+			t.Fatalf("%q parsed to %+v, written as %q, read back as %+v (%v)", v, m, m.String(), again, err)
+		}
+	})
+}
