@@ -16,7 +16,8 @@
 //
 // For each it prints the service's anonymous memory (RssAnon of
 // /proc/PID/status) when a quarter of the items are done and when all
-// are, the most it took while the finished run was reconciled in the
+// are, and the most sampled while 20% to 30% were done and while 90% to
+// 100% were, the most it took while the finished run was reconciled in the
 // service (as the log line at a run's end asks for it), the run's wall
 // time, the time to list every item by cursor (pages
 // of 1,000), the time of `auditd reconcile --data` of the run once the
@@ -117,6 +118,10 @@ type bench struct {
 	started, ended time.Time
 	rssQuarter     int64 // kB when a quarter of the items were done
 	rssAll         int64 // kB when all were
+	// The most kB sampled while 20% to 30% of the items were done, and
+	// while 90% to 100% were: a single sample falls anywhere on the
+	// garbage collector's sawtooth, and the peaks compare like with like.
+	peakQuarter, peakEnd int64
 
 	submit    time.Duration // ndjson: the streamed page's submit
 	rssSubmit int64         // ndjson: the most kB while it lasted
@@ -257,12 +262,19 @@ func (b *bench) rss() int64 {
 
 // sample notes the memory once done items pass a quarter of the run, and
 // once all are done.
+// It keeps the peaks of the bands around them too (peakQuarter, peakEnd).
 func (b *bench) sample(done int) {
 	if b.rssQuarter == 0 && done >= b.n/4 {
 		b.rssQuarter = b.rss()
 	}
 	if b.rssAll == 0 && done >= b.n {
 		b.rssAll = b.rss()
+	}
+	switch {
+	case 10*done >= 2*b.n && 10*done <= 3*b.n:
+		b.peakQuarter = max(b.peakQuarter, b.rss())
+	case 10*done >= 9*b.n:
+		b.peakEnd = max(b.peakEnd, b.rss())
 	}
 }
 
@@ -497,6 +509,8 @@ func (b *bench) report(mode, id string) {
 	fmt.Fprintf(&w, "%s run of %d items: %v (%.0f items/s)\n", mode, b.n, b.ended.Sub(b.started).Round(time.Second), float64(b.n)/b.ended.Sub(b.started).Seconds())
 	fmt.Fprintf(&w, "  anonymous memory: %.1f MB at %d items done, %.1f MB at %d (%+.1f%%)\n",
 		float64(b.rssQuarter)/1024, b.n/4, float64(b.rssAll)/1024, b.n, 100*float64(b.rssAll-b.rssQuarter)/float64(b.rssQuarter))
+	fmt.Fprintf(&w, "  anonymous memory at most: %.1f MB while 20%% to 30%% of the items were done, %.1f MB while 90%% to 100%% (%+.1f%%)\n",
+		float64(b.peakQuarter)/1024, float64(b.peakEnd)/1024, 100*float64(b.peakEnd-b.peakQuarter)/float64(max(1, b.peakQuarter)))
 	if b.submit > 0 {
 		fmt.Fprintf(&w, "  streamed submit of %d items: %v, anonymous memory at most %.1f MB meanwhile\n", b.n, b.submit.Round(time.Millisecond), float64(b.rssSubmit)/1024)
 	}
