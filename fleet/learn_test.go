@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
 	"github.com/auditd/auditd/internal/etcdtest"
@@ -254,4 +256,102 @@ func TestSpentMarksAtOnce(t *testing.T) {
 	if n := first.Load(); n != 1 {
 		t.Errorf("%d of 8 marks made at once found no mark before, want 1", n)
 	}
+}
+
+// TestLearnersShareOneSession: the learners of a node's keys campaign on
+// one etcd lease, which is replaced when it is lost.
+func TestLearnersShareOneSession(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := etcdtest.NewClient(t, c.Endpoints()...)
+	x := fleet.NewStore(cli, clock.Real{}, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var xs []*fleet.Learner
+	for _, key := range []string{"geo", "parcels", "grants"} {
+		xs = append(xs, runLearner(ctx, x, key, "x", 2))
+	}
+	leading := func() bool {
+		for _, l := range xs {
+			if !l.Leading() {
+				return false
+			}
+		}
+		return true
+	}
+	waitUntil(t, "x learned all three keys", leading)
+	if ls := leases(t, cli); len(ls) != 1 {
+		t.Fatalf("one node learning three keys holds %d leases, want 1", len(ls))
+	}
+
+	// A lost lease: every key campaigns again, on one new lease.
+	lost := leases(t, cli)[0]
+	if _, err := cli.Revoke(ctx, lost); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "x learned all three keys on a new lease", func() bool {
+		ls := leases(t, cli)
+		return len(ls) == 1 && ls[0] != lost && leading()
+	})
+}
+
+// TestLearnerHandsOverOnRelease: a node that stops (its learners ended,
+// Store.Release) hands its keys to another node at once, not a lease's TTL
+// (here a minute) later.
+func TestLearnerHandsOverOnRelease(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := etcdtest.NewClient(t, c.Endpoints()...)
+	x := fleet.NewStore(cli, clock.Real{}, "")
+	y := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	xctx, stopX := context.WithCancel(ctx)
+	lx := runLearner(xctx, x, "geo", "x", 60)
+	waitUntil(t, "x learned geo", lx.Leading)
+	ly := runLearner(ctx, y, "geo", "y", 60)
+	waitUntil(t, "y campaigned", func() bool { return len(leases(t, cli)) == 2 })
+	if ly.Leading() {
+		t.Fatal("y leads geo while x does")
+	}
+	stopX()
+	if err := x.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "y learned geo after x stopped", ly.Leading)
+	if n := len(leases(t, cli)); n != 1 {
+		t.Errorf("after x stopped the cluster holds %d leases, want y's 1", n)
+	}
+}
+
+// runLearner runs key's learner on store as node, with a lease of ttl
+// seconds, until ctx ends.
+func runLearner(ctx context.Context, store *fleet.Store, key, node string, ttl int) *fleet.Learner {
+	l := fleet.NewLearner(store, clock.Real{}, fleet.LearnerConfig{Key: key, Node: node, Start: fleet.Rate{Limit: 10, Window: time.Second}, LeaseTTL: ttl})
+	go l.Run(ctx) //nolint:errcheck // Run returns nil when ctx ends
+	return l
+}
+
+// waitUntil waits up to 10 s for cond.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 1000 {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("never %s", what)
+}
+
+// leases lists the cluster's leases.
+func leases(t *testing.T, cli *clientv3.Client) []clientv3.LeaseID {
+	t.Helper()
+	resp, err := cli.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []clientv3.LeaseID
+	for _, l := range resp.Leases {
+		ids = append(ids, l.ID)
+	}
+	return ids
 }

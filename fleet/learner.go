@@ -52,7 +52,8 @@ type LearnerConfig struct {
 	// Start is the limit the learner starts from when none is stored.
 	Start Rate
 	// LeaseTTL is the election session's lease in seconds; default
-	// DefaultLeaseTTL. A dead learner is replaced within it.
+	// DefaultLeaseTTL. A dead learner is replaced within it. The keys of
+	// one Store with one TTL campaign on one session (one lease).
 	LeaseTTL int
 	// Period is how often the leader reads the fleet's outcomes and
 	// decides; default DefaultPeriod.
@@ -104,17 +105,23 @@ func (l *Learner) Run(ctx context.Context) error {
 
 // term is one campaign and, once elected, one term of learning.
 func (l *Learner) term(ctx context.Context) error {
-	sess, err := concurrency.NewSession(l.store.client, concurrency.WithTTL(l.cfg.LeaseTTL), concurrency.WithContext(ctx))
+	sess, err := l.store.session(ctx, l.cfg.LeaseTTL)
 	if err != nil {
-		return fmt.Errorf("learner %s: session: %w", l.cfg.Key, err)
+		return fmt.Errorf("learner %s: %w", l.cfg.Key, err)
 	}
-	defer sess.Close()
 	el := concurrency.NewElection(sess, l.store.leaderKey(l.cfg.Key))
 	if err := el.Campaign(ctx, l.cfg.Node); err != nil {
 		return fmt.Errorf("learner %s: campaign: %w", l.cfg.Key, err)
 	}
 	l.leading.Store(true)
-	defer l.leading.Store(false)
+	defer func() {
+		l.leading.Store(false)
+		// The session is the node's, shared by its keys, and outlives the
+		// term: resign, so that another node is elected at once.
+		rctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+		defer cancel()
+		_ = el.Resign(rctx) // a failure: the key goes with the lease
+	}()
 	l.last = nil
 	for {
 		t := l.clock.NewTimer(l.cfg.Period)

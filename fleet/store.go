@@ -11,6 +11,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/auditd/auditd/clock"
 )
@@ -30,6 +31,9 @@ type Store struct {
 
 	mu    sync.Mutex
 	known map[string]state // last state seen per key: the first CAS of a reservation needs no read
+
+	smu      sync.Mutex
+	sessions map[int]*concurrency.Session // by lease TTL in seconds: the campaigns' (session)
 }
 
 // state is a key's time (arrival time, or pause-until) and the revision it

@@ -452,6 +452,9 @@ func (n *fleetNode) close(ctx context.Context) error {
 			n.log.Error("fleet: record events", "events", count, "err", err)
 		}
 	}
+	rctx, cancel := context.WithTimeout(ctx, fleet.DefaultTimeout)
+	_ = n.store.Release(rctx) // a failure: the campaigns end with the lease's TTL
+	cancel()
 	err := n.client.Close()
 	for _, s := range shares {
 		s.learning.stop(ctx) // a campaign without a quorum ends with the client
