@@ -428,6 +428,10 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 	return ev
 }
 
+// releaseWithin bounds the revoke of a stopping node's lease: a round trip
+// with a quorum, and not worth waiting for without one.
+const releaseWithin = 500 * time.Millisecond
+
 // close stops sharing, writes what is queued, and closes the etcd client.
 func (n *fleetNode) close(ctx context.Context) error {
 	n.cancel()
@@ -452,7 +456,7 @@ func (n *fleetNode) close(ctx context.Context) error {
 			n.log.Error("fleet: record events", "events", count, "err", err)
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, fleet.DefaultTimeout)
+	rctx, cancel := context.WithTimeout(ctx, releaseWithin)
 	_ = n.store.Release(rctx) // a failure: the campaigns end with the lease's TTL
 	cancel()
 	err := n.client.Close()

@@ -103,6 +103,7 @@ func TestFleetLearnsAnUntoldLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three auditd nodes for 90 s")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the other long fleet tests
 	const token, limit, window = "fleet-admin-token-0123456789abcdef", 16, 2 * time.Second
 	rate := float64(limit) / window.Seconds()
 	up := startSlidingUpstream(t, limit, window)
@@ -169,6 +170,7 @@ func TestFleetHoldsToAnAdvertisedQuota(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three auditd nodes for 30 s")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the other long fleet tests
 	const token, limit, window = "fleet-admin-token-0123456789abcdef", 16, 2 * time.Second
 	rate := float64(limit) / window.Seconds()
 	up := startSlidingUpstreamWith(t, limit, window, http.Header{"Ratelimit-Policy": {"16;w=2"}})

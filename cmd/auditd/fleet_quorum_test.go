@@ -20,6 +20,7 @@ func TestFleetStopsWithoutQuorum(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three etcd members and three auditd nodes")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the other long fleet tests
 	const limit, token = 20, "fleet-admin-token-0123456789abcdef"
 	const lag = 100 * time.Millisecond
 	cluster := etcdtest.Start(t, 3)

@@ -78,6 +78,7 @@ func TestFleetUsesAFixedWindow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three auditd nodes for 40 s")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the other long fleet tests
 	const token, limit, window, windows = "fleet-admin-token-0123456789abcdef", 30, 5 * time.Second, 8
 	// The first mark cuts nothing, the second sets the limit, and the
 	// window after it is paced at the new limit only once the blocks held
