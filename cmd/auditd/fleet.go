@@ -128,12 +128,30 @@ func (s *fleetShare) BreakerOpened(until time.Time) {
 	}()
 }
 
+// validNodeName reports whether name may name a node: it is part of etcd
+// keys (learn/<key>/obs/<node>, view/<node>) and of values other nodes
+// parse, so 1 to 64 letters, digits, '.', '_' or '-'.
+func validNodeName(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // startFleet connects to etcd and shares every source's budget. It fails
 // when etcd cannot be reached at start: a node that never joined must not
 // run as if alone.
 func startFleet(ctx context.Context, o fleetOptions, lim *limiter.Limiter, reg *registry.Registry, led auditd.Appender, log *slog.Logger) (*fleetNode, error) {
 	if o.Node == "" {
 		return nil, errors.New("fleet: --node is required with --fleet-etcd")
+	}
+	if !validNodeName(o.Node) {
+		return nil, fmt.Errorf("fleet: --node %q: want 1 to 64 letters, digits, '.', '_' or '-'", o.Node)
 	}
 	client, err := clientv3.New(clientv3.Config{
 		Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),

@@ -173,3 +173,21 @@ func TestServeClosesWhatItStartedOnError(t *testing.T) {
 		t.Fatalf("verify after the failed start: exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+// serve refuses a node name that cannot be part of the fleet's etcd keys
+// and values, before it dials etcd, and stops what it started.
+func TestServeRefusesABadNodeName(t *testing.T) {
+	t.Setenv("AUDITD_BOOTSTRAP_TOKEN", "serve-error-admin-token-01234567")
+	for _, name := range []string{"node 1", "node/1", strings.Repeat("n", 65), "nœud"} {
+		dir := filepath.Join(t.TempDir(), "data")
+		code, _, errOut := runCmd(t, "serve", "--data", dir, "--addr", "127.0.0.1:0", "--fleet-etcd", "127.0.0.1:1", "--node", name)
+		if code != 1 || !strings.Contains(errOut, "--node") || strings.Contains(errOut, "does not answer") {
+			t.Errorf("--node %q: exit %d, want 1 refusing the name before etcd is dialled:\n%s", name, code, errOut)
+		}
+	}
+	for _, name := range []string{"node1", "a", "n-1.east_2", strings.Repeat("n", 64)} {
+		if !validNodeName(name) {
+			t.Errorf("validNodeName(%q) = false, want true", name)
+		}
+	}
+}
