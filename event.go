@@ -42,7 +42,7 @@ const (
 	EventFleetPaused   EventType = "fleet.paused"   // Detail: node, revision (0: the fleet was not told), until
 	EventFleetCutOff   EventType = "fleet.cut_off"  // Reason: why etcd did not answer; Detail: node
 	EventFleetRejoined EventType = "fleet.rejoined" // Detail: node
-	EventFleetLearned  EventType = "fleet.learned"  // Detail: node, revision, limit, window, by (the node that wrote it), refused, refused_window, refused_at
+	EventFleetLearned  EventType = "fleet.learned"  // Reason: what changed it (fleet.Cause*); Detail: node, revision, limit, window, by (the node that wrote it), refused, refused_window, refused_at
 )
 
 // EventTypes is every event type, in the order their constants are

@@ -22,10 +22,32 @@ type Limit struct {
 	// toward it quickly and probes past it slowly (Raise).
 	Refused   Rate
 	RefusedAt time.Time
-	// By names the node that wrote it.
-	By string
+	// By names the node that wrote it, and Cause why (Cause*; empty in a
+	// value written by an older build).
+	By    string
+	Cause string
 	// Revision is the etcd revision it was written at; 0 when never written.
 	Revision int64
+}
+
+// What changed a learned limit (Limit.Cause): the cause of its
+// fleet.learned records.
+const (
+	CauseStart       = "start"        // the first node to share the key wrote where learning starts
+	CauseOperator    = "operator"     // set by hand on a node
+	CauseRefused     = "refused"      // cut by a quarter for a refusal no hint explained
+	CauseWindowSpent = "window_spent" // a fixed window's quota over its length (WindowRate)
+	CauseQuota       = "quota"        // held to a quota the server advertised
+	CauseRaise       = "raise"        // raised by the key's learner (Raise)
+)
+
+// knownCause reports whether c is one of the Cause constants.
+func knownCause(c string) bool {
+	switch c {
+	case CauseStart, CauseOperator, CauseRefused, CauseWindowSpent, CauseQuota, CauseRaise:
+		return true
+	}
+	return false
 }
 
 // Outcomes are one node's counts of a key's responses since it began
@@ -60,7 +82,7 @@ func (s *Store) Limit(ctx context.Context, key string) (Limit, error) {
 // returns the limit in force: the first node to share a key sets where
 // the fleet's learning starts.
 func (s *Store) Start(ctx context.Context, key string, r Rate, by string) (Limit, error) {
-	l, _, err := s.swapLimit(ctx, key, Limit{}, Limit{Rate: r}, by)
+	l, _, err := s.swapLimit(ctx, key, Limit{}, Limit{Rate: r, Cause: CauseStart}, by)
 	if err != nil {
 		return Limit{}, fmt.Errorf("start %s: %w", key, err)
 	}
@@ -74,7 +96,7 @@ func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, 
 	cur, err := s.Limit(ctx, key)
 	for err == nil {
 		var ok bool
-		if cur, ok, err = s.swapLimit(ctx, key, cur, Limit{Rate: r}, by); ok {
+		if cur, ok, err = s.swapLimit(ctx, key, cur, Limit{Rate: r, Cause: CauseOperator}, by); ok {
 			return cur, nil
 		}
 	}
@@ -83,18 +105,19 @@ func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, 
 
 // Cut lowers key's learned limit to to, fleet-wide, by a compare-and-swap
 // on the key's revision, retried on conflict, and remembers refused (the
-// rate the refusal was seen at) for the learner. It never raises it, so a
+// rate the refusal was seen at) for the learner, and cause (CauseRefused,
+// CauseWindowSpent or CauseQuota). It never raises it, so a
 // cut by any node wins over a raise written meanwhile, and a second node
 // cutting for the same refusals finds the limit already low enough. It
 // returns the limit in force and whether this call wrote it.
-func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, by string) (Limit, bool, error) {
+func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, cause, by string) (Limit, bool, error) {
 	cur, err := s.Limit(ctx, key)
 	for err == nil {
 		if cur.Revision != 0 && cur.Rate.PerSecond() <= to.PerSecond() {
 			return cur, false, nil
 		}
 		var ok bool
-		next := Limit{Rate: to, Refused: refused, RefusedAt: s.clock.Now()}
+		next := Limit{Rate: to, Refused: refused, RefusedAt: s.clock.Now(), Cause: cause}
 		if cur, ok, err = s.swapLimit(ctx, key, cur, next, by); ok {
 			return cur, true, nil
 		}
@@ -102,20 +125,14 @@ func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, by string
 	return Limit{}, false, fmt.Errorf("cut %s: %w", key, err)
 }
 
-// swapLimit writes next (its Rate, Refused and RefusedAt) over from when
+// swapLimit writes next (its Rate, Refused, RefusedAt and Cause) over from when
 // key's limit is still at from's revision; otherwise it returns the limit
 // found and false.
 func (s *Store) swapLimit(ctx context.Context, key string, from Limit, next Limit, by string) (Limit, bool, error) {
 	k := s.limitKey(key)
-	var at int64
-	if !next.RefusedAt.IsZero() {
-		at = next.RefusedAt.UnixNano()
-	}
-	val := fmt.Sprintf("%d %d %d %d %d %s", next.Rate.Limit, next.Rate.Window.Nanoseconds(),
-		next.Refused.Limit, next.Refused.Window.Nanoseconds(), at, by)
 	resp, err := s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k), "=", from.Revision)).
-		Then(clientv3.OpPut(k, val)).
+		Then(clientv3.OpPut(k, limitValue(next, by))).
 		Else(clientv3.OpGet(k)).
 		Commit()
 	if err != nil {
@@ -198,6 +215,21 @@ func sendLimit(ctx context.Context, ch chan<- Limit, l Limit) bool {
 
 var errBadLimit = errors.New("malformed learned limit")
 
+// limitValue is l, written by by, as learn/<key>/limit holds it: "limit
+// window refused refused_window refused_at cause by", the durations and
+// the time in nanoseconds, the cause left out when l has none.
+func limitValue(l Limit, by string) string {
+	var at int64
+	if !l.RefusedAt.IsZero() {
+		at = l.RefusedAt.UnixNano()
+	}
+	if l.Cause != "" {
+		by = l.Cause + " " + by
+	}
+	return fmt.Sprintf("%d %d %d %d %d %s", l.Rate.Limit, l.Rate.Window.Nanoseconds(),
+		l.Refused.Limit, l.Refused.Window.Nanoseconds(), at, by)
+}
+
 func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 	if len(kvs) == 0 {
 		return Limit{Key: key}, nil
@@ -206,6 +238,11 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 	f := strings.SplitN(string(kvs[0].Value), " ", 6)
 	if len(f) != 6 {
 		return Limit{}, bad
+	}
+	// As limitValue writes it; an older build wrote no cause.
+	var cause string
+	if c, by, ok := strings.Cut(f[5], " "); ok && knownCause(c) {
+		cause, f[5] = c, by
 	}
 	var n [5]int64
 	for i := range n {
@@ -218,7 +255,7 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 	if n[0] <= 0 || n[1] <= 0 || n[0] > math.MaxInt32 {
 		return Limit{}, bad
 	}
-	l := Limit{Key: key, Rate: Rate{Limit: int(n[0]), Window: time.Duration(n[1])}, By: f[5], Revision: kvs[0].ModRevision}
+	l := Limit{Key: key, Rate: Rate{Limit: int(n[0]), Window: time.Duration(n[1])}, By: f[5], Cause: cause, Revision: kvs[0].ModRevision}
 	if n[2] > 0 && n[3] > 0 && n[2] <= math.MaxInt32 {
 		l.Refused, l.RefusedAt = Rate{Limit: int(n[2]), Window: time.Duration(n[3])}, time.Unix(0, n[4])
 	}

@@ -99,18 +99,18 @@ func TestCutLowersOnly(t *testing.T) {
 	b := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
 	refused := fleet.Rate{Limit: 100, Window: time.Second}
-	l, wrote, err := a.Cut(ctx, "geo", fleet.Rate{Limit: 50, Window: time.Second}, refused, "a")
+	l, wrote, err := a.Cut(ctx, "geo", fleet.Rate{Limit: 50, Window: time.Second}, refused, fleet.CauseRefused, "a")
 	if err != nil || !wrote || l.Rate.Limit != 50 || l.Revision == 0 {
 		t.Fatalf("first cut = %+v %v %v", l, wrote, err)
 	}
-	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 80, Window: time.Second}, refused, "b"); err != nil || wrote || l.Rate.Limit != 50 {
+	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 80, Window: time.Second}, refused, fleet.CauseRefused, "b"); err != nil || wrote || l.Rate.Limit != 50 {
 		t.Fatalf("cut above = %+v %v %v, want 50 kept", l, wrote, err)
 	}
-	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 30, Window: time.Second}, refused, "b"); err != nil || !wrote || l.By != "b" {
+	if l, wrote, err = b.Cut(ctx, "geo", fleet.Rate{Limit: 30, Window: time.Second}, refused, fleet.CauseWindowSpent, "b"); err != nil || !wrote || l.By != "b" {
 		t.Fatalf("cut below = %+v %v %v", l, wrote, err)
 	}
-	if got, err := a.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 30 || got.Revision != l.Revision || got.Refused != refused || got.RefusedAt.IsZero() {
-		t.Fatalf("Limit = %+v %v, want 30 at %d", got, err, l.Revision)
+	if got, err := a.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 30 || got.Revision != l.Revision || got.Refused != refused || got.RefusedAt.IsZero() || got.Cause != fleet.CauseWindowSpent || got.By != "b" {
+		t.Fatalf("Limit = %+v %v, want 30 at %d, window_spent by b", got, err, l.Revision)
 	}
 }
 
@@ -139,8 +139,8 @@ func TestLearnerFailover(t *testing.T) {
 		nodes[i] = node{st, clk, l, func() { cli.Close() }}
 		go l.Run(ctx) //nolint:errcheck // Run returns nil when ctx ends
 	}
-	if _, err := nodes[0].store.Start(ctx, "geo", start, "a"); err != nil {
-		t.Fatal(err)
+	if l, err := nodes[0].store.Start(ctx, "geo", start, "a"); err != nil || l.Cause != fleet.CauseStart {
+		t.Fatalf("start = %+v %v, want the cause start", l, err)
 	}
 	leader := waitLeader(t, nodes[0].l, nodes[1].l)
 	other := 1 - leader
@@ -160,8 +160,8 @@ func TestLearnerFailover(t *testing.T) {
 	step(nodes[leader], 0)  // the first read is the baseline
 	step(nodes[leader], 10) // 20 in 2 s at 10/s: the limit held the pace
 	got, err := nodes[other].store.Limit(ctx, "geo")
-	if err != nil || got.Rate != (fleet.Rate{Limit: 150, Window: 10 * time.Second}) || got.By != []string{"a", "b"}[leader] {
-		t.Fatalf("after a full period the limit is %+v %v, want 15/s by the leader", got, err)
+	if err != nil || got.Rate != (fleet.Rate{Limit: 150, Window: 10 * time.Second}) || got.By != []string{"a", "b"}[leader] || got.Cause != fleet.CauseRaise {
+		t.Fatalf("after a full period the limit is %+v %v, want 15/s raised by the leader", got, err)
 	}
 	nodes[leader].close()
 	if waitLeader(t, nodes[other].l) != 0 {

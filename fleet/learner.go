@@ -170,6 +170,7 @@ func (l *Learner) step(ctx context.Context) error {
 	if !raise {
 		return nil
 	}
+	next.Cause = CauseRaise
 	_, _, err = l.store.swapLimit(ctx, l.cfg.Key, cur, next, l.cfg.Node)
 	return err // a cut written meanwhile wins: the swap fails, nothing to do
 }

@@ -13,6 +13,8 @@ import (
 func FuzzLimitOf(f *testing.F) {
 	for _, seed := range []string{
 		"75 10000000000 100 1000000000 1733356800000000000 node1",
+		"75 10000000000 100 1000000000 1733356800000000000 window_spent node1",
+		"10 1000000000 0 0 0 raise node 2",
 		"10 1000000000 0 0 0 node2",
 		"10 1000000000 node2",
 		"-1 1000000000 0 0 0 n",
@@ -29,13 +31,12 @@ func FuzzLimitOf(f *testing.F) {
 		if l.Rate.Limit <= 0 || l.Rate.Window <= 0 || l.Revision != 7 {
 			t.Fatalf("%q parsed to %+v", v, l)
 		}
-		var at int64
-		if !l.RefusedAt.IsZero() {
-			at = l.RefusedAt.UnixNano()
+		if l.Cause != "" && !knownCause(l.Cause) {
+			t.Fatalf("%q parsed to the cause %q", v, l.Cause)
 		}
-		again := fmt.Sprintf("%d %d %d %d %d %s", l.Rate.Limit, l.Rate.Window.Nanoseconds(), l.Refused.Limit, l.Refused.Window.Nanoseconds(), at, l.By)
+		again := limitValue(l, l.By)
 		l2, err := limitOf("geo", []*mvccpb.KeyValue{{Value: []byte(again), ModRevision: 7}})
-		if err != nil || l2.Rate != l.Rate || l2.Refused != l.Refused || !l2.RefusedAt.Equal(l.RefusedAt) || l2.By != l.By {
+		if err != nil || l2.Rate != l.Rate || l2.Refused != l.Refused || !l2.RefusedAt.Equal(l.RefusedAt) || l2.By != l.By || l2.Cause != l.Cause {
 			t.Fatalf("%q parsed to %+v, written as %q, read back as %+v (%v)", v, l, again, l2, err)
 		}
 	})

@@ -428,6 +428,7 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 		ev.Type = auditd.EventFleetLearned
 		l := e.Limit
 		d.Revision, d.Limit, d.Window, d.By = l.Revision, l.Rate.Limit, l.Rate.Window.String(), l.By
+		ev.Reason = l.Cause // the event's cause
 		if l.Refused.Limit > 0 {
 			at := l.RefusedAt.UTC()
 			d.Refused, d.RefusedWindow, d.RefusedAt = l.Refused.Limit, l.Refused.Window.String(), &at

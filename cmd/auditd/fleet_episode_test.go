@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
 	"github.com/auditd/auditd/hints"
@@ -43,11 +45,13 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	var mu sync.Mutex
 	var learned []float64 // per second, as the node applied them
+	var causes []string
 	l := startLearning(store, slots, clk, "geo", "n1", start, fleet.Rate{Limit: 20, Window: time.Second}, func(e fleet.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		if e.Kind == fleet.EventLearned {
 			learned = append(learned, ratePerSecond(e.Limit.Rate))
+			causes = append(causes, e.Limit.Cause)
 		}
 	})
 	t.Cleanup(func() { l.stop(context.Background()) })
@@ -186,9 +190,30 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	if want := []float64{10, 8, 6, 9, 5}; !slices.Equal(learned, want) {
 		t.Errorf("fleet.learned events at %v a second, want %v", learned, want)
 	}
+	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota}; !slices.Equal(causes, want) {
+		t.Errorf("fleet.learned events for %q, want %q", causes, want)
+	}
 }
 
 // ratePerSecond is r a second, to the thousandth.
 func ratePerSecond(r fleet.Rate) float64 {
 	return math.Round(1000*r.PerSecond()) / 1000
+}
+
+// TestFleetLearnedRecordsItsCause: a fleet.learned record carries what
+// changed the limit as the event's cause, beside the limit in its Detail.
+func TestFleetLearnedRecordsItsCause(t *testing.T) {
+	n := &fleetNode{node: "n1"}
+	lim := fleet.Limit{Key: "geo", Rate: fleet.Rate{Limit: 30, Window: 5 * time.Second}, By: "n2", Cause: fleet.CauseWindowSpent, Revision: 12}
+	ev := n.event(fleet.Event{Kind: fleet.EventLearned, Key: "geo", At: time.Now(), Limit: lim})
+	if err := ev.CheckShared(); err != nil {
+		t.Fatal(err)
+	}
+	if _, cause := ev.Shared(); ev.Type != auditd.EventFleetLearned || cause != fleet.CauseWindowSpent || ev.SourceID != "geo" {
+		t.Fatalf("recorded %s for %q with the cause %q, want fleet.learned for geo, window_spent", ev.Type, ev.SourceID, cause)
+	}
+	var d fleetDetail
+	if err := json.Unmarshal([]byte(ev.Detail), &d); err != nil || d.Limit != 30 || d.Window != "5s" || d.By != "n2" || d.Revision != 12 || d.Node != "n1" {
+		t.Fatalf("Detail %s (%v)", ev.Detail, err)
+	}
 }

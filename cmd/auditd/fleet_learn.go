@@ -184,7 +184,7 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	l.mu.Unlock()
 	if told := (fleet.Rate{Limit: h.Limit, Window: h.Window}); h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0 &&
 		cur.Revision != 0 && cur.Rate.PerSecond() > told.PerSecond() {
-		l.cut(func() (fleet.Rate, fleet.Rate, bool) { return told, told, true }) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
+		l.cut(func() (limitCut, bool) { return limitCut{told, told, fleet.CauseQuota}, true }) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
 	}
 	switch c {
 	case limiter.ClassSuccess, limiter.ClassClient:
@@ -200,13 +200,12 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	if h.HasRetryAfter || spent || cur.Revision == 0 || !l.episode.CompareAndSwap(false, true) {
 		return
 	}
-	l.cut(func() (fleet.Rate, fleet.Rate, bool) { return l.windowSpent(cur.Rate, settled) })
+	l.cut(func() (limitCut, bool) { return l.windowSpent(cur.Rate, settled) })
 }
 
 // windowSpent is the rule at the first plain refusal of an episode here.
 // It marks the window spent, fleet-wide (fleet.Store.Spent), and returns
-// the rate to cut the fleet's limit to, and the rate refused, or ok false
-// for no cut:
+// the cut to make, or ok false for none:
 //   - the first mark cuts nothing: the next episode measures the window;
 //   - another node's mark moments before (fewer than fleet.MinWindowAdmitted
 //     answered since) is the same spent window, and cuts nothing more;
@@ -220,29 +219,29 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //     request sent at a settled pace.
 //
 // The mark is read spentRead after the refusal, at its time.
-func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (to, refused fleet.Rate, ok bool) {
+func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (limitCut, bool) {
 	at := l.clock.Now()
 	if clock.Sleep(l.ctx, l.clock, spentRead) != nil {
-		return fleet.Rate{}, fleet.Rate{}, false
+		return limitCut{}, false
 	}
 	ctx, cancel := context.WithTimeout(l.ctx, fleet.DefaultTimeout)
 	defer cancel()
 	span, n, window, seen, err := l.store.Spent(ctx, l.key, at)
 	switch {
 	case err == nil && !seen:
-		return fleet.Rate{}, fleet.Rate{}, false
+		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan && n < fleet.MinWindowAdmitted:
-		return fleet.Rate{}, fleet.Rate{}, false
+		return limitCut{}, false
 	case err == nil && window > 0 && 2*span > 3*window:
 		// Windows went by unspent between the marks: the pace was under
 		// the quota in them, and what they admitted tells not the quota.
-		return fleet.Rate{}, fleet.Rate{}, false
+		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan:
 		if r, ok := fleet.WindowRate(n, span); ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
-			return r, r, true
+			return limitCut{r, r, fleet.CauseWindowSpent}, true
 		}
 	}
-	return fleet.CutTo(cur), cur, settled
+	return limitCut{fleet.CutTo(cur), cur, fleet.CauseRefused}, settled
 }
 
 // spentRead is how long after a refusal a node reads the fleet's answered
@@ -257,22 +256,28 @@ const spentRead = fleetOutcomesEvery + 250*time.Millisecond
 // windowSpent takes as a window's quota.
 const maxWindowSpan = time.Minute
 
-// cut lowers the fleet's limit to the rate rule returns, remembering the
-// refused rate it returns, in the background (rule may read etcd); one cut
-// at a time, and none when rule says no.
-func (l *fleetLearning) cut(rule func() (to, refused fleet.Rate, ok bool)) {
+// limitCut is a cut of the fleet's limit: to the rate to, remembering the rate
+// refused, for cause (fleet.CauseRefused, CauseWindowSpent, CauseQuota).
+type limitCut struct {
+	to, refused fleet.Rate
+	cause       string
+}
+
+// cut lowers the fleet's limit as rule says, in the background (rule may
+// read etcd); one cut at a time, and none when rule says no.
+func (l *fleetLearning) cut(rule func() (limitCut, bool)) {
 	if !l.cutting.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
 		defer l.cutting.Store(false)
-		to, refused, ok := rule()
+		c, ok := rule()
 		if !ok {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
 		defer cancel()
-		_, _, _ = l.store.Cut(ctx, l.key, to, refused, l.node) // a failure: the next response tries again
+		_, _, _ = l.store.Cut(ctx, l.key, c.to, c.refused, c.cause, l.node) // a failure: the next response tries again
 	}()
 }
 
