@@ -81,8 +81,8 @@ func TestWindowRate(t *testing.T) {
 		want     fleet.Rate
 		ok       bool
 	}{
-		{30, 5 * time.Second, fleet.Rate{Limit: 30, Window: 5 * time.Second}, true},
-		{60, 10*time.Second + 400*time.Microsecond, fleet.Rate{Limit: 60, Window: 10 * time.Second}, true},
+		{30, 5 * time.Second, fleet.Rate{Limit: 30, Window: 5150 * time.Millisecond}, true},
+		{60, 10*time.Second + 400*time.Microsecond, fleet.Rate{Limit: 60, Window: 10300 * time.Millisecond}, true},
 		{fleet.MinWindowAdmitted - 1, 5 * time.Second, fleet.Rate{}, false},
 		{30, 0, fleet.Rate{}, false},
 	} {

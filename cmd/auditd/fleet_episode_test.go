@@ -140,28 +140,29 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	succeed()
 	answered(48)
 	spent(6*time.Second, time.Time{})
-	if got := stored(); ratePerSecond(got.Rate) != 8 || got.Refused != (fleet.Rate{Limit: 48, Window: 6 * time.Second}) || got.By != "n1" {
-		t.Fatalf("after 48 answered between spent windows 6 s apart the fleet holds %+v, want 48 per 6 s, refused at it, by n1", got)
+	perWindow := fleet.Rate{Limit: 48, Window: 6180 * time.Millisecond} // fleet.WindowMargin longer
+	if got := stored(); got.Rate != perWindow || got.Refused != perWindow || got.By != "n1" {
+		t.Fatalf("after 48 answered between spent windows 6 s apart the fleet holds %+v, want 48 per 6.18 s, refused at it, by n1", got)
 	}
-	at := applied(8)
+	at := applied(7.767)
 
 	succeed()
 	answered(20)
 	spent(10*time.Second, time.Time{})
-	holds(8, "spent windows 10 s apart, windows of 6 s between them unspent")
+	holds(7.767, "spent windows 10 s apart, windows of 6 s between them unspent")
 
 	succeed()
 	answered(30)
-	spent(6*time.Second, at.Add(time.Second)) // 5/s, sent before the 8/s settled
-	holds(8, "a pace below a quarter's cut, sent before the limit settled")
+	spent(6*time.Second, at.Add(time.Second)) // 4.85/s, sent before the 7.77/s settled
+	holds(7.767, "a pace below a quarter's cut, sent before the limit settled")
 
 	succeed()
 	answered(30)
 	spent(6*time.Second, time.Time{})
-	if got := stored(); ratePerSecond(got.Rate) != 6 || got.Refused != (fleet.Rate{Limit: 48, Window: 6 * time.Second}) {
-		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 6/s, refused at 8/s", got)
+	if got := stored(); ratePerSecond(got.Rate) != 5.825 || got.Refused != perWindow {
+		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 5.825/s, refused at 48 per 6.18 s", got)
 	}
-	applied(6)
+	applied(5.825)
 
 	// An operator's limit, set on this node, is the fleet's: written
 	// whatever it was, the refusal forgotten.
@@ -187,7 +188,7 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if want := []float64{10, 8, 6, 9, 5}; !slices.Equal(learned, want) {
+	if want := []float64{10, 7.767, 5.825, 9, 5}; !slices.Equal(learned, want) {
 		t.Errorf("fleet.learned events at %v a second, want %v", learned, want)
 	}
 	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota}; !slices.Equal(causes, want) {
