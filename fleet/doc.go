@@ -1,7 +1,7 @@
 // Package fleet owns what several auditd nodes share through etcd so that
 // together they send an upstream no more than one node may: per key (a
 // source, or a gateway group) the budget, as time slots reserved in blocks,
-// and the pause.
+// the pause, and the learned limit.
 //
 // Store is the etcd side. Per key it keeps two values under its prefix,
 // budget/<key>/tat (the GCRA theoretical arrival time: where the next grant
@@ -19,14 +19,26 @@
 // reports every grant, pause, cut-off and rejoin the node acts on, with the
 // etcd revision of grants and pauses, for the node's ledger.
 //
+// The learned limit of a key is the Store's too, under learn/<key>/:
+// limit (the rate the slots are reserved at, the rate a refusal last cut it
+// from, and who wrote it and why: a Cause*), spent (the last time a window
+// was seen spent, Spent), obs/<node> (each node's cumulative outcomes,
+// Report) and leader. Any node lowers the limit (Cut, by compare-and-swap;
+// the rules at a refusal are the caller's: WindowRate, CutTo); only the
+// key's Learner, elected among the nodes (concurrency.Election, on one
+// session a node whatever its number of keys), raises it (Raise). A node
+// that stops calls Release, so that its keys' learning moves at once.
+// docs/FLEET.md, "One learner per key", says what each rule is for.
+//
 // Invariants:
 //   - A slot is granted once. Every grant is a compare-and-swap on the
 //     key's revision, retried on conflict, so the fleet's blocks are
 //     disjoint, each carries its own revision, and any two slots are at
 //     least an interval apart. Nothing is given back: the unused slots of a
 //     node that dies, is cut off or closes are wasted, never re-issued.
-//   - No lease, TTL or election is involved: staying under the limit does
-//     not depend on them.
+//   - No lease, TTL or election is involved in a grant: staying under the
+//     limit does not depend on them (the learner's election only decides
+//     who raises the limit).
 //   - Grants need an etcd quorum (a linearizable transaction). Without one,
 //     Reserve fails and grants nothing; a reservation whose answer was lost
 //     may have been granted, and is then wasted.
