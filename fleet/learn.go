@@ -68,6 +68,7 @@ func (r Rate) PerSecond() float64 {
 func (s *Store) limitKey(key string) string  { return s.prefix + "learn/" + key + "/limit" }
 func (s *Store) leaderKey(key string) string { return s.prefix + "learn/" + key + "/leader" }
 func (s *Store) obsPrefix(key string) string { return s.prefix + "learn/" + key + "/obs/" }
+func (s *Store) spentKey(key string) string  { return s.prefix + "learn/" + key + "/spent" }
 
 // Limit reads key's learned limit.
 func (s *Store) Limit(ctx context.Context, key string) (Limit, error) {
@@ -129,20 +130,15 @@ func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, cause, by
 // key's limit is still at from's revision; otherwise it returns the limit
 // found and false.
 func (s *Store) swapLimit(ctx context.Context, key string, from Limit, next Limit, by string) (Limit, bool, error) {
-	k := s.limitKey(key)
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", from.Revision)).
-		Then(clientv3.OpPut(k, limitValue(next, by))).
-		Else(clientv3.OpGet(k)).
-		Commit()
+	rev, now, err := s.putAt(ctx, s.limitKey(key), from.Revision, limitValue(next, by))
 	if err != nil {
 		return Limit{}, false, err
 	}
-	if resp.Succeeded {
-		next.Key, next.By, next.Revision = key, by, resp.Header.Revision
+	if rev != 0 {
+		next.Key, next.By, next.Revision = key, by, rev
 		return next, true, nil
 	}
-	cur, err := limitOf(key, resp.Responses[0].GetResponseRange().Kvs)
+	cur, err := limitOf(key, now)
 	return cur, false, err
 }
 
@@ -295,35 +291,33 @@ func (s *Store) Spent(ctx context.Context, key string, at time.Time) (span time.
 	for _, o := range obs {
 		n += o.OK
 	}
-	k := s.prefix + "learn/" + key + "/spent"
+	k := s.spentKey(key)
 	resp, err := s.client.Get(ctx, k)
-	for err == nil {
+	if err != nil {
+		return 0, 0, 0, false, fmt.Errorf("spent %s: %w", key, err)
+	}
+	for kvs := resp.Kvs; ; {
 		var last spentMark
 		var rev int64
-		if len(resp.Kvs) > 0 {
-			if last, err = parseSpent(string(resp.Kvs[0].Value)); err != nil {
+		span = 0
+		if len(kvs) > 0 {
+			if last, err = parseSpent(string(kvs[0].Value)); err != nil {
 				return 0, 0, 0, false, fmt.Errorf("spent %s: %w", key, err)
 			}
-			span, rev = at.Sub(time.Unix(0, last.At)), resp.Kvs[0].ModRevision
+			span, rev = at.Sub(time.Unix(0, last.At)), kvs[0].ModRevision
 		}
 		next := spentMark{At: at.UnixNano(), Answered: n, Window: last.Window}
 		if rev != 0 && n-last.Answered >= MinWindowAdmitted && span >= minWindow && (last.Window == 0 || span.Nanoseconds() < last.Window) {
 			next.Window = span.Nanoseconds()
 		}
-		var txn *clientv3.TxnResponse
-		txn, err = s.client.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
-			Then(clientv3.OpPut(k, next.String())).
-			Else(clientv3.OpGet(k)).
-			Commit()
-		if err == nil && txn.Succeeded {
+		var wrote int64
+		if wrote, kvs, err = s.putAt(ctx, k, rev, next.String()); err != nil {
+			return 0, 0, 0, false, fmt.Errorf("spent %s: %w", key, err)
+		}
+		if wrote != 0 {
 			return span, n - last.Answered, time.Duration(last.Window), rev != 0, nil
 		}
-		if err == nil {
-			resp = (*clientv3.GetResponse)(txn.Responses[0].GetResponseRange())
-		}
 	}
-	return 0, 0, 0, false, fmt.Errorf("spent %s: %w", key, err)
 }
 
 // spentMark is the value of learn/<key>/spent: when a window was last seen

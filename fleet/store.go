@@ -148,24 +148,38 @@ func (s *Store) Reserve(ctx context.Context, key string, a Ask) (Block, error) {
 		if a.Node != "" {
 			next.sharers = append(next.sharers, sharer{node: a.Node, end: next.tat, count: count})
 		}
-		resp, err := s.client.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.rev)).
-			Then(clientv3.OpPut(k, encodeTat(next))).
-			Else(clientv3.OpGet(k)).
-			Commit()
+		rev, now, err := s.putAt(ctx, k, cur.rev, encodeTat(next))
 		if err != nil {
 			return Block{}, fmt.Errorf("reserve %s: %w", key, err)
 		}
-		if resp.Succeeded {
-			next.rev = resp.Header.Revision
+		if rev != 0 {
+			next.rev = rev
 			s.remember(k, next)
 			return Block{Key: key, First: time.Unix(0, first), Interval: a.Interval, Count: count, Revision: next.rev}, nil
 		}
-		if cur, err = decodeTat(resp.Responses[0].GetResponseRange().Kvs); err != nil {
+		if cur, err = decodeTat(now); err != nil {
 			return Block{}, fmt.Errorf("reserve %s: %w", key, err)
 		}
 		s.remember(k, cur)
 	}
+}
+
+// putAt puts val at k when k's ModRevision is still rev (0: k does not
+// exist), the compare-and-swap every shared value is written by. It
+// returns the revision it wrote at, or 0 and k as it now stands.
+func (s *Store) putAt(ctx context.Context, k string, rev int64, val string) (int64, []*mvccpb.KeyValue, error) {
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+		Then(clientv3.OpPut(k, val)).
+		Else(clientv3.OpGet(k)).
+		Commit()
+	switch {
+	case err != nil:
+		return 0, nil, err
+	case resp.Succeeded:
+		return resp.Header.Revision, nil, nil
+	}
+	return 0, resp.Responses[0].GetResponseRange().Kvs, nil
 }
 
 // sharersAfter returns, in a new slice, the sharers other than node whose
