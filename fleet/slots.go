@@ -158,21 +158,34 @@ func Interval(r Rate, grace, skew time.Duration) time.Duration {
 // span more than the grace.
 func (s *Slots) Check(cost int) error {
 	s.mu.Lock()
-	interval := s.interval // SetRate changes it
+	interval, spans := s.interval, s.spansGrace(cost) // SetRate changes them
 	s.mu.Unlock()
-	if int64(cost-1)*interval >= int64(s.cfg.Grace) {
+	if spans {
 		return fmt.Errorf("slots %s: cost %d at %v apart, grace %v: %w", s.cfg.Key, cost, time.Duration(interval), s.cfg.Grace, ErrCostExceedsGrace)
 	}
 	return nil
 }
 
+// spansGrace reports whether cost slots at the interval now span the grace,
+// so that none could be taken at once. The caller holds s.mu.
+func (s *Slots) spansGrace(cost int) bool {
+	return int64(cost-1)*s.interval >= int64(s.cfg.Grace)
+}
+
 // Earliest returns when cost slots can be taken, at or after now, from the
 // slots this node holds; false when it holds too few, in which case it asks
 // for more and the caller waits on Changed. The answer holds until another
-// taker takes, a pause arrives or the slots expire.
+// taker takes, a pause arrives or the slots expire. A cost that Check
+// refuses at the rate now (SetRate spaced the slots past its grace) gets
+// false and asks for nothing: no block could serve it, and asking would
+// reserve and waste blocks back to back, pushing the key's arrival time
+// ahead of every node.
 func (s *Slots) Earliest(now time.Time, cost int) (time.Time, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.spansGrace(cost) {
+		return now, false
+	}
 	at, ok := s.earliestLocked(now.UnixNano(), cost)
 	if !ok {
 		s.need = max(s.need, cost)

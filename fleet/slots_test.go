@@ -467,6 +467,30 @@ func TestSlotsCostBeyondGrace(t *testing.T) {
 	}
 }
 
+// TestSlotsCostRefusedAfterACutAsksForNothing: a cost of 2 fits the grace
+// at 100/s; after a cut to 40/s its slots are 25.75 ms apart, past the
+// grace, so Check refuses it and Earliest asks for no block for it:
+// asking would reserve and waste blocks back to back, pushing the key's
+// arrival time ahead of every node. The next block is the one a cost of 1
+// asks for.
+func TestSlotsCostRefusedAfterACutAsksForNothing(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Rate: fleet.Rate{Limit: 100, Window: time.Second}})
+	if err := s.Check(2); err != nil {
+		t.Fatal(err)
+	}
+	s.SetRate(fleet.Rate{Limit: 40, Window: time.Second})
+	if err := s.Check(2); !errors.Is(err, fleet.ErrCostExceedsGrace) {
+		t.Fatalf("err %v, want ErrCostExceedsGrace after the cut", err)
+	}
+	if _, ok := s.Earliest(fc.Now(), 2); ok {
+		t.Fatal("Earliest found two slots within the grace at 40/s")
+	}
+	s.Earliest(fc.Now(), 1)
+	if b := next(t, events).Block; b.Count != 1 || mb.callCount() != 1 {
+		t.Fatalf("first block %+v after %d reservations, want one slot, asked for by the cost of 1", b, mb.callCount())
+	}
+}
+
 // TestSlotsGuardKeepsLateTakesUnderTheLimit takes the first slot as late as
 // its grace allows and every other at its time: the slots' spacing keeps
 // even that inside the limit in every window.

@@ -252,6 +252,16 @@ func (l *Limiter) Acquire(ctx context.Context, id string, req Request) (*Permit,
 			if gate == "" {
 				// The fleet gate: the budget admits; the node needs a slot.
 				if sh = l.sharedOf(id, s.cfg); sh != nil {
+					// Checked again: a cut of the fleet's rate since this
+					// request queued may have spaced the slots past its
+					// cost's grace, and no slots would ever serve it.
+					if err := checkShared(sh, id, req.Cost); err != nil {
+						b.mu.Unlock()
+						s.mu.Unlock()
+						leave()
+						p.endWait(now)
+						return p, err
+					}
 					var took bool
 					if took, wait, shCh = takeShared(sh, now, req.Cost); !took {
 						gate = GateFleet

@@ -24,7 +24,8 @@ type Shared interface {
 	Check(cost int) error
 	// Earliest returns when cost slots can be taken, at or after now;
 	// false when the node holds too few (it asks for more; wait on
-	// Changed).
+	// Changed), or when Check now refuses cost (it asks for nothing:
+	// Acquire checks the cost again before it asks).
 	Earliest(now time.Time, cost int) (time.Time, bool)
 	// Take spends cost slots at now, or nothing and false when Earliest
 	// is after now.

@@ -39,6 +39,8 @@ func (f *fakeShared) grant(at ...time.Time) {
 }
 
 func (f *fakeShared) Check(cost int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if cost > f.maxCost {
 		return errors.New("cost exceeds the slots' grace")
 	}
@@ -229,6 +231,31 @@ func TestSharedOfAGroupAndPause(t *testing.T) {
 	if _, err := l.Acquire(context.Background(), "a", limiter.Request{Deadline: epoch}); !errors.As(err, &shed) || shed.Gate != limiter.GatePause {
 		t.Fatalf("detached and paused: %v, want a shed at the pause gate", err)
 	}
+}
+
+// TestSharedCostCheckedAgainAtTheGate: a request of cost 2 queues at the
+// fleet gate while the fleet can serve it; the fleet's rate is then cut
+// (the slots spaced past its grace), so no slots could ever serve it. The
+// request fails with ErrCostExceedsCapacity at its next look, rather than
+// waiting at the head of the queue for slots that never come.
+func TestSharedCostCheckedAgainAtTheGate(t *testing.T) {
+	l, c := newLimiter(t, map[string]limiter.Config{"s": roomy})
+	sh := newFakeShared()
+	l.Share("s", sh)
+	ch := acquireAsync(context.Background(), c, l, "s", limiter.Request{Cost: 2}, 0)
+	<-sh.short // queued at the fleet gate, holding no slots
+	sh.mu.Lock()
+	sh.maxCost = 1
+	sh.mu.Unlock()
+	sh.grant(epoch, epoch) // wakes it: two slots at once, yet the cost is now refused
+	r := <-ch
+	if !errors.Is(r.err, limiter.ErrCostExceedsCapacity) {
+		t.Fatalf("a cost the fleet can no longer serve: %+v, %v; want ErrCostExceedsCapacity", r.p, r.err)
+	}
+	if len(sh.takes()) != 0 {
+		t.Fatalf("took %v for a refused cost", sh.takes())
+	}
+	mustAcquire(t, l, "s").Release() // the queue is free for the next request
 }
 
 // TestSharedToldOfBreakerOpenings: the fleet is told when the breaker of a
