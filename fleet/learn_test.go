@@ -322,6 +322,36 @@ func TestLearnerHandsOverOnRelease(t *testing.T) {
 	}
 }
 
+// TestLearnerOfAKeyRemadeWaitsForTheOld: a node remakes a key's share (its
+// ceiling changed) and starts a new learner of the key while the old one
+// still leads. They share the node's session, so the new one would be
+// elected at once on the old one's election key, and the old one's resign
+// would then elect another node too. The new one campaigns only once the
+// old one has resigned, behind the node that was waiting.
+func TestLearnerOfAKeyRemadeWaitsForTheOld(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := etcdtest.NewClient(t, c.Endpoints()...)
+	x := fleet.NewStore(cli, clock.Real{}, "")
+	y := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	oldCtx, stopOld := context.WithCancel(ctx)
+	oldX := runLearner(oldCtx, x, "geo", "x", 60)
+	waitUntil(t, "x learned geo", oldX.Leading)
+	ly := runLearner(ctx, y, "geo", "y", 60)
+	waitUntil(t, "y campaigned", func() bool { return len(leases(t, cli)) == 2 })
+	newX := runLearner(ctx, x, "geo", "x", 60)
+	time.Sleep(200 * time.Millisecond) // time for the new learner to campaign, were it let
+	if newX.Leading() {
+		t.Fatal("the new learner of x leads geo beside the old one")
+	}
+	stopOld()
+	waitUntil(t, "y learned geo after x's old learner stopped", ly.Leading)
+	if newX.Leading() {
+		t.Fatal("x's new learner and y both lead geo")
+	}
+}
+
 // runLearner runs key's learner on store as node, with a lease of ttl
 // seconds, until ctx ends.
 func runLearner(ctx context.Context, store *fleet.Store, key, node string, ttl int) *fleet.Learner {

@@ -105,6 +105,11 @@ func (l *Learner) Run(ctx context.Context) error {
 
 // term is one campaign and, once elected, one term of learning.
 func (l *Learner) term(ctx context.Context) error {
+	done, err := l.store.campaign(ctx, l.cfg.Key)
+	if err != nil {
+		return nil // ctx ended
+	}
+	defer done()
 	sess, err := l.store.session(ctx, l.cfg.LeaseTTL)
 	if err != nil {
 		return fmt.Errorf("learner %s: %w", l.cfg.Key, err)

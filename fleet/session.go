@@ -38,6 +38,32 @@ func (s *Store) session(ctx context.Context, ttl int) (*concurrency.Session, err
 	return sess, nil
 }
 
+// campaign waits until no other learner of key on this Store campaigns or
+// leads, and returns the function that lets the next one: learners of one
+// Store share its session, and two campaigns of one session for one key
+// share one election key. A second learner (a node remaking a key's share
+// when its ceiling changed) would find itself elected at once, and the
+// first's resign would then delete the key and elect another node while
+// the second still leads: two learners raising one limit.
+func (s *Store) campaign(ctx context.Context, key string) (func(), error) {
+	s.smu.Lock()
+	if s.terms == nil {
+		s.terms = make(map[string]chan struct{})
+	}
+	ch := s.terms[key]
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+		s.terms[key] = ch
+	}
+	s.smu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // Release revokes this node's sessions' leases, so its campaigns end in
 // the fleet at once rather than a lease's TTL later; a node calls it as it
 // stops, after its learners. A Learner still running campaigns again on a

@@ -34,6 +34,7 @@ type Store struct {
 
 	smu      sync.Mutex
 	sessions map[int]*concurrency.Session // by lease TTL in seconds: the campaigns' (session)
+	terms    map[string]chan struct{}     // by key: held by the learner campaigning or leading (campaign)
 }
 
 // state is a key's time (arrival time, or pause-until) and the revision it
