@@ -187,7 +187,9 @@ func startFleet(ctx context.Context, o fleetOptions, lim *limiter.Limiter, reg *
 
 // sync shares the budget of every source the registry holds at its
 // ceiling, makes again a key's Slots whose ceiling changed, and drops those
-// of keys no source uses any more.
+// of keys no source uses any more. A key's new share replaces its old one
+// in one step, so that no request is admitted without a fleet slot
+// between them.
 func (n *fleetNode) sync() {
 	want := map[string]*fleetShare{}
 	for _, src := range n.reg.ListSources() {
@@ -207,11 +209,15 @@ func (n *fleetNode) sync() {
 	var gone []*fleetShare
 	n.mu.Lock()
 	for key, old := range n.shares {
-		if w, ok := want[key]; !ok || w.rate != old.rate {
-			n.lim.Share(key, nil)
-			gone = append(gone, old)
-			delete(n.shares, key)
+		w, ok := want[key]
+		if ok && w.rate == old.rate {
+			continue
 		}
+		if !ok {
+			n.lim.Share(key, nil)
+		} // else the new share replaces it in one step below: no waiter is admitted unshared between the two
+		gone = append(gone, old)
+		delete(n.shares, key)
 	}
 	for key, w := range want {
 		if _, ok := n.shares[key]; ok {
@@ -219,6 +225,8 @@ func (n *fleetNode) sync() {
 		}
 		slots, err := fleet.NewSlots(n.store, clock.Real{}, fleet.Config{Key: key, Node: n.node, Rate: w.rate, MaxSkew: fleet.DefaultMaxSkew + n.lag, Notify: n.notify})
 		if err != nil {
+			// A key whose share is being remade keeps the old one, closed
+			// below: it holds, and the next sync tries again.
 			n.log.Error("fleet: share budget", "key", key, "err", err)
 			continue
 		}
