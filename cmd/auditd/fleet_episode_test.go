@@ -196,6 +196,49 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 }
 
+// TestFleetRefusalMeetingACutInFlight: a refusal that comes while another
+// cut is on its way (a quota's, or the last episode's mark) is not lost
+// with that cut: it begins no episode, so the next refusal begins one and
+// marks the window spent.
+func TestFleetRefusalMeetingACutInFlight(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	store := fleet.NewStore(etcdtest.NewClient(t, cluster.Endpoints()...), clock.Real{}, "")
+	ctx := context.Background()
+	start := fleet.Rate{Limit: 100, Window: 10 * time.Second}
+	if _, err := store.Start(ctx, "geo", start, "other"); err != nil {
+		t.Fatal(err)
+	}
+	ceiling := fleet.Rate{Limit: 20, Window: time.Second}
+	slots, err := fleet.NewSlots(store, clock.Real{}, fleet.Config{Key: "geo", Rate: ceiling})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Now())
+	l := startLearning(store, slots, clk, "geo", "n1", start, ceiling, func(fleet.Event) {})
+	t.Cleanup(func() { l.stop(context.Background()) })
+	for range 500 {
+		if lim, _ := l.Limit(); lim.Revision != 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	l.cutting.Store(true) // a cut on its way
+	l.observed(clk.Now(), limiter.ClassThrottled, hints.Hint{})
+	l.cutting.Store(false)
+	l.observed(clk.Now(), limiter.ClassThrottled, hints.Hint{})
+	if !l.cutting.Load() {
+		t.Fatal("the refusal after a cut in flight began no episode")
+	}
+	clk.WaitForTimers(1) // the mark, read spentRead after the refusal
+	clk.Advance(spentRead)
+	for l.cutting.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, _, _, marked, err := store.Spent(ctx, "geo", clk.Now()); err != nil || !marked {
+		t.Fatalf("the refusal after a cut in flight marked no spent window (%v)", err)
+	}
+}
+
 // ratePerSecond is r a second, to the thousandth.
 func ratePerSecond(r fleet.Rate) float64 {
 	return math.Round(1000*r.PerSecond()) / 1000

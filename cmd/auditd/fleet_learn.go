@@ -200,7 +200,9 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	if h.HasRetryAfter || spent || cur.Revision == 0 || !l.episode.CompareAndSwap(false, true) {
 		return
 	}
-	l.cut(func() (limitCut, bool) { return l.windowSpent(cur.Rate, settled) })
+	if !l.cut(func() (limitCut, bool) { return l.windowSpent(cur.Rate, settled) }) {
+		l.episode.Store(false) // another cut was on its way: the next refusal tries again
+	}
 }
 
 // windowSpent is the rule at the first plain refusal of an episode here.
@@ -264,10 +266,12 @@ type limitCut struct {
 }
 
 // cut lowers the fleet's limit as rule says, in the background (rule may
-// read etcd); one cut at a time, and none when rule says no.
-func (l *fleetLearning) cut(rule func() (limitCut, bool)) {
+// read etcd); one cut at a time, and none when rule says no. It reports
+// false when another cut was on its way, and rule was not run. A cut etcd
+// did not take ends the episode, so that the next refusal tries again.
+func (l *fleetLearning) cut(rule func() (limitCut, bool)) bool {
 	if !l.cutting.CompareAndSwap(false, true) {
-		return
+		return false
 	}
 	go func() {
 		defer l.cutting.Store(false)
@@ -277,8 +281,11 @@ func (l *fleetLearning) cut(rule func() (limitCut, bool)) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
 		defer cancel()
-		_, _, _ = l.store.Cut(ctx, l.key, c.to, c.refused, c.cause, l.node) // a failure: the next response tries again
+		if _, _, err := l.store.Cut(ctx, l.key, c.to, c.refused, c.cause, l.node); err != nil {
+			l.episode.Store(false)
+		}
 	}()
+	return true
 }
 
 // setByHand writes r as the key's learned limit for the whole fleet, in the
