@@ -83,6 +83,11 @@ type Server struct {
 	// FleetView serves GET /v1/fleet/sources; nil answers it 503.
 	FleetView FleetView
 
+	// Node is this node's name in a fleet, sent as the Auditd-Node header
+	// of every answer, so that a node calling another (its part of a
+	// fleet run) can tell it reached the node it asked; empty alone.
+	Node string
+
 	// PublicLog publishes the checkpoint, the public key, the checkpoint
 	// history and consistency proofs, and accepts witness cosignatures,
 	// without a token (each client address charged to a budget of its
@@ -154,7 +159,7 @@ func NewServer() *Server {
 	e.HTTPErrorHandler = s.handleError
 	// Budgets key on the peer address; X-Forwarded-For is not trusted.
 	e.IPExtractor = echo.ExtractIPDirect()
-	e.Use(s.assignRequestID, s.observe, decodeRequest, middleware.RecoverWithConfig(middleware.RecoverConfig{
+	e.Use(s.assignRequestID, s.nameNode, s.observe, decodeRequest, middleware.RecoverWithConfig(middleware.RecoverConfig{
 		// The panic becomes an error, which handleError logs once.
 		LogErrorFunc: func(_ echo.Context, err error, stack []byte) error {
 			return fmt.Errorf("panic: %w\n%s", err, stack)
@@ -282,6 +287,20 @@ const (
 // requestIDPattern is what a client-supplied X-Request-Id must look like to
 // be reused; anything else is replaced.
 var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// HeaderNode names the fleet node that answered (Server.Node).
+const HeaderNode = "Auditd-Node"
+
+// nameNode sends the node's name with every answer, in a fleet.
+func (s *Server) nameNode(next echo.HandlerFunc) echo.HandlerFunc {
+	if s.Node == "" {
+		return next
+	}
+	return func(c echo.Context) error {
+		c.Response().Header().Set(HeaderNode, s.Node)
+		return next(c)
+	}
+}
 
 func (s *Server) assignRequestID(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +37,62 @@ type fleetOptions struct {
 	// dispatch record commits later is not sent (fetch). Default
 	// defaultFleetLag.
 	Lag time.Duration `yaml:"lag"`
+	// Advertise is the URL the other nodes reach this node's API at, for
+	// their calls about fleet runs; default the listen address, which must
+	// then be one they can reach (advertiseURL).
+	Advertise string `yaml:"advertise"`
+}
+
+// advertiseURL returns the API base URL a node publishes to the fleet:
+// advertise when set (an http or https URL naming a host), else listen,
+// the listener's own URL. A listener on every address (0.0.0.0, ::) names
+// no host another node could reach, and is refused without advertise; so
+// is a loopback one when some etcd endpoint is not on loopback (the fleet
+// spans machines, and a peer's call to it would reach the caller itself).
+func advertiseURL(advertise, listen string, etcd []string) (string, error) {
+	if advertise != "" {
+		u, err := url.Parse(advertise)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || unspecifiedHost(u.Hostname()) ||
+			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+			return "", fmt.Errorf("fleet: --fleet-advertise %q: want the http or https URL of this node's API, such as http://east-1.internal:8080", advertise)
+		}
+		return strings.TrimSuffix(advertise, "/"), nil
+	}
+	u, err := url.Parse(listen)
+	if err != nil {
+		return "", fmt.Errorf("fleet: listen address %q: %w", listen, err)
+	}
+	if unspecifiedHost(u.Hostname()) {
+		return "", fmt.Errorf("fleet: the API listens on every address (%s): set --fleet-advertise (fleet.advertise) to the URL the other nodes reach it at", u.Host)
+	}
+	if loopbackHost(u.Hostname()) && !slices.ContainsFunc(etcd, func(e string) bool { return loopbackHost(endpointHost(e)) }) {
+		return "", fmt.Errorf("fleet: the API listens on loopback (%s) and etcd is elsewhere: set --fleet-advertise (fleet.advertise) to the URL the other nodes reach this node at", u.Host)
+	}
+	return listen, nil
+}
+
+// unspecifiedHost reports whether h is the unspecified address (0.0.0.0,
+// ::) or empty.
+func unspecifiedHost(h string) bool {
+	ip := net.ParseIP(h)
+	return h == "" || (ip != nil && ip.IsUnspecified())
+}
+
+// loopbackHost reports whether h is localhost or a loopback address.
+func loopbackHost(h string) bool {
+	ip := net.ParseIP(h)
+	return h == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// endpointHost is the host of an etcd endpoint, a URL or a bare host:port.
+func endpointHost(e string) string {
+	if u, err := url.Parse(e); err == nil && u.Host != "" {
+		return u.Hostname()
+	}
+	if h, _, err := net.SplitHostPort(e); err == nil {
+		return h
+	}
+	return e
 }
 
 // defaultFleetLag covers most dispatch-record commits of a busy ledger;

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/fleet"
 	"github.com/auditd/auditd/fleetlog"
 	"github.com/auditd/auditd/ledger"
@@ -69,6 +70,10 @@ func (f *fleetRuns) peerDo(ctx context.Context, node, method, path, authorizatio
 	resp, err := f.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	if got := resp.Header.Get(api.HeaderNode); got != node {
+		resp.Body.Close()
+		return nil, fmt.Errorf("node %s: its published address %s answered as node %q: set --fleet-advertise on %s to a URL the other nodes reach it at", node, url, got, node)
 	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil

@@ -56,6 +56,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var witnesses listFlag
 	fleetEtcd := fs.String("fleet-etcd", "", "comma-separated etcd client `URLs`: share each source's budget and pauses with the other nodes of the fleet (docs/FLEET.md)")
 	node := fs.String("node", "", "this node's `name` in a fleet (with --fleet-etcd)")
+	fleetAdvertise := fs.String("fleet-advertise", "", "the `URL` the other nodes of the fleet reach this node's API at (default: the listen address, which must be one they can reach)")
 	fleetLag := fs.Duration("fleet-lag", 0, "the most a request on the wire may trail its fleet slot; slots are spaced to absorb it, and a request whose dispatch record commits later is not sent (default 40ms)")
 	fs.Var(&witnesses, "witness", "a witness's C2SP cosignature verifier `key` whose cosignatures are kept (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -90,7 +91,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		registry:    registry.Options{DefaultLimit: *startLimit, DefaultWindow: *startWindow},
 		tokenBudget: budget, publicLog: *publicLog, witnesses: witnesses,
 		allowUpstream: allowUpstream, denyUpstream: denyUpstream,
-		fleet: fleetOptions{Node: *node, Lag: *fleetLag}}
+		fleet: fleetOptions{Node: *node, Lag: *fleetLag, Advertise: *fleetAdvertise}}
 	if *fleetEtcd != "" {
 		o.fleet.Etcd = strings.Split(*fleetEtcd, ",")
 	}
@@ -260,6 +261,16 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		if o.fleet.Lag == 0 {
 			o.fleet.Lag = cfg.Fleet.Lag
 		}
+		if o.fleet.Advertise == "" {
+			o.fleet.Advertise = cfg.Fleet.Advertise
+		}
+	}
+	var advertise string // the API's URL the fleet's other nodes call
+	if len(o.fleet.Etcd) > 0 {
+		if advertise, err = advertiseURL(o.fleet.Advertise, srv.URL(), o.fleet.Etcd); err != nil {
+			return err
+		}
+		srv.Node = o.fleet.Node
 	}
 	packs := livePacks{db: db, led: led, payloads: stage, secretQuery: reps.SecretQuery, admission: reps.Admission}
 	var fruns *fleetRuns // fleet runs and the fleet log of logs (fleetrun.go)
@@ -325,7 +336,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	serving = true
 	stop.push("shut down API", srv.Shutdown)
 	if fruns != nil {
-		if err := fruns.start(ctx, srv.URL()); err != nil {
+		if err := fruns.start(ctx, advertise); err != nil {
 			return err
 		}
 	}
