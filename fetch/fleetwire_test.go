@@ -2,6 +2,7 @@ package fetch_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -18,16 +19,23 @@ import (
 // request may take to leave (limiter.Shared.Lag): lags[i] for the i-th
 // take, the last of lags for the rest. onTake, when set, is told of each
 // take's number, from 1. With most set, it hands out that many slots and
-// then none, as a node cut off from the fleet.
+// then none, as a node cut off from the fleet. With maxCost set, it
+// refuses a greater cost, as slots spaced wider than the grace allow.
 type wireShared struct {
-	mu     sync.Mutex
-	lags   []time.Duration
-	taken  int
-	most   int
-	onTake func(n int)
+	mu      sync.Mutex
+	lags    []time.Duration
+	taken   int
+	most    int
+	maxCost int
+	onTake  func(n int)
 }
 
-func (s *wireShared) Check(int) error { return nil }
+func (s *wireShared) Check(cost int) error {
+	if s.maxCost > 0 && cost > s.maxCost {
+		return fmt.Errorf("cost %d at 103ms apart, grace 20ms: cost exceeds the slots' grace", cost)
+	}
+	return nil
+}
 
 func (s *wireShared) Earliest(now time.Time, _ int) (time.Time, bool) {
 	s.mu.Lock()
@@ -178,6 +186,29 @@ func holdFirstSlot(t *testing.T, h *harness, sh *wireShared, held time.Duration)
 	}
 	close(release)
 	return v
+}
+
+// An item whose cost the fleet's slots could not serve at the source's
+// rate is refused at submit, naming the fleet and how to split it, rather
+// than accepted and failed at dispatch; nothing is recorded or sent.
+func TestFleetCostRefusedAtSubmit(t *testing.T) {
+	h := newHarness(t, wireScenario)
+	h.source(t, auditd.Source{ID: "county", Limit: 10, Window: auditd.Duration(time.Second), Burst: 5}, "county")
+	h.lim.Share("county", &wireShared{maxCost: 1})
+	head, _ := h.ledger.Head()
+	_, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wire", Principal: "test",
+		Items: []auditd.Item{{Key: "q1", SourceID: "county", Path: "/q?n=1", Cost: 2}}})
+	var ae *auditd.Error
+	if !errors.As(err, &ae) || ae.Field != "items[0].cost" || !strings.Contains(ae.Message, "in its fleet") || !strings.Contains(ae.Message, "Split the item") {
+		t.Fatalf("submit of cost 2: %v, want items[0].cost refused, naming the fleet and how to split", err)
+	}
+	if after, _ := h.ledger.Head(); after != head || h.sim.Stats("county").Received != 0 {
+		t.Fatalf("the refused item was recorded (head %d to %d) or sent", head, after)
+	}
+	if _, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wire", Principal: "test",
+		Items: []auditd.Item{{Key: "q1", SourceID: "county", Path: "/q?n=1", Cost: 1}}}); err != nil {
+		t.Fatalf("submit of cost 1: %v", err)
+	}
 }
 
 // A request not sent for its fleet slot spends none of the page's

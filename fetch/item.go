@@ -653,8 +653,9 @@ func resultOf(it *auditd.Item, e *auditd.Event) (*auditd.ItemResult, error) {
 }
 
 // costRefusal says why a unit of work (an item, a proxied request) of cost
-// can never be admitted by its source's budget, and how to split it; ""
-// when it can be, or the source is unknown (which is refused apart).
+// can never be admitted by its source's budget, or by its fleet's slots at
+// the rate now, and how to split it; "" when it can be, or the source is
+// unknown (which is refused apart).
 func (g *gates) costRefusal(sourceID string, cost int, unit string) string {
 	if cost <= 1 {
 		return ""
@@ -665,6 +666,9 @@ func (g *gates) costRefusal(sourceID string, cost int, unit string) string {
 	}
 	var ce *limiter.CostError
 	if !errors.As(b.CheckCost(cost), &ce) {
+		if err := g.limiter.CheckShared(sourceID, cost); err != nil {
+			return fmt.Sprintf("A cost of %d cannot be served by source %s in its fleet: the fleet hands a cost as that many slots within its grace of each other, and at the source's rate they are further apart (%v). Split the %s into %ss of a smaller cost.", cost, sourceID, err, unit, unit)
+		}
 		return ""
 	}
 	bound := fmt.Sprintf("its bucket's capacity (burst) of %d", ce.Bound)

@@ -118,6 +118,24 @@ func (l *Limiter) sharedOf(id string, cfg Config) Shared {
 	return (*m)[id]
 }
 
+// CheckShared returns why the Shared attached to source id's budget could
+// never serve a request of cost at once (Shared.Check: the fleet hands a
+// cost as that many slots within one grace), which Acquire would refuse
+// with ErrCostExceedsCapacity; nil when it could, or none is attached.
+func (l *Limiter) CheckShared(id string, cost int) error {
+	s, err := l.source(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	sh := l.sharedOf(id, s.cfg)
+	s.mu.Unlock()
+	if sh == nil {
+		return nil
+	}
+	return sh.Check(cost)
+}
+
 // takeShared is the fleet gate at the head of the budget's queue: it takes
 // cost slots from sh at now, or returns the gate's wait (0 when unknown)
 // and the channel to wait on.
