@@ -24,12 +24,12 @@ import (
 // between them, and refusals the server explained (a Retry-After, a spent
 // quota), are no episode. The first mark cuts nothing; a mark with fewer
 // than fleet.MinWindowAdmitted answered since the last is the same spent
-// window; a mark after enough were answered sets the limit to that pace,
-// the window's quota, unless it is below a quarter's cut, which then
-// applies to a request sent at a settled pace only; a mark more than one
-// and a half windows after the last cuts nothing. A limit set by hand on
-// the node becomes the fleet's, and a quota the server advertises below it
-// holds the fleet to it.
+// window; a mark after enough were answered sets the limit to that pace, the
+// window's quota, unless it is below a quarter's cut, which then applies to
+// a request sent at a settled pace only, remembered as refused; a mark more
+// than one and a half windows after the last cuts nothing. A limit set by
+// hand on the node becomes the fleet's, and a quota the server advertises
+// below it holds the fleet to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	cluster := etcdtest.Start(t, 1)
 	store := fleet.NewStore(etcdtest.NewClient(t, cluster.Endpoints()...), clock.Real{}, "")
@@ -159,8 +159,8 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	succeed()
 	answered(30)
 	spent(6*time.Second, time.Time{})
-	if got := stored(); ratePerSecond(got.Rate) != 5.825 || got.Refused != perWindow {
-		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 5.825/s, refused at 48 per 6.18 s", got)
+	if got := stored(); ratePerSecond(got.Rate) != 5.825 || got.Refused != got.Rate {
+		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 5.825/s, refused at it", got)
 	}
 	applied(5.825)
 

@@ -216,7 +216,8 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //   - a mark within maxWindowSpan before: the pace the fleet was answered at
 //     between the two, a fixed window's quota over its length
 //     (fleet.WindowRate), is the limit and the rate refused, so the learner
-//     holds it (fleet.Raise); never lower than a quarter's cut;
+//     holds it (fleet.Raise); never lower than a quarter's cut, which is
+//     then the limit and the rate refused;
 //   - otherwise, or when etcd fails, the quarter's cut (fleet.CutTo) of a
 //     request sent at a settled pace.
 //
@@ -239,8 +240,19 @@ func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (limitCut, boo
 		// the quota in them, and what they admitted tells not the quota.
 		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan:
-		if r, ok := fleet.WindowRate(n, span); ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
+		r, ok := fleet.WindowRate(n, span)
+		if ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
 			return limitCut{r, r, fleet.CauseWindowSpent}, true
+		}
+		if ok {
+			// The fleet was answered at less than a quarter's cut: the
+			// cut is remembered as the rate refused, so that the learner
+			// holds it until the next window is measured. Regaining toward
+			// the rate in force would only be refused again, and in time
+			// to meet the next mark, whose quarter's cut would again be
+			// above the window's pace.
+			to := fleet.CutTo(cur)
+			return limitCut{to, to, fleet.CauseRefused}, settled
 		}
 	}
 	return limitCut{fleet.CutTo(cur), cur, fleet.CauseRefused}, settled

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
@@ -123,5 +124,27 @@ func TestFleetUsesAFixedWindow(t *testing.T) {
 	}
 	if share > 0.02 {
 		t.Errorf("after the first %d windows %.1f%% of requests were refused (%d of %d), want at most 2%%", warm, 100*share, bad, ok+bad)
+	}
+	if t.Failed() {
+		for _, n := range view.Sources[0].Nodes {
+			t.Logf("%s over %v: %d slots reserved, %d used, %d wasted", n.Node, time.Duration(n.Span), n.Reserved, n.Used, n.Wasted)
+		}
+		logLearned(t, f, up.start.Add(time.Duration(first)*window), window)
+	}
+}
+
+// logLearned stops node 1 and logs the learned limits its ledger applied,
+// each at the window it was applied in, counted from the load's first
+// (start): what a failed run learned from, and when.
+func logLearned(t *testing.T, f *fleetNodes, start time.Time, window time.Duration) {
+	stopGracefully(t, f.nodes[0])
+	events, _ := fleetEvents(t, f.datas[0])
+	for _, e := range events {
+		if e.Type != auditd.EventFleetLearned {
+			continue
+		}
+		_, cause := e.Shared()
+		at := e.Time.Sub(start)
+		t.Logf("window %d +%.2fs: %s %s", int(at/window), (at % window).Seconds(), cause, e.Detail)
 	}
 }
