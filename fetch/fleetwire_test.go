@@ -194,7 +194,7 @@ func holdFirstSlot(t *testing.T, h *harness, sh *wireShared, held time.Duration)
 func TestFleetCostRefusedAtSubmit(t *testing.T) {
 	h := newHarness(t, wireScenario)
 	h.source(t, auditd.Source{ID: "county", Limit: 10, Window: auditd.Duration(time.Second), Burst: 5}, "county")
-	h.lim.Share("county", &wireShared{maxCost: 1})
+	h.lim.Share("county", &wireShared{maxCost: 1, lags: []time.Duration{time.Hour}})
 	head, _ := h.ledger.Head()
 	_, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wire", Principal: "test",
 		Items: []auditd.Item{{Key: "q1", SourceID: "county", Path: "/q?n=1", Cost: 2}}})
@@ -205,9 +205,13 @@ func TestFleetCostRefusedAtSubmit(t *testing.T) {
 	if after, _ := h.ledger.Head(); after != head || h.sim.Stats("county").Received != 0 {
 		t.Fatalf("the refused item was recorded (head %d to %d) or sent", head, after)
 	}
-	if _, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wire", Principal: "test",
-		Items: []auditd.Item{{Key: "q1", SourceID: "county", Path: "/q?n=1", Cost: 1}}}); err != nil {
+	v, _, err := h.loop.Submit(context.Background(), auditd.NewRun{Name: "wire", Principal: "test",
+		Items: []auditd.Item{{Key: "q1", SourceID: "county", Path: "/q?n=1", Cost: 1}}})
+	if err != nil {
 		t.Fatalf("submit of cost 1: %v", err)
+	}
+	if v = h.finish(t, v.ID); v.Status != auditd.RunSucceeded {
+		t.Fatalf("the run of cost 1 ended %s: %+v", v.Status, v.Counts)
 	}
 }
 
