@@ -207,12 +207,12 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	}
 	// auditd verify --pack reads a fleet pack as one, with the nodes' keys
 	// given on the command line.
-	verifyCLI := func(b []byte) (int, string) {
+	verifyCLI := func(b []byte, extra ...string) (int, string) {
 		path := filepath.Join(t.TempDir(), "fleet-pack.zip")
 		if err := os.WriteFile(path, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		args := []string{"--pack", path}
+		args := append([]string{"--pack", path}, extra...)
 		for _, name := range names {
 			args = append(args, "--node-key", name+"="+keys[name])
 		}
@@ -222,6 +222,13 @@ func TestFleetPackIndependentVerifier(t *testing.T) {
 	}
 	if code, out := verifyCLI(good); code != 0 || !strings.Contains(out, "fleet pack verified: 3 nodes (a, b, c)") || !strings.Contains(out, "each the row of its Node's own workbook") {
 		t.Fatalf("auditd verify --pack on a good fleet pack: exit %d\n%s", code, out)
+	}
+	// A node pack's checks asked of a fleet pack are refused, never
+	// ignored: a pass that checked none of them would be a false pass.
+	for _, extra := range [][]string{{"--key", keys[names[0]]}, {"--require-witness", "garbage"}, {"--previous", "earlier.zip"}} {
+		if code, out := verifyCLI(good, extra...); code != 2 || !strings.Contains(out, extra[0]+": this pack is a fleet's") {
+			t.Errorf("auditd verify --pack on a fleet pack with %s: exit %d, want 2 naming it\n%s", extra[0], code, out)
+		}
 	}
 
 	with := func(name string, b []byte) map[string][]byte {

@@ -39,6 +39,19 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			fmt.Fprintf(stderr, "auditd verify: %v\n", err)
 			return 2
 		} else if fleet {
+			// Refused, never ignored: a pass that checked none of what was
+			// asked is a false pass.
+			var nodeOnly []string
+			for name, given := range map[string]bool{"--key": *key != "", "--previous": *previous != "", "--require-witness": len(witnesses) > 0} {
+				if given {
+					nodeOnly = append(nodeOnly, name)
+				}
+			}
+			if len(nodeOnly) > 0 {
+				sort.Strings(nodeOnly)
+				fmt.Fprintf(stderr, "auditd verify: %s: this pack is a fleet's; pass --node-key NAME=KEY for each node instead (--key, --previous and --require-witness check one node's pack)\n", strings.Join(nodeOnly, ", "))
+				return 2
+			}
 			return verifyFleetPack(*packFile, nodeKeys, stdout, stderr)
 		}
 		if len(nodeKeys) > 0 {
