@@ -43,6 +43,36 @@ type fleetOptions struct {
 	Advertise string `yaml:"advertise"`
 }
 
+// check refuses fleet options that name no fleet or a bad one: a node
+// name, an advertised URL or a lag without etcd endpoints (the node would
+// run alone beside a fleet that counts on it), endpoints without a valid
+// node name, a negative lag. serve checks them before it creates anything.
+func (o fleetOptions) check() error {
+	if len(o.Etcd) == 0 {
+		var given []string
+		for name, set := range map[string]bool{"--node": o.Node != "", "--fleet-advertise": o.Advertise != "", "--fleet-lag": o.Lag != 0} {
+			if set {
+				given = append(given, name)
+			}
+		}
+		if len(given) > 0 {
+			slices.Sort(given)
+			return fmt.Errorf("fleet: %s without --fleet-etcd (fleet.etcd): a node that never joined must not run as if alone", strings.Join(given, ", "))
+		}
+		return nil
+	}
+	if o.Node == "" {
+		return errors.New("fleet: --node is required with --fleet-etcd")
+	}
+	if !validNodeName(o.Node) {
+		return fmt.Errorf("fleet: --node %q: want 1 to 64 letters, digits, '.', '_' or '-'", o.Node)
+	}
+	if o.Lag < 0 {
+		return fmt.Errorf("fleet: --fleet-lag %v: want a duration of 0 or more", o.Lag)
+	}
+	return nil
+}
+
 // advertiseURL returns the API base URL a node publishes to the fleet:
 // advertise when set (an http or https URL naming a host), else listen,
 // the listener's own URL. A listener on every address (0.0.0.0, ::) names
@@ -205,13 +235,8 @@ func validNodeName(name string) bool {
 // startFleet connects to etcd and shares every source's budget. It fails
 // when etcd cannot be reached at start: a node that never joined must not
 // run as if alone.
+// The options are checked first (fleetOptions.check).
 func startFleet(ctx context.Context, o fleetOptions, lim *limiter.Limiter, reg *registry.Registry, led auditd.Appender, log *slog.Logger) (*fleetNode, error) {
-	if o.Node == "" {
-		return nil, errors.New("fleet: --node is required with --fleet-etcd")
-	}
-	if !validNodeName(o.Node) {
-		return nil, fmt.Errorf("fleet: --node %q: want 1 to 64 letters, digits, '.', '_' or '-'", o.Node)
-	}
 	client, err := clientv3.New(clientv3.Config{
 		Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		// Reconnect within a fraction of a second of etcd coming back, so

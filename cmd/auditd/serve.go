@@ -136,6 +136,22 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 		if cfg, err = loadConfig(o.configPath, validateSource); err != nil {
 			return err
 		}
+		// The flags win over the file.
+		if len(o.fleet.Etcd) == 0 {
+			o.fleet.Etcd = cfg.Fleet.Etcd
+		}
+		if o.fleet.Node == "" {
+			o.fleet.Node = cfg.Fleet.Node
+		}
+		if o.fleet.Lag == 0 {
+			o.fleet.Lag = cfg.Fleet.Lag
+		}
+		if o.fleet.Advertise == "" {
+			o.fleet.Advertise = cfg.Fleet.Advertise
+		}
+	}
+	if err := o.fleet.check(); err != nil {
+		return err
 	}
 	// The address is bound before anything in the data directory is
 	// created or changed: a taken port leaves no directory, token or
@@ -151,6 +167,14 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 			srv.Shutdown(context.Background()) // closes the listener alone
 		}
 	}()
+	var advertise string // the API's URL the fleet's other nodes call
+	if len(o.fleet.Etcd) > 0 {
+		var err error
+		if advertise, err = advertiseURL(o.fleet.Advertise, srv.URL(), o.fleet.Etcd); err != nil {
+			return err
+		}
+		srv.Node = o.fleet.Node
+	}
 	path := filepath.Join(o.dataDir, dbFile)
 	if err := checkFile(path); errors.Is(err, ledger.ErrDamaged) {
 		return fmt.Errorf("refusing to serve %s: %v; run auditd verify --data %s for the full report, and restore the data directory from a backup", path, err, o.dataDir)
@@ -250,27 +274,6 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 			return fmt.Errorf("demo: %w", err)
 		}
 		stop.push("stop demo upstreams", demo.close)
-	}
-	if cfg != nil {
-		if len(o.fleet.Etcd) == 0 {
-			o.fleet.Etcd = cfg.Fleet.Etcd
-		}
-		if o.fleet.Node == "" {
-			o.fleet.Node = cfg.Fleet.Node
-		}
-		if o.fleet.Lag == 0 {
-			o.fleet.Lag = cfg.Fleet.Lag
-		}
-		if o.fleet.Advertise == "" {
-			o.fleet.Advertise = cfg.Fleet.Advertise
-		}
-	}
-	var advertise string // the API's URL the fleet's other nodes call
-	if len(o.fleet.Etcd) > 0 {
-		if advertise, err = advertiseURL(o.fleet.Advertise, srv.URL(), o.fleet.Etcd); err != nil {
-			return err
-		}
-		srv.Node = o.fleet.Node
 	}
 	packs := livePacks{db: db, led: led, payloads: stage, secretQuery: reps.SecretQuery, admission: reps.Admission}
 	var fruns *fleetRuns // fleet runs and the fleet log of logs (fleetrun.go)

@@ -64,6 +64,41 @@ func TestServeRefusedConfigCreatesNothing(t *testing.T) {
 	}
 }
 
+// Fleet options serve refuses leave nothing behind either, each named: a
+// node name, a lag or an advertised URL with no etcd to join (in the flags
+// or the file), a negative lag, a bad node name, and a listener no other
+// node could reach.
+func TestServeRefusedFleetOptionsCreateNothing(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(cfg, []byte("fleet:\n  node: east-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const etcd = "http://10.255.255.1:2379" // never dialled: refused first
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--node", "east-1"}, "--node without --fleet-etcd"},
+		{[]string{"--config", cfg}, "--node without --fleet-etcd"},
+		{[]string{"--fleet-lag", "40ms", "--fleet-advertise", "http://east-1:8080"}, "--fleet-advertise, --fleet-lag without --fleet-etcd"},
+		{[]string{"--fleet-etcd", etcd, "--node", "east-1", "--fleet-lag", "-1s"}, "want a duration of 0 or more"},
+		{[]string{"--fleet-etcd", etcd, "--node", "east/1"}, "want 1 to 64 letters"},
+		{[]string{"--fleet-etcd", etcd}, "--node is required"},
+		{[]string{"--fleet-etcd", etcd, "--node", "east-1", "--addr", "0.0.0.0:0"}, "listens on every address"},
+		{[]string{"--fleet-etcd", etcd, "--node", "east-1"}, "listens on loopback (127.0.0.1:"},
+	} {
+		dir := filepath.Join(t.TempDir(), "data")
+		args := append([]string{"serve", "--data", dir, "--addr", "127.0.0.1:0"}, tc.args...)
+		code, _, errOut := runCmd(t, args...)
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, want 1 saying %q:\n%s", tc.args, code, tc.want, errOut)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%v left %s behind (%v)", tc.args, dir, err)
+		}
+	}
+}
+
 // serve refuses a damaged data file at start, before bbolt maps it, and
 // says to run verify.
 func TestServeRefusesDamagedFile(t *testing.T) {
