@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -14,6 +19,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
+	"github.com/auditd/auditd/auth"
 	"github.com/auditd/auditd/registry"
 )
 
@@ -33,6 +39,11 @@ func runFleetDemo(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	firstPort := fs.Int("port", 8081, "the first node's `port`; the others take the next two")
 	if err := fs.Parse(args); err != nil {
 		return parseStatus(err)
+	}
+	token, err := demoFleetToken(*dataDir, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "auditd fleet-demo: %v\n", err)
+		return 1
 	}
 	cfg := embed.NewConfig()
 	cfg.Name, cfg.Dir = "fleet-demo", filepath.Join(*dataDir, "etcd")
@@ -63,7 +74,7 @@ func runFleetDemo(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		node := fmt.Sprintf("node%d", i+1)
 		o := serveOptions{dataDir: filepath.Join(*dataDir, node), addr: fmt.Sprintf("127.0.0.1:%d", *firstPort+i), demo: *scenario,
 			registry: registry.Options{DefaultLimit: registry.DefaultLimit, DefaultWindow: registry.DefaultWindow},
-			fleet:    fleetOptions{Etcd: []string{client.String()}, Node: node}}
+			fleet:    fleetOptions{Etcd: []string{client.String()}, Node: node}, bootstrap: token}
 		wg.Go(func() { errs[i] = serve(ctx, o, stdout, log.With("node", node)) })
 	}
 	wg.Wait()
@@ -75,4 +86,40 @@ func runFleetDemo(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 	return status
+}
+
+// demoFleetToken returns the admin token every node of the demo fleet
+// starts with: a node calling another for its part of a fleet run carries
+// its caller's token, so the nodes need the same one. It is
+// AUDITD_BOOTSTRAP_TOKEN when set, else the one kept in dir's
+// bootstrap-token, else a new one kept there (mode 0600). It prints the
+// token, and a warning when the nodes' data was made with a token each.
+func demoFleetToken(dir string, stdout io.Writer) (string, error) {
+	if t := os.Getenv(auth.BootstrapEnv); t != "" {
+		return t, nil
+	}
+	path := filepath.Join(dir, auth.BootstrapFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		t := string(bytes.TrimSpace(b))
+		fmt.Fprintf(stdout, "admin token of every node: in %s\n", path)
+		return t, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", err
+	}
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw) // crypto/rand.Read never fails
+	t := auth.SecretPrefix + base64.RawURLEncoding.EncodeToString(raw)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(t+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(stdout, "admin token of every node (shown once; also in %s, mode 0600):\n  %s\n", path, t)
+	if _, err := os.Stat(filepath.Join(dir, "node1", dbFile)); err == nil {
+		fmt.Fprintf(stdout, "warning: %s holds nodes made with a token each, which fleet runs cannot use across nodes; remove %s to start the demo with one token\n", dir, dir)
+	}
+	return t, nil
 }

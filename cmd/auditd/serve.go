@@ -115,6 +115,7 @@ type serveOptions struct {
 	witnesses                       []string         // witness keys whose cosignatures are kept
 	allowUpstream, denyUpstream     []string         // the upstream address policy's flags (the config file adds its own)
 	fleet                           fleetOptions     // etcd and node name; none: the node runs alone
+	bootstrap                       string           // the first admin token's secret, as AUDITD_BOOTSTRAP_TOKEN (fleet-demo's, one for every node)
 }
 
 // serve wires the service together, serves until ctx ends, and shuts it
@@ -303,7 +304,16 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	secret, err := auth.Bootstrap(ctx, tokens, o.dataDir, os.Getenv)
+	getenv := os.Getenv
+	if o.bootstrap != "" {
+		getenv = func(k string) string {
+			if k == auth.BootstrapEnv {
+				return o.bootstrap
+			}
+			return os.Getenv(k)
+		}
+	}
+	secret, err := auth.Bootstrap(ctx, tokens, o.dataDir, getenv)
 	if err != nil {
 		return err
 	}
