@@ -52,7 +52,8 @@ func TestAdvertiseURL(t *testing.T) {
 // TestPeerCallChecksTheNodeThatAnswered: a call to a node's published
 // address that another node answers (a loopback or wildcard address
 // published on every machine reaches the caller itself) is refused, not
-// taken as the node's part.
+// taken as the node's part; a peer refusing the caller's token is named
+// as such.
 func TestPeerCallChecksTheNodeThatAnswered(t *testing.T) {
 	cluster := etcdtest.Start(t, 1)
 	dir := fleetlog.NewRuns(etcdtest.NewClient(t, cluster.Endpoints()...), "")
@@ -71,6 +72,14 @@ func TestPeerCallChecksTheNodeThatAnswered(t *testing.T) {
 	if err := dir.SetPeer(ctx, "east-2", answerAs("west-1")); err != nil {
 		t.Fatal(err)
 	}
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(api.HeaderNode, "east-3")
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	t.Cleanup(refusing.Close)
+	if err := dir.SetPeer(ctx, "east-3", refusing.URL); err != nil {
+		t.Fatal(err)
+	}
 	f := &fleetRuns{node: "west-1", dir: dir, http: http.DefaultClient}
 	if err := f.peerCall(ctx, "east-1", "GET", "/v1/runs/r1", "Bearer x", nil, nil); err != nil {
 		t.Fatalf("east-1 answering as itself: %v", err)
@@ -78,5 +87,10 @@ func TestPeerCallChecksTheNodeThatAnswered(t *testing.T) {
 	err := f.peerCall(ctx, "east-2", "GET", "/v1/runs/r1", "Bearer x", nil, nil)
 	if err == nil || !strings.Contains(err.Error(), `answered as node "west-1"`) || !strings.Contains(err.Error(), "--fleet-advertise") {
 		t.Fatalf("east-2's address answered by west-1: %v; want an error naming who answered and --fleet-advertise", err)
+	}
+	// A peer refusing the caller's token says what to do about it.
+	err = f.peerCall(ctx, "east-3", "GET", "/v1/runs/r1", "Bearer x", nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "node east-3 refused the caller's token") || !strings.Contains(err.Error(), "same tokens") {
+		t.Fatalf("east-3 answering 401: %v; want an error saying the nodes must share tokens", err)
 	}
 }

@@ -83,6 +83,9 @@ func (f *fleetRuns) peerDo(ctx context.Context, node, method, path, authorizatio
 	if resp.StatusCode == http.StatusConflict {
 		return nil, fmt.Errorf("node %s: %s %s: %w: %s", node, method, path, errPeerConflict, problem)
 	}
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return nil, fmt.Errorf("node %s refused the caller's token (%s %s: %s): a node calls the others with its caller's token, so every node of the fleet must accept the same tokens (docs/FLEET.md)", node, method, path, resp.Status)
+	}
 	return nil, fmt.Errorf("node %s: %s %s: %s: %s", node, method, path, resp.Status, strings.TrimSpace(string(problem)))
 }
 
