@@ -298,17 +298,9 @@ func TestLearnersShareOneSession(t *testing.T) {
 // Store.Release) hands its keys to another node at once, not a lease's TTL
 // (here a minute) later.
 func TestLearnerHandsOverOnRelease(t *testing.T) {
-	c := etcdtest.Start(t, 1)
-	cli := etcdtest.NewClient(t, c.Endpoints()...)
-	x := fleet.NewStore(cli, clock.Real{}, "")
-	y := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	xctx, stopX := context.WithCancel(ctx)
-	lx := runLearner(xctx, x, "geo", "x", 60)
-	waitUntil(t, "x learned geo", lx.Leading)
-	ly := runLearner(ctx, y, "geo", "y", 60)
-	waitUntil(t, "y campaigned", func() bool { return len(leases(t, cli)) == 2 })
+	ctx := t.Context()
+	l := xLeadsYWaits(t)
+	x, ly, cli, stopX := l.x, l.ly, l.cli, l.stopX
 	if ly.Leading() {
 		t.Fatal("y leads geo while x does")
 	}
@@ -329,18 +321,9 @@ func TestLearnerHandsOverOnRelease(t *testing.T) {
 // would then elect another node too. The new one campaigns only once the
 // old one has resigned, behind the node that was waiting.
 func TestLearnerOfAKeyRemadeWaitsForTheOld(t *testing.T) {
-	c := etcdtest.Start(t, 1)
-	cli := etcdtest.NewClient(t, c.Endpoints()...)
-	x := fleet.NewStore(cli, clock.Real{}, "")
-	y := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	oldCtx, stopOld := context.WithCancel(ctx)
-	oldX := runLearner(oldCtx, x, "geo", "x", 60)
-	waitUntil(t, "x learned geo", oldX.Leading)
-	ly := runLearner(ctx, y, "geo", "y", 60)
-	waitUntil(t, "y campaigned", func() bool { return len(leases(t, cli)) == 2 })
-	newX := runLearner(ctx, x, "geo", "x", 60)
+	l := xLeadsYWaits(t)
+	ly, stopOld := l.ly, l.stopX
+	newX := runLearner(t.Context(), l.x, "geo", "x", 60)
 	time.Sleep(200 * time.Millisecond) // time for the new learner to campaign, were it let
 	if newX.Leading() {
 		t.Fatal("the new learner of x leads geo beside the old one")
@@ -350,6 +333,30 @@ func TestLearnerOfAKeyRemadeWaitsForTheOld(t *testing.T) {
 	if newX.Leading() {
 		t.Fatal("x's new learner and y both lead geo")
 	}
+}
+
+// leadAndWait is two nodes' learners of "geo" on one etcd member, each on
+// a lease of a minute: x's elected, y's campaigning behind it.
+type leadAndWait struct {
+	cli   *clientv3.Client // x's
+	x     *fleet.Store
+	ly    *fleet.Learner
+	stopX context.CancelFunc // ends x's learner
+}
+
+func xLeadsYWaits(t *testing.T) leadAndWait {
+	t.Helper()
+	c := etcdtest.Start(t, 1)
+	l := leadAndWait{cli: etcdtest.NewClient(t, c.Endpoints()...)}
+	l.x = fleet.NewStore(l.cli, clock.Real{}, "")
+	y := fleet.NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	xctx, stopX := context.WithCancel(t.Context())
+	l.stopX = stopX
+	lx := runLearner(xctx, l.x, "geo", "x", 60)
+	waitUntil(t, "x learned geo", lx.Leading)
+	l.ly = runLearner(t.Context(), y, "geo", "y", 60)
+	waitUntil(t, "y campaigned", func() bool { return len(leases(t, l.cli)) == 2 })
+	return l
 }
 
 // runLearner runs key's learner on store as node, with a lease of ttl

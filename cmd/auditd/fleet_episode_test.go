@@ -31,22 +31,11 @@ import (
 // hand on the node becomes the fleet's, and a quota the server advertises
 // below it holds the fleet to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
-	cluster := etcdtest.Start(t, 1)
-	store := fleet.NewStore(etcdtest.NewClient(t, cluster.Endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
-	start := fleet.Rate{Limit: 100, Window: 10 * time.Second}
-	if _, err := store.Start(ctx, "geo", start, "other"); err != nil {
-		t.Fatal(err)
-	}
-	slots, err := fleet.NewSlots(store, clock.Real{}, fleet.Config{Key: "geo", Rate: fleet.Rate{Limit: 20, Window: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := clock.NewFake(time.Now())
 	var mu sync.Mutex
 	var learned []float64 // per second, as the node applied them
 	var causes []string
-	l := startLearning(store, slots, clk, "geo", "n1", start, fleet.Rate{Limit: 20, Window: time.Second}, func(e fleet.Event) {
+	store, clk, l := learningOnEtcd(t, func(e fleet.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		if e.Kind == fleet.EventLearned {
@@ -54,7 +43,6 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 			causes = append(causes, e.Limit.Cause)
 		}
 	})
-	t.Cleanup(func() { l.stop(context.Background()) })
 
 	// applied waits until the node applies a limit of want a second and
 	// returns when it did.
@@ -201,21 +189,8 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 // with that cut: it begins no episode, so the next refusal begins one and
 // marks the window spent.
 func TestFleetRefusalMeetingACutInFlight(t *testing.T) {
-	cluster := etcdtest.Start(t, 1)
-	store := fleet.NewStore(etcdtest.NewClient(t, cluster.Endpoints()...), clock.Real{}, "")
 	ctx := context.Background()
-	start := fleet.Rate{Limit: 100, Window: 10 * time.Second}
-	if _, err := store.Start(ctx, "geo", start, "other"); err != nil {
-		t.Fatal(err)
-	}
-	ceiling := fleet.Rate{Limit: 20, Window: time.Second}
-	slots, err := fleet.NewSlots(store, clock.Real{}, fleet.Config{Key: "geo", Rate: ceiling})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := clock.NewFake(time.Now())
-	l := startLearning(store, slots, clk, "geo", "n1", start, ceiling, func(fleet.Event) {})
-	t.Cleanup(func() { l.stop(context.Background()) })
+	store, clk, l := learningOnEtcd(t, func(fleet.Event) {})
 	for range 500 {
 		if lim, _ := l.Limit(); lim.Revision != 0 {
 			break
@@ -237,6 +212,27 @@ func TestFleetRefusalMeetingACutInFlight(t *testing.T) {
 	if _, _, _, marked, err := store.Spent(ctx, "geo", clk.Now()); err != nil || !marked {
 		t.Fatalf("the refusal after a cut in flight marked no spent window (%v)", err)
 	}
+}
+
+// learningOnEtcd starts node n1's learning of key "geo" against a real
+// etcd member, on a fake clock, its events told to notify: the fleet's
+// limit stored at 10/s (100 per 10 s, by another node), the ceiling 20/s.
+func learningOnEtcd(t *testing.T, notify func(fleet.Event)) (*fleet.Store, *clock.Fake, *fleetLearning) {
+	t.Helper()
+	cluster := etcdtest.Start(t, 1)
+	store := fleet.NewStore(etcdtest.NewClient(t, cluster.Endpoints()...), clock.Real{}, "")
+	start, ceiling := fleet.Rate{Limit: 100, Window: 10 * time.Second}, fleet.Rate{Limit: 20, Window: time.Second}
+	if _, err := store.Start(context.Background(), "geo", start, "other"); err != nil {
+		t.Fatal(err)
+	}
+	slots, err := fleet.NewSlots(store, clock.Real{}, fleet.Config{Key: "geo", Rate: ceiling})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Now())
+	l := startLearning(store, slots, clk, "geo", "n1", start, ceiling, notify)
+	t.Cleanup(func() { l.stop(context.Background()) })
+	return store, clk, l
 }
 
 // ratePerSecond is r a second, to the thousandth.
