@@ -168,6 +168,19 @@ type NodeTree struct {
 	Leaf uint64
 }
 
+// NodeKey returns the note verifier key node's first post was made under;
+// ok is false when the node has posted none.
+func (l *Log) NodeKey(ctx context.Context, node string) (key string, ok bool, err error) {
+	resp, err := l.client.Get(ctx, l.pubKey(node))
+	if err != nil {
+		return "", false, fmt.Errorf("fleet log node %s: %w", node, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", false, nil
+	}
+	return string(resp.Kvs[0].Value), true, nil
+}
+
 // Node returns node's last accepted checkpoint; ok is false when the node
 // has posted none.
 func (l *Log) Node(ctx context.Context, node string) (t NodeTree, ok bool, err error) {

@@ -21,6 +21,7 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/fleet"
+	"github.com/auditd/auditd/fleetlog"
 	"github.com/auditd/auditd/hints"
 	"github.com/auditd/auditd/limiter"
 	"github.com/auditd/auditd/registry"
@@ -69,6 +70,24 @@ func (o fleetOptions) check() error {
 	}
 	if o.Lag < 0 {
 		return fmt.Errorf("fleet: --fleet-lag %v: want a duration of 0 or more", o.Lag)
+	}
+	return nil
+}
+
+// checkNodeName refuses a node name the fleet log knows under another
+// ledger key: another node holds it (a second node started under a name in
+// use would take over its published address and its etcd keys), or this
+// node's data directory was replaced, which the fleet log could never
+// accept posts from under that name.
+func checkNodeName(ctx context.Context, client *clientv3.Client, node, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	held, ok, err := fleetlog.New(client, fleetlog.Config{}).NodeKey(ctx, node)
+	if err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	if ok && held != key {
+		return fmt.Errorf("fleet: --node %s is taken in this fleet by a ledger whose key is %s (this node's is %s): choose another name; a node whose data directory was replaced joins under a new one", node, held, key)
 	}
 	return nil
 }
@@ -235,8 +254,9 @@ func validNodeName(name string) bool {
 // startFleet connects to etcd and shares every source's budget. It fails
 // when etcd cannot be reached at start: a node that never joined must not
 // run as if alone.
-// The options are checked first (fleetOptions.check).
-func startFleet(ctx context.Context, o fleetOptions, lim *limiter.Limiter, reg *registry.Registry, led auditd.Appender, log *slog.Logger) (*fleetNode, error) {
+// The options are checked first (fleetOptions.check); key is the node
+// ledger's note verifier key (checkNodeName).
+func startFleet(ctx context.Context, o fleetOptions, key string, lim *limiter.Limiter, reg *registry.Registry, led auditd.Appender, log *slog.Logger) (*fleetNode, error) {
 	client, err := clientv3.New(clientv3.Config{
 		Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		// Reconnect within a fraction of a second of etcd coming back, so
@@ -255,6 +275,10 @@ func startFleet(ctx context.Context, o fleetOptions, lim *limiter.Limiter, reg *
 	if err != nil {
 		client.Close()
 		return nil, fmt.Errorf("fleet: etcd %s does not answer: %w", strings.Join(o.Etcd, ","), err)
+	}
+	if err := checkNodeName(ctx, client, o.Node, key); err != nil {
+		client.Close()
+		return nil, err
 	}
 	if o.Lag == 0 {
 		o.Lag = defaultFleetLag

@@ -94,3 +94,26 @@ func TestPeerCallChecksTheNodeThatAnswered(t *testing.T) {
 		t.Fatalf("east-3 answering 401: %v; want an error saying the nodes must share tokens", err)
 	}
 }
+
+// TestNodeNameTakenIsRefused: a node name the fleet log holds under another
+// ledger's key is refused before the node joins; its own key, or a name no
+// node has posted under, is not.
+func TestNodeNameTakenIsRefused(t *testing.T) {
+	ctx := context.Background()
+	cluster := etcdtest.Start(t, 1)
+	client := etcdtest.NewClient(t, cluster.Endpoints()...)
+	_, cp, key := fleetPackNode(t, t.TempDir(), 0, 3, nil)
+	if _, err := fleetlog.New(client, fleetlog.Config{}).Post(ctx, fleetlog.Post{Node: "east-1", Key: key, Checkpoint: cp}); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkNodeName(ctx, client, "east-1", key); err != nil {
+		t.Fatalf("east-1 under its own key: %v", err)
+	}
+	if err := checkNodeName(ctx, client, "east-2", "auditd/0badc0de+00000000+AAAA"); err != nil {
+		t.Fatalf("a name nobody posted under: %v", err)
+	}
+	err := checkNodeName(ctx, client, "east-1", "auditd/0badc0de+00000000+AAAA")
+	if err == nil || !strings.Contains(err.Error(), "--node east-1 is taken") || !strings.Contains(err.Error(), key) {
+		t.Fatalf("east-1 under another key: %v, want it refused naming the key that holds it", err)
+	}
+}

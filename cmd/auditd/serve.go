@@ -282,7 +282,7 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if len(o.fleet.Etcd) > 0 {
 		// Joined before the loop starts: no request leaves before the
 		// budgets are shared.
-		fl, err := startFleet(ctx, o.fleet, lim, reg, led, log)
+		fl, err := startFleet(ctx, o.fleet, led.PublicKey(), lim, reg, led, log)
 		if err != nil {
 			return err
 		}
