@@ -402,8 +402,14 @@ func problem(resp *http.Response) string {
 		Detail string `json:"detail"`
 	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	if json.Unmarshal(b, &p) == nil && (p.Title != "" || p.Detail != "") {
-		return strings.TrimSpace(fmt.Sprintf("%s: %s %s", resp.Status, p.Title, p.Detail))
+	if json.Unmarshal(b, &p) != nil {
+		return resp.Status
+	}
+	if p.Title == http.StatusText(resp.StatusCode) {
+		p.Title = "" // the status says it already
+	}
+	if msg := strings.TrimSpace(p.Title + " " + p.Detail); msg != "" {
+		return resp.Status + ": " + msg
 	}
 	return resp.Status
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -232,5 +234,25 @@ func TestLiveCounters(t *testing.T) {
 				t.Errorf("R7 = %s (%s), want %s", got.Status, got.Note, tt.want)
 			}
 		})
+	}
+}
+
+// TestProblemSaysItOnce: a failed answer is described by its status and
+// its problem's detail, the title only when it adds to the status.
+func TestProblemSaysItOnce(t *testing.T) {
+	for _, tc := range []struct {
+		code int
+		body string
+		want string
+	}{
+		{404, `{"title":"Not Found","detail":"run \"x\" not found"}`, `404 Not Found: run "x" not found`},
+		{409, `{"title":"Run finished","detail":"It ended."}`, "409 Conflict: Run finished It ended."},
+		{503, `not json`, "503 Service Unavailable"},
+		{401, `{}`, "401 Unauthorized"},
+	} {
+		resp := &http.Response{StatusCode: tc.code, Status: fmt.Sprintf("%d %s", tc.code, http.StatusText(tc.code)), Body: io.NopCloser(strings.NewReader(tc.body))}
+		if got := problem(resp); got != tc.want {
+			t.Errorf("%d %s: %q, want %q", tc.code, tc.body, got, tc.want)
+		}
 	}
 }
