@@ -26,10 +26,10 @@ import (
 // than fleet.MinWindowAdmitted answered since the last is the same spent
 // window; a mark after enough were answered sets the limit to that pace, the
 // window's quota, unless it is below a quarter's cut, which then applies to
-// a request sent at a settled pace only, remembered as refused; a mark more
-// than one and a half windows after the last cuts nothing. A limit set by
-// hand on the node becomes the fleet's, and a quota the server advertises
-// below it holds the fleet to it.
+// a request sent at a settled pace only, remembering as refused the rate of
+// which the pace is a quarter's cut; a mark more than one and a half windows
+// after the last cuts nothing. A limit set by hand on the node becomes the
+// fleet's, and a quota the server advertises below it holds the fleet to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -147,8 +147,8 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	succeed()
 	answered(30)
 	spent(6*time.Second, time.Time{})
-	if got := stored(); ratePerSecond(got.Rate) != 5.825 || got.Refused != got.Rate {
-		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 5.825/s, refused at it", got)
+	if got := stored(); ratePerSecond(got.Rate) != 5.825 || got.Refused != (fleet.Rate{Limit: 30, Window: 4635 * time.Millisecond}) {
+		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 5.825/s, refused at 30 per 4.635 s (the pace, 30 per 6.18 s, is its quarter's cut)", got)
 	}
 	applied(5.825)
 

@@ -217,7 +217,8 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //     between the two, a fixed window's quota over its length
 //     (fleet.WindowRate), is the limit and the rate refused, so the learner
 //     holds it (fleet.Raise); never lower than a quarter's cut, which is
-//     then the limit and the rate refused;
+//     then the limit, remembering as refused the rate of which the pace
+//     is a quarter's cut;
 //   - otherwise, or when etcd fails, the quarter's cut (fleet.CutTo) of a
 //     request sent at a settled pace.
 //
@@ -245,14 +246,19 @@ func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (limitCut, boo
 			return limitCut{r, r, fleet.CauseWindowSpent}, true
 		}
 		if ok {
-			// The fleet was answered at less than a quarter's cut: the
-			// cut is remembered as the rate refused, so that the learner
-			// holds it until the next window is measured. Regaining toward
-			// the rate in force would only be refused again, and in time
-			// to meet the next mark, whose quarter's cut would again be
-			// above the window's pace.
-			to := fleet.CutTo(cur)
-			return limitCut{to, to, fleet.CauseRefused}, settled
+			// The fleet was answered at less than a quarter's cut. The
+			// rate remembered as refused is the one whose quarter's cut
+			// is that pace (never above the rate in force), so the learner
+			// regains to a fifth above it: enough to spend the next
+			// window, and to measure it, when the pace read low; never
+			// back toward the rate in force, which would only meet the
+			// next mark with a quarter's cut above the window's pace
+			// again, a ratchet that never reaches the window.
+			refused := fleet.Rate{Limit: r.Limit, Window: r.Window * 3 / 4}
+			if refused.PerSecond() > cur.PerSecond() {
+				refused = cur
+			}
+			return limitCut{fleet.CutTo(cur), refused, fleet.CauseRefused}, settled
 		}
 	}
 	return limitCut{fleet.CutTo(cur), cur, fleet.CauseRefused}, settled
