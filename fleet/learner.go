@@ -40,6 +40,9 @@ const (
 	// at a window of a second), and a node wastes a few at the ends of
 	// its blocks.
 	Busy = 0.7
+	// ProbeBusy is the share of the rate last refused the fleet's
+	// successes must reach in a period for the learner to probe past it.
+	ProbeBusy = 0.85
 )
 
 // LearnerConfig shapes one key's learner on one node.
@@ -190,10 +193,13 @@ func (l *Learner) step(ctx context.Context) error {
 //     cut, by up to a quarter, to nine tenths of it: a cut's three
 //     quarters is regained in a period or two;
 //   - there it holds until ProbeHold after the refusal, then probes by 3%
-//     a period, each probe a refusal's risk;
+//     a period, each probe a refusal's risk, in periods the fleet was
+//     answered at ProbeBusy of the refused rate or more;
 //   - once probes have gone a sixth past the refused rate with none
-//     refused, the limit has risen: the refusal is forgotten and slow
-//     start resumes.
+//     refused, and the fleet was answered at more than the refused rate in
+//     the period, the limit has risen: the refusal is forgotten and slow
+//     start resumes. Answered at less, the probes were never sent at the
+//     rate, and the limit holds.
 //
 // It never goes above ceiling when one is told.
 func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.Time) (Limit, bool) {
@@ -213,6 +219,17 @@ func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.T
 	case r.PerSecond() < 0.9*ref:
 		next.Rate = scale(r, min(1.25, 0.9*ref/r.PerSecond()))
 	case now.Sub(cur.RefusedAt) < ProbeHold:
+		return cur, false
+	case float64(d.OK) < ProbeBusy*ref*period.Seconds():
+		// Not answered near the rate refused: a probe past it would not
+		// be sent at it (slots wasted, a window's count reached at a
+		// lower pace), and would raise a limit the fleet does not act
+		// on.
+		return cur, false
+	case r.PerSecond() >= ref*7/6 && float64(d.OK) < ref*period.Seconds():
+		// The probes went past the refused rate, but the fleet was not
+		// answered at it: they were never sent at it (slots wasted, a
+		// fixed window's count reached at the same pace) and tell nothing.
 		return cur, false
 	case r.PerSecond() >= ref*7/6:
 		next.Refused, next.RefusedAt = Rate{}, time.Time{}
