@@ -28,6 +28,10 @@ type Limit struct {
 	Cause string
 	// Revision is the etcd revision it was written at; 0 when never written.
 	Revision int64
+	// SpentAt is when a node last marked the key's window spent
+	// (Store.Spent), as the learner read it; not part of the stored
+	// limit. A spent window is a refusal too, whether or not it cut.
+	SpentAt time.Time
 }
 
 // What changed a learned limit (Limit.Cause): the cause of its
@@ -318,6 +322,23 @@ func (s *Store) Spent(ctx context.Context, key string, at time.Time) (span time.
 			return span, n - last.Answered, time.Duration(last.Window), rev != 0, nil
 		}
 	}
+}
+
+// SpentAt returns when a node last marked key's window spent (zero when
+// none has).
+func (s *Store) SpentAt(ctx context.Context, key string) (time.Time, error) {
+	resp, err := s.client.Get(ctx, s.spentKey(key))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("spent %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return time.Time{}, nil
+	}
+	m, err := parseSpent(string(resp.Kvs[0].Value))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("spent %s: %w", key, err)
+	}
+	return time.Unix(0, m.At), nil
 }
 
 // spentMark is the value of learn/<key>/spent: when a window was last seen

@@ -44,6 +44,7 @@ func TestRaiseRule(t *testing.T) {
 		{"a window spent at its quota: held there", at(refused(perSec(6), 10*time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, perSec(6), false},
 		{"and probed only after the probe hold", at(refused(perSec(6), 30*time.Second), perSec(6)), fleet.Rate{}, fleet.Outcomes{OK: 12}, fleet.Rate{Limit: 123, Window: 20 * time.Second}, true},
 		{"a limit that rose: slow start again", at(refused(perSec(6), time.Minute), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 14}, perSec(10.5), true},
+		{"a window spent within the probe hold: no probe", at(fleet.Limit{Refused: perSec(8), RefusedAt: now.Add(-time.Minute), SpentAt: now.Add(-29 * time.Second)}, perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 15}, perSec(7.2), false},
 		{"not answered near the refused rate: no probe", at(refused(perSec(8), 30*time.Second), perSec(7.2)), fleet.Rate{}, fleet.Outcomes{OK: 13}, perSec(7.2), false},
 		{"probes past it never sent at the refused rate: held", at(refused(perSec(6), time.Minute), perSec(7)), fleet.Rate{}, fleet.Outcomes{OK: 11}, perSec(7), false},
 	} {

@@ -174,7 +174,11 @@ func (l *Learner) step(ctx context.Context) error {
 	if first {
 		return nil
 	}
+	if cur.SpentAt, err = l.store.SpentAt(ctx, l.cfg.Key); err != nil {
+		return err
+	}
 	next, raise := Raise(cur, l.cfg.Ceiling, d, l.cfg.Period, l.clock.Now())
+	next.SpentAt = time.Time{}
 	if !raise {
 		return nil
 	}
@@ -192,7 +196,9 @@ func (l *Learner) step(ctx context.Context) error {
 //   - below nine tenths of the rate last refused, from Regain after the
 //     cut, by up to a quarter, to nine tenths of it: a cut's three
 //     quarters is regained in a period or two;
-//   - there it holds until ProbeHold after the refusal, then probes by 3%
+//   - there it holds until ProbeHold after the refusal, and after the last
+//     window seen spent (Limit.SpentAt: at the quota, whether or not the
+//     mark cut), then probes by 3%
 //     a period, each probe a refusal's risk, in periods the fleet was
 //     answered at ProbeBusy of the refused rate or more;
 //   - once probes have gone a sixth past the refused rate with none
@@ -218,7 +224,7 @@ func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.T
 		return cur, false
 	case r.PerSecond() < 0.9*ref:
 		next.Rate = scale(r, min(1.25, 0.9*ref/r.PerSecond()))
-	case now.Sub(cur.RefusedAt) < ProbeHold:
+	case now.Sub(cur.RefusedAt) < ProbeHold || now.Sub(cur.SpentAt) < ProbeHold:
 		return cur, false
 	case float64(d.OK) < ProbeBusy*ref*period.Seconds():
 		// Not answered near the rate refused: a probe past it would not
