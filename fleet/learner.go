@@ -198,9 +198,9 @@ func (l *Learner) step(ctx context.Context) error {
 //     quarters is regained in a period or two;
 //   - there it holds until ProbeHold after the refusal, and after the last
 //     window seen spent (Limit.SpentAt: at the quota, whether or not the
-//     mark cut), then probes by 3%
-//     a period, each probe a refusal's risk, in periods the fleet was
-//     answered at ProbeBusy of the refused rate or more;
+//     mark cut), then probes by 3% a period, each probe a refusal's risk,
+//     in periods the fleet was answered at ProbeBusy of the refused rate
+//     or more;
 //   - once probes have gone a sixth past the refused rate with none
 //     refused, and the fleet was answered at more than the refused rate in
 //     the period, the limit has risen: the refusal is forgotten and slow
