@@ -163,9 +163,13 @@ func (s *Store) Create(ctx context.Context, name string, role Role, by string) (
 	return tok, secret, nil
 }
 
-func (s *Store) newSecret() (string, error) {
+func (s *Store) newSecret() (string, error) { return NewSecret(s.Rand) }
+
+// NewSecret returns a token secret as the Store mints them: SecretPrefix
+// and 32 bytes read from r.
+func NewSecret(r io.Reader) (string, error) {
 	b := make([]byte, 32)
-	if _, err := io.ReadFull(s.Rand, b); err != nil {
+	if _, err := io.ReadFull(r, b); err != nil {
 		return "", fmt.Errorf("read random secret: %w", err)
 	}
 	return SecretPrefix + base64.RawURLEncoding.EncodeToString(b), nil

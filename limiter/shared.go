@@ -153,8 +153,10 @@ func takeShared(sh Shared, now time.Time, cost int) (bool, time.Duration, <-chan
 	return true, 0, nil
 }
 
+// checkShared is sh.Check as Acquire refuses it; a cost of one, a single
+// slot, needs no check (the fleet gate asks on every look).
 func checkShared(sh Shared, id string, cost int) error {
-	if sh == nil {
+	if sh == nil || cost <= 1 {
 		return nil
 	}
 	if err := sh.Check(cost); err != nil {

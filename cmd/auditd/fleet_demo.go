@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -108,9 +107,10 @@ func demoFleetToken(dir string, stdout io.Writer) (string, error) {
 	case !errors.Is(err, os.ErrNotExist):
 		return "", err
 	}
-	raw := make([]byte, 32)
-	_, _ = rand.Read(raw) // crypto/rand.Read never fails
-	t := auth.SecretPrefix + base64.RawURLEncoding.EncodeToString(raw)
+	t, err := auth.NewSecret(rand.Reader)
+	if err != nil {
+		return "", err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
