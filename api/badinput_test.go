@@ -116,6 +116,9 @@ func TestBadInput(t *testing.T) {
 		// Routing.
 		{"UnknownRoute", request{path: "/v1/nothing-here"}, auth.RoleAuditor, 404, ""},
 		{"WrongMethod", request{method: "PATCH", path: "/v1/runs"}, auth.RoleOperator, 405, ""},
+		{"GetOnAPostRoute", request{path: runs + "/cancel"}, auth.RoleOperator, 405, ""},
+		{"GetOnADeleteRoute", request{path: "/v1/tokens/tok_x"}, auth.RoleAdmin, 405, ""},
+		{"GetUnderAPostRoute", request{path: runs + "/cancel/more"}, auth.RoleOperator, 404, ""},
 		{"UnknownRun", request{path: "/v1/runs/01JNOPE"}, auth.RoleAuditor, 404, ""},
 		{"CancelFinishedRun", request{method: "POST", path: runs + "/cancel"}, auth.RoleOperator, 409, ""},
 		// Issue 16: what was accepted and written.
@@ -247,4 +250,27 @@ type failingReports struct{ fakeReports }
 
 func (failingReports) WriteReconciliation(context.Context, io.Writer, string, string) error {
 	return errors.New("disk on fire")
+}
+
+// TestGetOnAPostRoute: a GET on a route that takes other methods only is
+// a 405 naming them in Allow, as any other method the route does not take
+// is, though the UI's catch-all answers every GET no route takes.
+func TestGetOnAPostRoute(t *testing.T) {
+	e := newEnv(t)
+	for path, want := range map[string]string{
+		"/v1/runs/01J00000000000000000000001/cancel": "OPTIONS, POST",
+		"/v1/tokens/tok_x":                           "OPTIONS, DELETE",
+	} {
+		r := e.do(request{path: path})
+		if r.status != http.StatusMethodNotAllowed || r.header.Get("Allow") != want {
+			t.Errorf("GET %s: %d, Allow %q; want 405, Allow %q", path, r.status, r.header.Get("Allow"), want)
+			continue
+		}
+		if p := r.problem(t); p.Code != "method_not_allowed" || !strings.Contains(p.Detail, want) {
+			t.Errorf("GET %s: problem %+v", path, p)
+		}
+	}
+	if r := e.do(request{path: "/v1/runs/01J00000000000000000000001/cancel/more"}); r.status != http.StatusNotFound {
+		t.Errorf("GET under a POST route: %d, want 404", r.status)
+	}
 }

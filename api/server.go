@@ -273,10 +273,29 @@ func (s *Server) handleSpec(c echo.Context) error {
 
 func (s *Server) handleUI(c echo.Context) error {
 	if p := c.Request().URL.Path; s.UI == nil || strings.HasPrefix(p, "/v1/") || strings.HasPrefix(p, "/proxy/") {
+		if allow := routeMethods(c.Echo(), p); allow != "" {
+			c.Response().Header().Set(echo.HeaderAllow, allow)
+			return &auditd.Error{Code: codeMethodNotAllowed, Message: fmt.Sprintf("%s takes %s, not GET.", p, allow)}
+		}
 		return echo.ErrNotFound
 	}
 	s.UI.ServeHTTP(c.Response(), c.Request())
 	return nil
+}
+
+// routeMethods returns the methods path has a route for, as an Allow
+// header, or "" when it has none. A GET reaches the UI's catch-all (GET
+// /*) wherever no GET route is, so echo never answers it 405 itself.
+func routeMethods(e *echo.Echo, path string) string {
+	c := e.NewContext(nil, nil)
+	// A method no route takes finds the route path has under any other,
+	// or the catch-all when there is none.
+	e.Router().Find(http.MethodTrace, path, c)
+	if c.Path() == "/*" {
+		return ""
+	}
+	allow, _ := c.Get(echo.ContextKeyHeaderAllow).(string)
+	return allow
 }
 
 const (
