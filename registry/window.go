@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -52,8 +51,9 @@ func (r *Registry) windowSpent(ctx context.Context, x *entry, obs *Observation, 
 		// From boundary to boundary, the window's length; from the first
 		// success, a first guess of it. Boundaries are only known to
 		// within a pause: a length near a common one is that one.
-		x.cycleLen = nearWindow(time.Duration(win * float64(time.Second)))
-		if m == 1 && slices.Contains(windows, x.cycleLen) {
+		var common bool
+		x.cycleLen, common = CommonWindow(time.Duration(win*float64(time.Second)), 0.2)
+		if m == 1 && common {
 			// One window, spent: what it admitted is its quota, over its
 			// length rather than over the blurred span between the two
 			// boundaries seen.
@@ -107,13 +107,16 @@ func (e *entry) episodePause(drain time.Duration, now time.Time) time.Duration {
 	return e.lastPause
 }
 
-// nearWindow returns the common window length (windows) within a fifth of
-// d, or d when there is none.
-func nearWindow(d time.Duration) time.Duration {
+// CommonWindow returns the length quota windows commonly come in (1 s,
+// 5 s, a minute ...) that d is within the share within of, and true; or d
+// and false when there is none. A window's length read between two
+// refusals errs by where in each window the pace spent it, and by how
+// late the refusals were seen: a length near a common one is that one.
+func CommonWindow(d time.Duration, within float64) (time.Duration, bool) {
 	for _, w := range windows {
-		if d >= w*4/5 && d <= w*6/5 {
-			return w
+		if math.Abs(float64(d-w)) <= within*float64(w) {
+			return w, true
 		}
 	}
-	return d
+	return d, false
 }

@@ -28,7 +28,8 @@ import (
 // window's quota, unless it is below a quarter's cut, which then applies to
 // a request sent at a settled pace only, remembering as refused the rate of
 // which the pace is a quarter's cut; a mark more than one and a half windows
-// after the last cuts nothing. A limit set by hand on the node becomes the
+// after the last cuts nothing; a span near a common window length is that
+// length. A limit set by hand on the node becomes the
 // fleet's, and a quota the server advertises below it holds the fleet to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	ctx := context.Background()
@@ -174,12 +175,23 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	if ok, refused := l.ok.Load(), l.refused.Load(); ok != 7 || refused != 9 {
 		t.Errorf("counted %d answers and %d refusals, want 7 and 9", ok, refused)
 	}
+
+	// A span within a tenth of a common window length is that length: the
+	// refusals that began the episodes were seen late, or early.
+	succeed()
+	answered(25)
+	spent(5400*time.Millisecond, time.Time{})
+	if got := stored(); got.Rate != (fleet.Rate{Limit: 25, Window: 5150 * time.Millisecond}) || got.Cause != fleet.CauseWindowSpent {
+		t.Fatalf("after 25 answered between spent windows 5.4 s apart the fleet holds %+v, want 25 per 5.15 s (a window of 5 s, fleet.WindowMargin longer)", got)
+	}
+	applied(4.854)
+
 	mu.Lock()
 	defer mu.Unlock()
-	if want := []float64{10, 7.767, 5.825, 9, 5}; !slices.Equal(learned, want) {
+	if want := []float64{10, 7.767, 5.825, 9, 5, 4.854}; !slices.Equal(learned, want) {
 		t.Errorf("fleet.learned events at %v a second, want %v", learned, want)
 	}
-	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota}; !slices.Equal(causes, want) {
+	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota, fleet.CauseWindowSpent}; !slices.Equal(causes, want) {
 		t.Errorf("fleet.learned events for %q, want %q", causes, want)
 	}
 }

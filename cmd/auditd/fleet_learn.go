@@ -10,6 +10,7 @@ import (
 	"github.com/auditd/auditd/fleet"
 	"github.com/auditd/auditd/hints"
 	"github.com/auditd/auditd/limiter"
+	"github.com/auditd/auditd/registry"
 )
 
 // fleetOutcomesEvery is how often a node puts its outcomes of a key for the key's
@@ -200,7 +201,7 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	if h.HasRetryAfter || spent || cur.Revision == 0 || !l.episode.CompareAndSwap(false, true) {
 		return
 	}
-	if !l.cut(func() (limitCut, bool) { return l.windowSpent(cur.Rate, settled) }) {
+	if !l.cut(func() (limitCut, bool) { return l.windowSpent(cur, settled) }) {
 		l.episode.Store(false) // another cut was on its way: the next refusal tries again
 	}
 }
@@ -215,7 +216,8 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //     marks seen) before cuts nothing: the windows between went unspent;
 //   - a mark within maxWindowSpan before: the pace the fleet was answered at
 //     between the two, a fixed window's quota over its length
-//     (fleet.WindowRate), is the limit and the rate refused, so the learner
+//     (fleet.WindowRate: the span, or the common window length within
+//     windowSpanErr of it), is the limit and the rate refused, so the learner
 //     holds it (fleet.Raise); never lower than a quarter's cut, which is
 //     then the limit, remembering as refused the rate of which the pace
 //     is a quarter's cut;
@@ -223,7 +225,8 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //     request sent at a settled pace.
 //
 // The mark is read spentRead after the refusal, at its time.
-func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (limitCut, bool) {
+func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool) (limitCut, bool) {
+	cur := lim.Rate
 	at := l.clock.Now()
 	if clock.Sleep(l.ctx, l.clock, spentRead) != nil {
 		return limitCut{}, false
@@ -241,7 +244,8 @@ func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (limitCut, boo
 		// the quota in them, and what they admitted tells not the quota.
 		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan:
-		r, ok := fleet.WindowRate(n, span)
+		length, _ := registry.CommonWindow(span, windowSpanErr)
+		r, ok := fleet.WindowRate(n, length)
 		if ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
 			return limitCut{r, r, fleet.CauseWindowSpent}, true
 		}
@@ -271,6 +275,15 @@ func (l *fleetLearning) windowSpent(cur fleet.Rate, settled bool) (limitCut, boo
 // to a second of the burst that spent the window, differently at each
 // mark: 135 per 20 s was learned of 30 per 5 s.
 const spentRead = fleetOutcomesEvery + 250*time.Millisecond
+
+// windowSpanErr is how far the span between two marks may be from a common
+// window length (registry.CommonWindow) and be taken for it. The span errs
+// by where in each window the pace spent it and by how late each node saw
+// its refusal: 4.88 to 5.12 s between windows of 5 s in
+// TestFleetUsesAFixedWindow, and 5.40 s once on a loaded machine, where
+// the fleet then learned 5.37/s of 6 and left a tenth of each window
+// unused.
+const windowSpanErr = 0.1
 
 // maxWindowSpan is the longest time between two episodes whose pace
 // windowSpent takes as a window's quota.
