@@ -28,8 +28,9 @@ import (
 // window's quota, unless it is below a quarter's cut, which then applies to
 // a request sent at a settled pace only, remembering as refused the rate of
 // which the pace is a quarter's cut; a mark more than one and a half windows
-// after the last cuts nothing; a span near a common window length is that
-// length. A limit set by hand on the node becomes the
+// after the last cuts nothing, unless the limit is a probe past the rate
+// last refused, which is then the limit again; a span near a common window
+// length is that length. A limit set by hand on the node becomes the
 // fleet's, and a quota the server advertises below it holds the fleet to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	ctx := context.Background()
@@ -186,12 +187,29 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 	applied(4.854)
 
+	// A probe past the rate last refused that meets a spent window two
+	// windows after the last (the window between unspent for the last
+	// refusal's pause) is back at that rate.
+	l.setByHand(fleet.Rate{Limit: 9, Window: time.Second})
+	applied(9)
+	if _, _, err := store.Cut(ctx, "geo", fleet.Rate{Limit: 8, Window: time.Second}, fleet.Rate{Limit: 7, Window: time.Second}, fleet.CauseRaise, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	applied(8) // as a probe leaves it: 8/s, 7/s refused
+	succeed()
+	answered(60)
+	spent(10800*time.Millisecond, time.Time{})
+	if got := stored(); got.Rate != (fleet.Rate{Limit: 7, Window: time.Second}) || got.Cause != fleet.CauseWindowSpent {
+		t.Fatalf("a probe at 8/s, 7/s refused, meeting a window spent two windows after the last left %+v, want 7/s", got)
+	}
+	applied(7)
+
 	mu.Lock()
 	defer mu.Unlock()
-	if want := []float64{10, 7.767, 5.825, 9, 5, 4.854}; !slices.Equal(learned, want) {
+	if want := []float64{10, 7.767, 5.825, 9, 5, 4.854, 9, 8, 7}; !slices.Equal(learned, want) {
 		t.Errorf("fleet.learned events at %v a second, want %v", learned, want)
 	}
-	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota, fleet.CauseWindowSpent}; !slices.Equal(causes, want) {
+	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota, fleet.CauseWindowSpent, fleet.CauseOperator, fleet.CauseRaise, fleet.CauseWindowSpent}; !slices.Equal(causes, want) {
 		t.Errorf("fleet.learned events for %q, want %q", causes, want)
 	}
 }

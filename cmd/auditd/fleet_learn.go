@@ -214,6 +214,8 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //     answered since) is the same spent window, and cuts nothing more;
 //   - a mark more than one and a half windows (the shortest span between
 //     marks seen) before cuts nothing: the windows between went unspent;
+//     unless the limit is a probe past the rate last refused, which is
+//     then the limit again;
 //   - a mark within maxWindowSpan before: the pace the fleet was answered at
 //     between the two, a fixed window's quota over its length
 //     (fleet.WindowRate: the span, or the common window length within
@@ -239,6 +241,12 @@ func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool) (limitCut, bo
 		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan && n < fleet.MinWindowAdmitted:
 		return limitCut{}, false
+	case err == nil && window > 0 && 2*span > 3*window && lim.Refused.Limit > 0 && cur.PerSecond() > lim.Refused.PerSecond():
+		// A probe past the rate last refused met a spent window: back to
+		// that rate. The windows between went unspent only for the pause
+		// the last refusal's backoff took from them, and would alternate
+		// so, every mark two windows after the last, the probe never cut.
+		return limitCut{lim.Refused, lim.Refused, fleet.CauseWindowSpent}, true
 	case err == nil && window > 0 && 2*span > 3*window:
 		// Windows went by unspent between the marks: the pace was under
 		// the quota in them, and what they admitted tells not the quota.
