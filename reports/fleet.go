@@ -61,6 +61,17 @@ type FleetReport struct {
 	Parts   []FleetPart    `json:"parts"`
 }
 
+// Missing returns the nodes whose part could not be had.
+func (r *FleetReport) Missing() []string {
+	var nodes []string
+	for _, p := range r.Parts {
+		if p.Report == nil {
+			nodes = append(nodes, p.Node)
+		}
+	}
+	return nodes
+}
+
 // Failed returns the ids of the checks that failed in total.
 func (r *FleetReport) Failed() []string {
 	var ids []string

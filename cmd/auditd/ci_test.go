@@ -201,12 +201,39 @@ func TestReconcileExitCodesFromRealRuns(t *testing.T) {
 		}
 		for _, list := range []bool{false, true} {
 			var table strings.Builder
-			if err := writeFleetTable(&table, rep, list); err != nil {
+			if err := writeFleetTable(&table, rep, list, nil); err != nil {
 				t.Fatal(err)
 			}
 			listed := strings.Contains(table.String(), "cached-1")
 			if !strings.Contains(table.String(), "node b:\nserved from cache: 2 items") || listed != list {
 				t.Errorf("--list-cached %t: the table does not sum up node b's cached items, or lists them %t:\n%s", list, listed, table.String())
+			}
+		}
+		// The table says what each check holds to and why it exits, as
+		// one node's does.
+		var table strings.Builder
+		if err := writeFleetTable(&table, rep, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"in the parts of 2 of 2 nodes\nBALANCED", "WHAT IT HOLDS TO", checkMeanings[reports.F1], checkMeanings[reports.R1], "exit 0: balanced, and every part succeeded"} {
+			if !strings.Contains(table.String(), want) {
+				t.Errorf("the fleet table lacks %q:\n%s", want, table.String())
+			}
+		}
+		// A node whose part did not come fails F1, whatever the flags: the
+		// verdict names the node and offers no flag.
+		missing := reports.CombineFleet("fleet-run", []reports.FleetPart{part("a", good.ID), {Node: "c", Error: "node c: connection refused"}})
+		v = fleetVerdicts(missing, fleetReconcileFlags{allowPartial: true})
+		if len(v) != 2 || !strings.Contains(v[0], "F1 failed") || v[1] != "fleet run fleet-run: no part came from c" {
+			t.Errorf("a part missing: %q, want F1 failed and node c named", v)
+		}
+		table.Reset()
+		if err := writeFleetTable(&table, missing, false, v); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"in the parts of 1 of 2 nodes\nNOT BALANCED: failed F1", "exit 1:\n", "  fleet run fleet-run: no part came from c"} {
+			if !strings.Contains(table.String(), want) {
+				t.Errorf("the fleet table of a part missing lacks %q:\n%s", want, table.String())
 			}
 		}
 	})

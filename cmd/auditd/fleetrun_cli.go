@@ -41,18 +41,18 @@ func reconcileFleet(ctx context.Context, server, runID, token string, f fleetRec
 		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
 		return 2
 	}
+	verdicts := fleetVerdicts(rep, f)
 	if f.format == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		err = enc.Encode(rep)
 	} else {
-		err = writeFleetTable(stdout, rep, f.listCached)
+		err = writeFleetTable(stdout, rep, f.listCached, verdicts)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "auditd reconcile: %v\n", err)
 		return 2
 	}
-	verdicts := fleetVerdicts(rep, f)
 	for _, v := range verdicts {
 		fmt.Fprintf(stderr, "auditd reconcile: %s\n", v)
 	}
@@ -70,7 +70,11 @@ func fleetVerdicts(rep *reports.FleetReport, f fleetReconcileFlags) []string {
 	if !rep.Balanced {
 		out = append(out, fmt.Sprintf("the fleet reconciliation does not balance: %s failed", strings.Join(rep.Failed(), ", ")))
 	}
-	if rep.Status != "succeeded" && !f.allowPartial {
+	switch missing := rep.Missing(); {
+	case len(missing) > 0:
+		// No flag accepts a part not had: F1 fails.
+		out = append(out, fmt.Sprintf("fleet run %s: no part came from %s", rep.RunID, strings.Join(missing, ", ")))
+	case rep.Status != "succeeded" && !f.allowPartial:
 		out = append(out, fmt.Sprintf("fleet run %s is %s, not succeeded (--allow-partial accepts it)", rep.RunID, rep.Status))
 	}
 	for _, p := range rep.Parts {
@@ -122,15 +126,24 @@ func fetchFleetReconciliation(ctx context.Context, client *http.Client, server, 
 	return &rep, nil
 }
 
-// writeFleetTable prints the checks over the fleet, then each node's part,
-// then the items each node served from cache (each one with listCached).
-func writeFleetTable(w io.Writer, rep *reports.FleetReport, listCached bool) error {
-	fmt.Fprintf(w, "fleet run %s: %s, balanced: %t, %d dispatches over %d nodes\n", rep.RunID, rep.Status, rep.Balanced, rep.Counts.Dispatches, len(rep.Parts))
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CHECK\tSTATUS\tEXPECTED\tACTUAL\tNOTE")
-	for _, c := range rep.Checks {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", c.ID, c.Status, c.Expected, c.Actual, c.Note)
+// writeFleetTable prints a fleet run's reconciliation as
+// writeReconcileTable does one node's run: the verdict, the checks over
+// the fleet with what each holds to, each node's part, the items each
+// node served from cache (each one with listCached), and the exit status
+// with its reasons (verdicts).
+func writeFleetTable(w io.Writer, rep *reports.FleetReport, listCached bool, verdicts []string) error {
+	verdict := "BALANCED: every identity holds on every node's part"
+	if !rep.Balanced {
+		verdict = "NOT BALANCED: failed " + strings.Join(rep.Failed(), ", ")
 	}
+	had := len(rep.Parts) - len(rep.Missing())
+	fmt.Fprintf(w, "fleet run %s  status %s  dispatches %d in the parts of %d of %d nodes\n%s\n\n", rep.RunID, rep.Status,
+		rep.Counts.Dispatches, had, len(rep.Parts), verdict)
+	if err := writeChecks(w, rep.Checks); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tSTATUS\tBALANCED\tDISPATCHES\tLOGGED")
 	for _, p := range rep.Parts {
 		if p.Report == nil {
@@ -151,7 +164,11 @@ func writeFleetTable(w io.Writer, rep *reports.FleetReport, listCached bool) err
 			return err
 		}
 	}
-	return nil
+	why := "every part succeeded"
+	if rep.Status != "succeeded" {
+		why = "the run is " + rep.Status + ", accepted by --allow-partial"
+	}
+	return writeExit(w, verdicts, why)
 }
 
 // packFleet downloads a finished fleet run's evidence pack from any node

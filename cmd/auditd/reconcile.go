@@ -196,6 +196,8 @@ var checkMeanings = map[string]string{
 	reports.R8:  "the run's events are contiguous and their hash chain verifies",
 	reports.R9:  "every request was within the limit in force (plus burst)",
 	reports.R10: "every item delivered was acknowledged by the pipeline",
+	reports.F1:  "every node holding a part of the fleet run answered with it",
+	reports.F2:  "every part's events are in its node's checkpoint in the fleet log",
 }
 
 // writeReconcileTable writes rep for a person at a terminal: the verdict,
@@ -208,25 +210,7 @@ func writeReconcileTable(w io.Writer, rep *reports.Report, listCached bool, verd
 		verdict = "NOT BALANCED: failed " + strings.Join(rep.Failed(), ", ")
 	}
 	fmt.Fprintf(w, "run %s  status %s  events %d..%d\n%s\n\n", rep.Run.ID, rep.Run.Status, rep.Run.FirstSeq, rep.Run.LastSeq, verdict)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CHECK\tWHAT IT HOLDS TO\tSTATUS\tEXPECTED\tACTUAL\tDIFF\tFIRST OFFENDING\tNOTE")
-	for _, c := range rep.Checks {
-		meaning := checkMeanings[c.ID]
-		if meaning == "" {
-			meaning = c.Description
-		}
-		offending := make([]string, len(c.Offending))
-		for i, seq := range c.Offending {
-			offending[i] = strconv.FormatUint(seq, 10)
-		}
-		diff := strconv.FormatInt(c.Difference, 10)
-		if c.Difference > 0 {
-			diff = "+" + diff
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", c.ID, meaning, c.Status, c.Expected, c.Actual, diff,
-			cmp.Or(strings.Join(offending, " "), "-"), c.Note)
-	}
-	if err := tw.Flush(); err != nil {
+	if err := writeChecks(w, rep.Checks); err != nil {
 		return err
 	}
 	for _, s := range rep.Sources {
@@ -246,11 +230,40 @@ func writeReconcileTable(w io.Writer, rep *reports.Report, listCached bool, verd
 			return err
 		}
 	}
-	if len(verdicts) == 0 {
-		why := "the run succeeded"
-		if rep.Run.Status != string(auditd.RunSucceeded) {
-			why = "the run is " + rep.Run.Status + ", accepted by --allow-partial"
+	why := "the run succeeded"
+	if rep.Run.Status != string(auditd.RunSucceeded) {
+		why = "the run is " + rep.Run.Status + ", accepted by --allow-partial"
+	}
+	return writeExit(w, verdicts, why)
+}
+
+// writeChecks writes the identities checked, each with what it holds to.
+func writeChecks(w io.Writer, checks []reports.Check) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tWHAT IT HOLDS TO\tSTATUS\tEXPECTED\tACTUAL\tDIFF\tFIRST OFFENDING\tNOTE")
+	for _, c := range checks {
+		meaning := checkMeanings[c.ID]
+		if meaning == "" {
+			meaning = c.Description
 		}
+		offending := make([]string, len(c.Offending))
+		for i, seq := range c.Offending {
+			offending[i] = strconv.FormatUint(seq, 10)
+		}
+		diff := strconv.FormatInt(c.Difference, 10)
+		if c.Difference > 0 {
+			diff = "+" + diff
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", c.ID, meaning, c.Status, c.Expected, c.Actual, diff,
+			cmp.Or(strings.Join(offending, " "), "-"), c.Note)
+	}
+	return tw.Flush()
+}
+
+// writeExit ends a reconciliation table with the exit status: 0 and why
+// (no verdicts), or 1 and the verdicts.
+func writeExit(w io.Writer, verdicts []string, why string) error {
+	if len(verdicts) == 0 {
 		_, err := fmt.Fprintf(w, "\nexit 0: balanced, and %s\n", why)
 		return err
 	}
