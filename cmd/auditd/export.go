@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -128,8 +129,12 @@ func (c offlineCheckpoint) Checkpoint() ([]byte, error) { return c.reader.Checkp
 
 // writeFileAtomic writes path through fn so that path holds either its old
 // content or all of the new: a temporary file beside it, synced, then
-// renamed over it. On error the temporary file is removed.
+// renamed over it. On error the temporary file is removed. A directory at
+// path is refused before fn runs.
 func writeFileAtomic(path string, fn func(w io.Writer) error) (err error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return errors.New("it is a directory; give a file's name")
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,4 +109,19 @@ func TestProgressBar(t *testing.T) {
 	}
 	var none *progressBar
 	none.done() // no terminal: nothing to finish
+}
+
+// TestWriteFileAtomicRefusesADirectory: --out naming a directory (pack
+// takes a file's name) is said as such before anything is written, not as
+// a rename of the temporary file.
+func TestWriteFileAtomicRefusesADirectory(t *testing.T) {
+	dir := t.TempDir()
+	called := false
+	err := writeFileAtomic(dir, func(io.Writer) error { called = true; return nil })
+	if err == nil || !strings.Contains(err.Error(), "it is a directory; give a file's name") || called {
+		t.Fatalf("writing to a directory: %v (wrote: %t), want it refused before writing", err, called)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("left behind: %v", entries)
+	}
 }

@@ -289,7 +289,7 @@ func startFleet(ctx context.Context, o fleetOptions, key string, lim *limiter.Li
 	rctx, stop := context.WithCancel(context.Background())
 	n.cancel = stop
 	go n.run(rctx)
-	log.Info("fleet joined", "node", o.Node, "etcd", strings.Join(o.Etcd, ","))
+	log.Info("fleet joined", "etcd", strings.Join(o.Etcd, ","))
 	return n, nil
 }
 

@@ -74,7 +74,7 @@ func runFleetDemo(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		o := serveOptions{dataDir: filepath.Join(*dataDir, node), addr: fmt.Sprintf("127.0.0.1:%d", *firstPort+i), demo: *scenario,
 			registry: registry.Options{DefaultLimit: registry.DefaultLimit, DefaultWindow: registry.DefaultWindow},
 			fleet:    fleetOptions{Etcd: []string{client.String()}, Node: node}, bootstrap: token}
-		wg.Go(func() { errs[i] = serve(ctx, o, stdout, log.With("node", node)) })
+		wg.Go(func() { errs[i] = serve(ctx, o, stdout, log) })
 	}
 	wg.Wait()
 	status := 0

@@ -191,7 +191,7 @@ func (f *fleetRuns) failed(what string, err error) {
 	f.status.Failures++
 	f.status.LastError, f.status.LastErrorAt = what+": "+err.Error(), time.Now().UTC()
 	f.mu.Unlock()
-	f.log.Error("fleet log: "+what, "node", f.node, "err", err)
+	f.log.Error("fleet log: "+what, "err", err)
 }
 
 // postLocked posts note, the ledger's signed checkpoint, with the revision

@@ -111,7 +111,10 @@ func fleetRunExists(ctx context.Context, client *http.Client, server, runID, tok
 	case http.StatusNotFound:
 		return false, nil
 	}
-	return false, fmt.Errorf("server: is run %s a fleet run? %s", runID, problem(resp))
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return false, fmt.Errorf("server: %s", problem(resp))
+	}
+	return false, fmt.Errorf("server: cannot tell whether run %s is a fleet run: %s", runID, problem(resp))
 }
 
 // fetchFleetReconciliation gets GET {server}/v1/fleet/runs/{id}/reconciliation.

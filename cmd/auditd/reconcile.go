@@ -421,6 +421,9 @@ func problem(resp *http.Response) string {
 	if p.Title == http.StatusText(resp.StatusCode) {
 		p.Title = "" // the status says it already
 	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		p.Detail = strings.TrimSpace(p.Detail + " Pass --token, or set AUDITD_TOKEN.")
+	}
 	if msg := strings.TrimSpace(p.Title + " " + p.Detail); msg != "" {
 		return resp.Status + ": " + msg
 	}

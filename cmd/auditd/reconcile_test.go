@@ -238,7 +238,8 @@ func TestLiveCounters(t *testing.T) {
 }
 
 // TestProblemSaysItOnce: a failed answer is described by its status and
-// its problem's detail, the title only when it adds to the status.
+// its problem's detail, the title only when it adds to the status; a 401
+// says how to pass a token.
 func TestProblemSaysItOnce(t *testing.T) {
 	for _, tc := range []struct {
 		code int
@@ -248,7 +249,8 @@ func TestProblemSaysItOnce(t *testing.T) {
 		{404, `{"title":"Not Found","detail":"run \"x\" not found"}`, `404 Not Found: run "x" not found`},
 		{409, `{"title":"Run finished","detail":"It ended."}`, "409 Conflict: Run finished It ended."},
 		{503, `not json`, "503 Service Unavailable"},
-		{401, `{}`, "401 Unauthorized"},
+		{401, `{"title":"Unauthorized","detail":"A valid bearer token is required."}`, "401 Unauthorized: A valid bearer token is required. Pass --token, or set AUDITD_TOKEN."},
+		{401, `not json`, "401 Unauthorized"},
 	} {
 		resp := &http.Response{StatusCode: tc.code, Status: fmt.Sprintf("%d %s", tc.code, http.StatusText(tc.code)), Body: io.NopCloser(strings.NewReader(tc.body))}
 		if got := problem(resp); got != tc.want {

@@ -154,6 +154,9 @@ func serve(ctx context.Context, o serveOptions, stdout io.Writer, log *slog.Logg
 	if err := o.fleet.check(); err != nil {
 		return err
 	}
+	if len(o.fleet.Etcd) > 0 {
+		log = log.With("node", o.fleet.Node) // a fleet's logs are read together
+	}
 	// The address is bound before anything in the data directory is
 	// created or changed: a taken port leaves no directory, token or
 	// ledger event behind. It serves once the rest is ready (Open).
