@@ -2228,7 +2228,7 @@ type ClientInterface interface {
 
 	// FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 	//
-	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
 	//
 	// Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
 	FinishFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3132,7 +3132,7 @@ func (c *Client) GetFleetEvidence(ctx context.Context, id RunID, reqEditors ...R
 
 // FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 //
-// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
 //
 // Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
 func (c *Client) FinishFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -7264,7 +7264,7 @@ type ClientWithResponsesInterface interface {
 
 	// FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 	//
-	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -14878,7 +14878,7 @@ func (c *ClientWithResponses) GetFleetEvidenceWithResponse(ctx context.Context, 
 
 // FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 //
-// A part already ended is left as it is. A node that cannot be reached is a 503 naming it.
+// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
 //
 // Returns a wrapper object for the known response body format(s).
 //

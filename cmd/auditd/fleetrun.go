@@ -336,6 +336,16 @@ func (f *fleetRuns) FinishRun(ctx context.Context, id, principal, authorization 
 	if err != nil {
 		return api.FleetRun{}, err
 	}
+	// A token a peer refuses would leave the run half finished: ask
+	// every peer for its part first, and finish none if one refuses.
+	for _, node := range run.Parts {
+		if node == f.node {
+			continue
+		}
+		if err := f.peerCall(ctx, node, http.MethodGet, "/v1/runs/"+id, authorization, nil, nil); errors.Is(err, errPeerRefused) {
+			return api.FleetRun{}, peerFailed(err, "Fleet run %s: no part finished", id)
+		}
+	}
 	var errs []error
 	for _, node := range run.Parts {
 		if node == f.node {
@@ -350,7 +360,7 @@ func (f *fleetRuns) FinishRun(ctx context.Context, id, principal, authorization 
 		}
 	}
 	if len(errs) > 0 {
-		return api.FleetRun{}, auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: %v", id, errors.Join(errs...))
+		return api.FleetRun{}, peerFailed(errors.Join(errs...), "Fleet run %s", id)
 	}
 	return run, nil
 }

@@ -48,7 +48,7 @@ func (f *fleetRuns) WriteEvidence(ctx context.Context, w io.Writer, id, authoriz
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: not every node's workbook came: %v", id, err)
+		return peerFailed(err, "Fleet run %s: not every node's workbook came", id)
 	}
 	rep, err := f.Reconciliation(ctx, id, authorization)
 	if err != nil {
@@ -99,7 +99,7 @@ func (f *fleetRuns) Timeline(ctx context.Context, id string, q auditd.TimelineQu
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: not every node's timeline came: %v", id, err)
+		return nil, peerFailed(err, "Fleet run %s: not every node's timeline came", id)
 	}
 	parts := map[string]*auditd.Timeline{}
 	for i, node := range run.Parts {

@@ -44,7 +44,7 @@ func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorizatio
 		case errors.Is(err, errPeerConflict) || auditd.ErrorCode(err) == auditd.ECONFLICT:
 			return auditd.Errorf(auditd.ECONFLICT, "Fleet run %s: node %s's part has not ended: %v", id, run.Parts[i], err)
 		case err != nil:
-			return auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: node %s's part: %v", id, run.Parts[i], err)
+			return peerFailed(err, "Fleet run %s: node %s's part", id, run.Parts[i])
 		}
 	}
 	head, err := f.flog.Head(ctx)
@@ -58,7 +58,7 @@ func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorizatio
 			err = f.peerCall(ctx, node, http.MethodPost, "/v1/fleet/log/cosignatures", authorization, map[string]uint64{"size": head.Size}, nil)
 		}
 		if err != nil {
-			return auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: node %s does not cosign the fleet log at %d: %v", id, node, head.Size, err)
+			return peerFailed(err, "Fleet run %s: node %s does not cosign the fleet log at %d", id, node, head.Size)
 		}
 	}
 	cp, _, err := f.flog.Checkpoint(ctx, head.Size)

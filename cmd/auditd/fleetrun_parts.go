@@ -31,6 +31,21 @@ const fleetBlockMargin = 10 * time.Second
 // errPeerConflict is a peer's 409: a part already finished, say.
 var errPeerConflict = errors.New("conflict")
 
+// errPeerRefused is a peer's 401 or 403 to the caller's token.
+var errPeerRefused = errors.New("refused the caller's token")
+
+// peerFailed is the problem for a fleet call that a peer's err failed:
+// a 403 when a peer refused the caller's token (a token only some nodes
+// accept: asking again will not help), else a 503 (a node down or cut
+// off), its message format and args, then err.
+func peerFailed(err error, format string, args ...any) error {
+	code := auditd.EUNAVAILABLE
+	if errors.Is(err, errPeerRefused) {
+		code = auditd.EFORBIDDEN
+	}
+	return auditd.Errorf(code, "%s: %v", fmt.Sprintf(format, args...), err)
+}
+
 // peerURL returns node's API base URL as the fleet published it.
 func (f *fleetRuns) peerURL(ctx context.Context, node string) (string, error) {
 	peers, err := f.dir.Peers(ctx)
@@ -84,7 +99,7 @@ func (f *fleetRuns) peerDo(ctx context.Context, node, method, path, authorizatio
 		return nil, fmt.Errorf("node %s: %s %s: %w: %s", node, method, path, errPeerConflict, problem)
 	}
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
-		return nil, fmt.Errorf("node %s refused the caller's token (%s %s: %s): a node calls the others with its caller's token, so every node of the fleet must accept the same tokens (docs/FLEET.md)", node, method, path, resp.Status)
+		return nil, fmt.Errorf("node %s %w (%s %s: %s): a node calls the others with its caller's token, so every node of the fleet must accept the same tokens (docs/FLEET.md)", node, errPeerRefused, method, path, resp.Status)
 	}
 	return nil, fmt.Errorf("node %s: %s %s: %s: %s", node, method, path, resp.Status, strings.TrimSpace(string(problem)))
 }

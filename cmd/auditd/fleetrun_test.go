@@ -20,6 +20,7 @@ import (
 
 	"github.com/xuri/excelize/v2"
 
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/internal/etcdtest"
 	"github.com/auditd/auditd/internal/nginxtest"
 	"github.com/auditd/auditd/ledger"
@@ -137,6 +138,24 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	}
 	if _, err := os.Stat(early); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("auditd pack --fleet of a run still running left %s behind (%v)", early, err)
+	}
+	// A token only node 3 accepts finishes no part: the others refuse it,
+	// and node 3 asks them before it finishes its own.
+	var own struct {
+		Secret string `json:"secret"`
+	}
+	if code := nodes[2].child.call(t, "POST", "/v1/tokens", token, map[string]string{"name": "node3 only", "role": "operator"}, &own); code != http.StatusCreated {
+		t.Fatalf("a token on node 3: %d", code)
+	}
+	var refused api.Problem
+	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+id+"/finish", own.Secret, nil, &refused); code != http.StatusForbidden || !strings.Contains(refused.Detail, "same tokens") || !strings.Contains(refused.Detail, "no part finished") {
+		t.Errorf("finish with a token only node 3 accepts: %d %+v; want 403 saying the nodes must share tokens and no part finished", code, refused)
+	}
+	var part struct {
+		Status string `json:"status"`
+	}
+	if nodes[2].child.call(t, "GET", "/v1/runs/"+id, token, nil, &part); part.Status != "running" {
+		t.Errorf("after a finish the other nodes refused, node 3's part is %q, want running", part.Status)
 	}
 	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+id+"/finish", token, nil, &run); code != http.StatusOK {
 		t.Fatalf("finish the fleet run: %d\n%s", code, nodes[2].child.logs)
