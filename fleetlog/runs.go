@@ -97,6 +97,48 @@ func (r *Runs) Get(ctx context.Context, id string) (run Run, ok bool, err error)
 	return run, true, nil
 }
 
+// List returns up to limit fleet runs with their parts, newest first (a
+// run id is a ULID), those older than the run before when it is set.
+func (r *Runs) List(ctx context.Context, before string, limit int) ([]Run, error) {
+	opts := []clientv3.OpOption{clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit))}
+	if before != "" {
+		opts = append(opts, clientv3.WithRange(r.runKey(before)))
+	} else {
+		opts = append(opts, clientv3.WithPrefix())
+	}
+	resp, err := r.client.Get(ctx, r.prefix+"run/", opts...)
+	if err != nil {
+		return nil, fmt.Errorf("fleet runs: %w", err)
+	}
+	runs := make([]Run, 0, len(resp.Kvs))
+	at := map[string]int{}
+	for _, kv := range resp.Kvs {
+		var run Run
+		if err := json.Unmarshal(kv.Value, &run); err != nil {
+			return nil, fmt.Errorf("fleet run %s: %w", kv.Key, err)
+		}
+		at[run.ID] = len(runs)
+		runs = append(runs, run)
+	}
+	if len(runs) == 0 {
+		return runs, nil
+	}
+	// The page's parts, in one read at the same revision: the part keys
+	// of ids from the oldest run listed to the newest.
+	parts, err := r.client.Get(ctx, r.partDir(runs[len(runs)-1].ID), clientv3.WithRange(r.partDir(runs[0].ID)+"\xff"),
+		clientv3.WithKeysOnly(), clientv3.WithRev(resp.Header.Revision))
+	if err != nil {
+		return nil, fmt.Errorf("fleet runs: %w", err)
+	}
+	for _, kv := range parts.Kvs {
+		id, node, ok := strings.Cut(string(kv.Key[len(r.prefix+"part/"):]), "/")
+		if i, listed := at[id]; ok && listed {
+			runs[i].Parts = append(runs[i].Parts, node)
+		}
+	}
+	return runs, nil
+}
+
 // Join records node's part of the fleet run id (again is harmless).
 func (r *Runs) Join(ctx context.Context, id, node string) error {
 	if !validName(node) {

@@ -54,3 +54,49 @@ func TestFleetRuns(t *testing.T) {
 		t.Errorf("peers: %v %v", peers, err)
 	}
 }
+
+// Fleet runs are listed newest first, a page at a time, each with the
+// parts that joined it and no other run's.
+func TestFleetRunsList(t *testing.T) {
+	ctx := context.Background()
+	c := etcdtest.Start(t, 1)
+	dir := fleetlog.NewRuns(etcdtest.NewClient(t, c.Endpoints()...), "")
+	ids := []string{"01JFLEETRUN000000000000001", "01JFLEETRUN000000000000002", "01JFLEETRUN000000000000003", "01JFLEETRUN000000000000004", "01JFLEETRUN000000000000005"}
+	for i, id := range ids {
+		if err := dir.Create(ctx, fleetlog.Run{ID: id, Name: "run", Node: "a", CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := dir.Join(ctx, id, "c"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var seen []string
+	before := ""
+	for range len(ids) {
+		page, err := dir.List(ctx, before, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, run := range page {
+			want := []string{"a"}
+			if i := slices.Index(ids, run.ID); i%2 == 0 {
+				want = []string{"a", "c"}
+			}
+			if !slices.Equal(run.Parts, want) || run.Name != "run" {
+				t.Errorf("listed %+v, want parts %v", run, want)
+			}
+			seen = append(seen, run.ID)
+		}
+		before = page[len(page)-1].ID
+	}
+	want := slices.Clone(ids)
+	slices.Reverse(want)
+	if !slices.Equal(seen, want) {
+		t.Errorf("listed %v, want every run newest first: %v", seen, want)
+	}
+}
