@@ -28,6 +28,15 @@ type FleetRun struct {
 	Parts []string `json:"parts"`
 }
 
+// FleetPartOf marks a node's run that is its part of a fleet run (GET
+// /v1/runs/{id}): what the run's own routes show is this node's part
+// only, and Href is the fleet run's, over every part.
+type FleetPartOf struct {
+	Node  string   `json:"node"`
+	Parts []string `json:"parts"`
+	Href  string   `json:"href"`
+}
+
 // FleetLogStatus is this node's posting to the fleet log of logs: what it
 // last posted and cosigned, and its failures, which are never skipped
 // silently.
@@ -60,6 +69,12 @@ type Fleet interface {
 	CreateRun(ctx context.Context, principal, name string, idle time.Duration) (FleetRun, error)
 	// Run returns the fleet run; ENOTFOUND when etcd has none of id.
 	Run(ctx context.Context, id string) (FleetRun, error)
+	// Runs lists up to limit fleet runs, newest first, older than the
+	// run before when it is set.
+	Runs(ctx context.Context, before string, limit int) ([]FleetRun, error)
+	// PartOf says whether this node's run id is its part of a fleet run;
+	// false too when the fleet cannot be asked in time.
+	PartOf(ctx context.Context, id string) (FleetPartOf, bool)
 	// FinishRun finishes every node's part of the run.
 	FinishRun(ctx context.Context, id, principal, authorization string) (FleetRun, error)
 	// Reconciliation sums every node's Part.
@@ -92,6 +107,7 @@ func (s *Server) registerFleetRoutes(g *echo.Group) {
 		return []echo.MiddlewareFunc{s.allow(role, cost), s.inFleet}
 	}
 	g.POST("/fleet/runs", s.handleCreateFleetRun, run(auth.RoleOperator, costRequest)...)
+	g.GET("/fleet/runs", s.handleListFleetRuns, run(auth.RoleAuditor, costRequest)...)
 	g.GET("/fleet/runs/:id", s.handleGetFleetRun, run(auth.RoleAuditor, costRequest)...)
 	g.POST("/fleet/runs/:id/finish", s.handleFinishFleetRun, run(auth.RoleOperator, costRequest)...)
 	g.GET("/fleet/runs/:id/reconciliation", s.handleFleetReconciliation, run(auth.RoleAuditor, costReconcile)...)
@@ -150,6 +166,32 @@ func (s *Server) handleCreateFleetRun(c echo.Context) error {
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/v1/fleet/runs/"+run.ID)
 	return c.JSON(http.StatusCreated, run)
+}
+
+func (s *Server) handleListFleetRuns(c echo.Context) error {
+	before, err := cursorParam(c)
+	if err != nil {
+		return err
+	}
+	if before != "" && !runIDPattern.MatchString(before) {
+		return invalid("cursor", "cursor is not one this API issued; pass next_cursor back unchanged.")
+	}
+	limit, err := limitParam(c, DefaultPageLimit)
+	if err != nil {
+		return err
+	}
+	runs, err := s.Fleet.Runs(c.Request().Context(), before, limit+1)
+	if err != nil {
+		return err
+	}
+	var next string
+	if len(runs) > limit {
+		runs, next = runs[:limit], runs[limit-1].ID
+	}
+	return c.JSON(http.StatusOK, struct {
+		Runs       []FleetRun `json:"runs"`
+		NextCursor string     `json:"next_cursor,omitempty"`
+	}{Runs: runs, NextCursor: encodeCursor(next)})
 }
 
 func (s *Server) handleGetFleetRun(c echo.Context) error {

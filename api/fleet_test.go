@@ -55,6 +55,26 @@ func (f *fakeFleet) CreateRun(_ context.Context, principal, name string, idle ti
 
 func (f *fakeFleet) Run(_ context.Context, id string) (api.FleetRun, error) { return f.run(id) }
 
+func (f *fakeFleet) Runs(_ context.Context, before string, limit int) ([]api.FleetRun, error) {
+	f.record("list " + before)
+	run, _ := f.run(f.e.runID)
+	older := api.FleetRun{ID: "01J00000000000000000000000", Name: "older", Node: "b", CreatedAt: start.Add(-time.Hour), Parts: []string{"b"}}
+	var runs []api.FleetRun
+	for _, r := range []api.FleetRun{run, older} {
+		if before == "" || r.ID < before {
+			runs = append(runs, r)
+		}
+	}
+	return runs[:min(limit, len(runs))], nil
+}
+
+func (f *fakeFleet) PartOf(_ context.Context, id string) (api.FleetPartOf, bool) {
+	if id != f.e.runID {
+		return api.FleetPartOf{}, false
+	}
+	return api.FleetPartOf{Node: "a", Parts: []string{"a", "b"}, Href: "/v1/fleet/runs/" + id}, true
+}
+
 func (f *fakeFleet) FinishRun(_ context.Context, id, principal, authorization string) (api.FleetRun, error) {
 	f.record("finish " + principal + " " + authorization)
 	return f.run(id)
@@ -160,6 +180,33 @@ func TestFleetRoutes(t *testing.T) {
 	if r := e.do(request{path: "/v1/fleet/runs/not-a-ulid", secret: aud}); r.status != http.StatusNotFound {
 		t.Errorf("a malformed id: %d", r.status)
 	}
+	// The fleet's runs, a page at a time, newest first.
+	var page struct {
+		Runs []api.FleetRun `json:"runs"`
+		Next string         `json:"next_cursor"`
+	}
+	e.do(request{path: "/v1/fleet/runs?limit=1", secret: aud}).decode(t, &page)
+	if len(page.Runs) != 1 || page.Runs[0].ID != id || page.Next == "" {
+		t.Fatalf("the first page of fleet runs: %+v", page)
+	}
+	next := page.Next
+	page.Runs, page.Next = nil, ""
+	e.do(request{path: "/v1/fleet/runs?limit=1&cursor=" + next, secret: aud}).decode(t, &page)
+	if len(page.Runs) != 1 || page.Runs[0].Name != "older" || page.Next != "" {
+		t.Errorf("the second page of fleet runs: %+v", page)
+	}
+	if r := e.do(request{path: "/v1/fleet/runs?cursor=bm90LWEtdWxpZA", secret: aud}); r.status != http.StatusBadRequest || r.problem(t).Field != "cursor" {
+		t.Errorf("a cursor not a run id: %d %s", r.status, r.body)
+	}
+	// The node's run that is its part of the fleet run says so.
+	var local struct {
+		ID    string           `json:"id"`
+		Fleet *api.FleetPartOf `json:"fleet"`
+	}
+	e.do(request{path: "/v1/runs/" + id, secret: aud}).decode(t, &local)
+	if local.ID != id || local.Fleet == nil || local.Fleet.Node != "a" || local.Fleet.Href != "/v1/fleet/runs/"+id || strings.Join(local.Fleet.Parts, ",") != "a,b" {
+		t.Errorf("GET /v1/runs/%s of a fleet part: %+v", id, local)
+	}
 	if r := e.do(request{method: "POST", path: "/v1/fleet/runs/" + id + "/finish", secret: op}); r.status != http.StatusOK {
 		t.Errorf("finish: %d %s", r.status, r.body)
 	}
@@ -238,6 +285,7 @@ func TestFleetRoutesWithoutFleet(t *testing.T) {
 	e := newEnv(t, func(e *env) { e.srv.Fleet = nil })
 	for _, r := range []request{
 		{method: "POST", path: "/v1/fleet/runs", secret: e.secret[auth.RoleOperator], body: `{"name":"x"}`},
+		{path: "/v1/fleet/runs", secret: e.secret[auth.RoleAuditor]},
 		{path: "/v1/fleet/runs/" + e.runID + "/reconciliation", secret: e.secret[auth.RoleAuditor]},
 		{path: "/v1/fleet/log", secret: e.secret[auth.RoleAuditor]},
 		{path: "/v1/fleet/runs/" + e.runID + "/evidence.xlsx", secret: e.secret[auth.RoleAuditor]},

@@ -133,6 +133,7 @@ func routeCases() []routeCase {
 		{"CreateFleetRun", auth.RoleOperator, 201, func(*env) request {
 			return request{method: "POST", path: "/v1/fleet/runs", body: `{"name":"fleet"}`}
 		}},
+		{"ListFleetRuns", auth.RoleAuditor, 200, get("/v1/fleet/runs")},
 		{"GetFleetRun", auth.RoleAuditor, 200, fleetPath("")},
 		{"FinishFleetRun", auth.RoleOperator, 200, func(e *env) request { return request{method: "POST", path: "/v1/fleet/runs/" + e.runID + "/finish"} }},
 		{"FleetReconciliation", auth.RoleAuditor, 200, fleetPath("/reconciliation")},

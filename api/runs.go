@@ -243,6 +243,14 @@ func (s *Server) handleGetRun(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.Fleet != nil {
+		if part, ok := s.Fleet.PartOf(c.Request().Context(), st.ID); ok {
+			return c.JSON(http.StatusOK, struct {
+				auditd.RunView
+				Fleet FleetPartOf `json:"fleet"`
+			}{st, part})
+		}
+	}
 	return c.JSON(http.StatusOK, st)
 }
 

@@ -853,6 +853,18 @@ type FleetPart struct {
 	Report *Reconciliation `json:"report,omitempty"`
 }
 
+// FleetPartOf Present when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. Absent too when the fleet cannot be asked in time.
+type FleetPartOf struct {
+	// Href The fleet run: /v1/fleet/runs/{id}.
+	Href string `json:"href"`
+
+	// Node This node.
+	Node string `json:"node"`
+
+	// Parts The nodes holding a part of the fleet run, by name.
+	Parts []string `json:"parts"`
+}
+
 // FleetReconciliation A fleet run reconciled over every node's part: counts summed, R1 to R10 over the sum (failing when they fail on any node; R9 also over every node's dispatches together, against the limit the fleet shares), F1 (every part present) and F2 (every part in the fleet log). status is succeeded when every part did, else the first other status of a part in node order ("missing" when a part could not be had).
 type FleetReconciliation struct {
 	Balanced bool           `json:"balanced"`
@@ -1211,9 +1223,12 @@ type RunState struct {
 	EstimatedFinish *time.Time `json:"estimated_finish,omitempty"`
 	FinishedAt      *time.Time `json:"finished_at,omitempty"`
 	FirstSeq        int        `json:"first_seq"`
-	HeadAtEnd       *string    `json:"head_at_end,omitempty"`
-	HeadAtStart     string     `json:"head_at_start"`
-	Id              string     `json:"id"`
+
+	// Fleet Present when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. Absent too when the fleet cannot be asked in time.
+	Fleet       *FleetPartOf `json:"fleet,omitempty"`
+	HeadAtEnd   *string      `json:"head_at_end,omitempty"`
+	HeadAtStart string       `json:"head_at_start"`
+	Id          string       `json:"id"`
 
 	// IdleTimeout A Go duration ("1m30s", "250ms", "0s").
 	IdleTimeout *Duration `json:"idle_timeout,omitempty"`
@@ -1719,6 +1734,13 @@ type CosignFleetLogJSONBody struct {
 	Size int `json:"size"`
 }
 
+// ListFleetRunsParams defines parameters for ListFleetRuns.
+type ListFleetRunsParams struct {
+	// Cursor next_cursor of the previous page, unchanged. Like every query parameter, one that is not percent-encoded correctly (`%zz`) is refused with 400 naming it.
+	Cursor *PageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+	Limit  *Limit      `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // CreateFleetRunJSONBody defines parameters for CreateFleetRun.
 type CreateFleetRunJSONBody struct {
 	// IdleTimeout A Go duration ("1m30s", "250ms", "0s").
@@ -2188,6 +2210,11 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
 	CosignFleetLog(ctx context.Context, body CosignFleetLogJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListFleetRuns The fleet's runs, newest first, as etcd holds them.
+	//
+	// Corresponds with GET /v1/fleet/runs (the `ListFleetRuns` operationId).
+	ListFleetRuns(ctx context.Context, params *ListFleetRunsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateFleetRunWithBody Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
 	//
@@ -3033,6 +3060,21 @@ func (c *Client) CosignFleetLogWithBody(ctx context.Context, contentType string,
 // Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
 func (c *Client) CosignFleetLog(ctx context.Context, body CosignFleetLogJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewCosignFleetLogRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListFleetRuns The fleet's runs, newest first, as etcd holds them.
+//
+// Corresponds with GET /v1/fleet/runs (the `ListFleetRuns` operationId).
+func (c *Client) ListFleetRuns(ctx context.Context, params *ListFleetRunsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListFleetRunsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -4963,6 +5005,72 @@ func NewCosignFleetLogRequestWithBody(server string, contentType string, body io
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListFleetRunsRequest constructs an http.Request for the ListFleetRuns method
+func NewListFleetRunsRequest(server string, params *ListFleetRunsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fleet/runs")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -7219,6 +7327,13 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/fleet/log/cosignatures (the `CosignFleetLog` operationId).
 	CosignFleetLogWithResponse(ctx context.Context, body CosignFleetLogJSONRequestBody, reqEditors ...RequestEditorFn) (*CosignFleetLogResponse, error)
 
+	// ListFleetRunsWithResponse The fleet's runs, newest first, as etcd holds them.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/fleet/runs (the `ListFleetRuns` operationId).
+	ListFleetRunsWithResponse(ctx context.Context, params *ListFleetRunsParams, reqEditors ...RequestEditorFn) (*ListFleetRunsResponse, error)
+
 	// CreateFleetRunWithBodyWithResponse Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
 	//
 	// Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
@@ -9275,6 +9390,141 @@ func (r CosignFleetLogResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r CosignFleetLogResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListFleetRunsResponse400Headers the declared response headers of an HTTP 400 response for ListFleetRuns
+type ListFleetRunsResponse400Headers struct {
+	XRequestId *string
+}
+
+// ListFleetRunsResponse401Headers the declared response headers of an HTTP 401 response for ListFleetRuns
+type ListFleetRunsResponse401Headers struct {
+	WWWAuthenticate *string
+	XRequestId      *string
+}
+
+// ListFleetRunsResponse403Headers the declared response headers of an HTTP 403 response for ListFleetRuns
+type ListFleetRunsResponse403Headers struct {
+	XRequestId *string
+}
+
+// ListFleetRunsResponse404Headers the declared response headers of an HTTP 404 response for ListFleetRuns
+type ListFleetRunsResponse404Headers struct {
+	XRequestId *string
+}
+
+// ListFleetRunsResponse429Headers the declared response headers of an HTTP 429 response for ListFleetRuns
+type ListFleetRunsResponse429Headers struct {
+	RetryAfter int
+	XRequestId *string
+}
+
+// ListFleetRunsResponseDefaultHeaders the declared response headers of an HTTP default response for ListFleetRuns
+type ListFleetRunsResponseDefaultHeaders struct {
+	XRequestId *string
+}
+
+type ListFleetRunsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *struct {
+		// NextCursor Opaque; pass it back as ?cursor= for the next page. Absent on the last page.
+		NextCursor *Cursor    `json:"next_cursor,omitempty"`
+		Runs       []FleetRun `json:"runs"`
+	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListFleetRunsResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListFleetRunsResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListFleetRunsResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ListFleetRunsResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListFleetRunsResponse429Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ListFleetRunsResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListFleetRunsResponse) GetJSON200() *struct {
+	// NextCursor Opaque; pass it back as ?cursor= for the next page. Absent on the last page.
+	NextCursor *Cursor    `json:"next_cursor,omitempty"`
+	Runs       []FleetRun `json:"runs"`
+} {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListFleetRunsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListFleetRunsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListFleetRunsResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListFleetRunsResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListFleetRunsResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ListFleetRunsResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ListFleetRunsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListFleetRunsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListFleetRunsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListFleetRunsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -14803,6 +15053,19 @@ func (c *ClientWithResponses) CosignFleetLogWithResponse(ctx context.Context, bo
 	return ParseCosignFleetLogResponse(rsp)
 }
 
+// ListFleetRunsWithResponse The fleet's runs, newest first, as etcd holds them.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/fleet/runs (the `ListFleetRuns` operationId).
+func (c *ClientWithResponses) ListFleetRunsWithResponse(ctx context.Context, params *ListFleetRunsParams, reqEditors ...RequestEditorFn) (*ListFleetRunsResponse, error) {
+	rsp, err := c.ListFleetRuns(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListFleetRunsResponse(rsp)
+}
+
 // CreateFleetRunWithBodyWithResponse Create a fleet run, a proxy-mode run every node of the fleet takes requests for.
 //
 // Its id and name are kept in etcd, and this node starts its part at once. A request sent through the proxy route of any other node naming the run in Auditd-Run makes that node join the run (its part: a proxy-mode run of the same id, in its own ledger).
@@ -17814,6 +18077,155 @@ func ParseCosignFleetLogResponse(rsp *http.Response) (*CosignFleetLogResponse, e
 		response.Headers429 = &headers
 	case true:
 		var headers CosignFleetLogResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListFleetRunsResponse parses an HTTP response from a ListFleetRunsWithResponse call
+func ParseListFleetRunsResponse(rsp *http.Response) (*ListFleetRunsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListFleetRunsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest struct {
+			// NextCursor Opaque; pass it back as ?cursor= for the next page. Absent on the last page.
+			NextCursor *Cursor    `json:"next_cursor,omitempty"`
+			Runs       []FleetRun `json:"runs"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 400:
+		var headers ListFleetRunsResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListFleetRunsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListFleetRunsResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ListFleetRunsResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListFleetRunsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = &value
+		}
+		response.Headers429 = &headers
+	case true:
+		var headers ListFleetRunsResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

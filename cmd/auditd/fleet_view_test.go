@@ -226,6 +226,38 @@ func TestFleetViewShowsEveryNode(t *testing.T) {
 		b.noJunk("node 1's Sources page")
 		b.shot("fleet-sources", "")
 
+		// A node's part of a fleet run says so on its Run page, with the
+		// fleet run's verdict and downloads; a run of the node alone
+		// does not.
+		status, body := v.do(t, f.nodes[0].url, "POST", "/v1/fleet/runs", token, `{"name":"fleet pipeline"}`)
+		var fr struct {
+			ID string `json:"id"`
+		}
+		if status != http.StatusCreated || json.Unmarshal(body, &fr) != nil {
+			t.Fatalf("create a fleet run on node 1: %d %s", status, body)
+		}
+		status, body = v.do(t, f.nodes[0].url, "GET", "/v1/runs/"+f.runs[0], token, "")
+		if status != http.StatusOK || strings.Contains(string(body), `"fleet"`) {
+			t.Errorf("GET /v1/runs/{id} of a run of node 1 alone: %d %s", status, body)
+		}
+		b.must("node 1's part of the fleet run", chromedp.Do(b.ctx,
+			chromedp.Navigate(f.nodes[0].url+"/#/runs/"+fr.ID),
+			chromedp.WaitVisible(chromedp.CSS(`#fleet-verdict.verdict`)),
+			chromedp.WaitVisible(chromedp.CSS(`#dl-fleet-pack`)),
+		))
+		if text := b.text("#fleet-part"); !strings.Contains(text, "Part of a fleet run") || !strings.Contains(text, "node node1") || !strings.Contains(text, "of 1 nodes") {
+			t.Errorf("node 1's part of the fleet run: %q", text)
+		}
+		b.noJunk("a fleet run's part")
+		b.shot("fleet-run-part", "")
+		b.must("node 1's own run", chromedp.Do(b.ctx,
+			chromedp.Navigate(f.nodes[0].url+"/#/runs/"+f.runs[0]),
+			chromedp.WaitVisible(chromedp.CSS(`#run-summary[aria-busy="false"]`)),
+		))
+		if b.eval(`document.querySelector('#fleet-part') && !document.querySelector('#fleet-part').hidden ? 'shown' : ''`) != "" {
+			t.Errorf("a run of node 1 alone shows a fleet part: %s", b.text("#fleet-part"))
+		}
+
 		signIn(f.nodes[2].url)
 		b.must("node 3's cut-off", chromedp.Do(b.ctx, chromedp.WaitVisible(chromedp.CSS(`#fleet-cutoff`))))
 		if text := b.text("#fleet-cutoff"); !strings.Contains(text, "node3") || !strings.Contains(text, "cut off") {

@@ -75,6 +75,9 @@ type fleetRuns struct {
 	status api.FleetLogStatus
 
 	joinMu sync.Mutex // one part created at a time
+
+	partMu sync.Mutex
+	partOf map[string]api.FleetPartOf // PartOf's answers by run id; Href "" for a run of this node alone
 	kick   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -94,7 +97,7 @@ func newFleetRuns(o fleetOptions, client *clientv3.Client, dataDir string, led *
 	return &fleetRuns{node: o.Node, lag: lag, flog: fleetlog.New(client, fleetlog.Config{}), dir: fleetlog.NewRuns(client, ""),
 		cosigner: cs, db: db, led: led, loop: loop, store: store, reps: reps, packs: packs, reg: reg, next: loop,
 		http: &http.Client{Timeout: fleetPeerTimeout}, log: log, status: api.FleetLogStatus{Node: o.Node},
-		kick: make(chan struct{}, 1), done: make(chan struct{})}, nil
+		partOf: map[string]api.FleetPartOf{}, kick: make(chan struct{}, 1), done: make(chan struct{})}, nil
 }
 
 // start publishes the node's API address to the fleet and starts posting.
@@ -325,8 +328,66 @@ func (f *fleetRuns) Run(ctx context.Context, id string) (api.FleetRun, error) {
 	} else if !ok {
 		return api.FleetRun{}, auditd.Errorf(auditd.ENOTFOUND, "No fleet run %s.", id)
 	}
+	return fleetRunJSON(run), nil
+}
+
+// fleetRunJSON is run as the API shows it.
+func fleetRunJSON(run fleetlog.Run) api.FleetRun {
 	return api.FleetRun{ID: run.ID, Name: run.Name, Node: run.Node, CreatedAt: run.CreatedAt,
-		IdleTimeout: auditd.Duration(run.IdleTimeout), Parts: append([]string{}, run.Parts...)}, nil
+		IdleTimeout: auditd.Duration(run.IdleTimeout), Parts: append([]string{}, run.Parts...)}
+}
+
+// Runs lists the fleet's runs as etcd has them, newest first.
+func (f *fleetRuns) Runs(ctx context.Context, before string, limit int) ([]api.FleetRun, error) {
+	rctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
+	defer cancel()
+	runs, err := f.dir.List(rctx, before, limit)
+	if err != nil {
+		return nil, auditd.Errorf(auditd.EUNAVAILABLE, "The fleet cannot be asked for its runs: %v", err)
+	}
+	out := make([]api.FleetRun, len(runs))
+	for i, run := range runs {
+		out[i] = fleetRunJSON(run)
+	}
+	return out, nil
+}
+
+// partOfTimeout bounds PartOf's read of etcd: a run's page must not wait
+// on an etcd out of reach.
+const partOfTimeout = time.Second
+
+// partOfKept is how many runs' answers PartOf keeps at most.
+const partOfKept = 4096
+
+// PartOf says whether this node's run id is its part of a fleet run, with
+// the parts etcd holds now, or those last read when etcd cannot be asked
+// in time (false when there are none). A run of this node that etcd does
+// not hold was never a fleet run (a part is joined before it is made) and
+// is remembered as such.
+func (f *fleetRuns) PartOf(ctx context.Context, id string) (api.FleetPartOf, bool) {
+	f.partMu.Lock()
+	last, known := f.partOf[id]
+	f.partMu.Unlock()
+	if known && last.Href == "" {
+		return api.FleetPartOf{}, false
+	}
+	rctx, cancel := context.WithTimeout(ctx, partOfTimeout)
+	defer cancel()
+	run, ok, err := f.dir.Get(rctx, id)
+	if err != nil {
+		return last, known
+	}
+	var part api.FleetPartOf
+	if ok {
+		part = api.FleetPartOf{Node: f.node, Parts: run.Parts, Href: "/v1/fleet/runs/" + id}
+	}
+	f.partMu.Lock()
+	if len(f.partOf) >= partOfKept {
+		clear(f.partOf)
+	}
+	f.partOf[id] = part
+	f.partMu.Unlock()
+	return part, ok
 }
 
 // FinishRun finishes every node's part: this node's here, the others'

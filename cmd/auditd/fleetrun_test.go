@@ -166,6 +166,21 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	if len(run.Parts) != 3 {
 		t.Fatalf("the fleet run's parts: %v, want the three nodes", run.Parts)
 	}
+	// Any node lists the fleet run, and shows its own part as one.
+	var list struct {
+		Runs []api.FleetRun `json:"runs"`
+	}
+	if code := nodes[1].child.call(t, "GET", "/v1/fleet/runs", token, nil, &list); code != http.StatusOK || len(list.Runs) != 1 || list.Runs[0].ID != id || len(list.Runs[0].Parts) != 3 {
+		t.Errorf("GET /v1/fleet/runs on node 2: %d %+v", code, list)
+	}
+	for _, n := range nodes {
+		var local struct {
+			Fleet *api.FleetPartOf `json:"fleet"`
+		}
+		if n.child.call(t, "GET", "/v1/runs/"+id, token, nil, &local); local.Fleet == nil || local.Fleet.Node != n.name || len(local.Fleet.Parts) != 3 || local.Fleet.Href != "/v1/fleet/runs/"+id {
+			t.Errorf("GET /v1/runs/%s on %s: fleet %+v, want its part of the fleet run named", id, n.name, local.Fleet)
+		}
+	}
 	var rep reports.FleetReport
 	if code := nodes[2].child.call(t, "GET", "/v1/fleet/runs/"+id+"/reconciliation", token, nil, &rep); code != http.StatusOK {
 		t.Fatalf("fleet reconciliation: %d", code)

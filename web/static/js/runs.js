@@ -145,9 +145,10 @@ export async function runPage(main, { params: [id], signal }) {
   const head = h('div', { class: 'pagehead' }, h('h1', null, 'Run ', h('span', { class: 'mono' }, id)));
   const summary = h('section', { id: 'run-summary', 'aria-busy': 'true' }, h('p', { class: 'muted' }, 'Loading run\u2026'));
   const downloads = downloadBar(id);
+  const fleet = h('section', { id: 'fleet-part', hidden: true, 'aria-label': 'Fleet run' });
   const timeline = h('section', { id: 'timeline', 'aria-labelledby': 'timeline-h' });
   const recon = h('section', { id: 'reconciliation', 'aria-labelledby': 'recon-h' });
-  fill(main, h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ' / ', id), head, downloads, summary, timeline, recon);
+  fill(main, h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ' / ', id), head, fleet, downloads, summary, timeline, recon);
 
   let timer = 0;
   let lastStatus = '';
@@ -185,6 +186,20 @@ export async function runPage(main, { params: [id], signal }) {
     }
   };
 
+  // A node's part of a fleet run says so, with the fleet run's verdict
+  // over every node's part and its downloads.
+  const loadFleet = async (part) => {
+    fleet.hidden = false;
+    fill(fleet, fleetPartView(part, null));
+    try {
+      const r = await getJSON(`${part.href}/reconciliation`, signal);
+      if (!stopped) fill(fleet, fleetPartView(part, r));
+    } catch (err) {
+      if (stopped || err.name === 'AbortError') return;
+      fill(fleet, fleetPartView(part, null), problemBox(err, 'Could not load the fleet run\u2019s reconciliation'));
+    }
+  };
+
   const load = async () => {
     // A hidden tab keeps its place but spends none of the token's budget.
     if (lastStatus && document.hidden) { timer = setTimeout(load, refreshMs); return; }
@@ -197,6 +212,7 @@ export async function runPage(main, { params: [id], signal }) {
         h('p', { class: 'mono muted' }, run.id));
       fill(summary, runSummary(x));
       summary.setAttribute('aria-busy', 'false');
+      if (x.fleet && (!lastStatus || (terminal(run.status) && !terminal(lastStatus)))) loadFleet(x.fleet);
       // Recount once on load and again when the run reaches its end.
       if (!lastStatus || (terminal(run.status) && !terminal(lastStatus))) loadRecon();
       if (!lastStatus || !terminal(lastStatus)) loadTimeline(x);
@@ -230,9 +246,35 @@ function runTimelineView(tl, charts, sourceCount) {
     sourceCount > maxRunCharts ? h('p', { class: 'muted' }, `The ${maxRunCharts} sources with the most items of ${fmtNum(sourceCount)} are charted; every source's page has its own chart.`) : null];
 }
 
-function downloadBar(id) {
-  const status = h('span', { class: 'muted', 'aria-live': 'polite', id: 'download-status' });
-  const btn = (label, path, name, bid) => {
+// fleetPartView tells that the run is this node's part of a fleet run (a
+// FleetPartOf): this page covers the part only; the fleet run's verdict
+// (r, its reconciliation, once loaded) and downloads cover every part.
+function fleetPartView(part, r) {
+  const others = (part.parts || []).filter((n) => n !== part.node);
+  const status = h('span', { class: 'muted', 'aria-live': 'polite', id: 'fleet-download-status' });
+  const btn = downloadButton(status);
+  let verdict = h('p', { class: 'muted', id: 'fleet-verdict' }, 'Reconciling the fleet run\u2026');
+  if (r) {
+    const had = (r.parts || []).filter((p) => p.report).length;
+    verdict = h('p', { class: `verdict ${r.balanced ? 'verdict-ok' : 'verdict-bad'}`, id: 'fleet-verdict' },
+      r.balanced ? 'The fleet run balances' : `The fleet run does not balance: failed ${(r.checks || []).filter((c) => c.status === 'fail').map((c) => c.id).join(', ')}`,
+      ` over ${had} of ${(r.parts || []).length} nodes\u2019 parts; status `, badge(r.status), '.');
+  }
+  return h('div', { class: 'notice' },
+    h('p', null, h('strong', null, 'Part of a fleet run. '),
+      `This page shows node ${part.node}\u2019s part only`,
+      others.length ? `; ${others.join(', ')} hold${others.length === 1 ? 's' : ''} the others.` : '.',
+      ' Its reconciliation and downloads below cover this part; the fleet run\u2019s cover every part.'),
+    verdict,
+    h('div', { class: 'toolbar', role: 'group', 'aria-label': 'Fleet run downloads' },
+      btn('Fleet evidence workbook (XLSX)', `${part.href}/evidence.xlsx`, `fleet-evidence-${part.href.split('/').pop()}.xlsx`, 'dl-fleet-evidence'),
+      btn('Fleet evidence pack (ZIP)', `${part.href}/evidence-pack.zip`, `fleet-evidence-pack-${part.href.split('/').pop()}.zip`, 'dl-fleet-pack'),
+      status));
+}
+
+// downloadButton returns a maker of download buttons that report in status.
+function downloadButton(status) {
+  return (label, path, name, bid) => {
     const b = h('button', { type: 'button', class: 'btn', id: bid }, label);
     b.addEventListener('click', async () => {
       b.disabled = true;
@@ -247,6 +289,11 @@ function downloadBar(id) {
     });
     return b;
   };
+}
+
+function downloadBar(id) {
+  const status = h('span', { class: 'muted', 'aria-live': 'polite', id: 'download-status' });
+  const btn = downloadButton(status);
   const base = `/v1/runs/${enc(id)}`;
   return h('div', { class: 'toolbar', role: 'group', 'aria-label': 'Downloads' },
     btn('Evidence workbook (XLSX)', `${base}/evidence.xlsx`, `evidence-${id}.xlsx`, 'dl-evidence'),
