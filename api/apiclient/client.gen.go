@@ -2274,7 +2274,7 @@ type ClientInterface interface {
 
 	// GetFleetReconciliation The fleet run reconciled over every node's part (auditd reconcile --fleet).
 	//
-	// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+	// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log. A node that cannot answer is a part missing (F1 fails); a node that refuses the caller's token is a 403 naming it, and no report.
 	//
 	// Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
 	GetFleetReconciliation(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3223,7 +3223,7 @@ func (c *Client) GetFleetPartPack(ctx context.Context, id RunID, reqEditors ...R
 
 // GetFleetReconciliation The fleet run reconciled over every node's part (auditd reconcile --fleet).
 //
-// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log. A node that cannot answer is a part missing (F1 fails); a node that refuses the caller's token is a 403 naming it, and no report.
 //
 // Corresponds with GET /v1/fleet/runs/{id}/reconciliation (the `GetFleetReconciliation` operationId).
 func (c *Client) GetFleetReconciliation(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -7404,7 +7404,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetFleetReconciliationWithResponse The fleet run reconciled over every node's part (auditd reconcile --fleet).
 	//
-	// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+	// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log. A node that cannot answer is a part missing (F1 fails); a node that refuses the caller's token is a 403 naming it, and no report.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -15184,7 +15184,7 @@ func (c *ClientWithResponses) GetFleetPartPackWithResponse(ctx context.Context, 
 
 // GetFleetReconciliationWithResponse The fleet run reconciled over every node's part (auditd reconcile --fleet).
 //
-// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log.
+// Each node holding a part is asked for it at once (GET .../part); the parts are summed as one population. R1 to R10 hold over the sum only if they hold on every node (a failing check's note names the nodes and their offending events); F1 holds when every node's part came, F2 when every part's events are covered by its node's checkpoint in the fleet log. A node that cannot answer is a part missing (F1 fails); a node that refuses the caller's token is a 403 naming it, and no report.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -189,25 +189,27 @@ func (f *fleetRuns) partDispatches(ctx context.Context, id string) (*reports.Par
 
 // Reconciliation asks every node that holds a part of the run for it, at
 // once, and sums them; a node that cannot answer is a part missing (F1).
+// A node that refuses the caller's token is no missing part but the
+// caller's problem: a 403, and no report.
 func (f *fleetRuns) Reconciliation(ctx context.Context, id, authorization string) (*reports.FleetReport, error) {
 	run, err := f.Run(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	parts := make([]reports.FleetPart, len(run.Parts))
+	errs := make([]error, len(run.Parts))
 	var wg sync.WaitGroup
 	for i, node := range run.Parts {
 		wg.Go(func() {
 			var p reports.FleetPart
-			var err error
 			if node == f.node {
-				p, err = f.Part(ctx, id)
+				p, errs[i] = f.Part(ctx, id)
 			} else {
-				err = f.peerCall(ctx, node, http.MethodGet, "/v1/fleet/runs/"+id+"/part", authorization, nil, &p)
+				errs[i] = f.peerCall(ctx, node, http.MethodGet, "/v1/fleet/runs/"+id+"/part", authorization, nil, &p)
 			}
 			switch {
-			case err != nil:
-				p = reports.FleetPart{Node: node, Error: err.Error()}
+			case errs[i] != nil:
+				p = reports.FleetPart{Node: node, Error: errs[i].Error()}
 			case p.Node != node:
 				p = reports.FleetPart{Node: node, Error: fmt.Sprintf("node %s answered as node %q", node, p.Node)}
 			}
@@ -215,6 +217,9 @@ func (f *fleetRuns) Reconciliation(ctx context.Context, id, authorization string
 		})
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); errors.Is(err, errPeerRefused) {
+		return nil, peerFailed(err, "Fleet run %s: no reconciliation", id)
+	}
 	return reports.CombineFleet(id, parts), nil
 }
 

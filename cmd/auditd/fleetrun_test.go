@@ -151,6 +151,15 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	if code := nodes[2].child.call(t, "POST", "/v1/fleet/runs/"+id+"/finish", own.Secret, nil, &refused); code != http.StatusForbidden || !strings.Contains(refused.Detail, "same tokens") || !strings.Contains(refused.Detail, "no part finished") {
 		t.Errorf("finish with a token only node 3 accepts: %d %+v; want 403 saying the nodes must share tokens and no part finished", code, refused)
 	}
+	// Nor does it reconcile the fleet run: a token the other nodes refuse
+	// is the caller's problem, not a part missing.
+	if code := nodes[2].child.call(t, "GET", "/v1/fleet/runs/"+id+"/reconciliation", own.Secret, nil, &refused); code != http.StatusForbidden || !strings.Contains(refused.Detail, "same tokens") {
+		t.Errorf("the fleet reconciliation with a token only node 3 accepts: %d %+v; want 403", code, refused)
+	}
+	var out3 bytes.Buffer
+	if code := runOut(context.Background(), []string{"reconcile", "--server", nodes[2].child.url, "--run", id, "--token", own.Secret}, &out3); code != 2 || !strings.Contains(out3.String(), "403") {
+		t.Errorf("auditd reconcile with a token only node 3 accepts: exit %d, want 2 naming the 403\n%s", code, out3.String())
+	}
 	var part struct {
 		Status string `json:"status"`
 	}
