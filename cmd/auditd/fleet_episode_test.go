@@ -30,8 +30,9 @@ import (
 // which the pace is a quarter's cut; a mark more than one and a half windows
 // after the last cuts nothing, unless the limit is a probe past the rate
 // last refused, which is then the limit again; a span near a common window
-// length is that length. A limit set by hand on the node becomes the
-// fleet's, and a quota the server advertises below it holds the fleet to it.
+// length is that length; a mark is at the refused request's admission. A
+// limit set by hand on the node becomes the fleet's, and a quota the
+// server advertises below it holds the fleet to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -178,7 +179,7 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 
 	// A span within a tenth of a common window length is that length: the
-	// refusals that began the episodes were seen late, or early.
+	// windows were spent at different points of them.
 	succeed()
 	answered(25)
 	spent(5400*time.Millisecond, time.Time{})
@@ -204,12 +205,26 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 	applied(7)
 
+	// A refusal seen late, its request admitted half a second before,
+	// marks the window at its admission: its lateness moves neither the
+	// span nor the count's read.
+	succeed()
+	answered(40)
+	clk.Set(last.Add(6500 * time.Millisecond))
+	refuse(last.Add(6*time.Second), hints.Hint{})
+	clk.WaitForTimers(1)
+	clk.Advance(spentRead)
+	if got := stored(); got.Rate != (fleet.Rate{Limit: 40, Window: 6180 * time.Millisecond}) || got.Cause != fleet.CauseWindowSpent {
+		t.Fatalf("40 answered between a mark and a refusal seen 0.5 s late of a request admitted 6 s after it: the fleet holds %+v, want 40 per 6.18 s", got)
+	}
+	applied(6.472)
+
 	mu.Lock()
 	defer mu.Unlock()
-	if want := []float64{10, 7.767, 5.825, 9, 5, 4.854, 9, 8, 7}; !slices.Equal(learned, want) {
+	if want := []float64{10, 7.767, 5.825, 9, 5, 4.854, 9, 8, 7, 6.472}; !slices.Equal(learned, want) {
 		t.Errorf("fleet.learned events at %v a second, want %v", learned, want)
 	}
-	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota, fleet.CauseWindowSpent, fleet.CauseOperator, fleet.CauseRaise, fleet.CauseWindowSpent}; !slices.Equal(causes, want) {
+	if want := []string{fleet.CauseStart, fleet.CauseWindowSpent, fleet.CauseRefused, fleet.CauseOperator, fleet.CauseQuota, fleet.CauseWindowSpent, fleet.CauseOperator, fleet.CauseRaise, fleet.CauseWindowSpent, fleet.CauseWindowSpent}; !slices.Equal(causes, want) {
 		t.Errorf("fleet.learned events for %q, want %q", causes, want)
 	}
 }

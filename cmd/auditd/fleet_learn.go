@@ -201,7 +201,7 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	if h.HasRetryAfter || spent || cur.Revision == 0 || !l.episode.CompareAndSwap(false, true) {
 		return
 	}
-	if !l.cut(func() (limitCut, bool) { return l.windowSpent(cur, settled) }) {
+	if !l.cut(func() (limitCut, bool) { return l.windowSpent(cur, settled, admitted) }) {
 		l.episode.Store(false) // another cut was on its way: the next refusal tries again
 	}
 }
@@ -226,11 +226,17 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 //   - otherwise, or when etcd fails, the quarter's cut (fleet.CutTo) of a
 //     request sent at a settled pace.
 //
-// The mark is read spentRead after the refusal, at its time.
-func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool) (limitCut, bool) {
+// The mark is at the refusal: when its request was admitted (about when
+// the server counted it), unless that was markAge or more before now, and
+// the fleet's answered count for it is read spentRead after that.
+func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool, admitted time.Time) (limitCut, bool) {
 	cur := lim.Rate
-	at := l.clock.Now()
-	if clock.Sleep(l.ctx, l.clock, spentRead) != nil {
+	now := l.clock.Now()
+	at := now
+	if !admitted.IsZero() && !admitted.After(now) && now.Sub(admitted) < markAge {
+		at = admitted
+	}
+	if clock.Sleep(l.ctx, l.clock, at.Add(spentRead).Sub(now)) != nil {
 		return limitCut{}, false
 	}
 	ctx, cancel := context.WithTimeout(l.ctx, fleet.DefaultTimeout)
@@ -286,12 +292,21 @@ const spentRead = fleetOutcomesEvery + 250*time.Millisecond
 
 // windowSpanErr is how far the span between two marks may be from a common
 // window length (registry.CommonWindow) and be taken for it. The span errs
-// by where in each window the pace spent it and by how late each node saw
-// its refusal: 4.88 to 5.12 s between windows of 5 s in
-// TestFleetUsesAFixedWindow, and 5.40 s once on a loaded machine, where
-// the fleet then learned 5.37/s of 6 and left a tenth of each window
-// unused.
+// by where in each window the pace spent it: 4.88 to 5.12 s between
+// windows of 5 s in TestFleetUsesAFixedWindow, and 5.40 s once on a loaded
+// machine, where the fleet then learned 5.37/s of 6 and left a tenth of
+// each window unused. What was answered between two marks is one window's
+// quota whatever point of it each was spent at, as both counts are read
+// the same time after their marks (spentRead), so the quota is spread over
+// the window's length, not the span.
 const windowSpanErr = 0.1
+
+// markAge is how long before it is seen here a refusal's request may have
+// been admitted for the mark to be set at its admission rather than now. A
+// refusal seen late would move the mark and its count's read by its
+// lateness: a span read long, and a count that holds answers of the next
+// window, which a common length would then spread over too little time.
+const markAge = 2 * time.Second
 
 // maxWindowSpan is the longest time between two episodes whose pace
 // windowSpent takes as a window's quota.
