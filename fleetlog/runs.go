@@ -99,37 +99,47 @@ func (r *Runs) Get(ctx context.Context, id string) (run Run, ok bool, err error)
 
 // List returns up to limit fleet runs with their parts, newest first (a
 // run id is a ULID), those older than the run before when it is set.
+//
+// etcd limits a range as it reads it only in ascending key order: newest
+// first, it reads and sorts every older key. So the page is found from the
+// keys alone, and only its values and parts are read, at the same
+// revision.
 func (r *Runs) List(ctx context.Context, before string, limit int) ([]Run, error) {
-	opts := []clientv3.OpOption{clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit))}
+	opts := []clientv3.OpOption{clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)), clientv3.WithKeysOnly()}
 	if before != "" {
 		opts = append(opts, clientv3.WithRange(r.runKey(before)))
 	} else {
 		opts = append(opts, clientv3.WithPrefix())
 	}
-	resp, err := r.client.Get(ctx, r.prefix+"run/", opts...)
+	keys, err := r.client.Get(ctx, r.prefix+"run/", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("fleet runs: %w", err)
 	}
-	runs := make([]Run, 0, len(resp.Kvs))
+	if len(keys.Kvs) == 0 {
+		return []Run{}, nil
+	}
+	// The page's values are the keys from its oldest to its newest; its
+	// parts, the part keys of the same ids.
+	oldest, newest := string(keys.Kvs[len(keys.Kvs)-1].Key), string(keys.Kvs[0].Key)
+	resp, err := r.client.Txn(ctx).Then(
+		clientv3.OpGet(oldest, clientv3.WithRange(newest+"\x00"), clientv3.WithRev(keys.Header.Revision)),
+		clientv3.OpGet(r.partDir(oldest[len(r.runKey("")):]), clientv3.WithRange(r.partDir(newest[len(r.runKey("")):])+"\xff"),
+			clientv3.WithKeysOnly(), clientv3.WithRev(keys.Header.Revision))).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("fleet runs: %w", err)
+	}
+	values := resp.Responses[0].GetResponseRange().Kvs
+	runs := make([]Run, 0, len(values))
 	at := map[string]int{}
-	for _, kv := range resp.Kvs {
+	for i := len(values) - 1; i >= 0; i-- {
 		var run Run
-		if err := json.Unmarshal(kv.Value, &run); err != nil {
-			return nil, fmt.Errorf("fleet run %s: %w", kv.Key, err)
+		if err := json.Unmarshal(values[i].Value, &run); err != nil {
+			return nil, fmt.Errorf("fleet run %s: %w", values[i].Key, err)
 		}
 		at[run.ID] = len(runs)
 		runs = append(runs, run)
 	}
-	if len(runs) == 0 {
-		return runs, nil
-	}
-	// The page's parts, in one read at the same revision: the part keys
-	// of ids from the oldest run listed to the newest.
-	parts, err := r.client.Get(ctx, r.partDir(runs[len(runs)-1].ID), clientv3.WithRange(r.partDir(runs[0].ID)+"\xff"),
-		clientv3.WithKeysOnly(), clientv3.WithRev(resp.Header.Revision))
-	if err != nil {
-		return nil, fmt.Errorf("fleet runs: %w", err)
-	}
+	parts := resp.Responses[1].GetResponseRange()
 	for _, kv := range parts.Kvs {
 		id, node, ok := strings.Cut(string(kv.Key[len(r.prefix+"part/"):]), "/")
 		if i, listed := at[id]; ok && listed {
