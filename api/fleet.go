@@ -30,11 +30,13 @@ type FleetRun struct {
 
 // FleetPartOf marks a node's run that is its part of a fleet run (GET
 // /v1/runs/{id}): what the run's own routes show is this node's part
-// only, and Href is the fleet run's, over every part.
+// only, and Href is the fleet run's, over every part. Unknown says the
+// node could not ask the fleet in time (Parts and Href empty then).
 type FleetPartOf struct {
-	Node  string   `json:"node"`
-	Parts []string `json:"parts"`
-	Href  string   `json:"href"`
+	Node    string   `json:"node"`
+	Parts   []string `json:"parts,omitempty"`
+	Href    string   `json:"href,omitempty"`
+	Unknown bool     `json:"unknown,omitempty"`
 }
 
 // FleetLogStatus is this node's posting to the fleet log of logs: what it
@@ -72,8 +74,8 @@ type Fleet interface {
 	// Runs lists up to limit fleet runs, newest first, older than the
 	// run before when it is set.
 	Runs(ctx context.Context, before string, limit int) ([]FleetRun, error)
-	// PartOf says whether this node's run id is its part of a fleet run;
-	// false too when the fleet cannot be asked in time.
+	// PartOf says whether this node's run id is its part of a fleet run,
+	// or (Unknown) that the fleet could not be asked in time.
 	PartOf(ctx context.Context, id string) (FleetPartOf, bool)
 	// FinishRun finishes every node's part of the run.
 	FinishRun(ctx context.Context, id, principal, authorization string) (FleetRun, error)

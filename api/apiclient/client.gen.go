@@ -853,16 +853,19 @@ type FleetPart struct {
 	Report *Reconciliation `json:"report,omitempty"`
 }
 
-// FleetPartOf Present when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. Absent too when the fleet cannot be asked in time.
+// FleetPartOf Present on a node of a fleet when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. When the node could not ask the fleet in time, and does not know yet, unknown is true and parts and href are absent. Absent for a run of the node alone.
 type FleetPartOf struct {
 	// Href The fleet run: /v1/fleet/runs/{id}.
-	Href string `json:"href"`
+	Href *string `json:"href,omitempty"`
 
 	// Node This node.
 	Node string `json:"node"`
 
 	// Parts The nodes holding a part of the fleet run, by name.
-	Parts []string `json:"parts"`
+	Parts *[]string `json:"parts,omitempty"`
+
+	// Unknown The fleet could not be asked in time whether the run is a part.
+	Unknown *bool `json:"unknown,omitempty"`
 }
 
 // FleetReconciliation A fleet run reconciled over every node's part: counts summed, R1 to R10 over the sum (failing when they fail on any node; R9 also over every node's dispatches together, against the limit the fleet shares), F1 (every part present) and F2 (every part in the fleet log). status is succeeded when every part did, else the first other status of a part in node order ("missing" when a part could not be had).
@@ -1224,7 +1227,7 @@ type RunState struct {
 	FinishedAt      *time.Time `json:"finished_at,omitempty"`
 	FirstSeq        int        `json:"first_seq"`
 
-	// Fleet Present when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. Absent too when the fleet cannot be asked in time.
+	// Fleet Present on a node of a fleet when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. When the node could not ask the fleet in time, and does not know yet, unknown is true and parts and href are absent. Absent for a run of the node alone.
 	Fleet       *FleetPartOf `json:"fleet,omitempty"`
 	HeadAtEnd   *string      `json:"head_at_end,omitempty"`
 	HeadAtStart string       `json:"head_at_start"`

@@ -244,6 +244,9 @@ func TestFleetViewShowsEveryNode(t *testing.T) {
 			chromedp.Navigate(f.nodes[0].url+"/#/runs/"+fr.ID),
 			chromedp.WaitVisible(chromedp.CSS(`#fleet-verdict.verdict`)),
 			chromedp.WaitVisible(chromedp.CSS(`#dl-fleet-pack`)),
+			// Recount asks the fleet again, and answers the same way.
+			chromedp.Click(chromedp.CSS(`#fleet-recount`)),
+			chromedp.WaitVisible(chromedp.CSS(`#fleet-verdict.verdict`)),
 		))
 		if text := b.text("#fleet-part"); !strings.Contains(text, "Part of a fleet run") || !strings.Contains(text, "node node1") || !strings.Contains(text, "of 1 nodes") {
 			t.Errorf("node 1's part of the fleet run: %q", text)
@@ -268,6 +271,20 @@ func TestFleetViewShowsEveryNode(t *testing.T) {
 		}
 		b.noJunk("node 3's Sources page")
 		b.shot("fleet-sources-cut-off", "")
+
+		// Cut off, node 3 cannot tell whether its run is a part of a
+		// fleet run, and says so rather than present it as a whole run.
+		status, body = v.do(t, f.nodes[2].url, "GET", "/v1/runs/"+f.runs[2], token, "")
+		if status != http.StatusOK || !strings.Contains(string(body), `"fleet":{"node":"node3","unknown":true}`) {
+			t.Errorf("GET /v1/runs/{id} on node 3, cut off from etcd: %d %s", status, body)
+		}
+		b.must("node 3's run, cut off", chromedp.Do(b.ctx,
+			chromedp.Navigate(f.nodes[2].url+"/#/runs/"+f.runs[2]),
+			chromedp.WaitVisible(chromedp.CSS(`#fleet-unknown`)),
+		))
+		if text := b.text("#fleet-unknown"); !strings.Contains(text, "could not ask the fleet") {
+			t.Errorf("node 3's run, cut off: %q", text)
+		}
 
 		alone := startServe(t, filepath.Join(t.TempDir(), "alone"), f.config, token)
 		signIn(alone.url)

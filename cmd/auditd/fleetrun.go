@@ -361,9 +361,9 @@ const partOfKept = 4096
 
 // PartOf says whether this node's run id is its part of a fleet run, with
 // the parts etcd holds now, or those last read when etcd cannot be asked
-// in time (false when there are none). A run of this node that etcd does
-// not hold was never a fleet run (a part is joined before it is made) and
-// is remembered as such.
+// in time, or (Unknown) that it cannot tell. A run of this node that etcd
+// does not hold was never a fleet run (a part is joined before it is
+// made) and is remembered as such.
 func (f *fleetRuns) PartOf(ctx context.Context, id string) (api.FleetPartOf, bool) {
 	f.partMu.Lock()
 	last, known := f.partOf[id]
@@ -374,8 +374,10 @@ func (f *fleetRuns) PartOf(ctx context.Context, id string) (api.FleetPartOf, boo
 	rctx, cancel := context.WithTimeout(ctx, partOfTimeout)
 	defer cancel()
 	run, ok, err := f.dir.Get(rctx, id)
-	if err != nil {
-		return last, known
+	if err != nil && known {
+		return last, true
+	} else if err != nil {
+		return api.FleetPartOf{Node: f.node, Unknown: true}, true
 	}
 	var part api.FleetPartOf
 	if ok {

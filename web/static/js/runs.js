@@ -187,22 +187,35 @@ export async function runPage(main, { params: [id], signal }) {
   };
 
   // A node's part of a fleet run says so, with the fleet run's verdict
-  // over every node's part and its downloads.
+  // over every node's part (recounted on demand) and its downloads. Until
+  // the node could ask the fleet, the page says it does not know, and
+  // asks again at each refresh or on demand.
+  let fleetKnown = false;
   const loadFleet = async (part) => {
     fleet.hidden = false;
-    fill(fleet, fleetPartView(part, null));
+    if (part.unknown) {
+      fill(fleet, h('div', { class: 'notice', id: 'fleet-unknown' },
+        h('p', null, h('strong', null, 'Part of a fleet run? '),
+          `This node (${part.node}) could not ask the fleet whether this run is its part of a fleet run. If it is, what this page shows covers this node\u2019s part only. `,
+          h('button', { type: 'button', class: 'btn btn-quiet', onclick: () => load(true) }, 'Ask again'))));
+      return;
+    }
+    fleetKnown = true;
+    const recount = () => loadFleet(part);
+    fill(fleet, fleetPartView(part, null, recount));
     try {
       const r = await getJSON(`${part.href}/reconciliation`, signal);
-      if (!stopped) fill(fleet, fleetPartView(part, r));
+      if (!stopped) fill(fleet, fleetPartView(part, r, recount));
     } catch (err) {
       if (stopped || err.name === 'AbortError') return;
-      fill(fleet, fleetPartView(part, null), problemBox(err, 'Could not load the fleet run\u2019s reconciliation'));
+      fill(fleet, fleetPartView(part, null, recount), problemBox(err, 'Could not load the fleet run\u2019s reconciliation'));
     }
   };
 
-  const load = async () => {
+  const load = async (once) => {
     // A hidden tab keeps its place but spends none of the token's budget.
-    if (lastStatus && document.hidden) { timer = setTimeout(load, refreshMs); return; }
+    if (!once && lastStatus && document.hidden) { timer = setTimeout(load, refreshMs); return; }
+    if (once) clearTimeout(timer);
     try {
       const x = await getJSON(`/v1/runs/${enc(id)}`, signal);
       if (stopped) return;
@@ -212,7 +225,7 @@ export async function runPage(main, { params: [id], signal }) {
         h('p', { class: 'mono muted' }, run.id));
       fill(summary, runSummary(x));
       summary.setAttribute('aria-busy', 'false');
-      if (x.fleet && (!lastStatus || (terminal(run.status) && !terminal(lastStatus)))) loadFleet(x.fleet);
+      if (x.fleet && (!fleetKnown || (terminal(run.status) && lastStatus && !terminal(lastStatus)))) loadFleet(x.fleet);
       // Recount once on load and again when the run reaches its end.
       if (!lastStatus || (terminal(run.status) && !terminal(lastStatus))) loadRecon();
       if (!lastStatus || !terminal(lastStatus)) loadTimeline(x);
@@ -248,17 +261,19 @@ function runTimelineView(tl, charts, sourceCount) {
 
 // fleetPartView tells that the run is this node's part of a fleet run (a
 // FleetPartOf): this page covers the part only; the fleet run's verdict
-// (r, its reconciliation, once loaded) and downloads cover every part.
-function fleetPartView(part, r) {
+// (r, its reconciliation, once loaded; recount asks again) and downloads
+// cover every part.
+function fleetPartView(part, r, recount) {
   const others = (part.parts || []).filter((n) => n !== part.node);
   const status = h('span', { class: 'muted', 'aria-live': 'polite', id: 'fleet-download-status' });
   const btn = downloadButton(status);
-  let verdict = h('p', { class: 'muted', id: 'fleet-verdict' }, 'Reconciling the fleet run\u2026');
+  let verdict = h('p', { class: 'muted', id: 'fleet-verdict', 'aria-live': 'polite' }, 'Reconciling the fleet run\u2026');
   if (r) {
     const had = (r.parts || []).filter((p) => p.report).length;
-    verdict = h('p', { class: `verdict ${r.balanced ? 'verdict-ok' : 'verdict-bad'}`, id: 'fleet-verdict' },
+    verdict = h('p', { class: `verdict ${r.balanced ? 'verdict-ok' : 'verdict-bad'}`, id: 'fleet-verdict', 'aria-live': 'polite' },
       r.balanced ? 'The fleet run balances' : `The fleet run does not balance: failed ${(r.checks || []).filter((c) => c.status === 'fail').map((c) => c.id).join(', ')}`,
-      ` over ${had} of ${(r.parts || []).length} nodes\u2019 parts; status `, badge(r.status), '.');
+      ` over ${had} of ${(r.parts || []).length} nodes\u2019 parts; status `, badge(r.status), '. ',
+      h('button', { type: 'button', class: 'btn btn-quiet', id: 'fleet-recount', onclick: recount }, 'Recount'));
   }
   return h('div', { class: 'notice' },
     h('p', null, h('strong', null, 'Part of a fleet run. '),
