@@ -400,30 +400,44 @@ func (f *fleetRuns) FinishRun(ctx context.Context, id, principal, authorization 
 		return api.FleetRun{}, err
 	}
 	// A token a peer refuses would leave the run half finished: ask
-	// every peer for its part first, and finish none if one refuses.
-	for _, node := range run.Parts {
+	// every peer for its part first, at once, and finish none if one
+	// refuses. A peer down is asked again below, and named.
+	asked := eachPart(run.Parts, func(_ int, node string) error {
 		if node == f.node {
-			continue
+			return nil
 		}
-		if err := f.peerCall(ctx, node, http.MethodGet, "/v1/runs/"+id, authorization, nil, nil); errors.Is(err, errPeerRefused) {
-			return api.FleetRun{}, peerFailed(err, "Fleet run %s: no part finished", id)
-		}
+		return f.peerCall(ctx, node, http.MethodGet, "/v1/runs/"+id, authorization, nil, nil)
+	})
+	if err := errors.Join(asked...); errors.Is(err, errPeerRefused) {
+		return api.FleetRun{}, peerFailed(err, "Fleet run %s: no part finished", id)
 	}
-	var errs []error
-	for _, node := range run.Parts {
+	errs := eachPart(run.Parts, func(_ int, node string) error {
 		if node == f.node {
+			defer f.poke()
 			if _, err := f.loop.Finish(ctx, id, principal); err != nil && auditd.ErrorCode(err) != auditd.ECONFLICT {
-				errs = append(errs, fmt.Errorf("node %s: %w", node, err))
+				return fmt.Errorf("node %s: %w", node, err)
 			}
-			f.poke()
-			continue
+			return nil
 		}
 		if err := f.peerCall(ctx, node, http.MethodPost, "/v1/runs/"+id+"/finish", authorization, nil, nil); err != nil && !errors.Is(err, errPeerConflict) {
-			errs = append(errs, err)
+			return err
 		}
-	}
-	if len(errs) > 0 {
-		return api.FleetRun{}, peerFailed(errors.Join(errs...), "Fleet run %s", id)
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		return api.FleetRun{}, peerFailed(err, "Fleet run %s", id)
 	}
 	return run, nil
+}
+
+// eachPart calls do for every node (the i-th of nodes) at once, and
+// returns their errors in the nodes' order.
+func eachPart(nodes []string, do func(i int, node string) error) []error {
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, node := range nodes {
+		wg.Go(func() { errs[i] = do(i, node) })
+	}
+	wg.Wait()
+	return errs
 }

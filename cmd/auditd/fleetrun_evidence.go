@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -34,14 +33,10 @@ func (f *fleetRuns) WriteEvidence(ctx context.Context, w io.Writer, id, authoriz
 	}
 	defer os.RemoveAll(dir)
 	parts := make([]reports.FleetWorkbook, len(run.Parts))
-	errs := make([]error, len(run.Parts))
-	var wg sync.WaitGroup
-	for i, node := range run.Parts {
-		wg.Go(func() {
-			parts[i], errs[i] = f.fetchWorkbook(ctx, filepath.Join(dir, fmt.Sprintf("%d.xlsx", i)), node, id, authorization)
-		})
-	}
-	wg.Wait()
+	errs := eachPart(run.Parts, func(i int, node string) (err error) {
+		parts[i], err = f.fetchWorkbook(ctx, filepath.Join(dir, fmt.Sprintf("%d.xlsx", i)), node, id, authorization)
+		return err
+	})
 	for _, p := range parts {
 		if c, ok := p.Book.(io.Closer); ok {
 			defer c.Close()
@@ -89,15 +84,10 @@ func (f *fleetRuns) Timeline(ctx context.Context, id string, q auditd.TimelineQu
 		query.Set("source", strings.Join(q.Sources, ","))
 	}
 	tls := make([]*auditd.Timeline, len(run.Parts))
-	errs := make([]error, len(run.Parts))
-	var wg sync.WaitGroup
-	for i, node := range run.Parts {
-		wg.Go(func() {
-			tls[i] = &auditd.Timeline{}
-			errs[i] = f.peerCall(ctx, node, http.MethodGet, "/v1/runs/"+url.PathEscape(id)+"/timeline?"+query.Encode(), authorization, nil, tls[i])
-		})
-	}
-	wg.Wait()
+	errs := eachPart(run.Parts, func(i int, node string) error {
+		tls[i] = &auditd.Timeline{}
+		return f.peerCall(ctx, node, http.MethodGet, "/v1/runs/"+url.PathEscape(id)+"/timeline?"+query.Encode(), authorization, nil, tls[i])
+	})
 	if err := errors.Join(errs...); err != nil {
 		return nil, peerFailed(err, "Fleet run %s: not every node's timeline came", id)
 	}

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -197,26 +196,22 @@ func (f *fleetRuns) Reconciliation(ctx context.Context, id, authorization string
 		return nil, err
 	}
 	parts := make([]reports.FleetPart, len(run.Parts))
-	errs := make([]error, len(run.Parts))
-	var wg sync.WaitGroup
-	for i, node := range run.Parts {
-		wg.Go(func() {
-			var p reports.FleetPart
-			if node == f.node {
-				p, errs[i] = f.Part(ctx, id)
-			} else {
-				errs[i] = f.peerCall(ctx, node, http.MethodGet, "/v1/fleet/runs/"+id+"/part", authorization, nil, &p)
-			}
-			switch {
-			case errs[i] != nil:
-				p = reports.FleetPart{Node: node, Error: errs[i].Error()}
-			case p.Node != node:
-				p = reports.FleetPart{Node: node, Error: fmt.Sprintf("node %s answered as node %q", node, p.Node)}
-			}
-			parts[i] = p
-		})
-	}
-	wg.Wait()
+	errs := eachPart(run.Parts, func(i int, node string) (err error) {
+		var p reports.FleetPart
+		if node == f.node {
+			p, err = f.Part(ctx, id)
+		} else {
+			err = f.peerCall(ctx, node, http.MethodGet, "/v1/fleet/runs/"+id+"/part", authorization, nil, &p)
+		}
+		switch {
+		case err != nil:
+			p = reports.FleetPart{Node: node, Error: err.Error()}
+		case p.Node != node:
+			p = reports.FleetPart{Node: node, Error: fmt.Sprintf("node %s answered as node %q", node, p.Node)}
+		}
+		parts[i] = p
+		return err
+	})
 	if err := errors.Join(errs...); errors.Is(err, errPeerRefused) {
 		return nil, peerFailed(err, "Fleet run %s: no reconciliation", id)
 	}
