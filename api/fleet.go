@@ -251,11 +251,17 @@ func (s *Server) fleetDownload(c echo.Context, what, format, mime string, write 
 	if _, err := s.Fleet.Run(c.Request().Context(), id); err != nil {
 		return err
 	}
-	if err := s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": what, "run_id": id, "format": format}); err != nil {
-		return err
-	}
-	return write(c.Request().Context(), &lazyDownload{s: s, c: c, mime: mime, name: what + "-" + sanitizeFilename(id) + "." + format},
-		id, c.Request().Header.Get(echo.HeaderAuthorization))
+	return write(c.Request().Context(), s.fleetDownloadTo(c, what, format, mime, id), id, c.Request().Header.Get(echo.HeaderAuthorization))
+}
+
+// fleetDownloadTo is a fleet download's writer: the access is recorded,
+// and the download starts, at its first byte, once every part came and was
+// checked; a download refused before (a part still running, a token a
+// node refuses) records nothing.
+func (s *Server) fleetDownloadTo(c echo.Context, what, format, mime, id string) *lazyDownload {
+	return &lazyDownload{s: s, c: c, mime: mime, name: what + "-" + sanitizeFilename(id) + "." + format, record: func() error {
+		return s.recordAccess(c, auditd.EventExport, id, map[string]string{"what": what, "run_id": id, "format": format})
+	}}
 }
 
 // handleFleetTimeline answers as a run's timeline does; without ?bucket=,
@@ -306,7 +312,7 @@ func (s *Server) handleFleetPart(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.Fleet.WritePart(c.Request().Context(), &lazyDownload{s: s, c: c, mime: MIMEZIP, name: "fleet-part-" + sanitizeFilename(id) + ".zip"}, id)
+	return s.Fleet.WritePart(c.Request().Context(), s.fleetDownloadTo(c, "fleet-part", "zip", MIMEZIP, id), id)
 }
 
 func (s *Server) handleFleetLog(c echo.Context) error {
@@ -325,18 +331,25 @@ func (s *Server) handleFleetCosign(c echo.Context) error {
 	return c.JSON(http.StatusOK, t)
 }
 
-// lazyDownload starts a ZIP download at its first write, so that an error
-// before it still reaches the client as a problem.
+// lazyDownload starts a download at its first write, so that an error
+// before it still reaches the client as a problem; record, when set, is
+// called first, and its error fails the write before anything is sent.
 type lazyDownload struct {
 	s       *Server
 	c       echo.Context
 	mime    string
 	name    string
+	record  func() error
 	started bool
 }
 
 func (d *lazyDownload) Write(p []byte) (int, error) {
 	if !d.started {
+		if d.record != nil {
+			if err := d.record(); err != nil {
+				return 0, err
+			}
+		}
 		d.started = true
 		d.s.startDownload(d.c, d.mime, d.name, true)
 	}

@@ -24,6 +24,8 @@ type fakeFleet struct {
 
 	mu    sync.Mutex
 	calls []string // what was asked, with the authorization passed on
+
+	packErr error // WritePack's answer before it writes, when set
 }
 
 func withFleet(f *fakeFleet) envOption {
@@ -105,6 +107,9 @@ func (f *fakeFleet) Reconciliation(ctx context.Context, id, authorization string
 
 func (f *fakeFleet) WritePack(_ context.Context, w io.Writer, id, authorization string) error {
 	f.record("pack " + authorization)
+	if f.packErr != nil {
+		return f.packErr
+	}
 	_, err := io.WriteString(w, "PK\x03\x04 fake fleet pack")
 	return err
 }
@@ -223,7 +228,17 @@ func TestFleetRoutes(t *testing.T) {
 		t.Errorf("the part: %+v", part)
 	}
 
+	// A fleet pack refused before its first byte (a part still running, a
+	// token a node refuses) records no download.
 	before := e.head()
+	f.packErr = auditd.Errorf(auditd.ECONFLICT, "Fleet run %s: node b's part has not ended.", id)
+	if r := e.do(request{path: "/v1/fleet/runs/" + id + "/evidence-pack.zip", secret: aud}); r.status != http.StatusConflict {
+		t.Errorf("a fleet pack refused: %d %s", r.status, r.body)
+	}
+	f.packErr = nil
+	if evs := e.eventsAfter(before); len(evs) != 0 {
+		t.Errorf("a refused fleet pack recorded %+v", evs)
+	}
 	r = e.do(request{path: "/v1/fleet/runs/" + id + "/evidence-pack.zip", secret: aud})
 	if r.status != http.StatusOK || r.header.Get("Content-Type") != "application/zip" || !strings.HasPrefix(string(r.body), "PK") {
 		t.Errorf("fleet pack: %d %s %q", r.status, r.header.Get("Content-Type"), r.body)
@@ -248,8 +263,12 @@ func TestFleetRoutes(t *testing.T) {
 	if r := e.do(request{path: "/v1/fleet/runs/" + id + "/timeline?bucket=1ms", secret: aud}); r.status != http.StatusBadRequest || r.problem(t).Field != "bucket" {
 		t.Errorf("fleet timeline with a bucket too narrow: %d %s", r.status, r.body)
 	}
+	before = e.head()
 	if r := e.do(request{path: "/v1/fleet/runs/" + id + "/part.zip", secret: aud}); r.status != http.StatusOK || r.header.Get("Content-Type") != "application/zip" {
 		t.Errorf("part: %d %s", r.status, r.body)
+	}
+	if evs := e.eventsAfter(before); len(evs) != 1 || evs[0].Type != auditd.EventExport || !strings.Contains(evs[0].Detail, `"what":"fleet-part"`) {
+		t.Errorf("the part's download on record: %+v", evs)
 	}
 	if r := e.do(request{path: "/v1/fleet/runs/01JAAAAAAAAAAAAAAAAAAAAAAA/part.zip", secret: aud}); r.status != http.StatusNotFound {
 		t.Errorf("the part of an unknown run: %d", r.status)
