@@ -26,6 +26,9 @@ type FleetRun struct {
 	IdleTimeout auditd.Duration `json:"idle_timeout,omitempty"`
 	// Parts are the nodes that took requests of the run, by name.
 	Parts []string `json:"parts"`
+	// FinishedAt is when the run was first finished: no node joins it
+	// after. Zero while it takes requests.
+	FinishedAt time.Time `json:"finished_at,omitzero"`
 }
 
 // FleetPartOf marks a node's run that is its part of a fleet run (GET

@@ -31,13 +31,21 @@ type Run struct {
 	// Parts are the nodes holding a part of the run, by name: filled by
 	// Runs.Get, not stored in the run's value.
 	Parts []string `json:"-"`
+	// FinishedAt is when the run was first finished (Runs.Finish), zero
+	// while it takes requests: filled by Runs.Get, not stored in the
+	// run's value.
+	FinishedAt time.Time `json:"-"`
 }
+
+// ErrRunFinished means a fleet run was finished and no node may join it.
+var ErrRunFinished = errors.New("fleet run finished")
 
 // Runs is the fleet's directory of fleet runs and of the nodes' API
 // addresses, in etcd. Keys, under its prefix (DefaultRunsPrefix):
 //
 //	run/<id>              the Run, as JSON, written once
 //	part/<id>/<node>      the node's part: written by the node when it first takes the run
+//	end/<id>              when the run was first finished (RFC 3339): no part joins after
 //	peer/<node>           the node's API base URL
 type Runs struct {
 	client *clientv3.Client
@@ -57,6 +65,7 @@ func (r *Runs) runKey(id string) string        { return r.prefix + "run/" + id }
 func (r *Runs) partDir(id string) string       { return r.prefix + "part/" + id + "/" }
 func (r *Runs) peerKey(node string) string     { return r.prefix + "peer/" + node }
 func (r *Runs) partKey(id, node string) string { return r.partDir(id) + node }
+func (r *Runs) endKey(id string) string        { return r.prefix + "end/" + id }
 
 // Create stores run unless a run of its id exists (ErrRunExists), and
 // records its creating node's part.
@@ -83,7 +92,7 @@ func (r *Runs) Create(ctx context.Context, run Run) error {
 // is none.
 func (r *Runs) Get(ctx context.Context, id string) (run Run, ok bool, err error) {
 	resp, err := r.client.Txn(ctx).Then(clientv3.OpGet(r.runKey(id)),
-		clientv3.OpGet(r.partDir(id), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+		clientv3.OpGet(r.partDir(id), clientv3.WithPrefix(), clientv3.WithKeysOnly()), clientv3.OpGet(r.endKey(id))).Commit()
 	if err != nil {
 		return Run{}, false, fmt.Errorf("fleet run %s: %w", id, err)
 	}
@@ -94,7 +103,41 @@ func (r *Runs) Get(ctx context.Context, id string) (run Run, ok bool, err error)
 		run.Parts = append(run.Parts, string(kv.Key[len(r.partDir(id)):]))
 	}
 	sort.Strings(run.Parts)
+	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		if run.FinishedAt, err = parseEnd(kvs[0].Value); err != nil {
+			return Run{}, false, fmt.Errorf("fleet run %s: %w", id, err)
+		}
+	}
 	return run, true, nil
+}
+
+// parseEnd reads an end/<id> value, written by another node.
+func parseEnd(v []byte) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, string(v))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: end %q", ErrCorrupt, v)
+	}
+	return t, nil
+}
+
+// Finish marks the fleet run id finished at at, unless it was already
+// (its first finish stands), so that no node joins it after. It returns
+// when the run was first finished.
+func (r *Runs) Finish(ctx context.Context, id string, at time.Time) (time.Time, error) {
+	k := r.endKey(id)
+	resp, err := r.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, at.UTC().Format(time.RFC3339Nano))).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("finish fleet run %s: %w", id, err)
+	}
+	if resp.Succeeded {
+		return at.UTC(), nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return time.Time{}, fmt.Errorf("finish fleet run %s: %w: end key gone", id, ErrCorrupt)
+	}
+	return parseEnd(kvs[0].Value)
 }
 
 // List returns up to limit fleet runs with their parts, newest first (a
@@ -121,10 +164,12 @@ func (r *Runs) List(ctx context.Context, before string, limit int) ([]Run, error
 	// The page's values are the keys from its oldest to its newest; its
 	// parts, the part keys of the same ids.
 	oldest, newest := string(keys.Kvs[len(keys.Kvs)-1].Key), string(keys.Kvs[0].Key)
+	oldestID, newestID := oldest[len(r.runKey("")):], newest[len(r.runKey("")):]
 	resp, err := r.client.Txn(ctx).Then(
 		clientv3.OpGet(oldest, clientv3.WithRange(newest+"\x00"), clientv3.WithRev(keys.Header.Revision)),
-		clientv3.OpGet(r.partDir(oldest[len(r.runKey("")):]), clientv3.WithRange(r.partDir(newest[len(r.runKey("")):])+"\xff"),
-			clientv3.WithKeysOnly(), clientv3.WithRev(keys.Header.Revision))).Commit()
+		clientv3.OpGet(r.partDir(oldestID), clientv3.WithRange(r.partDir(newestID)+"\xff"),
+			clientv3.WithKeysOnly(), clientv3.WithRev(keys.Header.Revision)),
+		clientv3.OpGet(r.endKey(oldestID), clientv3.WithRange(r.endKey(newestID)+"\x00"), clientv3.WithRev(keys.Header.Revision))).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("fleet runs: %w", err)
 	}
@@ -146,16 +191,29 @@ func (r *Runs) List(ctx context.Context, before string, limit int) ([]Run, error
 			runs[i].Parts = append(runs[i].Parts, node)
 		}
 	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		if i, listed := at[string(kv.Key[len(r.endKey("")):])]; listed {
+			if runs[i].FinishedAt, err = parseEnd(kv.Value); err != nil {
+				return nil, fmt.Errorf("fleet run %s: %w", runs[i].ID, err)
+			}
+		}
+	}
 	return runs, nil
 }
 
-// Join records node's part of the fleet run id (again is harmless).
+// Join records node's part of the fleet run id (again is harmless),
+// unless the run was finished: ErrRunFinished.
 func (r *Runs) Join(ctx context.Context, id, node string) error {
 	if !validName(node) {
 		return fmt.Errorf("join fleet run %s: node name %q: %w", id, node, ErrBadLeaf)
 	}
-	if _, err := r.client.Put(ctx, r.partKey(id, node), ""); err != nil {
+	resp, err := r.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(r.endKey(id)), "=", 0)).
+		Then(clientv3.OpPut(r.partKey(id, node), "")).Commit()
+	if err != nil {
 		return fmt.Errorf("join fleet run %s: %w", id, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("join fleet run %s: %w", id, ErrRunFinished)
 	}
 	return nil
 }

@@ -100,3 +100,39 @@ func TestFleetRunsList(t *testing.T) {
 		t.Errorf("listed %v, want every run newest first: %v", seen, want)
 	}
 }
+
+// A fleet run finished once stays finished at its first finish, shows it
+// in Get and List, and no node joins it after.
+func TestFleetRunFinish(t *testing.T) {
+	ctx := context.Background()
+	c := etcdtest.Start(t, 1)
+	dir := fleetlog.NewRuns(etcdtest.NewClient(t, c.Endpoints()...), "")
+	run := fleetlog.Run{ID: "01JFLEETRUN000000000000009", Name: "run", Node: "a", CreatedAt: time.Now()}
+	if err := dir.Create(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if err := dir.Join(ctx, run.ID, "b"); err != nil {
+		t.Fatal(err)
+	}
+	first := time.Date(2026, 12, 5, 21, 0, 0, 0, time.UTC)
+	if at, err := dir.Finish(ctx, run.ID, first); err != nil || !at.Equal(first) {
+		t.Fatalf("finish: %v %v", at, err)
+	}
+	if at, err := dir.Finish(ctx, run.ID, first.Add(time.Hour)); err != nil || !at.Equal(first) {
+		t.Errorf("a second finish: %v %v, want the first's time", at, err)
+	}
+	if err := dir.Join(ctx, run.ID, "c"); !errors.Is(err, fleetlog.ErrRunFinished) {
+		t.Errorf("a join after the finish: %v, want ErrRunFinished", err)
+	}
+	if err := dir.Join(ctx, run.ID, "b"); !errors.Is(err, fleetlog.ErrRunFinished) {
+		t.Errorf("a join again of a part after the finish: %v, want ErrRunFinished", err)
+	}
+	got, ok, err := dir.Get(ctx, run.ID)
+	if err != nil || !ok || !got.FinishedAt.Equal(first) || !slices.Equal(got.Parts, []string{"a", "b"}) {
+		t.Errorf("get: %+v %v %v", got, ok, err)
+	}
+	list, err := dir.List(ctx, "", 10)
+	if err != nil || len(list) != 1 || !list[0].FinishedAt.Equal(first) {
+		t.Errorf("list: %+v %v", list, err)
+	}
+}

@@ -887,7 +887,10 @@ type FleetReconciliation struct {
 // FleetRun A fleet run as etcd holds it.
 type FleetRun struct {
 	CreatedAt time.Time `json:"created_at"`
-	Id        string    `json:"id"`
+
+	// FinishedAt When the run was first finished; absent while it takes requests. No node joins it after.
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Id         string     `json:"id"`
 
 	// IdleTimeout A Go duration ("1m30s", "250ms", "0s").
 	IdleTimeout *Duration `json:"idle_timeout,omitempty"`
@@ -2258,7 +2261,7 @@ type ClientInterface interface {
 
 	// FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 	//
-	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
+	// The run is marked finished in etcd first (finished_at), so that no node joins it after, then every part is finished; a part already ended is left as it is, and a repeated finish answers the same (it finishes any part a node down left open). A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and nothing is finished.
 	//
 	// Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
 	FinishFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3177,7 +3180,7 @@ func (c *Client) GetFleetEvidence(ctx context.Context, id RunID, reqEditors ...R
 
 // FinishFleetRun Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 //
-// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
+// The run is marked finished in etcd first (finished_at), so that no node joins it after, then every part is finished; a part already ended is left as it is, and a repeated finish answers the same (it finishes any part a node down left open). A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and nothing is finished.
 //
 // Corresponds with POST /v1/fleet/runs/{id}/finish (the `FinishFleetRun` operationId).
 func (c *Client) FinishFleetRun(ctx context.Context, id RunID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -7382,7 +7385,7 @@ type ClientWithResponsesInterface interface {
 
 	// FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 	//
-	// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
+	// The run is marked finished in etcd first (finished_at), so that no node joins it after, then every part is finished; a part already ended is left as it is, and a repeated finish answers the same (it finishes any part a node down left open). A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and nothing is finished.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -15144,7 +15147,7 @@ func (c *ClientWithResponses) GetFleetEvidenceWithResponse(ctx context.Context, 
 
 // FinishFleetRunWithResponse Finish every node's part of a fleet run (POST /v1/runs/{id}/finish on each).
 //
-// A part already ended is left as it is. A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and no part is finished.
+// The run is marked finished in etcd first (finished_at), so that no node joins it after, then every part is finished; a part already ended is left as it is, and a repeated finish answers the same (it finishes any part a node down left open). A node that cannot be reached is a 503 naming it; a token another node refuses is a 403 naming it, and nothing is finished.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -296,7 +296,13 @@ func (f *fleetRuns) ensurePart(ctx context.Context, id string) error {
 	} else if !ok {
 		return nil // not a fleet run: the loop answers for it
 	}
-	if err := f.dir.Join(ctx, id, f.node); err != nil {
+	finished := &auditd.Error{Code: auditd.ECONFLICT, Field: "Auditd-Run", Message: fmt.Sprintf("Fleet run %s was finished; it takes no more requests.", id)}
+	if !run.FinishedAt.IsZero() {
+		return finished
+	}
+	if err := f.dir.Join(ctx, id, f.node); errors.Is(err, fleetlog.ErrRunFinished) {
+		return finished // between the read and the join
+	} else if err != nil {
 		return auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s: this node cannot join it: %v", id, err)
 	}
 	_, _, err = f.loop.Submit(ctx, auditd.NewRun{ID: id, Name: run.Name, Mode: auditd.RunProxy, IdleTimeout: run.IdleTimeout,
@@ -334,7 +340,7 @@ func (f *fleetRuns) Run(ctx context.Context, id string) (api.FleetRun, error) {
 // fleetRunJSON is run as the API shows it.
 func fleetRunJSON(run fleetlog.Run) api.FleetRun {
 	return api.FleetRun{ID: run.ID, Name: run.Name, Node: run.Node, CreatedAt: run.CreatedAt,
-		IdleTimeout: auditd.Duration(run.IdleTimeout), Parts: append([]string{}, run.Parts...)}
+		IdleTimeout: auditd.Duration(run.IdleTimeout), Parts: append([]string{}, run.Parts...), FinishedAt: run.FinishedAt}
 }
 
 // Runs lists the fleet's runs as etcd has them, newest first.
@@ -410,6 +416,18 @@ func (f *fleetRuns) FinishRun(ctx context.Context, id, principal, authorization 
 	})
 	if err := errors.Join(asked...); errors.Is(err, errPeerRefused) {
 		return api.FleetRun{}, peerFailed(err, "Fleet run %s: no part finished", id)
+	}
+	// Marked finished first, so that no node joins it after; the parts
+	// are read again after the mark, so that every part that joined
+	// before it is finished.
+	rctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
+	_, err = f.dir.Finish(rctx, id, time.Now())
+	cancel()
+	if err != nil {
+		return api.FleetRun{}, auditd.Errorf(auditd.EUNAVAILABLE, "Fleet run %s cannot be marked finished: %v", id, err)
+	}
+	if run, err = f.Run(ctx, id); err != nil {
+		return api.FleetRun{}, err
 	}
 	errs := eachPart(run.Parts, func(_ int, node string) error {
 		if node == f.node {

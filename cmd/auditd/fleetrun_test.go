@@ -175,12 +175,36 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	if len(run.Parts) != 3 {
 		t.Fatalf("the fleet run's parts: %v, want the three nodes", run.Parts)
 	}
-	// Any node lists the fleet run, and shows its own part as one.
+	// Any node lists the fleet run, finished, and shows its own part as one.
 	var list struct {
 		Runs []api.FleetRun `json:"runs"`
 	}
-	if code := nodes[1].child.call(t, "GET", "/v1/fleet/runs", token, nil, &list); code != http.StatusOK || len(list.Runs) != 1 || list.Runs[0].ID != id || len(list.Runs[0].Parts) != 3 {
+	if code := nodes[1].child.call(t, "GET", "/v1/fleet/runs", token, nil, &list); code != http.StatusOK || len(list.Runs) != 1 || list.Runs[0].ID != id || len(list.Runs[0].Parts) != 3 || list.Runs[0].FinishedAt.IsZero() {
 		t.Errorf("GET /v1/fleet/runs on node 2: %d %+v", code, list)
+	}
+	// A finished fleet run takes no more requests on any node: one with
+	// no part of it does not join it.
+	var later api.FleetRun
+	if code := nodes[0].child.call(t, "POST", "/v1/fleet/runs", token, map[string]any{"name": "finished at once"}, &later); code != http.StatusCreated {
+		t.Fatalf("a second fleet run: %d", code)
+	}
+	if code := nodes[0].child.call(t, "POST", "/v1/fleet/runs/"+later.ID+"/finish", token, nil, &later); code != http.StatusOK || later.FinishedAt.IsZero() {
+		t.Errorf("finish the second fleet run: %d %+v", code, later)
+	}
+	req, _ := http.NewRequest("GET", nodes[1].child.url+"/proxy/up/late.json", nil)
+	req.Header.Set("Proxy-Authorization", "Bearer "+token)
+	req.Header.Set("Auditd-Run", later.ID)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusConflict || !strings.Contains(string(b), "was finished") {
+			t.Errorf("a request of a finished fleet run through a node with no part: %d %s", resp.StatusCode, b)
+		}
+	}
+	if code := nodes[1].child.call(t, "GET", "/v1/fleet/runs/"+later.ID, token, nil, &later); code != http.StatusOK || strings.Join(later.Parts, ",") != "node1" {
+		t.Errorf("the finished fleet run's parts after a request through node 2: %d %v, want node1 alone", code, later.Parts)
 	}
 	for _, n := range nodes {
 		var local struct {
