@@ -253,6 +253,36 @@ func TestFleetViewShowsEveryNode(t *testing.T) {
 		}
 		b.noJunk("a fleet run's part")
 		b.shot("fleet-run-part", "")
+
+		// With node 2 holding a part too, a token only node 1 accepts
+		// gets the fleet verdict's failure, and Recount, in its place.
+		req, _ := http.NewRequest("GET", f.nodes[1].url+"/proxy/up/part2.json", nil)
+		req.Header.Set("Proxy-Authorization", "Bearer "+token)
+		req.Header.Set("Auditd-Run", fr.ID)
+		if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("a request of the fleet run through node 2: %v %v", resp, err)
+		} else {
+			resp.Body.Close()
+		}
+		var own struct {
+			Secret string `json:"secret"`
+		}
+		status, body = v.do(t, f.nodes[0].url, "POST", "/v1/tokens", token, `{"name":"node1 only","role":"auditor"}`)
+		if status != http.StatusCreated || json.Unmarshal(body, &own) != nil {
+			t.Fatalf("a token on node 1: %d %s", status, body)
+		}
+		b.eval(fmt.Sprintf(`sessionStorage.setItem('auditd.token', %q), 'ok'`, own.Secret))
+		b.must("the fleet verdict refused", chromedp.Do(b.ctx,
+			chromedp.Navigate(f.nodes[0].url+"/#/runs/"+f.runs[0]),
+			chromedp.Navigate(f.nodes[0].url+"/#/runs/"+fr.ID),
+			chromedp.WaitVisible(chromedp.CSS(`#fleet-verdict .problem`)),
+			chromedp.WaitVisible(chromedp.CSS(`#fleet-recount`)),
+		))
+		if text := b.text("#fleet-verdict"); !strings.Contains(text, "Could not reconcile the fleet run") || !strings.Contains(text, "node node2 refused") || strings.Contains(text, "Reconciling") {
+			t.Errorf("the fleet verdict with a token node 2 refuses: %q", text)
+		}
+		b.eval(fmt.Sprintf(`sessionStorage.setItem('auditd.token', %q), 'ok'`, token))
+		b.expectConsole("status of 403 (Forbidden)")
 		b.must("node 1's own run", chromedp.Do(b.ctx,
 			chromedp.Navigate(f.nodes[0].url+"/#/runs/"+f.runs[0]),
 			chromedp.WaitVisible(chromedp.CSS(`#run-summary[aria-busy="false"]`)),

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -531,6 +532,15 @@ func (b *uiBrowser) chartShot(name string) {
 
 // consoleErrors fails the test for every console error and uncaught
 // exception the pages had.
+// expectConsole drops from the console what a step provoked on purpose
+// (a refused request's status, which the browser logs), keeping the rest
+// for consoleErrors.
+func (b *uiBrowser) expectConsole(substr string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.console = slices.DeleteFunc(b.console, func(e string) bool { return strings.Contains(e, substr) })
+}
+
 func (b *uiBrowser) consoleErrors() {
 	b.t.Helper()
 	b.mu.Lock()

@@ -208,7 +208,7 @@ export async function runPage(main, { params: [id], signal }) {
       if (!stopped) fill(fleet, fleetPartView(part, r, recount));
     } catch (err) {
       if (stopped || err.name === 'AbortError') return;
-      fill(fleet, fleetPartView(part, null, recount), problemBox(err, 'Could not load the fleet run\u2019s reconciliation'));
+      fill(fleet, fleetPartView(part, err, recount));
     }
   };
 
@@ -261,14 +261,18 @@ function runTimelineView(tl, charts, sourceCount) {
 
 // fleetPartView tells that the run is this node's part of a fleet run (a
 // FleetPartOf): this page covers the part only; the fleet run's verdict
-// (r, its reconciliation, once loaded; recount asks again) and downloads
-// cover every part.
+// (r, its reconciliation once loaded, or the error that came instead;
+// recount asks again) and downloads cover every part.
 function fleetPartView(part, r, recount) {
   const others = (part.parts || []).filter((n) => n !== part.node);
   const status = h('span', { class: 'muted', 'aria-live': 'polite', id: 'fleet-download-status' });
   const btn = downloadButton(status);
   let verdict = h('p', { class: 'muted', id: 'fleet-verdict', 'aria-live': 'polite' }, 'Reconciling the fleet run\u2026');
-  if (r) {
+  if (r instanceof Error) {
+    verdict = h('div', { id: 'fleet-verdict', 'aria-live': 'polite' },
+      problemBox(r, 'Could not reconcile the fleet run'),
+      h('button', { type: 'button', class: 'btn btn-quiet', id: 'fleet-recount', onclick: recount }, 'Recount'));
+  } else if (r) {
     const had = (r.parts || []).filter((p) => p.report).length;
     verdict = h('p', { class: `verdict ${r.balanced ? 'verdict-ok' : 'verdict-bad'}`, id: 'fleet-verdict', 'aria-live': 'polite' },
       r.balanced ? 'The fleet run balances' : `The fleet run does not balance: failed ${(r.checks || []).filter((c) => c.status === 'fail').map((c) => c.id).join(', ')}`,
