@@ -129,11 +129,11 @@ func (c offlineCheckpoint) Checkpoint() ([]byte, error) { return c.reader.Checkp
 
 // writeFileAtomic writes path through fn so that path holds either its old
 // content or all of the new: a temporary file beside it, synced, then
-// renamed over it. On error the temporary file is removed. A directory at
-// path is refused before fn runs.
+// renamed over it. On error the temporary file is removed. A path
+// checkOut refuses is refused before fn runs.
 func writeFileAtomic(path string, fn func(w io.Writer) error) (err error) {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return errors.New("it is a directory; give a file's name")
+	if err := checkOut(path); err != nil {
+		return err
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
@@ -158,6 +158,19 @@ func writeFileAtomic(path string, fn func(w io.Writer) error) (err error) {
 		return err
 	}
 	return os.Rename(f.Name(), path)
+}
+
+// checkOut says why a file cannot be written at path, if it cannot: it is
+// a directory, or its directory is not one.
+func checkOut(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return errors.New("it is a directory; give a file's name")
+	}
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("directory %s does not exist", dir)
+	}
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

@@ -112,8 +112,9 @@ func TestProgressBar(t *testing.T) {
 }
 
 // TestWriteFileAtomicRefusesADirectory: --out naming a directory (pack
-// takes a file's name) is said as such before anything is written, not as
-// a rename of the temporary file.
+// takes a file's name), or a file in a directory that does not exist, is
+// said as such before anything is written or asked, not as a rename or an
+// open of the temporary file.
 func TestWriteFileAtomicRefusesADirectory(t *testing.T) {
 	dir := t.TempDir()
 	called := false
@@ -123,5 +124,14 @@ func TestWriteFileAtomicRefusesADirectory(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("left behind: %v", entries)
+	}
+	err = writeFileAtomic(filepath.Join(dir, "no-such-dir", "x.zip"), func(io.Writer) error { called = true; return nil })
+	if err == nil || !strings.Contains(err.Error(), "no-such-dir does not exist") || called {
+		t.Errorf("writing into a directory that does not exist: %v (wrote: %t)", err, called)
+	}
+	// pack --fleet checks --out before it asks the server anything.
+	code, _, stderr := runCmd(t, "pack", "--fleet", "--server", "http://127.0.0.1:1", "--run", "01J00000000000000000000001", "--out", dir)
+	if code != 2 || !strings.Contains(stderr, "--out "+dir+": it is a directory") {
+		t.Errorf("pack --fleet --out DIR: exit %d, %q; want 2 naming --out before any call", code, stderr)
 	}
 }

@@ -183,6 +183,11 @@ func packFleet(ctx context.Context, server, runID, token, out string, stdout, st
 		fmt.Fprintf(stderr, "auditd pack: --fleet: %v\n", err)
 		return 2
 	}
+	// --out is checked before the server builds the pack, charges the
+	// token for it and records its download.
+	if err := checkOut(out); err != nil {
+		return fail(fmt.Errorf("--out %s: %w", out, err))
+	}
 	u := strings.TrimRight(server, "/") + "/v1/fleet/runs/" + url.PathEscape(runID) + "/evidence-pack.zip"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -196,6 +201,9 @@ func packFleet(ctx context.Context, server, runID, token, out string, stdout, st
 		return fail(fmt.Errorf("server: %w", err))
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return fail(fmt.Errorf("server: %s (a run of one node is packed without --fleet)", problem(resp)))
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fail(fmt.Errorf("server: %s", problem(resp)))
 	}

@@ -41,8 +41,10 @@ func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorizatio
 	wg.Wait()
 	for i, err := range errs {
 		switch {
-		case errors.Is(err, errPeerConflict) || auditd.ErrorCode(err) == auditd.ECONFLICT:
-			return auditd.Errorf(auditd.ECONFLICT, "Fleet run %s: node %s's part has not ended: %v", id, run.Parts[i], err)
+		case auditd.ErrorCode(err) == auditd.ECONFLICT: // this node's part
+			return auditd.Errorf(auditd.ECONFLICT, "Fleet run %s: %s Finish the fleet run (POST /v1/fleet/runs/%s/finish), then pack it.", id, auditd.ErrorMessage(err), id)
+		case errors.Is(err, errPeerConflict):
+			return auditd.Errorf(auditd.ECONFLICT, "Fleet run %s: %v Finish the fleet run (POST /v1/fleet/runs/%s/finish), then pack it.", id, err, id)
 		case err != nil:
 			return peerFailed(err, "Fleet run %s: node %s's part", id, run.Parts[i])
 		}

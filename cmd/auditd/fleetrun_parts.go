@@ -93,14 +93,26 @@ func (f *fleetRuns) peerDo(ctx context.Context, node, method, path, authorizatio
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	problem, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode == http.StatusConflict {
-		return nil, fmt.Errorf("node %s: %s %s: %w: %s", node, method, path, errPeerConflict, problem)
+		return nil, fmt.Errorf("node %s: %w: %s", node, errPeerConflict, peerProblem(answer))
 	}
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
 		return nil, fmt.Errorf("node %s %w (%s %s: %s): a node calls the others with its caller's token, so every node of the fleet must accept the same tokens (docs/FLEET.md)", node, errPeerRefused, method, path, resp.Status)
 	}
-	return nil, fmt.Errorf("node %s: %s %s: %s: %s", node, method, path, resp.Status, strings.TrimSpace(string(problem)))
+	return nil, fmt.Errorf("node %s: %s %s: %s: %s", node, method, path, resp.Status, peerProblem(answer))
+}
+
+// peerProblem is what a peer's answer says: its problem's detail, or the
+// body as it came when it is not a problem.
+func peerProblem(body []byte) string {
+	var p struct {
+		Detail string `json:"detail"`
+	}
+	if json.Unmarshal(body, &p) == nil && p.Detail != "" {
+		return p.Detail
+	}
+	return strings.TrimSpace(string(body))
 }
 
 // peerCall is peerDo with the JSON answer decoded into out (nil: dropped).

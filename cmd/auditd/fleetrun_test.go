@@ -128,7 +128,8 @@ func settleFleetRun(t *testing.T, nodes []*fleetRunNode, id, token string, upstr
 	var run struct {
 		Parts []string `json:"parts"`
 	}
-	if st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token); st != http.StatusConflict {
+	if st, b := nodes[0].child.get(t, "/v1/fleet/runs/"+id+"/evidence-pack.zip", token); st != http.StatusConflict ||
+		!strings.Contains(string(b), "its part can be packed once it has ended. Finish the fleet run") || strings.Contains(string(b), "auditd error") || strings.Contains(string(b), `\"type\"`) {
 		t.Errorf("the fleet pack of a fleet run still running: %d %s", st, b)
 	}
 	early := filepath.Join(t.TempDir(), "early.zip")
