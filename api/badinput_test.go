@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/auth"
 )
 
@@ -253,8 +254,9 @@ func (failingReports) WriteReconciliation(context.Context, io.Writer, string, st
 }
 
 // TestGetOnAPostRoute: a GET on a route that takes other methods only is
-// a 405 naming them in Allow, as any other method the route does not take
-// is, though the UI's catch-all answers every GET no route takes.
+// a 405 naming them in Allow and in its detail, as any other method the
+// route does not take is, though the UI's catch-all answers every GET no
+// route takes.
 func TestGetOnAPostRoute(t *testing.T) {
 	e := newEnv(t)
 	for path, want := range map[string]string{
@@ -272,5 +274,23 @@ func TestGetOnAPostRoute(t *testing.T) {
 	}
 	if r := e.do(request{path: "/v1/runs/01J00000000000000000000001/cancel/more"}); r.status != http.StatusNotFound {
 		t.Errorf("GET under a POST route: %d, want 404", r.status)
+	}
+	// Any other method a route does not take is said the same way.
+	r := e.do(request{method: "PUT", path: "/v1/runs/01J00000000000000000000001/cancel"})
+	if p := r.problem(t); r.status != http.StatusMethodNotAllowed || p.Detail != "/v1/runs/01J00000000000000000000001/cancel takes OPTIONS, POST, not PUT." {
+		t.Errorf("PUT on a POST route: %d %+v", r.status, p)
+	}
+}
+
+// TestProxyWithoutAPath: /proxy/{source} with nothing after it is no route
+// whatever the method, and its 404 says where the path goes.
+func TestProxyWithoutAPath(t *testing.T) {
+	e := newEnv(t)
+	for _, method := range []string{"GET", "POST", "DELETE"} {
+		r := e.do(request{method: method, path: "/proxy/county", secret: e.secret[auth.RoleOperator]})
+		p := r.problem(t)
+		if r.status != http.StatusNotFound || !strings.Contains(p.Detail, "/proxy/county/ is the source's base URL") || r.header.Get("Allow") != "" || r.header.Get(api.ProxyAnswerHeader) != api.ProxyAnswerAuditd {
+			t.Errorf("%s /proxy/county: %d %+v, Allow %q", method, r.status, p, r.header.Get("Allow"))
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -89,6 +90,14 @@ func (s *Server) handleError(err error, c echo.Context) {
 		field = de.Field
 	case errors.As(err, &he):
 		code, msg = echoCode(he.Code), http.StatusText(he.Code)
+		switch allow := c.Response().Header().Get(echo.HeaderAllow); {
+		case (he.Code == http.StatusNotFound || he.Code == http.StatusMethodNotAllowed) && proxyNoPath.MatchString(c.Request().URL.Path):
+			// /proxy/{source} alone: no route, whatever the method.
+			c.Response().Header().Del(echo.HeaderAllow)
+			code, msg = auditd.ENOTFOUND, fmt.Sprintf("A proxied request names a path after its source: %s/ is the source's base URL, and what follows it is sent on unchanged.", c.Request().URL.Path)
+		case he.Code == http.StatusMethodNotAllowed && allow != "":
+			msg = methodNotAllowed(c.Request().URL.Path, allow, c.Request().Method)
+		}
 	}
 	st := status(code)
 	if st >= 500 && code != auditd.EUNAVAILABLE && code != auditd.EUPSTREAM {
@@ -131,6 +140,15 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if err != nil {
 		s.Logger.Error("write problem", "request_id", reqID, "err", err)
 	}
+}
+
+// proxyNoPath is /proxy/{source} with nothing after it.
+var proxyNoPath = regexp.MustCompile(`^/proxy/[^/]+$`)
+
+// methodNotAllowed says which methods path takes (allow, as the Allow
+// header has them), and that method is not one.
+func methodNotAllowed(path, allow, method string) string {
+	return fmt.Sprintf("%s takes %s, not %s.", path, allow, method)
 }
 
 // echoCode names the code for an error echo itself raised (no route, wrong

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -173,13 +174,18 @@ func (s *Server) handleCreateFleetRun(c echo.Context) error {
 	return c.JSON(http.StatusCreated, run)
 }
 
+// fleetCursor begins a cursor of the fleet's runs, so that another list's
+// cursor (GET /v1/runs's, a run id too) is refused, not taken as a place.
+const fleetCursor = "fleet:"
+
 func (s *Server) handleListFleetRuns(c echo.Context) error {
-	before, err := cursorParam(c)
+	pos, err := cursorParam(c)
 	if err != nil {
 		return err
 	}
-	if before != "" && !runIDPattern.MatchString(before) {
-		return invalid("cursor", "cursor is not one this API issued; pass next_cursor back unchanged.")
+	before, ok := strings.CutPrefix(pos, fleetCursor)
+	if pos != "" && (!ok || !runIDPattern.MatchString(before)) {
+		return invalid("cursor", "cursor is not one this API issued for the fleet's runs; pass next_cursor back unchanged.")
 	}
 	limit, err := limitParam(c, DefaultPageLimit)
 	if err != nil {
@@ -191,7 +197,7 @@ func (s *Server) handleListFleetRuns(c echo.Context) error {
 	}
 	var next string
 	if len(runs) > limit {
-		runs, next = runs[:limit], runs[limit-1].ID
+		runs, next = runs[:limit], fleetCursor+runs[limit-1].ID
 	}
 	return c.JSON(http.StatusOK, struct {
 		Runs       []FleetRun `json:"runs"`

@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"io"
 	"net/http"
 	"strings"
@@ -200,8 +201,10 @@ func TestFleetRoutes(t *testing.T) {
 	if len(page.Runs) != 1 || page.Runs[0].Name != "older" || page.Next != "" {
 		t.Errorf("the second page of fleet runs: %+v", page)
 	}
-	if r := e.do(request{path: "/v1/fleet/runs?cursor=bm90LWEtdWxpZA", secret: aud}); r.status != http.StatusBadRequest || r.problem(t).Field != "cursor" {
-		t.Errorf("a cursor not a run id: %d %s", r.status, r.body)
+	for _, cursor := range []string{"bm90LWEtdWxpZA", base64.RawURLEncoding.EncodeToString([]byte(id))} { // not a run id; GET /v1/runs's cursor
+		if r := e.do(request{path: "/v1/fleet/runs?cursor=" + cursor, secret: aud}); r.status != http.StatusBadRequest || r.problem(t).Field != "cursor" {
+			t.Errorf("the cursor %s: %d %s", cursor, r.status, r.body)
+		}
 	}
 	// The node's run that is its part of the fleet run says so.
 	var local struct {

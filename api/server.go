@@ -275,7 +275,7 @@ func (s *Server) handleUI(c echo.Context) error {
 	if p := c.Request().URL.Path; s.UI == nil || strings.HasPrefix(p, "/v1/") || strings.HasPrefix(p, "/proxy/") {
 		if allow := routeMethods(c.Echo(), p); allow != "" {
 			c.Response().Header().Set(echo.HeaderAllow, allow)
-			return &auditd.Error{Code: codeMethodNotAllowed, Message: fmt.Sprintf("%s takes %s, not GET.", p, allow)}
+			return &auditd.Error{Code: codeMethodNotAllowed, Message: methodNotAllowed(p, allow, http.MethodGet)}
 		}
 		return echo.ErrNotFound
 	}
