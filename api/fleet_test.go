@@ -42,7 +42,13 @@ func (f *fakeFleet) record(call string) {
 	f.mu.Unlock()
 }
 
+// olderFleetRun is a fleet run of node b alone: this node holds no part.
+var olderFleetRun = api.FleetRun{ID: "01J00000000000000000000000", Name: "older", Node: "b", CreatedAt: start.Add(-time.Hour), Parts: []string{"b"}}
+
 func (f *fakeFleet) run(id string) (api.FleetRun, error) {
+	if id == olderFleetRun.ID {
+		return olderFleetRun, nil
+	}
 	if id != f.e.runID {
 		return api.FleetRun{}, auditd.Errorf(auditd.ENOTFOUND, "No fleet run %s.", id)
 	}
@@ -61,9 +67,8 @@ func (f *fakeFleet) Run(_ context.Context, id string) (api.FleetRun, error) { re
 func (f *fakeFleet) Runs(_ context.Context, before string, limit int) ([]api.FleetRun, error) {
 	f.record("list " + before)
 	run, _ := f.run(f.e.runID)
-	older := api.FleetRun{ID: "01J00000000000000000000000", Name: "older", Node: "b", CreatedAt: start.Add(-time.Hour), Parts: []string{"b"}}
 	var runs []api.FleetRun
-	for _, r := range []api.FleetRun{run, older} {
+	for _, r := range []api.FleetRun{run, olderFleetRun} {
 		if before == "" || r.ID < before {
 			runs = append(runs, r)
 		}
@@ -205,6 +210,10 @@ func TestFleetRoutes(t *testing.T) {
 		if r := e.do(request{path: "/v1/fleet/runs?cursor=" + cursor, secret: aud}); r.status != http.StatusBadRequest || r.problem(t).Field != "cursor" {
 			t.Errorf("the cursor %s: %d %s", cursor, r.status, r.body)
 		}
+	}
+	// A fleet run this node holds no part of is said to be one.
+	if r := e.do(request{path: "/v1/runs/" + olderFleetRun.ID, secret: aud}); r.status != http.StatusNotFound || !strings.Contains(r.problem(t).Detail, "a fleet run this node holds no part of (parts: b)") {
+		t.Errorf("GET /v1/runs/{id} of a fleet run with no part here: %d %s", r.status, r.body)
 	}
 	// The node's run that is its part of the fleet run says so.
 	var local struct {

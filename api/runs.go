@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/auditd/auditd"
@@ -240,6 +241,12 @@ func (s *Server) runFilter(c echo.Context) (auditd.RunFilter, error) {
 
 func (s *Server) handleGetRun(c echo.Context) error {
 	st, err := s.Runs.Run(c.Request().Context(), c.Param("id"))
+	if auditd.ErrorCode(err) == auditd.ENOTFOUND && s.Fleet != nil && runIDPattern.MatchString(c.Param("id")) {
+		// A fleet run this node holds no part of: say where it is.
+		if fr, ferr := s.Fleet.Run(c.Request().Context(), c.Param("id")); ferr == nil {
+			return auditd.Errorf(auditd.ENOTFOUND, "Run %s is a fleet run this node holds no part of (parts: %s): /v1/fleet/runs/%s.", fr.ID, strings.Join(fr.Parts, ", "), fr.ID)
+		}
+	}
 	if err != nil {
 		return err
 	}
