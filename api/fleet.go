@@ -81,6 +81,9 @@ type Fleet interface {
 	// PartOf says whether this node's run id is its part of a fleet run,
 	// or (Unknown) that the fleet could not be asked in time.
 	PartOf(ctx context.Context, id string) (FleetPartOf, bool)
+	// PartsOf is PartOf for a page of this node's runs, without the
+	// parts: the runs of ids that are parts, or whose answer is Unknown.
+	PartsOf(ctx context.Context, ids []string) map[string]FleetPartOf
 	// FinishRun finishes every node's part of the run.
 	FinishRun(ctx context.Context, id, principal, authorization string) (FleetRun, error)
 	// Reconciliation sums every node's Part.

@@ -76,6 +76,17 @@ func (f *fakeFleet) Runs(_ context.Context, before string, limit int) ([]api.Fle
 	return runs[:min(limit, len(runs))], nil
 }
 
+func (f *fakeFleet) PartsOf(ctx context.Context, ids []string) map[string]api.FleetPartOf {
+	out := map[string]api.FleetPartOf{}
+	for _, id := range ids {
+		if p, ok := f.PartOf(ctx, id); ok {
+			p.Parts = nil
+			out[id] = p
+		}
+	}
+	return out
+}
+
 func (f *fakeFleet) PartOf(_ context.Context, id string) (api.FleetPartOf, bool) {
 	if id != f.e.runID {
 		return api.FleetPartOf{}, false
@@ -215,7 +226,27 @@ func TestFleetRoutes(t *testing.T) {
 	if r := e.do(request{path: "/v1/runs/" + olderFleetRun.ID, secret: aud}); r.status != http.StatusNotFound || !strings.Contains(r.problem(t).Detail, "a fleet run this node holds no part of (parts: b)") {
 		t.Errorf("GET /v1/runs/{id} of a fleet run with no part here: %d %s", r.status, r.body)
 	}
-	// The node's run that is its part of the fleet run says so.
+	// The node's run that is its part of the fleet run says so, in the
+	// list of runs too.
+	var runs struct {
+		Runs []struct {
+			ID    string           `json:"id"`
+			Fleet *api.FleetPartOf `json:"fleet"`
+		} `json:"runs"`
+	}
+	e.do(request{path: "/v1/runs", secret: aud}).decode(t, &runs)
+	marked := 0
+	for _, r := range runs.Runs {
+		if (r.Fleet != nil) != (r.ID == id) || (r.Fleet != nil && r.Fleet.Href != "/v1/fleet/runs/"+id) {
+			t.Errorf("GET /v1/runs: run %s with fleet %+v", r.ID, r.Fleet)
+		}
+		if r.Fleet != nil {
+			marked++
+		}
+	}
+	if marked != 1 {
+		t.Errorf("GET /v1/runs: %d runs, %d marked as a fleet run's part; want the env's run marked", len(runs.Runs), marked)
+	}
 	var local struct {
 		ID    string           `json:"id"`
 		Fleet *api.FleetPartOf `json:"fleet"`

@@ -204,10 +204,36 @@ func (s *Server) handleListRuns(c echo.Context) error {
 	if runs == nil {
 		runs = []auditd.RunView{}
 	}
+	if s.Fleet != nil {
+		// On a fleet node, each run that is a part of a fleet run says so.
+		ids := make([]string, len(runs))
+		for i, r := range runs {
+			ids[i] = r.ID
+		}
+		parts := s.Fleet.PartsOf(c.Request().Context(), ids)
+		marked := make([]runInFleet, len(runs))
+		for i, r := range runs {
+			marked[i].RunView = r
+			if p, ok := parts[r.ID]; ok {
+				marked[i].Fleet = &p
+			}
+		}
+		return c.JSON(http.StatusOK, struct {
+			Runs       []runInFleet `json:"runs"`
+			NextCursor string       `json:"next_cursor,omitempty"`
+		}{Runs: marked, NextCursor: encodeCursor(next)})
+	}
 	return c.JSON(http.StatusOK, struct {
 		Runs       []auditd.RunView `json:"runs"`
 		NextCursor string           `json:"next_cursor,omitempty"`
 	}{Runs: runs, NextCursor: encodeCursor(next)})
+}
+
+// runInFleet is a run of a fleet node: Fleet is set on a part of a fleet
+// run (FleetPartOf).
+type runInFleet struct {
+	auditd.RunView
+	Fleet *FleetPartOf `json:"fleet,omitempty"`
 }
 
 func (s *Server) runFilter(c echo.Context) (auditd.RunFilter, error) {
@@ -252,10 +278,7 @@ func (s *Server) handleGetRun(c echo.Context) error {
 	}
 	if s.Fleet != nil {
 		if part, ok := s.Fleet.PartOf(c.Request().Context(), st.ID); ok {
-			return c.JSON(http.StatusOK, struct {
-				auditd.RunView
-				Fleet FleetPartOf `json:"fleet"`
-			}{st, part})
+			return c.JSON(http.StatusOK, runInFleet{st, &part})
 		}
 	}
 	return c.JSON(http.StatusOK, st)

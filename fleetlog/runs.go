@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -199,6 +200,26 @@ func (r *Runs) List(ctx context.Context, before string, limit int) ([]Run, error
 		}
 	}
 	return runs, nil
+}
+
+// Exist reports which of ids are fleet runs, reading at most 64 keys a
+// transaction.
+func (r *Runs) Exist(ctx context.Context, ids []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(ids))
+	for chunk := range slices.Chunk(ids, 64) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, id := range chunk {
+			ops[i] = clientv3.OpGet(r.runKey(id), clientv3.WithKeysOnly())
+		}
+		resp, err := r.client.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("fleet runs: %w", err)
+		}
+		for i, id := range chunk {
+			out[id] = len(resp.Responses[i].GetResponseRange().Kvs) > 0
+		}
+	}
+	return out, nil
 }
 
 // Join records node's part of the fleet run id (again is harmless),

@@ -3,6 +3,7 @@ package fleetlog_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -98,6 +99,20 @@ func TestFleetRunsList(t *testing.T) {
 	slices.Reverse(want)
 	if !slices.Equal(seen, want) {
 		t.Errorf("listed %v, want every run newest first: %v", seen, want)
+	}
+	// Which of many ids are fleet runs, in reads of 64 keys.
+	many := slices.Clone(ids)
+	for i := range 150 {
+		many = append(many, fmt.Sprintf("01JNOTAFLEETRUN%011d", i))
+	}
+	exist, err := dir.Exist(ctx, many)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range many {
+		if exist[id] != (i < len(ids)) {
+			t.Errorf("Exist(%s) = %t", id, exist[id])
+		}
 	}
 }
 

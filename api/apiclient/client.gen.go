@@ -853,7 +853,7 @@ type FleetPart struct {
 	Report *Reconciliation `json:"report,omitempty"`
 }
 
-// FleetPartOf Present on a node of a fleet when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. When the node could not ask the fleet in time, and does not know yet, unknown is true and parts and href are absent. Absent for a run of the node alone.
+// FleetPartOf Present on a node of a fleet when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. When the node could not ask the fleet in time, and does not know yet, unknown is true and parts and href are absent. Absent for a run of the node alone. In GET /v1/runs, parts is left out.
 type FleetPartOf struct {
 	// Href The fleet run: /v1/fleet/runs/{id}.
 	Href *string `json:"href,omitempty"`
@@ -1230,7 +1230,7 @@ type RunState struct {
 	FinishedAt      *time.Time `json:"finished_at,omitempty"`
 	FirstSeq        int        `json:"first_seq"`
 
-	// Fleet Present on a node of a fleet when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. When the node could not ask the fleet in time, and does not know yet, unknown is true and parts and href are absent. Absent for a run of the node alone.
+	// Fleet Present on a node of a fleet when the run is this node's part of a fleet run (docs/FLEET.md): the run's own routes (reconciliation, timeline, evidence) cover this node's part only; href is the fleet run, over every node's part. When the node could not ask the fleet in time, and does not know yet, unknown is true and parts and href are absent. Absent for a run of the node alone. In GET /v1/runs, parts is left out.
 	Fleet       *FleetPartOf `json:"fleet,omitempty"`
 	HeadAtEnd   *string      `json:"head_at_end,omitempty"`
 	HeadAtStart string       `json:"head_at_start"`

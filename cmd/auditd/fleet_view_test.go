@@ -290,6 +290,14 @@ func TestFleetViewShowsEveryNode(t *testing.T) {
 		if b.eval(`document.querySelector('#fleet-part') && !document.querySelector('#fleet-part').hidden ? 'shown' : ''`) != "" {
 			t.Errorf("a run of node 1 alone shows a fleet part: %s", b.text("#fleet-part"))
 		}
+		// The Runs list marks the part, and only it.
+		b.must("node 1's runs", chromedp.Do(b.ctx,
+			chromedp.Navigate(f.nodes[0].url+"/#/runs"),
+			chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#runs-table tr[data-run=%q] .badge-fleet`, fr.ID))),
+		))
+		if got := b.evalList(`[...document.querySelectorAll('#runs-table tr .badge-fleet')].map((e) => e.closest('tr').dataset.run)`); !slices.Equal(got, []string{fr.ID}) {
+			t.Errorf("node 1's Runs list marks %v as fleet parts, want %s alone", got, fr.ID)
+		}
 
 		signIn(f.nodes[2].url)
 		b.must("node 3's cut-off", chromedp.Do(b.ctx, chromedp.WaitVisible(chromedp.CSS(`#fleet-cutoff`))))

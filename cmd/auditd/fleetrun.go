@@ -337,6 +337,46 @@ func (f *fleetRuns) Run(ctx context.Context, id string) (api.FleetRun, error) {
 	return fleetRunJSON(run), nil
 }
 
+// PartsOf is PartOf for a page of this node's runs, in one read of etcd
+// for those not known yet (at most partOfTimeout), without the parts.
+func (f *fleetRuns) PartsOf(ctx context.Context, ids []string) map[string]api.FleetPartOf {
+	out := map[string]api.FleetPartOf{}
+	var ask []string
+	f.partMu.Lock()
+	for _, id := range ids {
+		switch last, known := f.partOf[id]; {
+		case !known:
+			ask = append(ask, id)
+		case last.Href != "":
+			out[id] = last
+		}
+	}
+	f.partMu.Unlock()
+	if len(ask) == 0 {
+		return out
+	}
+	rctx, cancel := context.WithTimeout(ctx, partOfTimeout)
+	defer cancel()
+	exist, err := f.dir.Exist(rctx, ask)
+	f.partMu.Lock()
+	defer f.partMu.Unlock()
+	if len(f.partOf)+len(ask) > partOfKept {
+		clear(f.partOf)
+	}
+	for _, id := range ask {
+		switch {
+		case err != nil:
+			out[id] = api.FleetPartOf{Node: f.node, Unknown: true}
+		case exist[id]:
+			out[id] = api.FleetPartOf{Node: f.node, Href: "/v1/fleet/runs/" + id}
+			f.partOf[id] = out[id]
+		default:
+			f.partOf[id] = api.FleetPartOf{}
+		}
+	}
+	return out
+}
+
 // fleetRunJSON is run as the API shows it.
 func fleetRunJSON(run fleetlog.Run) api.FleetRun {
 	return api.FleetRun{ID: run.ID, Name: run.Name, Node: run.Node, CreatedAt: run.CreatedAt,

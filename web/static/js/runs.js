@@ -79,8 +79,8 @@ export async function runsPage(main, { hash, signal }) {
       const { run, counts } = splitRun(x);
       const total = itemsTotal(run, counts);
       const d = done(counts);
-      return h('tr', null,
-        h('td', null, h('a', { href: `#/runs/${enc(run.id)}` }, run.name || run.id),
+      return h('tr', { dataset: { run: run.id } },
+        h('td', null, h('a', { href: `#/runs/${enc(run.id)}` }, run.name || run.id), ' ', fleetBadge(x.fleet),
           run.name ? h('div', { class: 'mono muted small' }, run.id) : null),
         h('td', null, badge(run.status)),
         h('td', null, timeEl(run.created_at)),
@@ -98,6 +98,16 @@ export async function runsPage(main, { hash, signal }) {
     fill(body, problemBox(err, 'Could not load runs'));
   }
   body.setAttribute('aria-busy', 'false');
+}
+
+// fleetBadge marks a run that is this node's part of a fleet run (its
+// FleetPartOf), or that may be one when the node could not ask the fleet.
+function fleetBadge(part) {
+  if (!part) return null;
+  if (part.unknown) {
+    return h('span', { class: 'badge badge-unknown', title: 'This node could not ask the fleet whether this run is its part of a fleet run.' }, 'fleet part?');
+  }
+  return h('span', { class: 'badge badge-fleet', title: `Node ${part.node}'s part of a fleet run: this node's part only.` }, 'fleet part');
 }
 
 // awardEvidenceForm downloads the evidence workbook, or the evidence pack,
