@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -339,6 +340,19 @@ func TestFleetPack(t *testing.T) {
 		r := verifyFleet(t, f.write(t), nil)
 		mustName(t, r, "node b:", "fleet-checkpoint.txt")
 		mustName(t, r, "node b:", "fleet leaf 1", "not signed by the node's key")
+	})
+	t.Run("WrongTrustedKey", func(t *testing.T) {
+		// Another node's key given for node b: one problem says so, not
+		// every signature of b's part failing again.
+		keys := maps.Clone(f.keys)
+		keys["b"] = f.keys["a"]
+		r := verifyFleet(t, f.write(t), keys)
+		if r.OK || len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "node b:") || !strings.Contains(r.Problems[0], "not the trusted key") {
+			t.Errorf("another node's key for node b: %q, want one problem naming b's key", r.Problems)
+		}
+		// A key left out for one node is said to be left out.
+		delete(keys, "b")
+		mustName(t, verifyFleet(t, f.write(t), keys), "node b:", "no trusted key given for it")
 	})
 	t.Run("ForkedNodeCheckpoint", func(t *testing.T) {
 		f := *f

@@ -73,13 +73,19 @@ func VerifyFleet(fp *FleetPack, opts FleetOptions) (*FleetReport, error) {
 	used := map[string]string{} // the key each node is verified with
 	for _, n := range m.Nodes {
 		key := n.Key
-		if k, ok := opts.Keys[n.Name]; ok {
-			if k != n.Key {
-				r.fail("node %s: %s names key %q, not the trusted key", n.Name, FileFleetManifest, n.Key)
+		if k, ok := opts.Keys[n.Name]; ok && k != n.Key {
+			// One problem says it: checked with a key that is not its
+			// own, everything the node signed would fail again. Its part
+			// is checked no further; its cosignature and workbook rows
+			// are taken as the key the pack names.
+			r.fail("node %s: %s names key %q for it, not the trusted key %q; the node's part is not checked further", n.Name, FileFleetManifest, n.Key, k)
+			used[n.Name] = n.Key
+			if v, err := witness.NewVerifier(n.Key); err == nil {
+				cosigners[v.Name()] = true
 			}
-			key = k
-		} else if r.KeysTrusted {
-			r.fail("node %s: not a node of the trusted keys", n.Name)
+			continue
+		} else if !ok && r.KeysTrusted {
+			r.fail("node %s: no trusted key given for it (give one for every node of the pack, or none)", n.Name)
 		}
 		used[n.Name] = key
 		if v, err := witness.NewVerifier(key); err != nil {
