@@ -307,7 +307,20 @@ func (f *fleetRuns) ensurePart(ctx context.Context, id string) error {
 	}
 	_, _, err = f.loop.Submit(ctx, auditd.NewRun{ID: id, Name: run.Name, Mode: auditd.RunProxy, IdleTimeout: run.IdleTimeout,
 		Principal: run.InitiatedBy})
-	return err
+	if err != nil {
+		return err
+	}
+	// A finish marked after the join but before the part started found
+	// no part here to finish: the part ends itself, and the request that
+	// started it is answered as one of a finished run.
+	if again, ok, err := f.dir.Get(ctx, id); err == nil && ok && !again.FinishedAt.IsZero() {
+		if _, err := f.loop.Finish(ctx, id, run.InitiatedBy); err != nil && auditd.ErrorCode(err) != auditd.ECONFLICT {
+			return err
+		}
+		f.poke()
+		return finished
+	}
+	return nil
 }
 
 // CreateRun creates a fleet run in etcd and this node's part of it.
