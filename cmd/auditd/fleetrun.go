@@ -373,18 +373,15 @@ func (f *fleetRuns) PartsOf(ctx context.Context, ids []string) map[string]api.Fl
 	exist, err := f.dir.Exist(rctx, ask)
 	f.partMu.Lock()
 	defer f.partMu.Unlock()
-	if len(f.partOf)+len(ask) > partOfKept {
-		clear(f.partOf)
-	}
 	for _, id := range ask {
 		switch {
 		case err != nil:
 			out[id] = api.FleetPartOf{Node: f.node, Unknown: true}
 		case exist[id]:
-			out[id] = api.FleetPartOf{Node: f.node, Href: "/v1/fleet/runs/" + id}
-			f.partOf[id] = out[id]
+			out[id] = f.partJSON(id, nil)
+			f.rememberPartLocked(id, out[id])
 		default:
-			f.partOf[id] = api.FleetPartOf{}
+			f.rememberPartLocked(id, api.FleetPartOf{})
 		}
 	}
 	return out
@@ -440,15 +437,27 @@ func (f *fleetRuns) PartOf(ctx context.Context, id string) (api.FleetPartOf, boo
 	}
 	var part api.FleetPartOf
 	if ok {
-		part = api.FleetPartOf{Node: f.node, Parts: run.Parts, Href: "/v1/fleet/runs/" + id}
+		part = f.partJSON(id, run.Parts)
 	}
 	f.partMu.Lock()
+	f.rememberPartLocked(id, part)
+	f.partMu.Unlock()
+	return part, ok
+}
+
+// partJSON is this node's part of the fleet run id, held by parts.
+func (f *fleetRuns) partJSON(id string, parts []string) api.FleetPartOf {
+	return api.FleetPartOf{Node: f.node, Parts: parts, Href: "/v1/fleet/runs/" + id}
+}
+
+// rememberPartLocked keeps PartOf's answer for id (Href "" for a run of
+// this node alone), partOfKept at most: the store is cleared when full.
+// f.partMu is held.
+func (f *fleetRuns) rememberPartLocked(id string, part api.FleetPartOf) {
 	if len(f.partOf) >= partOfKept {
 		clear(f.partOf)
 	}
 	f.partOf[id] = part
-	f.partMu.Unlock()
-	return part, ok
 }
 
 // FinishRun finishes every node's part: this node's here, the others'

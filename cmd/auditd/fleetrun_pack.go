@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"sync"
 
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/pack"
@@ -26,19 +25,19 @@ func (f *fleetRuns) WritePack(ctx context.Context, w io.Writer, id, authorizatio
 	if err != nil {
 		return err
 	}
-	parts := make([]*pack.FleetPack, len(run.Parts))
-	errs := make([]error, len(run.Parts))
-	var wg sync.WaitGroup
-	for i, node := range run.Parts {
-		tmp, err := os.CreateTemp("", "auditd-fleet-part-*.zip")
-		if err != nil {
+	tmps := make([]*os.File, len(run.Parts))
+	for i := range tmps {
+		if tmps[i], err = os.CreateTemp("", "auditd-fleet-part-*.zip"); err != nil {
 			return err
 		}
-		defer os.Remove(tmp.Name())
-		defer tmp.Close()
-		wg.Go(func() { parts[i], errs[i] = f.fetchPart(ctx, tmp, node, id, authorization) })
+		defer os.Remove(tmps[i].Name())
+		defer tmps[i].Close()
 	}
-	wg.Wait()
+	parts := make([]*pack.FleetPack, len(run.Parts))
+	errs := eachPart(run.Parts, func(i int, node string) (err error) {
+		parts[i], err = f.fetchPart(ctx, tmps[i], node, id, authorization)
+		return err
+	})
 	for i, err := range errs {
 		switch {
 		case auditd.ErrorCode(err) == auditd.ECONFLICT: // this node's part
