@@ -259,6 +259,74 @@ func TestFleetRefusalMeetingACutInFlight(t *testing.T) {
 	}
 }
 
+// TestFleetRefusalAtAnAdvertisedQuota: a plain refusal whose response
+// advertises the quota the fleet is held to is the quota's edge, not a
+// window spent: it marks nothing and cuts nothing while this node's
+// recent answers hold at most 2% of them refused; past that share the
+// server does not keep the quota it advertises, and the limit is cut by a
+// quarter, remembering the quota as refused.
+func TestFleetRefusalAtAnAdvertisedQuota(t *testing.T) {
+	ctx := context.Background()
+	store, clk, l := learningOnEtcd(t, func(fleet.Event) {})
+	quota := hints.Hint{Limit: 16, HasLimit: true, Window: 2 * time.Second, HasWindow: true}
+	told := fleet.Rate{Limit: 16, Window: 2 * time.Second}
+	for range 500 {
+		if lim, _ := l.Limit(); lim.Revision != 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	l.observed(clk.Now(), limiter.ClassSuccess, quota)
+	applied := func(want fleet.Rate) {
+		t.Helper()
+		for range 500 {
+			if lim, _ := l.Limit(); lim.Rate == want && !l.cutting.Load() {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		lim, _ := l.Limit()
+		t.Fatalf("the node holds %+v, want %v", lim, want)
+	}
+	applied(told)
+	clk.Advance(fleet.Settle + time.Millisecond)
+
+	// Two refusals in 100 answers: the quota's edge.
+	for i := range atQuotaAnswers {
+		c := limiter.ClassSuccess
+		if i == 30 || i == 70 {
+			c = limiter.ClassThrottled
+		}
+		l.observed(clk.Now(), c, quota)
+	}
+	for i := 0; l.cutting.Load(); i++ {
+		if i == 500 {
+			t.Fatal("two refusals at the advertised quota began a cut that waits for a window's mark")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if lim, err := store.Limit(ctx, "geo"); err != nil || lim.Rate != told {
+		t.Fatalf("two refusals at the advertised quota in %d answers left the fleet at %+v (%v), want %v", atQuotaAnswers, lim, err, told)
+	}
+	if _, _, _, marked, err := store.Spent(ctx, "geo", clk.Now()); err != nil || marked {
+		t.Fatalf("a refusal at the advertised quota marked a window spent (%v, %v)", marked, err)
+	}
+
+	// A third: more than 2% refused.
+	l.observed(clk.Now(), limiter.ClassThrottled, quota)
+	want := fleet.CutTo(told)
+	applied(want)
+	lim, err := store.Limit(ctx, "geo")
+	if err != nil || lim.Refused != told || lim.Cause != fleet.CauseRefused || lim.By != "n1" {
+		t.Fatalf("3 refusals in %d answers at the advertised quota left %+v (%v), want %v, %v refused, cause %s, by n1", atQuotaAnswers, lim, err, want, told, fleet.CauseRefused)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.recent.n != 0 {
+		t.Errorf("the cut left %d answers counted toward the next share, want none", l.recent.n)
+	}
+}
+
 // learningOnEtcd starts node n1's learning of key "geo" against a real
 // etcd member, on a fake clock, its events told to notify: the fleet's
 // limit stored at 10/s (100 per 10 s, by another node), the ceiling 20/s.

@@ -45,6 +45,7 @@ type fleetLearning struct {
 	limit   fleet.Limit // the learned limit in force here; Revision 0 until one is read
 	rate    fleet.Rate  // what the slots reserve at: the limit, capped at the ceiling
 	applied time.Time   // when this node began reserving at it
+	recent  recentAnswers
 
 	ctx    context.Context // ends when the learning stops
 	cancel context.CancelFunc
@@ -135,6 +136,9 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 	}
 	cut := l.limit.Revision != 0 && l.limit.Rate.PerSecond() > lim.Rate.PerSecond()
 	l.limit, l.applied = lim, l.clock.Now()
+	if cut {
+		l.recent = recentAnswers{} // answered at the pace cut: they tell nothing of the next
+	}
 	l.mu.Unlock()
 	if cut {
 		l.episode.Store(true)
@@ -179,12 +183,25 @@ func (l *fleetLearning) report(ctx context.Context) {
 // node applied it), which was sent at the pace the last cut already
 // answered. A refusal whose server said when to come back (a Retry-After,
 // a spent quota's Remaining 0 with its Reset) is a pause, shared as one.
+//
+// A plain refusal that advertises the quota the fleet is held to is no
+// window spent: the quota's count is the server's own, and a fleet paced
+// at it meets its edge now and then (a sliding window refuses a request a
+// few milliseconds early). It cuts by a quarter only when the server
+// refuses more than atQuotaShare of this node's recent answers: then the
+// quota it advertises is not the one it keeps.
 func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hint) {
+	throttled := c == limiter.ClassThrottled
 	l.mu.Lock()
 	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
+	if throttled || c == limiter.ClassSuccess || c == limiter.ClassClient {
+		l.recent.add(throttled)
+	}
+	refusedShare := l.recent.overShare()
 	l.mu.Unlock()
-	if told := (fleet.Rate{Limit: h.Limit, Window: h.Window}); h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0 &&
-		cur.Revision != 0 && cur.Rate.PerSecond() > told.PerSecond() {
+	told := fleet.Rate{Limit: h.Limit, Window: h.Window}
+	advertised := h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0
+	if advertised && cur.Revision != 0 && cur.Rate.PerSecond() > told.PerSecond() {
 		l.cut(func() (limitCut, bool) { return limitCut{told, told, fleet.CauseQuota}, true }) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
 	}
 	switch c {
@@ -198,12 +215,64 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 		return
 	}
 	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
-	if h.HasRetryAfter || spent || cur.Revision == 0 || !l.episode.CompareAndSwap(false, true) {
+	if h.HasRetryAfter || spent || cur.Revision == 0 {
+		return
+	}
+	if advertised {
+		if refusedShare && settled && cur.Rate.PerSecond() <= told.PerSecond() && l.episode.CompareAndSwap(false, true) {
+			if !l.cut(func() (limitCut, bool) { return limitCut{fleet.CutTo(cur.Rate), cur.Rate, fleet.CauseRefused}, true }) {
+				l.episode.Store(false)
+			}
+		}
+		return
+	}
+	if !l.episode.CompareAndSwap(false, true) {
 		return
 	}
 	if !l.cut(func() (limitCut, bool) { return l.windowSpent(cur, settled, admitted) }) {
 		l.episode.Store(false) // another cut was on its way: the next refusal tries again
 	}
+}
+
+// atQuotaAnswers is how many of a node's last answers of a key its share
+// refused under an advertised quota is read over, and atQuotaShare the
+// share past which the quota is not the one the server keeps: the 2% of
+// refusals issue 26 allows a learned pace. At least atQuotaRefusals
+// refusals are needed, so that one or two at the quota's edge early on do
+// not make a share.
+const (
+	atQuotaAnswers  = 100
+	atQuotaShare    = 0.02
+	atQuotaRefusals = 3
+)
+
+// recentAnswers is a node's last atQuotaAnswers answers of a key, in a ring.
+type recentAnswers struct {
+	refused [atQuotaAnswers]bool
+	n, next int // answers held; where the next goes
+	refusal int // refusals held
+}
+
+// add holds one answer, refused or not, in place of the oldest.
+func (r *recentAnswers) add(refused bool) {
+	if r.n == len(r.refused) {
+		if r.refused[r.next] {
+			r.refusal--
+		}
+	} else {
+		r.n++
+	}
+	r.refused[r.next] = refused
+	if refused {
+		r.refusal++
+	}
+	r.next = (r.next + 1) % len(r.refused)
+}
+
+// overShare reports whether more than atQuotaShare of the answers held were
+// refused, atQuotaRefusals of them at least.
+func (r *recentAnswers) overShare() bool {
+	return r.refusal >= atQuotaRefusals && float64(r.refusal) > atQuotaShare*float64(r.n)
 }
 
 // windowSpent is the rule at the first plain refusal of an episode here.
