@@ -124,8 +124,14 @@ func TestFleetUsesAFixedWindow(t *testing.T) {
 	if quota := (windows - warm) * limit; ok < quota*9/10 {
 		t.Errorf("after the first %d windows the fleet used %d of their quota of %d, want at least 90%%", warm, ok, quota)
 	}
-	if q := float64(limit) / window.Seconds(); learned.PerSecond() < 0.9*q || learned.PerSecond() > 1.1*q {
-		t.Errorf("the fleet learned %.2f/s, want the quota over the window, %.2f/s, within 10%%", learned.PerSecond(), q)
+	// Issue 26 asks what is shown learned to be within 20% of what the
+	// server allows. Below, 10% is the rule's own margin; above, the
+	// learner's probes go up to a sixth past the rate last refused while
+	// the fleet is answered at 85% of it (fleet.Raise), and on a starved
+	// machine, its slots partly wasted, no window is spent to send them
+	// back until the fleet sends at them.
+	if q := float64(limit) / window.Seconds(); learned.PerSecond() < 0.9*q || learned.PerSecond() > q*7/6+0.01 {
+		t.Errorf("the fleet learned %.2f/s, want the quota over the window, %.2f/s, within 10%% below and a sixth above", learned.PerSecond(), q)
 	}
 	if share > 0.02 {
 		t.Errorf("after the first %d windows %.1f%% of requests were refused (%d of %d), want at most 2%%", warm, 100*share, bad, ok+bad)
