@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -62,7 +63,21 @@ func (f *fakeFleet) CreateRun(_ context.Context, principal, name string, idle ti
 	return r, err
 }
 
-func (f *fakeFleet) Run(_ context.Context, id string) (api.FleetRun, error) { return f.run(id) }
+// cutOffRun is a run id etcd cannot be asked about: Run waits for its
+// context to end, and records an ask without a deadline of a second.
+const cutOffRun = "01J0000000000000000000000Z"
+
+func (f *fakeFleet) Run(ctx context.Context, id string) (api.FleetRun, error) {
+	if id == cutOffRun {
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > time.Second {
+			f.record("unbounded run " + id)
+			return api.FleetRun{}, auditd.Errorf(auditd.EUNAVAILABLE, "The fleet cannot be asked for run %s.", id)
+		}
+		<-ctx.Done()
+		return api.FleetRun{}, auditd.Errorf(auditd.EUNAVAILABLE, "The fleet cannot be asked for run %s: %v", id, ctx.Err())
+	}
+	return f.run(id)
+}
 
 func (f *fakeFleet) Runs(_ context.Context, before string, limit int) ([]api.FleetRun, error) {
 	f.record("list " + before)
@@ -226,6 +241,16 @@ func TestFleetRoutes(t *testing.T) {
 	if r := e.do(request{path: "/v1/runs/" + olderFleetRun.ID, secret: aud}); r.status != http.StatusNotFound || !strings.Contains(r.problem(t).Detail, "a fleet run this node holds no part of (parts: b)") {
 		t.Errorf("GET /v1/runs/{id} of a fleet run with no part here: %d %s", r.status, r.body)
 	}
+	// When etcd cannot be asked, the 404 comes within a second, without
+	// the hint.
+	if r := e.do(request{path: "/v1/runs/" + cutOffRun, secret: aud}); r.status != http.StatusNotFound || strings.Contains(r.problem(t).Detail, "fleet") {
+		t.Errorf("GET /v1/runs/{id} of a run etcd cannot be asked about: %d %s", r.status, r.body)
+	}
+	f.mu.Lock()
+	if slices.Contains(f.calls, "unbounded run "+cutOffRun) {
+		t.Errorf("a 404's hint asked etcd without a deadline of a second")
+	}
+	f.mu.Unlock()
 	// The node's run that is its part of the fleet run says so, in the
 	// list of runs too.
 	var runs struct {

@@ -265,11 +265,20 @@ func (s *Server) runFilter(c echo.Context) (auditd.RunFilter, error) {
 	return f, nil
 }
 
+// fleetHintTimeout bounds the read of etcd behind a 404's hint that the run
+// is a fleet run held by other nodes.
+const fleetHintTimeout = time.Second
+
 func (s *Server) handleGetRun(c echo.Context) error {
 	st, err := s.Runs.Run(c.Request().Context(), c.Param("id"))
 	if auditd.ErrorCode(err) == auditd.ENOTFOUND && s.Fleet != nil && runIDPattern.MatchString(c.Param("id")) {
-		// A fleet run this node holds no part of: say where it is.
-		if fr, ferr := s.Fleet.Run(c.Request().Context(), c.Param("id")); ferr == nil {
+		// A fleet run this node holds no part of: say where it is, if
+		// etcd answers within fleetHintTimeout (a node cut off from it
+		// answers its 404 without the hint).
+		ctx, cancel := context.WithTimeout(c.Request().Context(), fleetHintTimeout)
+		fr, ferr := s.Fleet.Run(ctx, c.Param("id"))
+		cancel()
+		if ferr == nil {
 			return auditd.Errorf(auditd.ENOTFOUND, "Run %s is a fleet run this node holds no part of (parts: %s): /v1/fleet/runs/%s.", fr.ID, strings.Join(fr.Parts, ", "), fr.ID)
 		}
 	}
