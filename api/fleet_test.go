@@ -241,6 +241,12 @@ func TestFleetRoutes(t *testing.T) {
 	if r := e.do(request{path: "/v1/runs/" + olderFleetRun.ID, secret: aud}); r.status != http.StatusNotFound || !strings.Contains(r.problem(t).Detail, "a fleet run this node holds no part of (parts: b)") {
 		t.Errorf("GET /v1/runs/{id} of a fleet run with no part here: %d %s", r.status, r.body)
 	}
+	// A fleet run's id in lower case is the same run.
+	var older api.FleetRun
+	e.do(request{path: "/v1/fleet/runs/" + strings.ToLower(olderFleetRun.ID), secret: aud}).decode(t, &older)
+	if older.ID != olderFleetRun.ID {
+		t.Errorf("GET /v1/fleet/runs/{id} in lower case found %+v", older)
+	}
 	// When etcd cannot be asked, the 404 comes within a second, without
 	// the hint.
 	if r := e.do(request{path: "/v1/runs/" + cutOffRun, secret: aud}); r.status != http.StatusNotFound || strings.Contains(r.problem(t).Detail, "fleet") {

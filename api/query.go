@@ -117,7 +117,25 @@ func decodeRequest(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 			c.SetParamValues(decoded...)
 		}
+		if p := c.Path(); strings.HasPrefix(p, "/v1/runs/:id") || strings.HasPrefix(p, "/v1/fleet/runs/:id") {
+			canonicalRunID(c)
+		}
 		return next(c)
+	}
+}
+
+// canonicalRunID hands a run route's id over in capitals when it is a ULID
+// written in lower or mixed case: a ULID reads the same in either case, and
+// runs are stored under its capitals.
+func canonicalRunID(c echo.Context) {
+	names, values := c.ParamNames(), slices.Clone(c.ParamValues())
+	for i, name := range names {
+		if name == "id" && i < len(values) {
+			if up := strings.ToUpper(values[i]); up != values[i] && runIDPattern.MatchString(up) {
+				values[i] = up
+				c.SetParamValues(values...)
+			}
+		}
 	}
 }
 

@@ -1613,7 +1613,7 @@ type Healthz200JSONResponseBodyStatus string
 
 // ProxyRootGetParams defines parameters for ProxyRootGet.
 type ProxyRootGetParams struct {
-	// AuditdRun The proxy-mode run the request belongs to.
+	// AuditdRun The proxy-mode run the request belongs to; its id in either case (a ULID reads the same in both).
 	AuditdRun ProxyRun `json:"Auditd-Run"`
 
 	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
@@ -1628,7 +1628,7 @@ type ProxyRootGetParams struct {
 
 // ProxyRootHeadParams defines parameters for ProxyRootHead.
 type ProxyRootHeadParams struct {
-	// AuditdRun The proxy-mode run the request belongs to.
+	// AuditdRun The proxy-mode run the request belongs to; its id in either case (a ULID reads the same in both).
 	AuditdRun ProxyRun `json:"Auditd-Run"`
 
 	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
@@ -1645,7 +1645,7 @@ type ProxyRootHeadParams struct {
 type ProxyRootPostParams struct {
 	IdempotencyKey *string `json:"Idempotency-Key,omitempty"`
 
-	// AuditdRun The proxy-mode run the request belongs to.
+	// AuditdRun The proxy-mode run the request belongs to; its id in either case (a ULID reads the same in both).
 	AuditdRun ProxyRun `json:"Auditd-Run"`
 
 	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
@@ -1660,7 +1660,7 @@ type ProxyRootPostParams struct {
 
 // ProxyGetParams defines parameters for ProxyGet.
 type ProxyGetParams struct {
-	// AuditdRun The proxy-mode run the request belongs to.
+	// AuditdRun The proxy-mode run the request belongs to; its id in either case (a ULID reads the same in both).
 	AuditdRun ProxyRun `json:"Auditd-Run"`
 
 	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
@@ -1675,7 +1675,7 @@ type ProxyGetParams struct {
 
 // ProxyHeadParams defines parameters for ProxyHead.
 type ProxyHeadParams struct {
-	// AuditdRun The proxy-mode run the request belongs to.
+	// AuditdRun The proxy-mode run the request belongs to; its id in either case (a ULID reads the same in both).
 	AuditdRun ProxyRun `json:"Auditd-Run"`
 
 	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "
@@ -1692,7 +1692,7 @@ type ProxyHeadParams struct {
 type ProxyPostParams struct {
 	IdempotencyKey *string `json:"Idempotency-Key,omitempty"`
 
-	// AuditdRun The proxy-mode run the request belongs to.
+	// AuditdRun The proxy-mode run the request belongs to; its id in either case (a ULID reads the same in both).
 	AuditdRun ProxyRun `json:"Auditd-Run"`
 
 	// AuditdItemKey The request's item key, unique in the run; without it the key is the method, path and query ("GET /query?f=json", "

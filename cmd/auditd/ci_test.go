@@ -161,7 +161,8 @@ func TestReconcileExitCodesFromRealRuns(t *testing.T) {
 			})
 		}
 		t.Run("CachedJSON", func(t *testing.T) {
-			code, out, errOut := runCmd(t, append([]string{"reconcile", "--run", cached.ID, "--format", "json"}, from...)...)
+			// The run's id in lower case, as pasted: a ULID reads the same.
+			code, out, errOut := runCmd(t, append([]string{"reconcile", "--run", strings.ToLower(cached.ID), "--format", "json"}, from...)...)
 			if code != 0 {
 				t.Fatalf("exit %d\n%s", code, errOut)
 			}

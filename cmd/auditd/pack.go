@@ -48,6 +48,9 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "auditd pack: %v\n", err)
 		return 2
 	}
+	for i := range runs {
+		runs[i] = canonicalRunID(runs[i])
+	}
 	switch {
 	case *fleet && (len(runs) != 1 || *server == "" || *out == "" || *award != ""):
 		return fail(errors.New("--fleet takes one --run, --server URL (any node of the fleet) and --out"))

@@ -59,6 +59,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		maxStale = d
 	}
+	*runID = canonicalRunID(*runID)
 	switch {
 	case *runID == "":
 		return fs.fail("--run is required: the id of the run to reconcile")
