@@ -197,4 +197,10 @@ func TestFleetHoldsToAnAdvertisedQuota(t *testing.T) {
 	if len(view.Sources) != 1 || view.Sources[0].Learned*int(time.Duration(view.Sources[0].LearnedWindow)/time.Millisecond) != limit*int(window/time.Millisecond) {
 		t.Errorf("the fleet's view %+v, want one key learned at the advertised %d per %v", view.Sources, limit, window)
 	}
+	if t.Failed() && len(view.Sources) == 1 {
+		for _, n := range view.Sources[0].Nodes {
+			t.Logf("%s over %v: %d slots reserved, %d used, %d wasted", n.Node, time.Duration(n.Span), n.Reserved, n.Used, n.Wasted)
+		}
+		logLearned(t, f, start, window)
+	}
 }
