@@ -261,10 +261,13 @@ func TestFleetRefusalMeetingACutInFlight(t *testing.T) {
 
 // TestFleetRefusalAtAnAdvertisedQuota: a plain refusal whose response
 // advertises the quota the fleet is held to is the quota's edge, not a
-// window spent: it marks nothing and cuts nothing while this node's
-// recent answers hold at most 2% of them refused; past that share the
+// window spent: it marks nothing and cuts nothing while such refusals are
+// at most 2% of the node's answers since the last cut; past that share the
 // server does not keep the quota it advertises, and the limit is cut by a
-// quarter, remembering the quota as refused.
+// quarter, remembering the rate in force as refused. Refusals with a
+// Retry-After, and answers to requests sent before the limit in force
+// settled, count toward neither. A refusal advertising a quota far above
+// the fleet's limit is no refusal at the quota: it marks a window spent.
 func TestFleetRefusalAtAnAdvertisedQuota(t *testing.T) {
 	ctx := context.Background()
 	store, clk, l := learningOnEtcd(t, func(fleet.Event) {})
@@ -277,53 +280,92 @@ func TestFleetRefusalAtAnAdvertisedQuota(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	l.observed(clk.Now(), limiter.ClassSuccess, quota)
-	applied := func(want fleet.Rate) {
+	// applied waits until the node applies want with no cut on its way,
+	// and returns when it applied it.
+	applied := func(want fleet.Rate) time.Time {
 		t.Helper()
 		for range 500 {
-			if lim, _ := l.Limit(); lim.Rate == want && !l.cutting.Load() {
-				return
+			l.mu.Lock()
+			lim, at := l.limit, l.applied
+			l.mu.Unlock()
+			if lim.Rate == want && !l.cutting.Load() {
+				return at
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		lim, _ := l.Limit()
 		t.Fatalf("the node holds %+v, want %v", lim, want)
+		return time.Time{}
 	}
-	applied(told)
-	clk.Advance(fleet.Settle + time.Millisecond)
+	holds := func(want fleet.Rate, why string) {
+		t.Helper()
+		for i := 0; l.cutting.Load(); i++ {
+			if i == 500 {
+				t.Fatalf("%s: a cut is still on its way (a window's mark waits on the fake clock)", why)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if lim, err := store.Limit(ctx, "geo"); err != nil || lim.Rate != want {
+			t.Fatalf("%s: the fleet holds %+v (%v), want %v", why, lim, err, want)
+		}
+	}
+	at := applied(told)
+	settled := at.Add(fleet.Settle + time.Millisecond)
+	clk.Set(settled)
 
-	// Two refusals in 100 answers: the quota's edge.
-	for i := range atQuotaAnswers {
+	// Two refusals in 100 answers, and refusals the server explained or
+	// that were sent before the limit settled: the quota's edge.
+	retry := quota
+	retry.RetryAfter, retry.HasRetryAfter = time.Second, true
+	for i := range 100 {
 		c := limiter.ClassSuccess
 		if i == 30 || i == 70 {
 			c = limiter.ClassThrottled
+			l.observed(settled, limiter.ClassThrottled, retry)
+			l.observed(at, limiter.ClassThrottled, quota)
 		}
-		l.observed(clk.Now(), c, quota)
+		l.observed(settled, c, quota)
 	}
-	for i := 0; l.cutting.Load(); i++ {
-		if i == 500 {
-			t.Fatal("two refusals at the advertised quota began a cut that waits for a window's mark")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if lim, err := store.Limit(ctx, "geo"); err != nil || lim.Rate != told {
-		t.Fatalf("two refusals at the advertised quota in %d answers left the fleet at %+v (%v), want %v", atQuotaAnswers, lim, err, told)
-	}
+	holds(told, "two refusals at the advertised quota in 100 answers")
 	if _, _, _, marked, err := store.Spent(ctx, "geo", clk.Now()); err != nil || marked {
 		t.Fatalf("a refusal at the advertised quota marked a window spent (%v, %v)", marked, err)
 	}
 
 	// A third: more than 2% refused.
-	l.observed(clk.Now(), limiter.ClassThrottled, quota)
+	l.observed(settled, limiter.ClassThrottled, quota)
 	want := fleet.CutTo(told)
-	applied(want)
+	at = applied(want)
 	lim, err := store.Limit(ctx, "geo")
 	if err != nil || lim.Refused != told || lim.Cause != fleet.CauseRefused || lim.By != "n1" {
-		t.Fatalf("3 refusals in %d answers at the advertised quota left %+v (%v), want %v, %v refused, cause %s, by n1", atQuotaAnswers, lim, err, want, told, fleet.CauseRefused)
+		t.Fatalf("3 refusals in 101 answers at the advertised quota left %+v (%v), want %v, %v refused, cause %s, by n1", lim, err, want, told, fleet.CauseRefused)
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.recent.n != 0 {
-		t.Errorf("the cut left %d answers counted toward the next share, want none", l.recent.n)
+	if l.atQuota != (quotaShare{}) {
+		t.Errorf("the cut left %+v counted toward the next share, want nothing", l.atQuota)
+	}
+	l.mu.Unlock()
+
+	// Refusals of requests sent before the cut settled count for nothing,
+	// whatever their share.
+	l.observed(clk.Now(), limiter.ClassSuccess, quota)
+	l.mu.Lock()
+	l.limit.Rate = fleet.Rate{Limit: 15, Window: 2 * time.Second} // as the learner regains it: 0.94 of the quota
+	l.mu.Unlock()
+	for range 5 {
+		l.observed(at, limiter.ClassThrottled, quota)
+		l.observed(at, limiter.ClassSuccess, quota)
+	}
+	holds(want, "refusals of requests sent before the cut settled")
+
+	// A refusal advertising a quota four times the limit in force is not
+	// at the quota: it marks the window spent.
+	clk.Set(at.Add(fleet.Settle + time.Millisecond))
+	l.observed(clk.Now(), limiter.ClassThrottled, hints.Hint{Limit: 64, HasLimit: true, Window: 2 * time.Second, HasWindow: true})
+	clk.WaitForTimers(1)
+	clk.Advance(spentRead)
+	holds(want, "the first spent window")
+	if _, _, _, marked, err := store.Spent(ctx, "geo", clk.Now()); err != nil || !marked {
+		t.Fatalf("a refusal advertising a quota far above the limit marked no window spent (%v, %v)", marked, err)
 	}
 }
 

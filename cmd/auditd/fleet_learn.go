@@ -45,7 +45,7 @@ type fleetLearning struct {
 	limit   fleet.Limit // the learned limit in force here; Revision 0 until one is read
 	rate    fleet.Rate  // what the slots reserve at: the limit, capped at the ceiling
 	applied time.Time   // when this node began reserving at it
-	recent  recentAnswers
+	atQuota quotaShare  // answers and refusals at an advertised quota since the last cut
 
 	ctx    context.Context // ends when the learning stops
 	cancel context.CancelFunc
@@ -137,7 +137,7 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 	cut := l.limit.Revision != 0 && l.limit.Rate.PerSecond() > lim.Rate.PerSecond()
 	l.limit, l.applied = lim, l.clock.Now()
 	if cut {
-		l.recent = recentAnswers{} // answered at the pace cut: they tell nothing of the next
+		l.atQuota = quotaShare{} // answered at the pace cut: they tell nothing of the next
 	}
 	l.mu.Unlock()
 	if cut {
@@ -184,23 +184,26 @@ func (l *fleetLearning) report(ctx context.Context) {
 // answered. A refusal whose server said when to come back (a Retry-After,
 // a spent quota's Remaining 0 with its Reset) is a pause, shared as one.
 //
-// A plain refusal that advertises the quota the fleet is held to is no
-// window spent: the quota's count is the server's own, and a fleet paced
-// at it meets its edge now and then (a sliding window refuses a request a
-// few milliseconds early). It cuts by a quarter only when the server
-// refuses more than atQuotaShare of this node's recent answers: then the
-// quota it advertises is not the one it keeps.
+// A plain refusal that advertises a quota the fleet is held to (its limit
+// at atQuotaNear of the quota or more) is no window spent: the quota's
+// count is the server's own, and a fleet paced at it meets its edge now
+// and then (a sliding window refuses a request a few milliseconds early).
+// It cuts by a quarter only when such refusals are more than atQuotaShare
+// of this node's answers sent at a settled pace since the last cut: then
+// the server does not keep the quota it advertises.
 func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hint) {
-	throttled := c == limiter.ClassThrottled
-	l.mu.Lock()
-	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
-	if throttled || c == limiter.ClassSuccess || c == limiter.ClassClient {
-		l.recent.add(throttled)
-	}
-	refusedShare := l.recent.overShare()
-	l.mu.Unlock()
 	told := fleet.Rate{Limit: h.Limit, Window: h.Window}
 	advertised := h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0
+	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
+	plain := c == limiter.ClassThrottled && !h.HasRetryAfter && !spent
+	l.mu.Lock()
+	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
+	atQuota := plain && advertised && cur.Revision != 0 && cur.Rate.PerSecond() >= atQuotaNear*told.PerSecond() && cur.Rate.PerSecond() <= told.PerSecond()
+	overShare := false
+	if settled && (atQuota || c == limiter.ClassSuccess || c == limiter.ClassClient) {
+		overShare = l.atQuota.add(atQuota)
+	}
+	l.mu.Unlock()
 	if advertised && cur.Revision != 0 && cur.Rate.PerSecond() > told.PerSecond() {
 		l.cut(func() (limitCut, bool) { return limitCut{told, told, fleet.CauseQuota}, true }) // the server's own count: the learner raises to nine tenths of it, and probes past it only to be held back here
 	}
@@ -214,12 +217,11 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	default:
 		return
 	}
-	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
-	if h.HasRetryAfter || spent || cur.Revision == 0 {
+	if !plain || cur.Revision == 0 {
 		return
 	}
-	if advertised {
-		if refusedShare && settled && cur.Rate.PerSecond() <= told.PerSecond() && l.episode.CompareAndSwap(false, true) {
+	if atQuota {
+		if overShare && l.episode.CompareAndSwap(false, true) {
 			if !l.cut(func() (limitCut, bool) { return limitCut{fleet.CutTo(cur.Rate), cur.Rate, fleet.CauseRefused}, true }) {
 				l.episode.Store(false)
 			}
@@ -234,48 +236,44 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	}
 }
 
-// atQuotaAnswers is how many of a node's last answers of a key its share
-// refused under an advertised quota is read over, and atQuotaShare the
-// share past which the quota is not the one the server keeps: the 2% of
-// refusals issue 26 allows a learned pace. At least atQuotaRefusals
-// refusals are needed, so that one or two at the quota's edge early on do
-// not make a share.
+// A plain refusal at a quota the server advertises (atQuotaNear of it or
+// more: the learner regains to nine tenths of the rate refused) cuts when
+// more than atQuotaShare of a node's answers since the last cut were such
+// refusals, atQuotaRefusals of them at least: the 2% of refusals issue 26
+// allows a learned pace. Answers are counted from the last cut on, not over
+// a short sliding span, so that the share read is the server's, not its
+// spread (a span of 100 answers would hold three refusals now and then from
+// a server that refuses 1%); at atQuotaKept answers both counts halve, so
+// that a quota kept for hours does not hide one the server stops keeping.
 const (
-	atQuotaAnswers  = 100
+	atQuotaNear     = 0.85
 	atQuotaShare    = 0.02
 	atQuotaRefusals = 3
+	atQuotaKept     = 1000
 )
 
-// recentAnswers is a node's last atQuotaAnswers answers of a key, in a ring.
-type recentAnswers struct {
-	refused [atQuotaAnswers]bool
-	n, next int // answers held; where the next goes
-	refusal int // refusals held
+// quotaShare counts a node's answers of a key, and among them its plain
+// refusals at an advertised quota, since the last cut it applied.
+type quotaShare struct {
+	answered, refused int
 }
 
-// add holds one answer, refused or not, in place of the oldest.
-func (r *recentAnswers) add(refused bool) {
-	if r.n == len(r.refused) {
-		if r.refused[r.next] {
-			r.refusal--
-		}
-	} else {
-		r.n++
+// add counts one answer, refused at the quota or not, and reports whether
+// the refusals are now more than atQuotaShare of the answers, and
+// atQuotaRefusals at least.
+func (q *quotaShare) add(refused bool) bool {
+	if q.answered == atQuotaKept {
+		q.answered, q.refused = q.answered/2, q.refused/2
 	}
-	r.refused[r.next] = refused
+	q.answered++
 	if refused {
-		r.refusal++
+		q.refused++
 	}
-	r.next = (r.next + 1) % len(r.refused)
+	return q.refused >= atQuotaRefusals && float64(q.refused) > atQuotaShare*float64(q.answered)
 }
 
-// overShare reports whether more than atQuotaShare of the answers held were
-// refused, atQuotaRefusals of them at least.
-func (r *recentAnswers) overShare() bool {
-	return r.refusal >= atQuotaRefusals && float64(r.refusal) > atQuotaShare*float64(r.n)
-}
-
-// windowSpent is the rule at the first plain refusal of an episode here.
+// windowSpent is the rule at the first plain refusal of an episode here
+// that is not at a quota the server advertises (observed).
 // It marks the window spent, fleet-wide (fleet.Store.Spent), and returns
 // the cut to make, or ok false for none:
 //   - the first mark cuts nothing: the next episode measures the window;
