@@ -383,11 +383,15 @@ func TestBrowser(t *testing.T) {
 	))
 
 	// Run detail: counts, progress, the reconciliation with R4 failing.
+	// The run's id pasted in lower case is the run, shown in capitals.
 	must("open run", chromedp.Do(bctx,
-		chromedp.Navigate(srv.URL+"/#/runs/"+runID),
+		chromedp.Navigate(srv.URL+"/#/runs/"+strings.ToLower(runID)),
 		chromedp.WaitVisible(chromedp.CSS("#counts")),
 		chromedp.WaitVisible(chromedp.CSS(`#checks tr[data-check="R10"]`)),
 	))
+	if hash, err := chromedp.Run(bctx, chromedp.Evaluate[string](`location.hash`)); err != nil || hash != "#/runs/"+runID {
+		t.Errorf("a run id in lower case left the page at %q (%v), want #/runs/%s", hash, err, runID)
+	}
 	contains("#run-summary", "158 of 240 items done", "Estimated finish", "travis-gis", "120 / 160", "hays-gis")
 	contains("#verdict", "Not balanced", "R4")
 	contains(`#checks tr.row-fail[data-check="R4"]`, "FAIL", "\u22121", "10877")

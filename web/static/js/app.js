@@ -34,6 +34,13 @@ function route() {
   }
   nav.hidden = false;
   signout.hidden = false;
+  // A run id (a ULID) reads the same in either case; its pages show it in
+  // capitals, as runs are stored and the API answers them.
+  const canon = path.replace(/^(#\/runs\/)([0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26})(?=\/|$)/, (_, pre, id) => pre + id.toUpperCase());
+  if (canon !== path) {
+    location.replace(canon + hash.slice(path.length));
+    return;
+  }
   for (const [re, section, page] of routes) {
     const m = re.exec(path);
     if (!m) continue;
