@@ -124,19 +124,27 @@ func decodeRequest(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// canonicalRunID hands a run route's id over in capitals when it is a ULID
-// written in lower or mixed case: a ULID reads the same in either case, and
-// runs are stored under its capitals.
+// canonicalRunID hands a run route's id over as CanonicalRunID has it.
 func canonicalRunID(c echo.Context) {
 	names, values := c.ParamNames(), slices.Clone(c.ParamValues())
 	for i, name := range names {
 		if name == "id" && i < len(values) {
-			if up := strings.ToUpper(values[i]); up != values[i] && runIDPattern.MatchString(up) {
-				values[i] = up
+			if id := CanonicalRunID(values[i]); id != values[i] {
+				values[i] = id
 				c.SetParamValues(values...)
 			}
 		}
 	}
+}
+
+// CanonicalRunID is id in capitals when it is a ULID written in lower or
+// mixed case (a ULID reads the same in either case, and runs are stored
+// under its capitals); any other id as given.
+func CanonicalRunID(id string) string {
+	if up := strings.ToUpper(id); up != id && runIDPattern.MatchString(up) {
+		return up
+	}
+	return id
 }
 
 // badQueryParam returns the first parameter of a raw query whose name or

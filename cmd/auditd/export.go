@@ -7,10 +7,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/registry"
 	"github.com/auditd/auditd/reports"
@@ -33,7 +33,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "auditd export: %v\n", err)
 		return 2
 	}
-	*runID = canonicalRunID(*runID)
+	*runID = api.CanonicalRunID(*runID)
 	switch {
 	case *runID == "":
 		return fs.fail("--run is required: the id of the run to export")
@@ -219,16 +219,3 @@ func (p *progressBar) done() {
 		fmt.Fprintln(p.w)
 	}
 }
-
-// canonicalRunID is id in capitals when it is a ULID written in lower or
-// mixed case (a ULID reads the same in either case, and runs are stored
-// under its capitals); any other id as given.
-func canonicalRunID(id string) string {
-	if up := strings.ToUpper(id); up != id && ulidPattern.MatchString(up) {
-		return up
-	}
-	return id
-}
-
-// ulidPattern is a ULID in capitals, as run ids are made.
-var ulidPattern = regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}$`)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/pack"
 	"github.com/auditd/auditd/reports"
@@ -49,7 +50,7 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	for i := range runs {
-		runs[i] = canonicalRunID(runs[i])
+		runs[i] = api.CanonicalRunID(runs[i])
 	}
 	switch {
 	case *fleet && (len(runs) != 1 || *server == "" || *out == "" || *award != ""):

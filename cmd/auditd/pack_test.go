@@ -108,7 +108,8 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	pack1 := filepath.Join(dir, "pack1.zip")
-	if code, out, errOut := runCmd(t, "pack", "--data", data, "--run", run1, "--out", pack1); code != 0 || !strings.Contains(out, ": 1 run, ") {
+	// The run's id in lower case, as pasted: a ULID reads the same.
+	if code, out, errOut := runCmd(t, "pack", "--data", data, "--run", strings.ToLower(run1), "--out", pack1); code != 0 || !strings.Contains(out, ": 1 run, ") {
 		t.Fatalf("pack: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut := runCmd(t, "verify", "--pack", pack1, "--key", key)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/auditd/auditd"
+	"github.com/auditd/auditd/api"
 	"github.com/auditd/auditd/ledger"
 	"github.com/auditd/auditd/reports"
 	"github.com/auditd/auditd/staging"
@@ -59,7 +60,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		maxStale = d
 	}
-	*runID = canonicalRunID(*runID)
+	*runID = api.CanonicalRunID(*runID)
 	switch {
 	case *runID == "":
 		return fs.fail("--run is required: the id of the run to reconcile")
