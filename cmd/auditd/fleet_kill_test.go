@@ -21,6 +21,7 @@ func TestFleetNodeKilledAndRestarted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three etcd members and three auditd nodes, one of them twice")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the long fleet tests
 	const limit, token = 20, "fleet-admin-token-0123456789abcdef"
 	cluster := etcdtest.Start(t, 3)
 	eps := cluster.Endpoints()

@@ -380,6 +380,7 @@ func TestFleetRunAcrossNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd and three auditd nodes")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the long fleet tests
 	const limit, token = 25, "fleetrun-admin-token-0123456789abcdef"
 	// A slow upstream: some requests are always on the wire, so the
 	// SIGKILL cuts some off after their dispatch was recorded.

@@ -95,6 +95,7 @@ func TestEvidencePackFromRealRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts auditd serve")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the long fleet tests
 	up := packUpstream(t)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "sources.yaml")

@@ -26,6 +26,7 @@ func TestMetricsAndLogs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts auditd")
 	}
+	t.Parallel() // bound by the clock, not the CPU: it runs beside the long fleet tests
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
