@@ -81,14 +81,18 @@ func TestProxyAnswersSayWhose(t *testing.T) {
 	}
 }
 
-// originProxy answers with the origin auditd passed to the fetch loop.
-type originProxy struct{}
+// echoProxy answers with what it reads of the request auditd passed to the
+// fetch loop.
+type echoProxy func(*auditd.ProxyRequest) string
 
-func (originProxy) Proxy(_ context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (auditd.ProxyMeta, error) {
+func (f echoProxy) Proxy(_ context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (auditd.ProxyMeta, error) {
 	meta := auditd.ProxyMeta{RunID: req.RunID, ItemKey: "k", Attempts: 1}
-	io.WriteString(out.Start(200, http.Header{"Content-Type": {"text/plain"}}, &meta), req.Origin)
+	io.WriteString(out.Start(200, http.Header{"Content-Type": {"text/plain"}}, &meta), f(req))
 	return meta, nil
 }
+
+// originProxy answers with the origin auditd passed to the fetch loop.
+var originProxy = echoProxy(func(req *auditd.ProxyRequest) string { return req.Origin })
 
 // TestProxyOriginIsWhatTheClientReached: the links a rewritten response
 // names point where the client reached auditd, so the proxy route tells
@@ -96,7 +100,7 @@ func (originProxy) Proxy(_ context.Context, req *auditd.ProxyRequest, out auditd
 // reverse proxy.
 func TestProxyOriginIsWhatTheClientReached(t *testing.T) {
 	e := newEnv(t)
-	e.srv.Proxy = originProxy{}
+	e.srv.Proxy = originProxy
 	host := strings.TrimPrefix(e.url, "http://")
 	for _, tc := range []struct {
 		name, proto, want string

@@ -1,8 +1,6 @@
 package api_test
 
 import (
-	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -10,15 +8,6 @@ import (
 	"github.com/auditd/auditd"
 	"github.com/auditd/auditd/auth"
 )
-
-// runIDProxy answers with the run id auditd passed to the fetch loop.
-type runIDProxy struct{}
-
-func (runIDProxy) Proxy(_ context.Context, req *auditd.ProxyRequest, out auditd.ProxyResponder) (auditd.ProxyMeta, error) {
-	meta := auditd.ProxyMeta{RunID: req.RunID, ItemKey: "k", Attempts: 1}
-	io.WriteString(out.Start(200, http.Header{"Content-Type": {"text/plain"}}, &meta), req.RunID)
-	return meta, nil
-}
 
 // TestRunIDInEitherCase: a ULID reads the same in either case, so a run id
 // pasted in lower case finds the run, on its routes and in Auditd-Run, and
@@ -40,7 +29,7 @@ func TestRunIDInEitherCase(t *testing.T) {
 	if r := e.do(request{path: "/v1/runs/not-a-run", secret: aud}); r.status != http.StatusNotFound {
 		t.Errorf("GET /v1/runs/not-a-run: %d %s, want 404", r.status, r.body)
 	}
-	e.srv.Proxy = runIDProxy{}
+	e.srv.Proxy = echoProxy(func(req *auditd.ProxyRequest) string { return req.RunID })
 	if r := e.do(request{path: "/proxy/county/q", secret: op, header: map[string]string{"Auditd-Run": lower}}); r.status != http.StatusOK || string(r.body) != e.runID {
 		t.Errorf("Auditd-Run %s reached the fetch loop as %q (%d), want %s", lower, r.body, r.status, e.runID)
 	}
