@@ -244,6 +244,17 @@ func TestReconcileExitCodesFromRealRuns(t *testing.T) {
 		t.Fatalf("graceful shutdown: %v\n%s", err, srv.logs)
 	}
 	t.Run("Offline", func(t *testing.T) { check(t, []string{"--data", data}) })
+	t.Run("ExportInLowerCase", func(t *testing.T) {
+		// The run's id in lower case, as pasted: a ULID reads the same,
+		// and the workbook is named with its capitals.
+		out := t.TempDir()
+		if code, stdout, stderr := runCmd(t, "export", "--data", data, "--run", strings.ToLower(good.ID), "--out", out); code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+		}
+		if _, err := os.Stat(filepath.Join(out, "evidence-"+good.ID+".xlsx")); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 // get reads path from the server whole.
