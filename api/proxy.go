@@ -176,8 +176,7 @@ func (s *Server) proxyRequest(c echo.Context) (*auditd.ProxyRequest, error) {
 	}
 	req := &auditd.ProxyRequest{SourceID: source, Method: r.Method, Path: path, Origin: proxyOrigin(r)}
 
-	req.RunID = r.Header.Get(ProxyRunHeader)
-	req.RunID = CanonicalRunID(req.RunID)
+	req.RunID = CanonicalRunID(r.Header.Get(ProxyRunHeader))
 	if req.RunID == "" {
 		return nil, invalid(ProxyRunHeader, "Every proxied request names its run in %s; create one with POST /v1/runs {\"name\":...,\"mode\":\"proxy\"}.", ProxyRunHeader)
 	}

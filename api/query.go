@@ -126,14 +126,17 @@ func decodeRequest(next echo.HandlerFunc) echo.HandlerFunc {
 
 // canonicalRunID hands a run route's id over as CanonicalRunID has it.
 func canonicalRunID(c echo.Context) {
-	names, values := c.ParamNames(), slices.Clone(c.ParamValues())
-	for i, name := range names {
-		if name == "id" && i < len(values) {
-			if id := CanonicalRunID(values[i]); id != values[i] {
-				values[i] = id
-				c.SetParamValues(values...)
-			}
+	values := c.ParamValues()
+	for i, name := range c.ParamNames() {
+		if name != "id" || i >= len(values) {
+			continue
 		}
+		if id := CanonicalRunID(values[i]); id != values[i] {
+			values = slices.Clone(values)
+			values[i] = id
+			c.SetParamValues(values...)
+		}
+		return
 	}
 }
 

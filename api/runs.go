@@ -201,32 +201,26 @@ func (s *Server) handleListRuns(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if runs == nil {
-		runs = []auditd.RunView{}
-	}
+	// On a fleet node, each run that is a part of a fleet run says so.
+	var parts map[string]FleetPartOf
 	if s.Fleet != nil {
-		// On a fleet node, each run that is a part of a fleet run says so.
 		ids := make([]string, len(runs))
 		for i, r := range runs {
 			ids[i] = r.ID
 		}
-		parts := s.Fleet.PartsOf(c.Request().Context(), ids)
-		marked := make([]runInFleet, len(runs))
-		for i, r := range runs {
-			marked[i].RunView = r
-			if p, ok := parts[r.ID]; ok {
-				marked[i].Fleet = &p
-			}
+		parts = s.Fleet.PartsOf(c.Request().Context(), ids)
+	}
+	marked := make([]runInFleet, len(runs))
+	for i, r := range runs {
+		marked[i].RunView = r
+		if p, ok := parts[r.ID]; ok {
+			marked[i].Fleet = &p
 		}
-		return c.JSON(http.StatusOK, struct {
-			Runs       []runInFleet `json:"runs"`
-			NextCursor string       `json:"next_cursor,omitempty"`
-		}{Runs: marked, NextCursor: encodeCursor(next)})
 	}
 	return c.JSON(http.StatusOK, struct {
-		Runs       []auditd.RunView `json:"runs"`
-		NextCursor string           `json:"next_cursor,omitempty"`
-	}{Runs: runs, NextCursor: encodeCursor(next)})
+		Runs       []runInFleet `json:"runs"`
+		NextCursor string       `json:"next_cursor,omitempty"`
+	}{Runs: marked, NextCursor: encodeCursor(next)})
 }
 
 // runInFleet is a run of a fleet node: Fleet is set on a part of a fleet

@@ -70,32 +70,36 @@ func VerifyFleet(fp *FleetPack, opts FleetOptions) (*FleetReport, error) {
 		r.fail("%s: a node pack %s does not list", name, FileFleetManifest)
 	}
 	cosigners := map[string]bool{}
+	// Each node is verified with the key the pack names for it; a trusted
+	// key that differs is one problem, and the node's part is checked no
+	// further: checked with a key not its own, everything the node signed
+	// would fail again. Its cosignature and workbook rows are still taken
+	// as the pack's key.
 	used := map[string]string{} // the key each node is verified with
 	for _, n := range m.Nodes {
 		key := n.Key
-		if k, ok := opts.Keys[n.Name]; ok && k != n.Key {
-			// One problem says it: checked with a key that is not its
-			// own, everything the node signed would fail again. Its part
-			// is checked no further; its cosignature and workbook rows
-			// are taken as the key the pack names.
-			r.fail("node %s: %s names key %q for it, not the trusted key %q; the node's part is not checked further", n.Name, FileFleetManifest, n.Key, k)
-			used[n.Name] = n.Key
-			if v, err := witness.NewVerifier(n.Key); err == nil {
-				cosigners[v.Name()] = true
-			}
-			continue
-		} else if !ok && r.KeysTrusted {
+		used[n.Name] = key
+		trusted, given := opts.Keys[n.Name]
+		mismatch := given && trusted != key
+		switch {
+		case mismatch:
+			r.fail("node %s: %s names key %q for it, not the trusted key %q; the node's part is not checked further", n.Name, FileFleetManifest, key, trusted)
+		case !given && r.KeysTrusted:
 			r.fail("node %s: no trusted key given for it (give one for every node of the pack, or none)", n.Name)
 		}
-		used[n.Name] = key
-		if v, err := witness.NewVerifier(key); err != nil {
-			r.fail("node %s: key: %v", n.Name, err)
-		} else {
+		v, err := witness.NewVerifier(key)
+		switch {
+		case err == nil:
 			cosigners[v.Name()] = true
-			if text != "" {
-				if _, err := witness.Cosigned(fp.Checkpoint, v); err != nil {
-					r.fail("node %s: %s: %v", n.Name, FileFleetCheckpoint, err)
-				}
+		case !mismatch:
+			r.fail("node %s: key: %v", n.Name, err)
+		}
+		if mismatch {
+			continue
+		}
+		if err == nil && text != "" {
+			if _, err := witness.Cosigned(fp.Checkpoint, v); err != nil {
+				r.fail("node %s: %s: %v", n.Name, FileFleetCheckpoint, err)
 			}
 		}
 		nodeTree, ok := verifyFleetLeaf(n, key, tree, r)
