@@ -61,6 +61,18 @@ type Outcomes struct {
 	Refused int64 // 429, or a spent quota
 }
 
+// MaxWindow is the longest window a rate of the fleet is counted over, the
+// limiter's (limiter.MaxWindow). A longer one (a window of 10^20 seconds
+// that parses to the longest time.Duration) would overflow the slots'
+// spacing, and every reservation of the key would fail on every node.
+const MaxWindow = 366 * 24 * time.Hour
+
+// Valid reports whether r can be the fleet's rate: a positive limit over a
+// window of at most MaxWindow.
+func (r Rate) Valid() bool {
+	return r.Limit > 0 && r.Window > 0 && r.Window <= MaxWindow
+}
+
 // PerSecond is r's limit a second, to order and show rates.
 func (r Rate) PerSecond() float64 {
 	if r.Window <= 0 {
@@ -87,6 +99,9 @@ func (s *Store) Limit(ctx context.Context, key string) (Limit, error) {
 // returns the limit in force: the first node to share a key sets where
 // the fleet's learning starts.
 func (s *Store) Start(ctx context.Context, key string, r Rate, by string) (Limit, error) {
+	if !r.Valid() {
+		return Limit{}, fmt.Errorf("start %s at %d per %v: %w", key, r.Limit, r.Window, ErrInvalidRate)
+	}
 	l, _, err := s.swapLimit(ctx, key, Limit{}, Limit{Rate: r, Cause: CauseStart}, by)
 	if err != nil {
 		return Limit{}, fmt.Errorf("start %s: %w", key, err)
@@ -98,6 +113,9 @@ func (s *Store) Start(ctx context.Context, key string, r Rate, by string) (Limit
 // compare-and-swap retried on conflict, forgetting any refusal remembered:
 // an operator set it.
 func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, error) {
+	if !r.Valid() {
+		return Limit{}, fmt.Errorf("set %s to %d per %v: %w", key, r.Limit, r.Window, ErrInvalidRate)
+	}
 	cur, err := s.Limit(ctx, key)
 	for err == nil {
 		var ok bool
@@ -116,6 +134,9 @@ func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, 
 // cutting for the same refusals finds the limit already low enough. It
 // returns the limit in force and whether this call wrote it.
 func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, cause, by string) (Limit, bool, error) {
+	if !to.Valid() {
+		return Limit{}, false, fmt.Errorf("cut %s to %d per %v: %w", key, to.Limit, to.Window, ErrInvalidRate)
+	}
 	cur, err := s.Limit(ctx, key)
 	for err == nil {
 		if cur.Revision != 0 && cur.Rate.PerSecond() <= to.PerSecond() {
@@ -252,7 +273,7 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 		}
 		n[i] = v
 	}
-	if n[0] <= 0 || n[1] <= 0 || n[0] > math.MaxInt32 {
+	if n[0] <= 0 || n[1] <= 0 || n[0] > math.MaxInt32 || time.Duration(n[1]) > MaxWindow {
 		return Limit{}, bad
 	}
 	l := Limit{Key: key, Rate: Rate{Limit: int(n[0]), Window: time.Duration(n[1])}, By: f[5], Cause: cause, Revision: kvs[0].ModRevision}
@@ -267,15 +288,31 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 // key's learner, or a cut, agreed on. Held blocks keep their spacing. It
 // returns the rate applied.
 func (s *Slots) SetRate(r Rate) Rate {
-	if r.Limit <= 0 || r.Window <= 0 || r.PerSecond() > s.cfg.Rate.PerSecond() {
+	if !r.Valid() || r.PerSecond() > s.cfg.Rate.PerSecond() {
 		r = s.cfg.Rate
 	}
-	iv := Interval(r, s.cfg.Grace, s.cfg.MaxSkew).Nanoseconds()
+	iv := guarded(r, s.cfg.Rate, s.cfg.Grace, s.cfg.MaxSkew).Nanoseconds()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.interval = iv
 	s.max = max(1, int(s.cfg.Block.Nanoseconds()/iv))
 	return r
+}
+
+// guarded is the spacing of r's slots (Interval) with the guard also held
+// over the ceiling's window: a learned rate is often counted over a longer
+// window than the ceiling's (scale: 200 per 20 s, not 10 per second), which
+// spreads the guard over it, and slots spaced by it alone could put 11
+// takes in a second of a told 10 per second.
+func guarded(r, ceiling Rate, grace, skew time.Duration) time.Duration {
+	iv := Interval(r, grace, skew)
+	if ceiling.Window <= 0 || r.Window == ceiling.Window {
+		return iv
+	}
+	if n := int(r.PerSecond() * ceiling.Window.Seconds()); n >= 1 {
+		iv = max(iv, Interval(Rate{Limit: n, Window: ceiling.Window}, grace, skew))
+	}
+	return iv
 }
 
 // Spent marks, fleet-wide, that key's window was seen spent at at: the

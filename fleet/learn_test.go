@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,13 @@ func TestRaiseRule(t *testing.T) {
 		if c.name == "a limit that rose: slow start again" && (got.Refused != fleet.Rate{}) {
 			t.Errorf("%s: the refusal is still remembered: %+v", c.name, got)
 		}
+	}
+	// A probe that reaches the told ceiling is the ceiling itself, counted
+	// over its own window, not the probe's longer one (200 per 20 s).
+	ceiling := fleet.Rate{Limit: 10, Window: time.Second}
+	probing := at(refused(ceiling, time.Minute), fleet.Rate{Limit: 195, Window: 20 * time.Second})
+	if got, raise := fleet.Raise(probing, ceiling, fleet.Outcomes{OK: 20}, period, now); got.Rate != ceiling || !raise {
+		t.Errorf("a probe reaching the ceiling: Raise = %v %v, want %v true", got.Rate, raise, ceiling)
 	}
 	for _, c := range []struct{ cur, want fleet.Rate }{
 		{fleet.Rate{Limit: 1, Window: time.Second}, fleet.Rate{Limit: 75, Window: 100 * time.Second}},
@@ -114,6 +122,18 @@ func TestCutLowersOnly(t *testing.T) {
 	}
 	if got, err := a.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 30 || got.Revision != l.Revision || got.Refused != refused || got.RefusedAt.IsZero() || got.Cause != fleet.CauseWindowSpent || got.By != "b" {
 		t.Fatalf("Limit = %+v %v, want 30 at %d, window_spent by b", got, err, l.Revision)
+	}
+	// A rate over a window past fleet.MaxWindow is lower than any, and
+	// would stop the key on every node: no write takes it.
+	huge := fleet.Rate{Limit: 100, Window: math.MaxInt64}
+	if _, _, err := a.Cut(ctx, "geo", huge, refused, fleet.CauseQuota, "a"); !errors.Is(err, fleet.ErrInvalidRate) {
+		t.Fatalf("cut to %v: %v, want ErrInvalidRate", huge, err)
+	}
+	if _, err := a.Set(ctx, "geo", huge, "a"); !errors.Is(err, fleet.ErrInvalidRate) {
+		t.Fatalf("set to %v: %v, want ErrInvalidRate", huge, err)
+	}
+	if got, err := a.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 30 {
+		t.Fatalf("Limit = %+v %v after the refused writes, want 30 kept", got, err)
 	}
 }
 

@@ -243,8 +243,8 @@ func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.T
 	default:
 		next.Rate = scale(r, 1.03)
 	}
-	if ceiling.Limit > 0 && next.Rate.PerSecond() > ceiling.PerSecond() {
-		next.Rate = ceiling
+	if ceiling.Limit > 0 && next.Rate.PerSecond() >= ceiling.PerSecond() {
+		next.Rate = ceiling // at the ceiling, counted over its window
 	}
 	return next, next.Rate.PerSecond() > r.PerSecond()
 }

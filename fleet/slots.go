@@ -123,7 +123,7 @@ type Stats struct {
 // NewSlots returns the Slots of cfg.Key on backend, with time read from c. It
 // holds no slot until Open starts it and a taker asks.
 func NewSlots(backend Backend, c clock.Clock, cfg Config) (*Slots, error) {
-	if cfg.Rate.Limit <= 0 || cfg.Rate.Window <= 0 {
+	if !cfg.Rate.Valid() {
 		return nil, fmt.Errorf("slots %s: %d per %v: %w", cfg.Key, cfg.Rate.Limit, cfg.Rate.Window, ErrInvalidRate)
 	}
 	for _, d := range []struct {
@@ -150,7 +150,10 @@ func NewSlots(backend Backend, c clock.Clock, cfg Config) (*Slots, error) {
 // two nodes' clocks may differ, divided by the limit, rounded up. Slots that
 // far apart put at most Limit takes in any Window of real time.
 func Interval(r Rate, grace, skew time.Duration) time.Duration {
-	span := int64(r.Window + grace + skew)
+	if !r.Valid() {
+		r = Rate{Limit: 1, Window: MaxWindow} // the sparsest the fleet counts
+	}
+	span := int64(r.Window + grace + skew) // at most a year and a few seconds
 	return time.Duration((span + int64(r.Limit) - 1) / int64(r.Limit))
 }
 

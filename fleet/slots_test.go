@@ -3,6 +3,8 @@ package fleet_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -164,6 +166,24 @@ func TestIntervalAddsGraceAndSkew(t *testing.T) {
 	// Rounded up: 1s+0+0 over 3 is 333333333.33 ns.
 	if got := fleet.Interval(fleet.Rate{Limit: 3, Window: time.Second}, 0, 0); got != 333333334 {
 		t.Fatalf("interval %v, want rounded up", got)
+	}
+}
+
+// TestSlotsRateBeyondTheLongestWindow: a rate over a window past
+// fleet.MaxWindow (one that saturated parsing, 10^20 s) neither overflows
+// the spacing nor becomes the node's rate: the told ceiling stays.
+func TestSlotsRateBeyondTheLongestWindow(t *testing.T) {
+	huge := fleet.Rate{Limit: 100, Window: math.MaxInt64}
+	if got := fleet.Interval(huge, fleet.DefaultGrace, fleet.DefaultMaxSkew); got <= 0 {
+		t.Fatalf("interval %v of %v, want positive", got, huge)
+	}
+	ceiling := fleet.Rate{Limit: 10, Window: time.Second}
+	s, _, _, _ := openSlots(t, fleet.Config{Rate: ceiling})
+	if got := s.SetRate(huge); got != ceiling {
+		t.Fatalf("SetRate(%v) applied %v, want the ceiling %v", huge, got, ceiling)
+	}
+	if _, err := fleet.NewSlots(newMemBackend(clock.NewFake(t0)), clock.NewFake(t0), fleet.Config{Rate: huge}); !errors.Is(err, fleet.ErrInvalidRate) {
+		t.Fatalf("NewSlots at %v: %v, want ErrInvalidRate", huge, err)
 	}
 }
 
@@ -494,9 +514,26 @@ func TestSlotsCostRefusedAfterACutAsksForNothing(t *testing.T) {
 // TestSlotsGuardKeepsLateTakesUnderTheLimit takes the first slot as late as
 // its grace allows and every other at its time: the slots' spacing keeps
 // even that inside the limit in every window.
+//
+// A learned rate at the ceiling or just under it, counted over a longer
+// window (fleet.Raise scales 10 a second to 200 per 20 s), holds the guard
+// over the ceiling's window too.
 func TestSlotsGuardKeepsLateTakesUnderTheLimit(t *testing.T) {
 	rate := fleet.Rate{Limit: 10, Window: time.Second}
-	s, fc, _, _ := openSlots(t, fleet.Config{Rate: rate})
+	for _, learned := range []fleet.Rate{{}, {Limit: 200, Window: 20 * time.Second},
+		{Limit: 99, Window: 10 * time.Second}, {Limit: 156, Window: 16 * time.Second}} {
+		t.Run(fmt.Sprintf("%d_per_%v", learned.Limit, learned.Window), func(t *testing.T) {
+			s, fc, _, _ := openSlots(t, fleet.Config{Rate: rate})
+			if learned.Limit > 0 {
+				s.SetRate(learned)
+			}
+			guardedTakes(t, s, fc, rate)
+		})
+	}
+}
+
+func guardedTakes(t *testing.T, s *fleet.Slots, fc *clock.Fake, rate fleet.Rate) {
+	t.Helper()
 	var takes []time.Time
 	for len(takes) < 3*rate.Limit {
 		changed := s.Changed()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -169,13 +170,20 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 	l.observed(clk.Now(), limiter.ClassSuccess, quota(1200)) // 20/s
 	holds(9, "a quota above the limit")
+	// Nor does a quota over more than a day, or over a window that
+	// saturated parsing (X-RateLimit-Window: 10^20): cut to, it would
+	// push the key's arrival time out of reach, or overflow its slots.
+	for _, w := range []time.Duration{48 * time.Hour, math.MaxInt64} {
+		l.observed(clk.Now(), limiter.ClassSuccess, hints.Hint{Limit: 100, HasLimit: true, Window: w, HasWindow: true})
+		holds(9, fmt.Sprintf("a quota of 100 per %v", w))
+	}
 	l.observed(clk.Now(), limiter.ClassSuccess, quota(300)) // 5/s
 	if got := stored(); ratePerSecond(got.Rate) != 5 || got.Refused != (fleet.Rate{Limit: 300, Window: time.Minute}) {
 		t.Fatalf("an advertised 5/s left the fleet at %+v", got)
 	}
 	applied(5)
-	if ok, refused := l.ok.Load(), l.refused.Load(); ok != 7 || refused != 9 {
-		t.Errorf("counted %d answers and %d refusals, want 7 and 9", ok, refused)
+	if ok, refused := l.ok.Load(), l.refused.Load(); ok != 9 || refused != 9 {
+		t.Errorf("counted %d answers and %d refusals, want 9 and 9", ok, refused)
 	}
 
 	// A span within a tenth of a common window length is that length: the

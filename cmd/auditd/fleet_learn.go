@@ -13,6 +13,10 @@ import (
 	"github.com/auditd/auditd/registry"
 )
 
+// maxAdvertisedWindow is the longest quota window a server may advertise
+// that the fleet is held to (a day's quota, as public APIs have).
+const maxAdvertisedWindow = 24 * time.Hour
+
 // fleetOutcomesEvery is how often a node puts its outcomes of a key for the key's
 // learner (one etcd write a key a node, when they changed).
 const fleetOutcomesEvery = time.Second
@@ -193,7 +197,10 @@ func (l *fleetLearning) report(ctx context.Context) {
 // the server does not keep the quota it advertises.
 func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hint) {
 	told := fleet.Rate{Limit: h.Limit, Window: h.Window}
-	advertised := h.HasLimit && h.HasWindow && told.Limit > 0 && told.Window > 0
+	// A quota over more than a day (or a window that saturated parsing) is
+	// not one to cut the fleet to: each slot of it would push the key's
+	// shared arrival time, which never comes back, hours ahead.
+	advertised := h.HasLimit && h.HasWindow && told.Valid() && told.Window <= maxAdvertisedWindow
 	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
 	plain := c == limiter.ClassThrottled && !h.HasRetryAfter && !spent
 	l.mu.Lock()
