@@ -130,6 +130,9 @@ func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, agai
 		return 0, false, false
 	}
 	if err != nil {
+		s.mu.Lock()
+		s.retry = true // size counted the run as served: due would wait for a taker
+		s.mu.Unlock()
 		if !cut {
 			s.setCut(true)
 			s.notify(Event{Kind: EventCutOff, Key: s.cfg.Key, At: s.clock.Now(), Err: err})
@@ -150,7 +153,7 @@ func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, agai
 // due reports whether a reservation is needed now and, when not, how long
 // until it will be (0: not until a taker asks). The caller holds s.mu.
 func (s *Slots) due(now int64) (time.Duration, bool) {
-	if s.need > 0 {
+	if s.need > 0 || s.retry {
 		return 0, true
 	}
 	if s.usedRun < 2 {
@@ -265,7 +268,7 @@ func (s *Slots) add(b Block, from time.Time) {
 	s.lastSlot = b.Slot(b.Count - 1).UnixNano()
 	s.stats.Blocks++
 	s.stats.Reserved += int64(b.Count)
-	s.need = 0
+	s.need, s.retry = 0, false
 	s.expire(s.clock.Now().UnixNano())
 	s.broadcast()
 }

@@ -93,6 +93,7 @@ type Slots struct {
 	streak   int           // reservations in a row that found the node busy
 	trip     time.Duration // how long the last reservation took, up to Lead
 	need     int           // largest cost a taker found too few slots for since the last reservation; 0 when none
+	retry    bool          // the last reservation failed: try again after Retry, taker or not
 	usedRun  int           // slots used since the last reservation
 	lateRun  int64         // nanoseconds: the latest after its time a slot was taken since the last reservation
 	lostRun  int           // slots wasted since the last reservation

@@ -427,6 +427,31 @@ func TestSlotsCutOffStopsAtTheBlockAndRejoins(t *testing.T) {
 	}
 }
 
+// TestSlotsFailedReserveAheadIsRetried: a reservation ahead that fails
+// while the node still holds slots is tried again every Retry, not only
+// once a taker runs dry, and the node rejoins as soon as etcd answers.
+func TestSlotsFailedReserveAheadIsRetried(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: time.Second, Lead: 150 * time.Millisecond})
+	c := grow4(t, s, fc, events)
+	mb.setFail(errors.New("etcd unreachable"))
+	takeAt(t, s, fc, c, 0, 1) // half the block used: the node reserves ahead
+	if e := next(t, events); e.Kind != fleet.EventCutOff {
+		t.Fatalf("event %+v, want cut_off", e)
+	}
+	fc.WaitForTimers(1) // the loop waits to try again
+	mb.setFail(nil)
+	fc.Advance(fleet.DefaultRetry) // no taker asks meanwhile
+	if e := next(t, events); e.Kind != fleet.EventRejoined {
+		t.Fatalf("event %+v, want rejoined", e)
+	}
+	if e := next(t, events); e.Kind != fleet.EventReserved {
+		t.Fatalf("event %+v, want the block reserved ahead", e)
+	}
+	if s.Stats().CutOff {
+		t.Fatalf("still cut off after rejoining: %+v", s.Stats())
+	}
+}
+
 func TestSlotsLearnedPauseDropsHeldSlots(t *testing.T) {
 	s, fc, mb, events := openSlots(t, fleet.Config{Block: 300 * time.Millisecond, Lead: 150 * time.Millisecond})
 	b := grow(t, s, fc, events) // slots held at 103ms and 206ms
