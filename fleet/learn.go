@@ -152,10 +152,10 @@ func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, cause, by
 }
 
 // swapLimit writes next (its Rate, Refused, RefusedAt and Cause) over from when
-// key's limit is still at from's revision; otherwise it returns the limit
-// found and false.
-func (s *Store) swapLimit(ctx context.Context, key string, from Limit, next Limit, by string) (Limit, bool, error) {
-	rev, now, err := s.putAt(ctx, s.limitKey(key), from.Revision, limitValue(next, by))
+// key's limit is still at from's revision and every guard holds; otherwise
+// it returns the limit found and false.
+func (s *Store) swapLimit(ctx context.Context, key string, from Limit, next Limit, by string, guard ...clientv3.Cmp) (Limit, bool, error) {
+	rev, now, err := s.putAt(ctx, s.limitKey(key), from.Revision, limitValue(next, by), guard...)
 	if err != nil {
 		return Limit{}, false, err
 	}

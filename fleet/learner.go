@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/auditd/auditd/clock"
@@ -72,6 +73,7 @@ type Learner struct {
 	clock   clock.Clock
 	leading atomic.Bool
 	last    map[string]Outcomes
+	lastAt  time.Time // when last was read
 }
 
 // NewLearner returns the learner of cfg.Key on store.
@@ -142,20 +144,29 @@ func (l *Learner) term(ctx context.Context) error {
 			return fmt.Errorf("learner %s: lease lost", l.cfg.Key)
 		case <-t.C():
 		}
-		if err := l.step(ctx); err != nil {
+		if err := l.step(ctx, el); err != nil {
 			return err
 		}
 	}
 }
 
 // step reads the fleet's outcomes since the last step and raises the limit
-// when the rules say so.
-func (l *Learner) step(ctx context.Context) error {
+// when the rules say so. It takes at most DefaultTimeout, and its raise is
+// written only while el is still the key's leader: a learner whose lease
+// ran out during a stalled step writes nothing over its successor's.
+func (l *Learner) step(ctx context.Context, el *concurrency.Election) error {
+	ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+	defer cancel()
 	obs, err := l.store.outcomes(ctx, l.cfg.Key)
 	if err != nil {
 		return err
 	}
-	first := l.last == nil
+	// Outcomes over more than a period and a half (a step that stalled,
+	// or a term's first) are not one period's: the rules' thresholds are
+	// a period's, and any long spell passes them. Start counting again.
+	now := l.clock.Now()
+	first := l.last == nil || now.Sub(l.lastAt) > l.cfg.Period*3/2
+	l.lastAt = now
 	var d Outcomes
 	for node, o := range obs {
 		p := l.last[node]
@@ -177,14 +188,15 @@ func (l *Learner) step(ctx context.Context) error {
 	if cur.SpentAt, err = l.store.SpentAt(ctx, l.cfg.Key); err != nil {
 		return err
 	}
-	next, raise := Raise(cur, l.cfg.Ceiling, d, l.cfg.Period, l.clock.Now())
+	next, raise := Raise(cur, l.cfg.Ceiling, d, l.cfg.Period, now)
 	next.SpentAt = time.Time{}
 	if !raise {
 		return nil
 	}
 	next.Cause = CauseRaise
-	_, _, err = l.store.swapLimit(ctx, l.cfg.Key, cur, next, l.cfg.Node)
-	return err // a cut written meanwhile wins: the swap fails, nothing to do
+	leader := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())
+	_, _, err = l.store.swapLimit(ctx, l.cfg.Key, cur, next, l.cfg.Node, leader)
+	return err // a cut written meanwhile, or another learner elected, wins: the swap fails, nothing to do
 }
 
 // Raise is the learner's rule, applied each period to the fleet's

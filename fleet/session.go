@@ -23,7 +23,11 @@ func (s *Store) session(ctx context.Context, ttl int) (*concurrency.Session, err
 			return sess, nil
 		}
 	}
-	lease, err := s.client.Grant(ctx, int64(ttl))
+	// Bounded: without a quorum a grant waits for ever, and every other
+	// key's campaign and Release wait on smu behind it.
+	gctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+	defer cancel()
+	lease, err := s.client.Grant(gctx, int64(ttl))
 	if err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/v3/concurrency"
+
 	"github.com/auditd/auditd/clock"
 	"github.com/auditd/auditd/internal/etcdtest"
 )
@@ -256,5 +258,75 @@ func checkAlone(t *testing.T, a *simNode, from, to time.Duration) {
 	t.Helper()
 	if n := a.grantsIn(from, to); n > 4 {
 		t.Errorf("a, alone, was granted %d blocks from %v to %v, want at most 4", n, from, to)
+	}
+}
+
+// TestRaiseFencedByLeadership: a learner's raise is written only while its
+// election is the key's leader. One whose leadership ended during a step
+// (its lease lapsed, another node elected) writes nothing, though the
+// outcomes it read say raise.
+func TestRaiseFencedByLeadership(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	store := NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	ctx := context.Background()
+	start := Rate{Limit: 100, Window: 10 * time.Second}
+	if _, err := store.Start(ctx, "geo", start, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	fc := clock.NewFake(time.Unix(1e9, 0))
+	l := NewLearner(store, fc, LearnerConfig{Key: "geo", Node: "n1", Start: start})
+	sess, err := store.session(ctx, DefaultLeaseTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	el := concurrency.NewElection(sess, store.leaderKey("geo"))
+	if err := el.Campaign(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	busy := func(ok int64) {
+		t.Helper()
+		if err := store.Report(ctx, "geo", "n1", Outcomes{OK: ok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy(0)
+	if err := l.step(ctx, el); err != nil { // the first read: a baseline
+		t.Fatal(err)
+	}
+	busy(20) // 10/s over a period, the limit in force: slow start raises
+	fc.Advance(l.cfg.Period)
+	// The leader's key gone, as when its lease lapses while the step is
+	// stalled and another node is elected.
+	if _, err := store.client.Delete(ctx, el.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.step(ctx, el); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := store.Limit(ctx, "geo"); err != nil || got.Rate != start {
+		t.Fatalf("a learner no longer leading raised the limit to %+v (%v), want %v kept", got.Rate, err, start)
+	}
+	// Elected again, the same outcomes raise.
+	if err := el.Campaign(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	busy(40)
+	fc.Advance(l.cfg.Period)
+	if err := l.step(ctx, el); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := store.Limit(ctx, "geo"); err != nil || got.Rate.PerSecond() <= start.PerSecond() {
+		t.Fatalf("the leader's raise left %+v (%v), want above %v", got.Rate, err, start)
+	}
+	// Outcomes read over three periods (a step that stalled) are no
+	// period's: no raise from them, the count starts again.
+	cur, _ := store.Limit(ctx, "geo")
+	busy(40 + int64(6*cur.Rate.PerSecond()))
+	fc.Advance(3 * l.cfg.Period)
+	if err := l.step(ctx, el); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := store.Limit(ctx, "geo"); got.Rate != cur.Rate {
+		t.Fatalf("three periods' outcomes raised %v to %v", cur.Rate, got.Rate)
 	}
 }

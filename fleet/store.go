@@ -166,11 +166,12 @@ func (s *Store) Reserve(ctx context.Context, key string, a Ask) (Block, error) {
 }
 
 // putAt puts val at k when k's ModRevision is still rev (0: k does not
-// exist), the compare-and-swap every shared value is written by. It
-// returns the revision it wrote at, or 0 and k as it now stands.
-func (s *Store) putAt(ctx context.Context, k string, rev int64, val string) (int64, []*mvccpb.KeyValue, error) {
+// exist), and every guard holds: the compare-and-swap every shared value
+// is written by. It returns the revision it wrote at, or 0 and k as it now
+// stands.
+func (s *Store) putAt(ctx context.Context, k string, rev int64, val string, guard ...clientv3.Cmp) (int64, []*mvccpb.KeyValue, error) {
 	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+		If(append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", rev)}, guard...)...).
 		Then(clientv3.OpPut(k, val)).
 		Else(clientv3.OpGet(k)).
 		Commit()
