@@ -314,7 +314,7 @@ func (n *fleetNode) sync() {
 			want[key] = &fleetShare{rate: rate, member: src.ID, group: st.Group != "", node: n.node, lag: n.lag, told: src.Limit > 0}
 		}
 	}
-	var gone []*fleetShare
+	gone := map[string]*fleetShare{}
 	n.mu.Lock()
 	for key, old := range n.shares {
 		w, ok := want[key]
@@ -324,7 +324,7 @@ func (n *fleetNode) sync() {
 		if !ok {
 			n.lim.Share(key, nil)
 		} // else the new share replaces it in one step below: no waiter is admitted unshared between the two
-		gone = append(gone, old)
+		gone[key] = old
 		delete(n.shares, key)
 	}
 	for key, w := range want {
@@ -333,9 +333,14 @@ func (n *fleetNode) sync() {
 		}
 		slots, err := fleet.NewSlots(n.store, clock.Real{}, fleet.Config{Key: key, Node: n.node, Rate: w.rate, MaxSkew: fleet.DefaultMaxSkew + n.lag, Notify: n.notify})
 		if err != nil {
-			// A key whose share is being remade keeps the old one, closed
-			// below: it holds, and the next sync tries again.
+			// A key whose share was to be remade keeps the old one, still
+			// attached to the limiter: it holds, and the next sync tries
+			// again.
 			n.log.Error("fleet: share budget", "key", key, "err", err)
+			if old, ok := gone[key]; ok {
+				n.shares[key] = old
+				delete(gone, key)
+			}
 			continue
 		}
 		w.Slots = slots
