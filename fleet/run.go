@@ -77,9 +77,13 @@ func (s *Slots) follow(ctx context.Context, pauses <-chan Pause) {
 }
 
 // learn applies p when it lengthens the pause kept here, dropping the held
-// slots before it, and reports it.
+// slots before it, and reports it. Another node's breaker holds this node
+// BreakerGrace longer: its slots before then would go unused.
 func (s *Slots) learn(p Pause) {
 	u := p.Until.UnixNano()
+	if p.Breaker != "" && p.Breaker != s.cfg.Node {
+		u += int64(BreakerGrace)
+	}
 	s.mu.Lock()
 	if p.Until.IsZero() || u <= s.pause {
 		s.mu.Unlock()
@@ -153,6 +157,12 @@ func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, agai
 // due reports whether a reservation is needed now and, when not, how long
 // until it will be (0: not until a taker asks). The caller holds s.mu.
 func (s *Slots) due(now int64) (time.Duration, bool) {
+	if until := s.pause - s.ahead(); until > now {
+		// Paused: a block reserved now would start at the pause's end
+		// and be wasted if demand is gone by then, or, held by another
+		// node's breaker, ahead of its probe. Reserve as the end nears.
+		return time.Duration(until - now), false
+	}
 	if s.need > 0 || s.retry {
 		return 0, true
 	}

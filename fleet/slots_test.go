@@ -494,11 +494,60 @@ func TestSlotsOwnPauseAddsSkewAndPushesArrival(t *testing.T) {
 	if e := next(t, events); e.Kind != fleet.EventPaused {
 		t.Fatalf("event %+v", e)
 	}
-	s.Earliest(fc.Now(), 1)
-	if e := next(t, events); e.Block.First.Before(p.Until) {
-		t.Fatalf("block at %v inside the pause", e.Block.First)
+	// Asked during the pause, it reserves nothing yet: the taker is told
+	// to look again as the pause's end nears, and the block it asks for
+	// then starts after it.
+	at, ok := s.Earliest(fc.Now(), 1)
+	if ok || !at.After(fc.Now()) || !at.Before(p.Until) {
+		t.Fatalf("Earliest during the pause = %v %v, want to look again before %v", at, ok, p.Until)
 	}
-	_ = mb
+	if calls := mb.callCount(); calls != 0 {
+		t.Fatalf("%d reservations during the pause", calls)
+	}
+	fc.Set(at)
+	s.Earliest(fc.Now(), 1)
+	if e := next(t, events); e.Kind != fleet.EventReserved || e.Block.First.Before(p.Until) {
+		t.Fatalf("event %+v, want a block after the pause", e)
+	}
+}
+
+// TestSlotsBreakerPauseReservesNothingUntilItsEnd: another node's breaker
+// pauses the key. A busy node here, its taker woken by the pause, reserves
+// nothing until the pause and BreakerGrace near their end: a block
+// reserved at once would start at the pause's end, inside the grace this
+// node holds off for, and go to waste ahead of the breaker's own probe.
+func TestSlotsBreakerPauseReservesNothingUntilItsEnd(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: time.Second, Lead: time.Millisecond})
+	c := grow4(t, s, fc, events)
+	takeAt(t, s, fc, c, 0, 1)
+	d := next(t, events).Block
+	takeAt(t, s, fc, c, 2, 3)
+	until := d.End().Add(time.Second)
+	mb.mu.Lock()
+	mb.tat = max(mb.tat, until.UnixNano()) // the pause pushed the arrival time
+	mb.mu.Unlock()
+	mb.pauses <- fleet.Pause{Key: "src", Until: until, Revision: 99, Breaker: "other"}
+	if e := next(t, events); e.Kind != fleet.EventPaused {
+		t.Fatalf("event %+v, want paused", e)
+	}
+	if got, want := s.Stats().PausedUntil, until.Add(fleet.BreakerGrace); !got.Equal(want) {
+		t.Fatalf("paused until %v, want the breaker's pause and its grace, %v", got, want)
+	}
+	before := mb.callCount()
+	at, ok := s.Earliest(fc.Now(), 1) // the taker the pause woke
+	if ok || at.Before(until) {
+		t.Fatalf("Earliest = %v %v, want to look again after the breaker's pause, %v", at, ok, until)
+	}
+	fc.Set(until) // the breaker's own probe goes now; this node still waits
+	s.Earliest(fc.Now(), 1)
+	if calls := mb.callCount(); calls != before {
+		t.Fatalf("%d reservations during the pause", calls-before)
+	}
+	fc.Set(at)
+	s.Earliest(fc.Now(), 1)
+	if e := next(t, events); e.Kind != fleet.EventReserved || e.Block.First.Before(until.Add(fleet.BreakerGrace-time.Second)) {
+		t.Fatalf("event %+v, want a block reserved as the grace ends", e)
+	}
 }
 
 func TestSlotsCostBeyondGrace(t *testing.T) {
