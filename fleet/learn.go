@@ -197,14 +197,20 @@ func (s *Store) outcomes(ctx context.Context, key string) (map[string]Outcomes, 
 // WatchLimit sends key's learned limit to ch, first as it stands and then
 // at every change, until ctx ends.
 func (s *Store) WatchLimit(ctx context.Context, key string, ch chan<- Limit) error {
-	cur, err := s.Limit(ctx, key)
+	resp, err := s.client.Get(ctx, s.limitKey(key))
+	if err != nil {
+		return fmt.Errorf("limit %s: %w", key, err)
+	}
+	cur, err := limitOf(key, resp.Kvs)
 	if err != nil {
 		return err
 	}
 	if !sendLimit(ctx, ch, cur) {
 		return ctx.Err()
 	}
-	wc := s.client.Watch(clientv3.WithRequireLeader(ctx), s.limitKey(key), clientv3.WithRev(cur.Revision+1))
+	// From the read's revision, not the limit's: with none stored yet that
+	// is 0, and a watch from revision 1 fails on a compacted etcd.
+	wc := s.client.Watch(clientv3.WithRequireLeader(ctx), s.limitKey(key), clientv3.WithRev(resp.Header.Revision+1))
 	for resp := range wc {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("watch limit %s: %w", key, err)

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -414,4 +415,47 @@ func leases(t *testing.T, cli *clientv3.Client) []clientv3.LeaseID {
 		ids = append(ids, l.ID)
 	}
 	return ids
+}
+
+// TestWatchLimitOnACompactedStore: a key with no learned limit yet is
+// watched from the revision it was read at, not from revision 1, which a
+// compacted etcd no longer holds: the first limit written reaches the
+// watcher.
+func TestWatchLimitOnACompactedStore(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	client := etcdtest.NewClient(t, c.Endpoints()...)
+	store := fleet.NewStore(client, clock.Real{}, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var rev int64
+	for i := range 5 {
+		resp, err := client.Put(ctx, fmt.Sprintf("other/%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = resp.Header.Revision
+	}
+	if _, err := client.Compact(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan fleet.Limit)
+	errc := make(chan error, 1)
+	go func() { errc <- store.WatchLimit(ctx, "geo", ch) }()
+	if l := <-ch; l.Revision != 0 {
+		t.Fatalf("first limit %+v, want none stored", l)
+	}
+	start := fleet.Rate{Limit: 100, Window: 10 * time.Second}
+	if _, err := store.Start(ctx, "geo", start, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-ch:
+		if l.Rate != start {
+			t.Fatalf("watched %+v, want %v", l, start)
+		}
+	case err := <-errc:
+		t.Fatalf("the watch ended: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the limit written never reached the watcher")
+	}
 }
