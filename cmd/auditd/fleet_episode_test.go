@@ -420,3 +420,57 @@ func TestFleetLearnedRecordsItsCause(t *testing.T) {
 		t.Fatalf("Detail %s (%v)", ev.Detail, err)
 	}
 }
+
+// TestFleetRefusalSoonAfterARaiseCuts: fleet.Settle counts from a cut, not
+// from a raise. A request admitted just after the learner raised the
+// limit was sent at the new pace, and its refusal says that pace is too
+// fast: a quarter's cut, not a refusal of the episode a cut answered.
+func TestFleetRefusalSoonAfterARaiseCuts(t *testing.T) {
+	ctx := context.Background()
+	store, clk, l := learningOnEtcd(t, func(fleet.Event) {})
+	waitFor := func(want float64) {
+		t.Helper()
+		for range 500 {
+			l.mu.Lock()
+			got := ratePerSecond(l.limit.Rate)
+			l.mu.Unlock()
+			if got == want {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("the node never applied %g/s", want)
+	}
+	stored := func() float64 {
+		t.Helper()
+		for l.cutting.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		lim, err := store.Limit(ctx, "geo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ratePerSecond(lim.Rate)
+	}
+	refuse := func() {
+		l.observed(clk.Now(), limiter.ClassThrottled, hints.Hint{})
+		clk.WaitForTimers(1)
+		clk.Advance(spentRead)
+	}
+	waitFor(10)
+	clk.Advance(fleet.Settle + time.Second)
+	refuse() // the first mark of a spent window cuts nothing
+	if got := stored(); got != 10 {
+		t.Fatalf("the first mark left %g/s, want 10/s", got)
+	}
+	l.observed(clk.Now(), limiter.ClassSuccess, hints.Hint{}) // the episode ends
+	clk.Advance(maxWindowSpan + time.Second)
+	if _, err := store.Set(ctx, "geo", fleet.Rate{Limit: 120, Window: 10 * time.Second}, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(12)
+	refuse()
+	if got := stored(); got != 9 {
+		t.Fatalf("a refusal at once after a raise to 12/s left %g/s, want a quarter's cut to 9/s", got)
+	}
+}
