@@ -65,17 +65,9 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 		t.Fatalf("the node never applied %g/s; it holds %+v", want, lim)
 		return time.Time{}
 	}
-	// stored returns the fleet's limit once no cut is on its way.
 	stored := func() fleet.Limit {
 		t.Helper()
-		for l.cutting.Load() {
-			time.Sleep(5 * time.Millisecond)
-		}
-		lim, err := store.Limit(ctx, "geo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lim
+		return storedLimit(t, store, l)
 	}
 	// answered reports that the fleet had n more requests answered: this
 	// node's own (its counts as they stand) and another node's, the rest.
@@ -398,6 +390,20 @@ func learningOnEtcd(t *testing.T, notify func(fleet.Event)) (*fleet.Store, *cloc
 	return store, clk, l
 }
 
+// storedLimit returns the fleet's learned limit of l's key, "geo", once no
+// cut of l's is on its way.
+func storedLimit(t *testing.T, store *fleet.Store, l *fleetLearning) fleet.Limit {
+	t.Helper()
+	for l.cutting.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	lim, err := store.Limit(context.Background(), "geo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
+}
+
 // ratePerSecond is r a second, to the thousandth.
 func ratePerSecond(r fleet.Rate) float64 {
 	return math.Round(1000*r.PerSecond()) / 1000
@@ -443,14 +449,7 @@ func TestFleetRefusalSoonAfterARaiseCuts(t *testing.T) {
 	}
 	stored := func() float64 {
 		t.Helper()
-		for l.cutting.Load() {
-			time.Sleep(5 * time.Millisecond)
-		}
-		lim, err := store.Limit(ctx, "geo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ratePerSecond(lim.Rate)
+		return ratePerSecond(storedLimit(t, store, l).Rate)
 	}
 	refuse := func() {
 		l.observed(clk.Now(), limiter.ClassThrottled, hints.Hint{})
