@@ -305,20 +305,14 @@ func (s *Slots) SetRate(r Rate) Rate {
 	return r
 }
 
-// guarded is the spacing of r's slots (Interval) with the guard also held
-// over the ceiling's window: a learned rate is often counted over a longer
-// window than the ceiling's (scale: 200 per 20 s, not 10 per second), which
-// spreads the guard over it, and slots spaced by it alone could put 11
-// takes in a second of a told 10 per second.
+// guarded is the spacing of r's slots (Interval), never closer than the
+// ceiling's own: a learned rate is often counted over a longer window than
+// the ceiling's (scale: 200 per 20 s, not 10 per second), which spreads the
+// guard over it, and slots spaced by it alone could put 11 takes in a
+// second of a told 10 per second. The ceiling's spacing holds the told
+// limit in every window of its length, whatever r's window.
 func guarded(r, ceiling Rate, grace, skew time.Duration) time.Duration {
-	iv := Interval(r, grace, skew)
-	if ceiling.Window <= 0 || r.Window == ceiling.Window {
-		return iv
-	}
-	if n := int(r.PerSecond() * ceiling.Window.Seconds()); n >= 1 {
-		iv = max(iv, Interval(Rate{Limit: n, Window: ceiling.Window}, grace, skew))
-	}
-	return iv
+	return max(Interval(r, grace, skew), Interval(ceiling, grace, skew))
 }
 
 // Spent marks, fleet-wide, that key's window was seen spent at at: the

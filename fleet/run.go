@@ -198,7 +198,7 @@ func (s *Slots) size(now int64) int {
 		s.streak = 0
 	}
 	switch {
-	case dry && now >= s.lastSlot+s.idleAfter():
+	case dry && now >= max(s.lastSlot, s.pause)+s.idleAfter(): // a pause is no spell without demand
 		s.want, s.wasted = 1, false
 	case s.lostRun > 0:
 		s.want, s.wasted = max(s.usedRun+s.usedRun/4+1, s.want/2), true
@@ -242,7 +242,8 @@ func (s *Slots) idleAfter() int64 {
 }
 
 // reserve asks for count slots from half a grace before the grant should
-// reach this node (now plus the last reservation's round trip): a block's
+// reach this node (now plus the last reservation's round trip), and not
+// before the pause kept here ends: a block's
 // first slot is then due on arrival, so a request waiting for it goes at
 // once, and is not past its grace unless the round trip grew by more than
 // half of it. It returns the block and the time it was asked from.
@@ -252,9 +253,13 @@ func (s *Slots) reserve(ctx context.Context, count int) (Block, time.Time, error
 	s.mu.Lock()
 	early := max(s.trip-s.cfg.Grace/2, 0)
 	a := Ask{Node: s.cfg.Node, Count: count, Interval: time.Duration(s.interval), Full: s.max, Least: max(s.need, 1)}
+	pause := s.pause
 	s.mu.Unlock()
 	start := s.clock.Now()
-	a.From = start.Add(early)
+	// Never from inside the pause kept here: another node's breaker holds
+	// this node BreakerGrace past the pause etcd holds, and slots there
+	// would be dropped as they arrive.
+	a.From = time.Unix(0, max(start.Add(early).UnixNano(), pause))
 	b, err := s.backend.Reserve(ctx, s.cfg.Key, a)
 	if err == nil {
 		s.mu.Lock()

@@ -543,10 +543,52 @@ func TestSlotsBreakerPauseReservesNothingUntilItsEnd(t *testing.T) {
 	if calls := mb.callCount(); calls != before {
 		t.Fatalf("%d reservations during the pause", calls-before)
 	}
+	wasted := s.Stats().Wasted
 	fc.Set(at)
 	s.Earliest(fc.Now(), 1)
-	if e := next(t, events); e.Kind != fleet.EventReserved || e.Block.First.Before(until.Add(fleet.BreakerGrace-time.Second)) {
-		t.Fatalf("event %+v, want a block reserved as the grace ends", e)
+	e := next(t, events)
+	if e.Kind != fleet.EventReserved || e.Block.First.Before(until.Add(fleet.BreakerGrace)) {
+		t.Fatalf("event %+v, want a block reserved as the grace ends, from its end", e)
+	}
+	if e.Block.Count < 2 {
+		t.Fatalf("a block of %d after the pause: a busy node paused is no node back from idling, and keeps its block size", e.Block.Count)
+	}
+	if got := s.Stats().Wasted; got != wasted {
+		t.Fatalf("%d slots wasted by the block after the pause", got-wasted)
+	}
+}
+
+// TestSlotsRetryWaitsOutAPause: a node cut off, retrying its reservation,
+// learns of a long pause; etcd answers again during it. The loop reserves
+// nothing until the pause nears its end: a block then would start at the
+// pause's end and go to waste if demand is gone by then.
+func TestSlotsRetryWaitsOutAPause(t *testing.T) {
+	s, fc, mb, events := openSlots(t, fleet.Config{Block: time.Second, Lead: 150 * time.Millisecond})
+	c := grow4(t, s, fc, events)
+	mb.setFail(errors.New("etcd unreachable"))
+	takeAt(t, s, fc, c, 0, 1)
+	if e := next(t, events); e.Kind != fleet.EventCutOff {
+		t.Fatalf("event %+v, want cut_off", e)
+	}
+	fc.WaitForTimers(1) // the loop waits to try again
+	until := fc.Now().Add(time.Minute)
+	mb.mu.Lock()
+	mb.tat = max(mb.tat, until.UnixNano())
+	mb.mu.Unlock()
+	mb.pauses <- fleet.Pause{Key: "src", Until: until, Revision: 99}
+	if e := next(t, events); e.Kind != fleet.EventPaused {
+		t.Fatalf("event %+v, want paused", e)
+	}
+	mb.setFail(nil)
+	fc.Advance(fleet.DefaultRetry)
+	select {
+	case e := <-events:
+		t.Fatalf("event %+v during the pause, want none", e)
+	case <-time.After(300 * time.Millisecond): // the loop, woken by its retry timer, went back to sleep
+	}
+	fc.Set(until)
+	if e := next(t, events); e.Kind != fleet.EventRejoined {
+		t.Fatalf("event %+v at the pause's end, want rejoined", e)
 	}
 }
 
