@@ -117,7 +117,10 @@ func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, 
 		return Limit{}, fmt.Errorf("set %s to %d per %v: %w", key, r.Limit, r.Window, ErrInvalidRate)
 	}
 	cur, err := s.Limit(ctx, key)
-	for err == nil {
+	for err == nil || errors.Is(err, errBadLimit) {
+		// A malformed limit (another writer's, or a window past MaxWindow
+		// an older build let through) is written over at its revision: an
+		// operator's limit is the way out of it.
 		var ok bool
 		if cur, ok, err = s.swapLimit(ctx, key, cur, Limit{Rate: r, Cause: CauseOperator}, by); ok {
 			return cur, nil
@@ -262,9 +265,10 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 		return Limit{Key: key}, nil
 	}
 	bad := fmt.Errorf("%s: %q: %w", key, kvs[0].Value, errBadLimit)
+	malformed := Limit{Key: key, Revision: kvs[0].ModRevision} // for Set to write over
 	f := strings.SplitN(string(kvs[0].Value), " ", 6)
 	if len(f) != 6 {
-		return Limit{}, bad
+		return malformed, bad
 	}
 	// As limitValue writes it; an older build wrote no cause.
 	var cause string
@@ -275,12 +279,12 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 	for i := range n {
 		v, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil || v < 0 {
-			return Limit{}, bad
+			return malformed, bad
 		}
 		n[i] = v
 	}
 	if n[0] <= 0 || n[1] <= 0 || n[0] > math.MaxInt32 || time.Duration(n[1]) > MaxWindow {
-		return Limit{}, bad
+		return malformed, bad
 	}
 	l := Limit{Key: key, Rate: Rate{Limit: int(n[0]), Window: time.Duration(n[1])}, By: f[5], Cause: cause, Revision: kvs[0].ModRevision}
 	if n[2] > 0 && n[3] > 0 && n[2] <= math.MaxInt32 {

@@ -136,6 +136,18 @@ func TestCutLowersOnly(t *testing.T) {
 	if got, err := a.Limit(ctx, "geo"); err != nil || got.Rate.Limit != 30 {
 		t.Fatalf("Limit = %+v %v after the refused writes, want 30 kept", got, err)
 	}
+	// One already stored (an older build let it through) reads as
+	// malformed, and an operator's limit is written over it.
+	client := etcdtest.NewClient(t, c.Endpoints()...)
+	if _, err := client.Put(ctx, fleet.DefaultPrefix+"learn/geo/limit", fmt.Sprintf("100 %d 0 0 0 quota a", int64(math.MaxInt64))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Limit(ctx, "geo"); err == nil {
+		t.Fatal("a window past MaxWindow read as a limit")
+	}
+	if got, err := b.Set(ctx, "geo", fleet.Rate{Limit: 20, Window: time.Second}, "b"); err != nil || got.Rate.Limit != 20 {
+		t.Fatalf("set over a malformed limit = %+v %v, want 20/s", got, err)
+	}
 }
 
 // TestLearnerFailover has two nodes campaign for one key on a three-member

@@ -195,8 +195,14 @@ func (l *Learner) step(ctx context.Context, el *concurrency.Election) error {
 	}
 	next.Cause = CauseRaise
 	leader := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())
-	_, _, err = l.store.swapLimit(ctx, l.cfg.Key, cur, next, l.cfg.Node, leader)
-	return err // a cut written meanwhile, or another learner elected, wins: the swap fails, nothing to do
+	got, ok, err := l.store.swapLimit(ctx, l.cfg.Key, cur, next, l.cfg.Node, leader)
+	if err == nil && !ok && got.Revision == cur.Revision {
+		// The limit is as read, so the leader guard failed: this term is
+		// over (its key gone with a lapsed lease, or deleted). Campaign
+		// again rather than lead on, raising nothing.
+		return fmt.Errorf("learner %s: no longer the leader", l.cfg.Key)
+	}
+	return err // a cut written meanwhile wins: the swap fails, nothing to do
 }
 
 // Raise is the learner's rule, applied each period to the fleet's

@@ -300,8 +300,8 @@ func TestRaiseFencedByLeadership(t *testing.T) {
 	if _, err := store.client.Delete(ctx, el.Key()); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.step(ctx, el); err != nil {
-		t.Fatal(err)
+	if err := l.step(ctx, el); err == nil {
+		t.Fatal("a raise refused for leadership ended nothing: the term would lead on and never raise")
 	}
 	if got, err := store.Limit(ctx, "geo"); err != nil || got.Rate != start {
 		t.Fatalf("a learner no longer leading raised the limit to %+v (%v), want %v kept", got.Rate, err, start)
