@@ -24,12 +24,9 @@ run: build
 run-fleet: build
 	$(BIN) fleet-demo --data ./data-fleet --demo testdata/scenarios/demo.yaml
 
-# -parallel 4: cmd/auditd's parallel tests (the long fleet ones) mostly wait
-# on real time, at under one core for four of them; the rest are registry's
-# fake-clock subtests.
 test:
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -parallel 4 -timeout 9m ./...
+	$(GO) test -race -count=1 -timeout 9m ./...
 	$(GO) test -count=1 -run 'HundredThousand' ./fetch/
 	cd third_party/bbolt && $(GO) test -race -count=1 ./internal/...
 
