@@ -48,7 +48,7 @@ type fleetLearning struct {
 	mu      sync.Mutex
 	limit   fleet.Limit // the learned limit in force here; Revision 0 until one is read
 	rate    fleet.Rate  // what the slots reserve at: the limit, capped at the ceiling
-	applied time.Time   // when this node applied the last cut (or began learning)
+	applied time.Time   // when this node began reserving at it
 	atQuota quotaShare  // answers and refusals at an advertised quota since the last cut
 
 	ctx    context.Context // ends when the learning stops
@@ -139,11 +139,8 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 		return
 	}
 	cut := l.limit.Revision != 0 && l.limit.Rate.PerSecond() > lim.Rate.PerSecond()
-	l.limit = lim
+	l.limit, l.applied = lim, l.clock.Now()
 	if cut {
-		// Settle counts from a cut: a raise's requests are the new pace's,
-		// and one refused says that pace is too fast.
-		l.applied = l.clock.Now()
 		l.atQuota = quotaShare{} // answered at the pace cut: they tell nothing of the next
 	}
 	l.mu.Unlock()
@@ -186,8 +183,8 @@ func (l *fleetLearning) report(ctx context.Context) {
 // and cuts it for a refusal that no hint explains, once an episode, by
 // windowSpent's rule: not for a refusal with no success here since the
 // episode began or the last cut, and by a quarter not for a request
-// admitted before the last cut had settled (fleet.Settle after this node
-// applied it), which was sent at the pace the last cut already
+// admitted before the limit in force had settled (fleet.Settle after this
+// node applied it), which was sent at the pace the last cut already
 // answered. A refusal whose server said when to come back (a Retry-After,
 // a spent quota's Remaining 0 with its Reset) is a pause, shared as one.
 //
