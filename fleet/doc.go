@@ -61,11 +61,7 @@
 //     end in the same transaction, so no later grant holds a slot inside
 //     it; a node that learns a pause drops its held slots before its end.
 //     Slots.Pause adds MaxSkew to the end, so that a node whose clock runs
-//     behind does not end it early. Another node's breaker's pause is kept
-//     BreakerGrace longer, for its probe to go first. During a pause a node
-//     reserves nothing: it asks for a block, from the pause's end, only as
-//     that end nears (by what it reserves ahead by), and Earliest tells a
-//     taker that time to look again.
+//     behind does not end it early.
 //
 // The time base: slot times are Unix nanoseconds of wall time. A grant
 // starts at the stored arrival time or at the time the reserving node asks
@@ -115,11 +111,10 @@
 //     node's blocks. A sparse node (one slot used per grant, its takers
 //     further apart than the grace) reserves only when asked, and a node
 //     asked more than a grace and two intervals after its last slot starts
-//     again from one slot (counted from the end of a pause, if later: a
-//     pause is no spell without demand): one etcd write, one slot and one
-//     round trip of waiting per request, nothing held ahead to waste. A
-//     node asking at the rate's own pace (at a low rate, further apart than
-//     the grace) is busy, not sparse: its blocks grow.
+//     again from one slot: one etcd write, one slot and one round trip of
+//     waiting per request, nothing held ahead to waste. A node asking at the
+//     rate's own pace (at a low rate, further apart than the grace) is busy,
+//     not sparse: its blocks grow.
 //   - A cost of n slots needs n held slots within Grace of each other
 //     (Slots.Check): (n-1) intervals less than Grace.
 //   - Store keeps the last state it saw of each key, so that a node's next

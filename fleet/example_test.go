@@ -10,7 +10,7 @@ import (
 )
 
 // A caller's gate: ask when a slot can be taken, wait for it (or for a block
-// when none is held, or until a pause nears its end), then take it. The limiter's Acquire would do the same
+// when none is held), then take it. The limiter's Acquire would do the same
 // under its budget's lock.
 func ExampleSlots() {
 	fc := clock.NewFake(t0)
@@ -22,11 +22,9 @@ func ExampleSlots() {
 		changed := s.Changed()
 		at, ok := s.Earliest(fc.Now(), 1)
 		switch {
-		case !ok && !at.After(fc.Now()):
+		case !ok:
 			<-changed // a block is on its way (or the node is cut off)
 		case at.After(fc.Now()):
-			// A slot's time, or, not ok, when to look again: a pause
-			// ends then, and no block is asked for before.
 			fc.Set(at) // a real caller sleeps on its clock
 		case s.Take(fc.Now(), 1):
 			fmt.Println("sent at", fc.Now().Sub(t0))

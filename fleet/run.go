@@ -77,13 +77,9 @@ func (s *Slots) follow(ctx context.Context, pauses <-chan Pause) {
 }
 
 // learn applies p when it lengthens the pause kept here, dropping the held
-// slots before it, and reports it. Another node's breaker holds this node
-// BreakerGrace longer: its slots before then would go unused.
+// slots before it, and reports it.
 func (s *Slots) learn(p Pause) {
 	u := p.Until.UnixNano()
-	if p.Breaker != "" && p.Breaker != s.cfg.Node {
-		u += int64(BreakerGrace)
-	}
 	s.mu.Lock()
 	if p.Until.IsZero() || u <= s.pause {
 		s.mu.Unlock()
@@ -157,12 +153,6 @@ func (s *Slots) reserveNext(ctx context.Context) (wait time.Duration, wake, agai
 // due reports whether a reservation is needed now and, when not, how long
 // until it will be (0: not until a taker asks). The caller holds s.mu.
 func (s *Slots) due(now int64) (time.Duration, bool) {
-	if until := s.pause - s.ahead(); until > now {
-		// Paused: a block reserved now would start at the pause's end
-		// and be wasted if demand is gone by then, or, held by another
-		// node's breaker, ahead of its probe. Reserve as the end nears.
-		return time.Duration(until - now), false
-	}
 	if s.need > 0 || s.retry {
 		return 0, true
 	}
@@ -198,7 +188,7 @@ func (s *Slots) size(now int64) int {
 		s.streak = 0
 	}
 	switch {
-	case dry && now >= max(s.lastSlot, s.pause)+s.idleAfter(): // a pause is no spell without demand
+	case dry && now >= s.lastSlot+s.idleAfter():
 		s.want, s.wasted = 1, false
 	case s.lostRun > 0:
 		s.want, s.wasted = max(s.usedRun+s.usedRun/4+1, s.want/2), true
@@ -242,8 +232,7 @@ func (s *Slots) idleAfter() int64 {
 }
 
 // reserve asks for count slots from half a grace before the grant should
-// reach this node (now plus the last reservation's round trip), and not
-// before the pause kept here ends: a block's
+// reach this node (now plus the last reservation's round trip): a block's
 // first slot is then due on arrival, so a request waiting for it goes at
 // once, and is not past its grace unless the round trip grew by more than
 // half of it. It returns the block and the time it was asked from.
@@ -253,13 +242,9 @@ func (s *Slots) reserve(ctx context.Context, count int) (Block, time.Time, error
 	s.mu.Lock()
 	early := max(s.trip-s.cfg.Grace/2, 0)
 	a := Ask{Node: s.cfg.Node, Count: count, Interval: time.Duration(s.interval), Full: s.max, Least: max(s.need, 1)}
-	pause := s.pause
 	s.mu.Unlock()
 	start := s.clock.Now()
-	// Never from inside the pause kept here: another node's breaker holds
-	// this node BreakerGrace past the pause etcd holds, and slots there
-	// would be dropped as they arrive.
-	a.From = time.Unix(0, max(start.Add(early).UnixNano(), pause))
+	a.From = start.Add(early)
 	b, err := s.backend.Reserve(ctx, s.cfg.Key, a)
 	if err == nil {
 		s.mu.Lock()

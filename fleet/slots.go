@@ -178,13 +178,12 @@ func (s *Slots) spansGrace(cost int) bool {
 
 // Earliest returns when cost slots can be taken, at or after now, from the
 // slots this node holds; false when it holds too few, in which case it asks
-// for more and the caller waits on Changed, or until the time returned
-// when that is later than now (a pause in force: it asks as its end
-// nears). The answer holds until another taker takes, a pause arrives or
-// the slots expire. A cost that Check refuses at the rate now (SetRate
-// spaced the slots past its grace) gets false and asks for nothing: no
-// block could serve it, and asking would reserve and waste blocks back to
-// back, pushing the key's arrival time ahead of every node.
+// for more and the caller waits on Changed. The answer holds until another
+// taker takes, a pause arrives or the slots expire. A cost that Check
+// refuses at the rate now (SetRate spaced the slots past its grace) gets
+// false and asks for nothing: no block could serve it, and asking would
+// reserve and waste blocks back to back, pushing the key's arrival time
+// ahead of every node.
 func (s *Slots) Earliest(now time.Time, cost int) (time.Time, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -194,9 +193,6 @@ func (s *Slots) Earliest(now time.Time, cost int) (time.Time, bool) {
 	at, ok := s.earliestLocked(now.UnixNano(), cost)
 	if !ok {
 		s.need = max(s.need, cost)
-		if until := s.pause - s.ahead(); until > now.UnixNano() {
-			return time.Unix(0, until), false // the reservation waits too (due)
-		}
 		s.poke()
 	}
 	return time.Unix(0, max(at, now.UnixNano())), ok

@@ -24,9 +24,8 @@ type Shared interface {
 	Check(cost int) error
 	// Earliest returns when cost slots can be taken, at or after now;
 	// false when the node holds too few (it asks for more; wait on
-	// Changed, or until the time returned when it is after now), or when
-	// Check now refuses cost (it asks for nothing: Acquire checks the cost
-	// again before it asks).
+	// Changed), or when Check now refuses cost (it asks for nothing:
+	// Acquire checks the cost again before it asks).
 	Earliest(now time.Time, cost int) (time.Time, bool)
 	// Take spends cost slots at now, or nothing and false when Earliest
 	// is after now.
@@ -145,7 +144,7 @@ func takeShared(sh Shared, now time.Time, cost int) (bool, time.Duration, <-chan
 	at, ok := sh.Earliest(now, cost)
 	switch {
 	case !ok:
-		return false, max(0, at.Sub(now)), ch // a later time: look again then
+		return false, 0, ch
 	case at.After(now):
 		return false, at.Sub(now), ch
 	case !sh.Take(now, cost):

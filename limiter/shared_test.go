@@ -24,7 +24,6 @@ type fakeShared struct {
 	maxCost int
 	changed chan struct{}
 	short   chan struct{} // a token each time Earliest finds too few slots
-	again   time.Time     // when short, the time Earliest says to look again (a pause's end); zero: on Changed
 }
 
 func newFakeShared() *fakeShared {
@@ -60,7 +59,7 @@ func (f *fakeShared) Earliest(now time.Time, cost int) (time.Time, bool) {
 	f.expire(now)
 	if len(f.slots) < cost {
 		f.short <- struct{}{}
-		return f.again, false
+		return time.Time{}, false
 	}
 	if at := f.slots[cost-1]; at.After(now) {
 		return at, true
@@ -231,33 +230,6 @@ func TestSharedOfAGroupAndPause(t *testing.T) {
 	var shed *limiter.ShedError
 	if _, err := l.Acquire(context.Background(), "a", limiter.Request{Deadline: epoch}); !errors.As(err, &shed) || shed.Gate != limiter.GatePause {
 		t.Fatalf("detached and paused: %v, want a shed at the pause gate", err)
-	}
-}
-
-// TestSharedLookAgainAtThePausesEnd: a share holding no slot during a
-// pause says when to look again (fleet.Slots asks for a block only as the
-// pause ends): the waiter looks again then, without a change to wake it.
-func TestSharedLookAgainAtThePausesEnd(t *testing.T) {
-	l, c := newLimiter(t, map[string]limiter.Config{"s": roomy})
-	sh := newFakeShared()
-	sh.again = epoch.Add(time.Second)
-	l.Share("s", sh)
-	ch := acquireAsync(context.Background(), c, l, "s", limiter.Request{}, 0)
-	<-sh.short
-	// A timer for the time given, not only the change channel.
-	for deadline := time.Now().Add(5 * time.Second); c.Pending() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter set no timer to look again at the pause's end")
-		}
-	}
-	sh.mu.Lock()
-	sh.again = time.Time{}
-	sh.slots = append(sh.slots, epoch.Add(time.Second))
-	sh.mu.Unlock()
-	c.Advance(time.Second)
-	r := <-ch
-	if r.err != nil || !r.p.Admitted.Equal(epoch.Add(time.Second)) {
-		t.Fatalf("admitted %+v, %v; want at the pause's end", r.p, r.err)
 	}
 }
 
