@@ -99,9 +99,6 @@ func (s *Store) Limit(ctx context.Context, key string) (Limit, error) {
 // returns the limit in force: the first node to share a key sets where
 // the fleet's learning starts.
 func (s *Store) Start(ctx context.Context, key string, r Rate, by string) (Limit, error) {
-	if !r.Valid() {
-		return Limit{}, fmt.Errorf("start %s at %d per %v: %w", key, r.Limit, r.Window, ErrInvalidRate)
-	}
 	l, _, err := s.swapLimit(ctx, key, Limit{}, Limit{Rate: r, Cause: CauseStart}, by)
 	if err != nil {
 		return Limit{}, fmt.Errorf("start %s: %w", key, err)
@@ -113,9 +110,6 @@ func (s *Store) Start(ctx context.Context, key string, r Rate, by string) (Limit
 // compare-and-swap retried on conflict, forgetting any refusal remembered:
 // an operator set it.
 func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, error) {
-	if !r.Valid() {
-		return Limit{}, fmt.Errorf("set %s to %d per %v: %w", key, r.Limit, r.Window, ErrInvalidRate)
-	}
 	cur, err := s.Limit(ctx, key)
 	for err == nil || errors.Is(err, errBadLimit) {
 		// A malformed limit (another writer's, or a window past MaxWindow
@@ -137,9 +131,6 @@ func (s *Store) Set(ctx context.Context, key string, r Rate, by string) (Limit, 
 // cutting for the same refusals finds the limit already low enough. It
 // returns the limit in force and whether this call wrote it.
 func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, cause, by string) (Limit, bool, error) {
-	if !to.Valid() {
-		return Limit{}, false, fmt.Errorf("cut %s to %d per %v: %w", key, to.Limit, to.Window, ErrInvalidRate)
-	}
 	cur, err := s.Limit(ctx, key)
 	for err == nil {
 		if cur.Revision != 0 && cur.Rate.PerSecond() <= to.PerSecond() {
@@ -156,8 +147,12 @@ func (s *Store) Cut(ctx context.Context, key string, to, refused Rate, cause, by
 
 // swapLimit writes next (its Rate, Refused, RefusedAt and Cause) over from when
 // key's limit is still at from's revision and every guard holds; otherwise
-// it returns the limit found and false.
+// it returns the limit found and false. A rate that is not Valid is never
+// written: every write of a learned limit comes here.
 func (s *Store) swapLimit(ctx context.Context, key string, from Limit, next Limit, by string, guard ...clientv3.Cmp) (Limit, bool, error) {
+	if !next.Rate.Valid() {
+		return Limit{}, false, fmt.Errorf("%d per %v: %w", next.Rate.Limit, next.Rate.Window, ErrInvalidRate)
+	}
 	rev, now, err := s.putAt(ctx, s.limitKey(key), from.Revision, limitValue(next, by), guard...)
 	if err != nil {
 		return Limit{}, false, err
@@ -283,10 +278,11 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 		}
 		n[i] = v
 	}
-	if n[0] <= 0 || n[1] <= 0 || n[0] > math.MaxInt32 || time.Duration(n[1]) > MaxWindow {
+	r := Rate{Limit: int(n[0]), Window: time.Duration(n[1])} // n[0] checked below before r is used
+	if n[0] > math.MaxInt32 || !r.Valid() {
 		return malformed, bad
 	}
-	l := Limit{Key: key, Rate: Rate{Limit: int(n[0]), Window: time.Duration(n[1])}, By: f[5], Cause: cause, Revision: kvs[0].ModRevision}
+	l := Limit{Key: key, Rate: r, By: f[5], Cause: cause, Revision: kvs[0].ModRevision}
 	if n[2] > 0 && n[3] > 0 && n[2] <= math.MaxInt32 {
 		l.Refused, l.RefusedAt = Rate{Limit: int(n[2]), Window: time.Duration(n[3])}, time.Unix(0, n[4])
 	}
