@@ -102,7 +102,7 @@ func TestConvergence(t *testing.T) {
 				if after.rate() < want*hidden {
 					t.Errorf("throughput %.3g/s after the deadline, want at least %.0f%% of %.3g/s", after.rate(), 100*want, hidden)
 				}
-				if tc.drop {
+				if tc.drop && !tc.dropPending {
 					if pace := row.pace; pace > 1.2*hidden || pace < 0.8*hidden {
 						t.Errorf("pace %.3g/s 10s after the drop, want within 20%% of %.3g/s", pace, hidden)
 					}
@@ -137,6 +137,8 @@ type convergeCase struct {
 	pending bool
 	finish  bool // a fixed window or countdown quota: used whole, within 1.1x
 	drop    bool // a drop: the pace is within 20% of the new limit 10 s after it
+	// dropPending: that pace is not met yet; the table shows it.
+	dropPending bool
 }
 
 // convergeCases are the shapes TestConvergence runs, at the given rates
@@ -177,17 +179,17 @@ func convergeCases(rates []float64) []convergeCase {
 	for _, k := range []float64{2, 4, 8} {
 		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: k, rates: []float64{0.5, 2}})
 	}
-	// Drops, to a half and a quarter. Pending, for the pace 10 s after the
-	// drop: from 5/s to 1.5/s it is 0.87/s (a window of three requests
+	// Drops, to a half and a quarter. The pace 10 s after the drop is
+	// pending from 5/s to 1.5/s: it is 1.1/s (a window of three requests
 	// admits too few between two refusals to measure, and the source
-	// halves).
+	// halves twice, from 4.4/s); the rest of that row is held.
 	for _, d := range []struct {
 		k            float64
 		rates, unmet []float64
 	}{{0.5, []float64{2, 5, 20}, nil}, {0.25, []float64{2, 20}, []float64{5}}} {
 		cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: d.k, rates: d.rates, drop: true})
 		if d.unmet != nil {
-			cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: d.k, rates: d.unmet, drop: true, pending: true})
+			cases = append(cases, convergeCase{file: "rising.yaml", from: 2 * time.Minute, factor: d.k, rates: d.unmet, drop: true, dropPending: true})
 		}
 	}
 	for i := range cases {

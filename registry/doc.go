@@ -67,7 +67,10 @@
 //     it. For a minute after such a cut, the rate refused
 //     that a later cut takes from ten seconds or more of successes is never
 //     below the pace a round proved since its cut (auditd's own pauses blur
-//     what was admitted low). Refusals with no success between them are
+//     what was admitted low), and a refusal of a recovery step above that
+//     proven pace is one of a probe: the pace goes back to the proven one,
+//     the step's pace the rate refused (what was admitted meanwhile is the
+//     proven pace's, and says nothing of the limit). Refusals with no success between them are
 //     one episode (a spent window refuses whatever the pace): only its
 //     first cuts, lowers the rate last refused or doubles the probe hold. A
 //     refusal that says nothing of when to come back (no Retry-After) also
@@ -110,10 +113,11 @@
 //     Options.MaxHold rounds. Only a refusal of the pace held clean after
 //     that cuts (by Decrease, unless it was a drop; above). A probe the ceiling blocks is none: a
 //     refusal after it doubles nothing. Whatever the hold in rounds, a pace
-//     holds no longer than 15 seconds (or 50 of its intervals, or two
+//     holds no longer than 15 seconds (or 52 of its intervals, or two
 //     windows of a spent window) before it probes, nor must a probe hold
-//     longer to count: a probe refused every 50 requests at most is 2%
-//     refused. Once every probe for five minutes has been refused, the
+//     longer to count: a probe refused every 52 requests at most is 1.9%
+//     refused, under 2% for a source held at its limit by refused probes
+//     with a request to spare where a count's span cuts a cycle. Once every probe for five minutes has been refused, the
 //     limit is stable and that bound doubles.
 //   - Rising limits: after two probes in a row have held, with nothing
 //     refused for as long as a hold may last, the limit has risen: slow

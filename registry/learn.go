@@ -380,6 +380,13 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused float64) {
 	bad := e.rateAt(sent)
 	refused = bad
+	if e.proven && now.Sub(e.dropAt) < probeMemory && bad > (1+o.ProbeGain/2)*e.good {
+		// A step up from a pace a round proved since the last cut was
+		// refused: the server's rate lies between the two. Back to the
+		// proven pace, as after a refused probe; what was admitted
+		// meanwhile is that pace's, and says nothing of the limit.
+		return e.good, bad
+	}
 	// What the server admitted since the last cut bounds its rate from
 	// above only where it fell short of the pace in force meanwhile
 	// (refusals, pauses it asked for); otherwise it is only the pace
@@ -487,7 +494,7 @@ const resumeAfter = 2
 // rounds: a limit that rose is found within a minute of it at two
 // requests a second or more (BenchmarkRiseAtEveryPhase). A refused probe
 // costs one refusal (probeRefused): one every holdRequests requests at
-// most is 2% of them.
+// most is 1.9% of them.
 const maxHoldTime = 15 * time.Second
 
 // holdTime is the longest x holds before a probe: maxHoldTime, two windows
@@ -507,8 +514,11 @@ func (e *entry) holdTime(now time.Time) time.Duration {
 const stableTime = 5 * time.Minute
 
 // holdRequests is the fewest requests between two probes that maxHoldTime
-// lets go: at slow paces the hold is counted in requests, not time.
-const holdRequests = 50
+// lets go: at slow paces the hold is counted in requests, not time. At 50,
+// a source held at its limit by refused probes (one in 51 requests, 1.96%)
+// went over 2% where a count's span cut a probe cycle; each request more
+// delays finding a rise from 2/s by about 3 s on average.
+const holdRequests = 52
 
 // rateAt returns the pace in force at t, in requests per second.
 func (e *entry) rateAt(t time.Time) float64 {
