@@ -96,7 +96,8 @@ func (l *Learner) Leading() bool { return l.leading.Load() }
 // reads them (the probe of a learner that died is not carried over). A
 // campaign cancelled resigns on the etcd client's context
 // (concurrency.Election), so without a quorum Run may outlive ctx until
-// the client is closed.
+// the client is closed; a term that ends tries to resign for up to
+// resignTries times DefaultTimeout.
 func (l *Learner) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if err := l.term(ctx); err != nil && ctx.Err() == nil {
@@ -126,11 +127,9 @@ func (l *Learner) term(ctx context.Context) error {
 	l.leading.Store(true)
 	defer func() {
 		l.leading.Store(false)
-		// The session is the node's, shared by its keys, and outlives the
-		// term: resign, so that another node is elected at once.
 		rctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 		defer cancel()
-		_ = el.Resign(rctx) // a failure: the key goes with the lease
+		_ = l.resign(rctx, el) // a failure: the key goes with the lease
 	}()
 	l.last = nil
 	for {
@@ -148,6 +147,27 @@ func (l *Learner) term(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// resignTries is how many times a term's end tries to delete its leader
+// key (resign): Resign, then the same guarded delete again.
+const resignTries = 3
+
+// resign ends el's leadership at a term's end, so that another node is
+// elected at once: the session is the node's, shared by its keys, and
+// outlives the term. ctx bounds Resign. When Resign fails (etcd slow, a
+// transient error), the leader key would live on with the node's lease,
+// and no node could win the key's election while this one runs: a key
+// dropped here but shared by other nodes would never be raised again. The
+// key is then deleted, guarded by its create revision so that a later
+// term's key is not, up to resignTries in all, each within DefaultTimeout.
+func (l *Learner) resign(ctx context.Context, el *concurrency.Election) error {
+	key, rev := el.Key(), el.Rev() // Resign forgets the key, even when it fails
+	err := el.Resign(ctx)
+	for try := 1; err != nil && try < resignTries; try++ {
+		err = l.store.dropLeader(key, rev)
+	}
+	return err
 }
 
 // step reads the fleet's outcomes since the last step and raises the limit

@@ -330,3 +330,50 @@ func TestRaiseFencedByLeadership(t *testing.T) {
 		t.Fatalf("three periods' outcomes raised %v to %v", cur.Rate, got.Rate)
 	}
 }
+
+// TestFailedResignLeavesNoLeader: a term whose Resign fails (etcd slow,
+// its context over) still deletes its leader key, so that another node
+// wins the key's election while this node's lease, shared by its other
+// keys, lives on; and a later term's key, on the same lease, is never
+// deleted for an earlier term's.
+func TestFailedResignLeavesNoLeader(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	ctx := context.Background()
+	a := NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	b := NewStore(etcdtest.NewClient(t, c.Endpoints()...), clock.Real{}, "")
+	campaign := func(st *Store, node string) *concurrency.Election {
+		t.Helper()
+		sess, err := st.session(ctx, DefaultLeaseTTL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		el := concurrency.NewElection(sess, st.leaderKey("geo"))
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a guard against a hang
+		defer cancel()
+		if err := el.Campaign(cctx, node); err != nil {
+			t.Fatalf("%s could not win the key's election: %v", node, err)
+		}
+		return el
+	}
+	l := NewLearner(a, clock.Real{}, LearnerConfig{Key: "geo", Node: "n1"})
+	el := campaign(a, "n1")
+	key, rev := el.Key(), el.Rev()
+	over, cancel := context.WithCancel(ctx)
+	cancel()
+	_ = l.resign(over, el)     // judged by what it leaves behind
+	other := campaign(b, "n2") // held up for as long as n1's key lives
+	if err := other.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// n1 elected again on the same lease: the same key, a new revision.
+	again := campaign(a, "n1")
+	if again.Key() != key || again.Rev() == rev {
+		t.Fatalf("n1's second term holds %s at %d, want %s at a revision after %d", again.Key(), again.Rev(), key, rev)
+	}
+	if err := a.dropLeader(key, rev); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := a.client.Get(ctx, key); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("an earlier term's delete removed the later term's key (%v)", err)
+	}
+}
