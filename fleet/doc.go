@@ -26,8 +26,12 @@
 // Report) and leader. Any node lowers the limit (Cut, by compare-and-swap;
 // the rules at a refusal are the caller's: WindowRate, CutTo); only the
 // key's Learner, elected among the nodes (concurrency.Election, on one
-// session a node whatever its number of keys), raises it (Raise). A node
-// that stops calls Release, so that its keys' learning moves at once.
+// session a node whatever its number of keys), raises it (Raise). A term
+// that ends resigns, so that another node is elected at once; when Resign
+// fails, the leader key is deleted all the same, guarded by its create
+// revision and retried, since the node's session, which outlives the term,
+// would otherwise keep it and no node could win the key. A node that stops
+// calls Release, so that its keys' learning moves at once.
 // docs/FLEET.md, "One learner per key", says what each rule is for.
 //
 // Invariants:
@@ -55,8 +59,10 @@
 //     MaxSkew) of the rate: 3% of a one-second window with the defaults.
 //     A rate set by SetRate (a learned one, often counted over a longer
 //     window than the ceiling's, which spreads the guard thinner) is never
-//     spaced closer than the ceiling's own Interval: the told ceiling holds
-//     in every window of its length.
+//     spaced closer than the ceiling's own Interval, nor than that of the
+//     quota the upstream advertises when SetRate is given one: the told
+//     ceiling and the advertised quota each hold in every window of its
+//     length.
 //   - Pauses only lengthen. A pause written pushes the arrival time to its
 //     end in the same transaction, so no later grant holds a slot inside
 //     it; a node that learns a pause drops its held slots before its end.

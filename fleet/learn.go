@@ -291,13 +291,15 @@ func limitOf(key string, kvs []*mvccpb.KeyValue) (Limit, error) {
 
 // SetRate makes r the rate of the slots this node reserves from its next
 // block, never above the told ceiling (the Config's Rate): the rate a
-// key's learner, or a cut, agreed on. Held blocks keep their spacing. It
-// returns the rate applied.
-func (s *Slots) SetRate(r Rate) Rate {
+// key's learner, or a cut, agreed on. quota is a quota the upstream
+// advertises, zero when none: the slots are never spaced closer than its
+// Interval either (guarded). Held blocks keep their spacing. It returns
+// the rate applied.
+func (s *Slots) SetRate(r, quota Rate) Rate {
 	if !r.Valid() || r.PerSecond() > s.cfg.Rate.PerSecond() {
 		r = s.cfg.Rate
 	}
-	iv := guarded(r, s.cfg.Rate, s.cfg.Grace, s.cfg.MaxSkew).Nanoseconds()
+	iv := guarded(r, s.cfg.Rate, quota, s.cfg.Grace, s.cfg.MaxSkew).Nanoseconds()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.interval = iv
@@ -306,13 +308,18 @@ func (s *Slots) SetRate(r Rate) Rate {
 }
 
 // guarded is the spacing of r's slots (Interval), never closer than the
-// ceiling's own: a learned rate is often counted over a longer window than
-// the ceiling's (scale: 200 per 20 s, not 10 per second), which spreads the
-// guard over it, and slots spaced by it alone could put 11 takes in a
-// second of a told 10 per second. The ceiling's spacing holds the told
-// limit in every window of its length, whatever r's window.
-func guarded(r, ceiling Rate, grace, skew time.Duration) time.Duration {
-	return max(Interval(r, grace, skew), Interval(ceiling, grace, skew))
+// ceiling's own, nor than an advertised quota's when it is Valid: a
+// learned rate is often counted over a longer window than theirs (scale:
+// 200 per 20 s, not 10 per second), which spreads the guard over it, and
+// slots spaced by it alone could put 11 takes in a second of a told, or
+// advertised, 10 per second. Their spacing holds each limit in every
+// window of its length, whatever r's window.
+func guarded(r, ceiling, quota Rate, grace, skew time.Duration) time.Duration {
+	iv := max(Interval(r, grace, skew), Interval(ceiling, grace, skew))
+	if quota.Valid() {
+		iv = max(iv, Interval(quota, grace, skew))
+	}
+	return iv
 }
 
 // Spent marks, fleet-wide, that key's window was seen spent at at: the

@@ -179,7 +179,7 @@ func TestSlotsRateBeyondTheLongestWindow(t *testing.T) {
 	}
 	ceiling := fleet.Rate{Limit: 10, Window: time.Second}
 	s, _, _, _ := openSlots(t, fleet.Config{Rate: ceiling})
-	if got := s.SetRate(huge); got != ceiling {
+	if got := s.SetRate(huge, fleet.Rate{}); got != ceiling {
 		t.Fatalf("SetRate(%v) applied %v, want the ceiling %v", huge, got, ceiling)
 	}
 	if _, err := fleet.NewSlots(newMemBackend(clock.NewFake(t0)), clock.NewFake(t0), fleet.Config{Rate: huge}); !errors.Is(err, fleet.ErrInvalidRate) {
@@ -523,7 +523,7 @@ func TestSlotsCostRefusedAfterACutAsksForNothing(t *testing.T) {
 	if err := s.Check(2); err != nil {
 		t.Fatal(err)
 	}
-	s.SetRate(fleet.Rate{Limit: 40, Window: time.Second})
+	s.SetRate(fleet.Rate{Limit: 40, Window: time.Second}, fleet.Rate{})
 	if err := s.Check(2); !errors.Is(err, fleet.ErrCostExceedsGrace) {
 		t.Fatalf("err %v, want ErrCostExceedsGrace after the cut", err)
 	}
@@ -550,9 +550,27 @@ func TestSlotsGuardKeepsLateTakesUnderTheLimit(t *testing.T) {
 		t.Run(fmt.Sprintf("%d_per_%v", learned.Limit, learned.Window), func(t *testing.T) {
 			s, fc, _, _ := openSlots(t, fleet.Config{Rate: rate})
 			if learned.Limit > 0 {
-				s.SetRate(learned)
+				s.SetRate(learned, fleet.Rate{})
 			}
 			guardedTakes(t, s, fc, rate)
+		})
+	}
+}
+
+// TestSlotsGuardKeepsLateTakesUnderAnAdvertisedQuota: the quota an
+// upstream advertises (10 a second) counts over a shorter window than the
+// told ceiling (6000 a minute). A learned rate at the quota or just under
+// it, counted over a longer window still (200 per 20 s), and the ceiling
+// itself are spaced for the quota's window: as late a first take as its
+// grace allows puts no more than the quota in any second.
+func TestSlotsGuardKeepsLateTakesUnderAnAdvertisedQuota(t *testing.T) {
+	ceiling, quota := fleet.Rate{Limit: 6000, Window: time.Minute}, fleet.Rate{Limit: 10, Window: time.Second}
+	for _, learned := range []fleet.Rate{{Limit: 200, Window: 20 * time.Second},
+		{Limit: 99, Window: 10 * time.Second}, ceiling} {
+		t.Run(fmt.Sprintf("%d_per_%v", learned.Limit, learned.Window), func(t *testing.T) {
+			s, fc, _, _ := openSlots(t, fleet.Config{Rate: ceiling})
+			s.SetRate(learned, quota)
+			guardedTakes(t, s, fc, quota)
 		})
 	}
 }

@@ -185,7 +185,7 @@ type fleetNode struct {
 type fleetShare struct {
 	*fleet.Slots
 	rate   fleet.Rate
-	member string
+	member string // read and written under fleetNode.mu: sync refreshes it
 	group  bool   // the key is a gateway group's, member one of its sources
 	node   string // this node's name
 	lag    time.Duration
@@ -215,9 +215,9 @@ func (s *fleetShare) Lag() time.Duration { return s.lag }
 // caller (limiter.Shared): etcd may be slow or cut off, and the pause holds
 // here in any case.
 func (s *fleetShare) Pause(until time.Time) {
-	go func() {
+	s.learning.calls.Go(func() {
 		_, _ = s.Slots.Pause(context.Background(), until) // a failure is recorded as a local pause (revision 0)
-	}()
+	})
 }
 
 // BreakerOpened tells the fleet that this node's breaker of the key's
@@ -231,9 +231,9 @@ func (s *fleetShare) BreakerOpened(until time.Time) {
 	if s.group {
 		return
 	}
-	go func() {
+	s.learning.calls.Go(func() {
 		_, _ = s.Slots.PauseFor(context.Background(), until, s.node) // a failure is recorded as a local pause (revision 0)
-	}()
+	})
 }
 
 // validNodeName reports whether name may name a node: it is part of etcd
@@ -319,6 +319,9 @@ func (n *fleetNode) sync() {
 	for key, old := range n.shares {
 		w, ok := want[key]
 		if ok && w.rate == old.rate {
+			// A gateway group's member may have left it: the budget its
+			// pauses go to is that of a member now (applyPause).
+			old.member = w.member
 			continue
 		}
 		if !ok {
@@ -372,9 +375,9 @@ func (n *fleetNode) startRate(w *fleetShare) fleet.Rate {
 	return w.rate
 }
 
-// closeShare stops a key's learning on this node and its slots. Without a
-// quorum its learning's campaign does not resign (fleetLearning.stop):
-// closeShare gives it up to 5 s.
+// closeShare stops a key's learning on this node, with its writes on their
+// way, and its slots. Without a quorum its learning's campaign does not
+// resign (fleetLearning.stop): closeShare gives it up to 5 s.
 func (n *fleetNode) closeShare(s *fleetShare) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -492,6 +495,10 @@ func (n *fleetNode) hand() (auditd.Future, int) {
 func (n *fleetNode) applyPause(e fleet.Event) {
 	n.mu.Lock()
 	s, ok := n.shares[e.Key]
+	var member string
+	if ok {
+		member = s.member
+	}
 	n.mu.Unlock()
 	if !ok {
 		return
@@ -500,7 +507,7 @@ func (n *fleetNode) applyPause(e fleet.Event) {
 	if by := e.Pause.Breaker; by != "" && by != n.node {
 		until = until.Add(fleet.BreakerGrace)
 	}
-	if b, err := n.lim.Budget(s.member); err == nil {
+	if b, err := n.lim.Budget(member); err == nil {
 		b.Pause(until)
 	}
 }
@@ -558,7 +565,7 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 	n.mu.Lock()
 	s := n.shares[e.Key]
 	n.mu.Unlock()
-	if s != nil && s.member != e.Key { // a gateway group's key
+	if s != nil && s.group {
 		ev.Group = e.Key
 	} else {
 		ev.SourceID = e.Key
@@ -572,7 +579,8 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 // with a quorum, and not worth waiting for without one.
 const releaseWithin = 500 * time.Millisecond
 
-// close stops sharing, writes what is queued, and closes the etcd client.
+// close stops sharing, waits for the keys' writes on their way, writes
+// what is queued, and closes the etcd client.
 func (n *fleetNode) close(ctx context.Context) error {
 	n.cancel()
 	select {
@@ -587,6 +595,9 @@ func (n *fleetNode) close(ctx context.Context) error {
 	for key, s := range shares {
 		n.lim.Share(key, nil)
 		s.learning.cancel()
+		// Its pauses, cuts and limits set by hand on their way, each within
+		// fleet.DefaultTimeout: a pause is handed to the ledger below.
+		s.learning.calls.wait(ctx)
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_ = s.Close(sctx) // its held slots are wasted, never given back
 		cancel()

@@ -50,10 +50,16 @@ type fleetLearning struct {
 	rate    fleet.Rate  // what the slots reserve at: the limit, capped at the ceiling
 	applied time.Time   // when this node began reserving at it
 	atQuota quotaShare  // answers and refusals at an advertised quota since the last cut
+	// quota is the quota the server last advertised here, zero when none:
+	// the slots are never spaced closer than it allows (Slots.SetRate).
+	quota fleet.Rate
 
 	ctx    context.Context // ends when the learning stops
 	cancel context.CancelFunc
 	done   sync.WaitGroup
+	// calls are the key's etcd writes made without holding up their
+	// caller: cuts, limits set by hand, and the share's pauses.
+	calls keyCalls
 }
 
 // startLearning starts key's learning on this node: it campaigns to be the
@@ -65,7 +71,7 @@ func startLearning(store *fleet.Store, slots *fleet.Slots, clk clock.Clock, key,
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &fleetLearning{key: key, node: node, store: store, slots: slots, notify: notify, clock: clk, ctx: ctx, cancel: cancel,
 		learner: fleet.NewLearner(store, clock.Real{}, fleet.LearnerConfig{Key: key, Node: node, Ceiling: ceiling, Start: start})}
-	l.rate, l.applied = slots.SetRate(start), clk.Now()
+	l.rate, l.applied = slots.SetRate(start, fleet.Rate{}), clk.Now()
 	l.done.Add(3)
 	go func() { defer l.done.Done(); _ = l.learner.Run(ctx) }()
 	go func() { defer l.done.Done(); l.follow(ctx) }()
@@ -73,14 +79,51 @@ func startLearning(store *fleet.Store, slots *fleet.Slots, clk clock.Clock, key,
 	return l
 }
 
-// stop ends the key's learning on this node: its campaign, its watch and
-// its reports. It waits for them until ctx ends: without a quorum a
-// campaign resigns only when the etcd client closes.
+// stop ends the key's learning on this node: its campaign, its watch,
+// its reports and its calls on their way. It waits for them until ctx
+// ends: without a quorum a campaign resigns only when the etcd client
+// closes.
 func (l *fleetLearning) stop(ctx context.Context) {
 	l.cancel()
+	l.calls.wait(ctx)
+	waitFor(ctx, &l.done)
+}
+
+// keyCalls runs a key's etcd writes in the background, each bounded by
+// fleet.DefaultTimeout, and lets the node wait for them as it stops the
+// key.
+type keyCalls struct {
+	mu      sync.Mutex
+	stopped bool // wait has begun: no call starts any more
+	wg      sync.WaitGroup
+}
+
+// Go runs f in the background and reports true; once wait has begun it
+// runs nothing and reports false.
+func (c *keyCalls) Go(f func()) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return false
+	}
+	c.wg.Go(f)
+	return true
+}
+
+// wait lets no call start any more and waits for those on their way until
+// ctx ends.
+func (c *keyCalls) wait(ctx context.Context) {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
+	waitFor(ctx, &c.wg)
+}
+
+// waitFor waits for wg until ctx ends.
+func waitFor(ctx context.Context, wg *sync.WaitGroup) {
 	done := make(chan struct{})
 	go func() {
-		l.done.Wait()
+		wg.Wait()
 		close(done)
 	}()
 	select {
@@ -148,10 +191,20 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 		l.episode.Store(true)
 	}
 	l.notify(fleet.Event{Kind: fleet.EventLearned, Key: l.key, At: l.clock.Now(), Limit: lim})
-	r := l.slots.SetRate(lim.Rate)
 	l.mu.Lock()
-	l.rate = r
+	l.rate = l.slots.SetRate(lim.Rate, l.quota)
 	l.mu.Unlock()
+}
+
+// spaceFor makes quota, the quota the server advertised on an answer
+// (zero: none), a bound of the slots' spacing when it changed: its window
+// may be shorter than the ceiling's, and a learned rate counted over a
+// longer one spreads the skew guard too thin for it. l.mu is held.
+func (l *fleetLearning) spaceFor(quota fleet.Rate) {
+	if quota != l.quota {
+		l.quota = quota
+		l.rate = l.slots.SetRate(l.rate, quota)
+	}
 }
 
 // report puts this node's outcomes of the key for its learner every
@@ -179,13 +232,13 @@ func (l *fleetLearning) report(ctx context.Context) {
 }
 
 // observed counts a response to one of the key's requests admitted at
-// admitted, holds the fleet's limit to a quota the server advertises (h),
-// and cuts it for a refusal that no hint explains, once an episode, by
-// windowSpent's rule: not for a refusal with no success here since the
-// episode began or the last cut, and by a quarter not for a request
-// admitted before the limit in force had settled (fleet.Settle after this
-// node applied it), which was sent at the pace the last cut already
-// answered. A refusal whose server said when to come back (a Retry-After,
+// admitted, holds the fleet's limit, and the node's slots' spacing, to a
+// quota the server advertises (h), and cuts the limit for a refusal that
+// no hint explains, once an episode, by windowSpent's rule: not for a
+// refusal with no success here since the episode began or the last cut,
+// and by a quarter not for a request admitted before the limit in force
+// had settled (fleet.Settle after this node applied it), which was sent at
+// the pace the last cut already answered. A refusal whose server said when to come back (a Retry-After,
 // a spent quota's Remaining 0 with its Reset) is a pause, shared as one.
 //
 // A plain refusal that advertises a quota the fleet is held to (its limit
@@ -204,6 +257,12 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
 	plain := c == limiter.ClassThrottled && !h.HasRetryAfter && !spent
 	l.mu.Lock()
+	switch {
+	case advertised:
+		l.spaceFor(told)
+	case c == limiter.ClassSuccess:
+		l.spaceFor(fleet.Rate{}) // answered with no quota: the server advertises none
+	}
 	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
 	atQuota := plain && advertised && cur.Revision != 0 && cur.Rate.PerSecond() >= atQuotaNear*told.PerSecond() && cur.Rate.PerSecond() <= told.PerSecond()
 	overShare := false
@@ -395,13 +454,14 @@ type limitCut struct {
 
 // cut lowers the fleet's limit as rule says, in the background (rule may
 // read etcd); one cut at a time, and none when rule says no. It reports
-// false when another cut was on its way, and rule was not run. A cut etcd
-// did not take ends the episode, so that the next refusal tries again.
+// false when another cut was on its way, or the learning is stopping, and
+// rule was not run. A cut etcd did not take ends the episode, so that the
+// next refusal tries again.
 func (l *fleetLearning) cut(rule func() (limitCut, bool)) bool {
 	if !l.cutting.CompareAndSwap(false, true) {
 		return false
 	}
-	go func() {
+	started := l.calls.Go(func() {
 		defer l.cutting.Store(false)
 		c, ok := rule()
 		if !ok {
@@ -412,8 +472,11 @@ func (l *fleetLearning) cut(rule func() (limitCut, bool)) bool {
 		if _, _, err := l.store.Cut(ctx, l.key, c.to, c.refused, c.cause, l.node); err != nil {
 			l.episode.Store(false)
 		}
-	}()
-	return true
+	})
+	if !started {
+		l.cutting.Store(false)
+	}
+	return started
 }
 
 // setByHand writes r as the key's learned limit for the whole fleet, in the
@@ -424,9 +487,9 @@ func (l *fleetLearning) setByHand(r fleet.Rate) {
 	if r.Limit <= 0 || r.Window <= 0 {
 		return // no limit to share: the ceiling's slots pace the key
 	}
-	go func() {
+	l.calls.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), fleet.DefaultTimeout)
 		defer cancel()
 		_, _ = l.store.Set(ctx, l.key, r, l.node) // a failure leaves the fleet's limit as it was
-	}()
+	})
 }

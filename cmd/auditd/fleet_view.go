@@ -305,7 +305,7 @@ func (v *fleetView) source(key string, s *fleetShare) api.FleetSource {
 		return src
 	}
 	src.Limit, src.Window = s.rate.Limit, auditd.Duration(s.rate.Window)
-	src.Group = s.member != key
+	src.Group = s.group
 	for _, m := range v.fl.reg.ListSources() {
 		st, err := v.fl.reg.State(m.ID)
 		if err != nil {
