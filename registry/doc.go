@@ -119,7 +119,9 @@
 //     refused, under 2% for a source held at its limit by refused probes
 //     with a request to spare where a count's span cuts a cycle. Once every probe for five minutes has been refused, the
 //     limit is stable and that bound doubles.
-//   - Rising limits: after two probes in a row have held, with nothing
+//   - Rising limits: after two probes in a row have held, or one at the
+//     pace the probe before it was refused at (a pace the server refused
+//     now passes), with nothing
 //     refused for as long as a hold may last, the limit has risen: slow
 //     start resumes from the last clean pace, within the ceiling. Its first
 //     refusal cuts back to the pace of its last clean round (the pace

@@ -313,12 +313,14 @@ func (r *Registry) round(ctx context.Context, x *entry, obs *Observation, now ti
 		}
 		x.missed = 0
 		// The server allows this pace now: hold here, then probe again.
-		// After resumeAfter clean probes in a row, with nothing refused
-		// for as long as a hold may last, the limit has risen: slow start
-		// resumes from this pace, within the cap.
+		// After resumeAfter clean probes in a row, or one at the pace
+		// the probe before it was refused at (again), with nothing
+		// refused for as long as a hold may last, the limit has risen:
+		// slow start resumes from this pace, within the cap.
+		again := x.retry && cur >= (1-g/2)*x.st.Refused
 		x.probing, x.held, x.hold, x.retry, x.stableFrom = false, 0, o.ProbeHold, false, time.Time{}
 		x.st.Refused = cur / (1 - g)
-		if x.clean++; x.clean >= resumeAfter && now.Sub(x.lastCut) >= x.holdTime(now) {
+		if x.clean++; (x.clean >= resumeAfter || again) && now.Sub(x.lastCut) >= x.holdTime(now) {
 			x.st.Phase, x.clean, x.resumed = PhaseStart, 0, true
 		}
 		return false, r.persist(x)

@@ -82,3 +82,28 @@ func sweepRisePhases(tb testing.TB, from, factor float64) phaseSweep {
 		within: float64(within) / n, refused: float64(refused) / float64(max(1, requests)),
 	}
 }
+
+// TestRiseFoundAtThePaceRefused: a sliding window of 4 per 2 s that rises
+// fourfold three minutes in, a phase of the probe cycle where the probe
+// after the rise goes to the pace the probe before it was refused at. That
+// pace passing is a rise: slow start resumes after that one probe, not a
+// second one, and the new limit is reached within a minute (it took 65 s
+// when two clean probes were needed).
+func TestRiseFoundAtThePaceRefused(t *testing.T) {
+	sc, err := sim.LoadScenario(filepath.Join("..", "testdata", "scenarios", "rising.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	convergeCase{factor: 4}.reshape(sc)
+	rise := 3 * time.Minute
+	sc.Upstreams[0].Limit.Changes[0].After = rise
+	window, final := rescale(sc, 2)
+	p := newPacer(t, sc, 1800)
+	p.runUntil(rise + 3*time.Minute)
+	if lag := p.reached(rise, final, window); lag < 0 || lag > time.Minute {
+		t.Fatalf("90%% of %.3g/s reached %v after the rise, want within a minute\n%s", final, lag, p.trace())
+	}
+	if late := p.between(time.Minute, rise+3*time.Minute); late.refusedShare() > 0.02 {
+		t.Fatalf("%s after the first minute: over 2%% refused", late)
+	}
+}
