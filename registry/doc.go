@@ -68,9 +68,10 @@
 //     that a later cut takes from ten seconds or more of successes is never
 //     below the pace a round proved since its cut (auditd's own pauses blur
 //     what was admitted low), and a refusal of a recovery step above that
-//     proven pace is one of a probe: the pace goes back to the proven one,
-//     the step's pace the rate refused (what was admitted meanwhile is the
-//     proven pace's, and says nothing of the limit). Refusals with no success between them are
+//     proven pace goes back to the proven one with the step's pace for the
+//     rate refused, as a refused probe's would (what was admitted meanwhile
+//     is the proven pace's, and says nothing of the limit), though as a
+//     cut: recovery climbs back toward it. Refusals with no success between them are
 //     one episode (a spent window refuses whatever the pace): only its
 //     first cuts, lowers the rate last refused or doubles the probe hold. A
 //     refusal that says nothing of when to come back (no Retry-After) also

@@ -385,8 +385,11 @@ func (e *entry) steadyCut(sent, now, prev time.Time, o *Options) (next, refused 
 	if e.proven && now.Sub(e.dropAt) < probeMemory && bad > (1+o.ProbeGain/2)*e.good {
 		// A step up from a pace a round proved since the last cut was
 		// refused: the server's rate lies between the two. Back to the
-		// proven pace, as after a refused probe; what was admitted
-		// meanwhile is that pace's, and says nothing of the limit.
+		// proven pace with the step's pace for the rate refused (like a
+		// refused probe's, though as a cut: recovery climbs back toward
+		// it, a ProbeGain lower for the refusal met on the way up); what
+		// was admitted meanwhile is that pace's, and says nothing of the
+		// limit.
 		return e.good, bad
 	}
 	// What the server admitted since the last cut bounds its rate from
