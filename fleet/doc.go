@@ -89,6 +89,9 @@
 //     held slots inside the pause: at most what it holds.
 //   - Nodes must agree on a key's Rate: a block's interval is the
 //     reserver's. A changed rate takes effect from each node's next block.
+//     The quota an upstream advertises is each node's own (SetRate's
+//     quota, what its answers carried): a node that has not seen it
+//     spaces by the learned rate and the ceiling alone.
 //   - No burst: slots are evenly spaced and idle time is not saved up.
 //   - Block sizes follow demand: a node's first block is one slot; the next
 //     is twice the last while the node uses at least half of what it asked

@@ -97,7 +97,7 @@ func (l *Learner) Leading() bool { return l.leading.Load() }
 // campaign cancelled resigns on the etcd client's context
 // (concurrency.Election), so without a quorum Run may outlive ctx until
 // the client is closed; a term that ends tries to resign for up to
-// resignTries times DefaultTimeout.
+// resignTries times DefaultTimeout (and DefaultRetry between tries).
 func (l *Learner) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if err := l.term(ctx); err != nil && ctx.Err() == nil {
@@ -165,6 +165,9 @@ func (l *Learner) resign(ctx context.Context, el *concurrency.Election) error {
 	key, rev := el.Key(), el.Rev() // Resign forgets the key, even when it fails
 	err := el.Resign(ctx)
 	for try := 1; err != nil && try < resignTries; try++ {
+		// A short wait first: an error that comes back at once (no
+		// connection) would use up every try in a moment.
+		_ = clock.Sleep(context.Background(), l.clock, DefaultRetry)
 		err = l.store.dropLeader(key, rev)
 	}
 	return err

@@ -170,7 +170,11 @@ type fleetNode struct {
 
 	mu     sync.Mutex
 	shares map[string]*fleetShare // by key
-	queue  []fleet.Event          // events for the ledger, in order
+	// groups are the keys known to be gateway groups', kept after their
+	// share goes: what a share writes as it closes (a pause on its way)
+	// is recorded after it is gone.
+	groups map[string]bool
+	queue  []fleet.Event // events for the ledger, in order
 	// writing is held while queued events are written, so that two
 	// writers (run, and notify of a grant) keep their order.
 	writing sync.Mutex
@@ -215,9 +219,19 @@ func (s *fleetShare) Lag() time.Duration { return s.lag }
 // caller (limiter.Shared): etcd may be slow or cut off, and the pause holds
 // here in any case.
 func (s *fleetShare) Pause(until time.Time) {
-	s.learning.calls.Go(func() {
+	s.tell(func() {
 		_, _ = s.Slots.Pause(context.Background(), until) // a failure is recorded as a local pause (revision 0)
 	})
+}
+
+// tell runs write, a pause for the fleet, among the key's calls; on a share
+// already stopping (replaced, or the node closing) it runs all the same,
+// untracked: the other nodes must still hear of the pause, though its
+// record may go with the share.
+func (s *fleetShare) tell(write func()) {
+	if !s.learning.calls.Go(write) {
+		go write()
+	}
 }
 
 // BreakerOpened tells the fleet that this node's breaker of the key's
@@ -231,7 +245,7 @@ func (s *fleetShare) BreakerOpened(until time.Time) {
 	if s.group {
 		return
 	}
-	s.learning.calls.Go(func() {
+	s.tell(func() {
 		_, _ = s.Slots.PauseFor(context.Background(), until, s.node) // a failure is recorded as a local pause (revision 0)
 	})
 }
@@ -347,6 +361,12 @@ func (n *fleetNode) sync() {
 			continue
 		}
 		w.Slots = slots
+		if w.group {
+			if n.groups == nil {
+				n.groups = map[string]bool{}
+			}
+			n.groups[key] = true
+		}
 		w.learning = startLearning(n.store, slots, clock.Real{}, key, n.node, n.startRate(w), w.rate, n.notify)
 		slots.Open()
 		n.shares[key] = w
@@ -377,12 +397,15 @@ func (n *fleetNode) startRate(w *fleetShare) fleet.Rate {
 
 // closeShare stops a key's learning on this node, with its writes on their
 // way, and its slots. Without a quorum its learning's campaign does not
-// resign (fleetLearning.stop): closeShare gives it up to 5 s.
+// resign (fleetLearning.stop): closeShare gives it up to 5 s, and the
+// slots' goroutines, which end at once, a second of their own.
 func (n *fleetNode) closeShare(s *fleetShare) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.learning.stop(ctx)
-	_ = s.Close(ctx) // its held slots are wasted, never given back
+	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+	defer scancel()
+	_ = s.Close(sctx) // its held slots are wasted, never given back
 }
 
 // notify queues e for the ledger (fleet.Config.Notify). A grant is handed
@@ -564,8 +587,9 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 	}
 	n.mu.Lock()
 	s := n.shares[e.Key]
+	group := s != nil && s.group || n.groups[e.Key]
 	n.mu.Unlock()
-	if s != nil && s.group {
+	if group {
 		ev.Group = e.Key
 	} else {
 		ev.SourceID = e.Key

@@ -50,9 +50,11 @@ type fleetLearning struct {
 	rate    fleet.Rate  // what the slots reserve at: the limit, capped at the ceiling
 	applied time.Time   // when this node began reserving at it
 	atQuota quotaShare  // answers and refusals at an advertised quota since the last cut
-	// quota is the quota the server last advertised here, zero when none:
-	// the slots are never spaced closer than it allows (Slots.SetRate).
-	quota fleet.Rate
+	// quota is the quota the server last advertised here, zero when none
+	// for quotaMemory: the slots are never spaced closer than it allows
+	// (Slots.SetRate). quotaAt is when an answer last carried it.
+	quota   fleet.Rate
+	quotaAt time.Time
 
 	ctx    context.Context // ends when the learning stops
 	cancel context.CancelFunc
@@ -200,11 +202,24 @@ func (l *fleetLearning) apply(lim fleet.Limit) {
 // (zero: none), a bound of the slots' spacing when it changed: its window
 // may be shorter than the ceiling's, and a learned rate counted over a
 // longer one spreads the skew guard too thin for it. l.mu is held.
+//
+// A quota is kept until successes have come without one for quotaMemory:
+// a server may put its headers on some answers only (its 429s, one
+// endpoint, one member of a gateway group), and forgetting the quota at
+// the first answer without it would drop the guard until the next.
+// Each node keeps what its own answers carried: a node that has not seen
+// the quota lately spaces by the learned rate and the ceiling alone.
 func (l *fleetLearning) spaceFor(quota fleet.Rate) {
 	if quota != l.quota {
 		l.quota = quota
 		l.rate = l.slots.SetRate(l.rate, quota)
 	}
+}
+
+// quotaMemory is how long a quota q is kept with no answer carrying it:
+// a minute, or ten of its windows when longer.
+func quotaMemory(q fleet.Rate) time.Duration {
+	return max(time.Minute, 10*q.Window)
 }
 
 // report puts this node's outcomes of the key for its learner every
@@ -257,11 +272,12 @@ func (l *fleetLearning) observed(admitted time.Time, c limiter.Class, h hints.Hi
 	spent := h.HasRemaining && h.Remaining == 0 && h.HasReset
 	plain := c == limiter.ClassThrottled && !h.HasRetryAfter && !spent
 	l.mu.Lock()
-	switch {
+	switch now := l.clock.Now(); {
 	case advertised:
+		l.quotaAt = now
 		l.spaceFor(told)
-	case c == limiter.ClassSuccess:
-		l.spaceFor(fleet.Rate{}) // answered with no quota: the server advertises none
+	case c == limiter.ClassSuccess && now.Sub(l.quotaAt) > quotaMemory(l.quota):
+		l.spaceFor(fleet.Rate{}) // no answer has carried a quota for a while: the server advertises none
 	}
 	cur, settled := l.limit, admitted.After(l.applied.Add(fleet.Settle))
 	atQuota := plain && advertised && cur.Revision != 0 && cur.Rate.PerSecond() >= atQuotaNear*told.PerSecond() && cur.Rate.PerSecond() <= told.PerSecond()

@@ -116,32 +116,40 @@ func TestFleetGroupPausesReachAMemberStill(t *testing.T) {
 
 // TestFleetCloseRecordsAPauseOnItsWay: a pause the node saw as it stops,
 // its write to etcd on its way, is handed to the ledger before close
-// returns. Here etcd is cut off: the write fails at its timeout, and the
-// pause, held here, is recorded as a local one (revision 0).
+// returns, a gateway group's under Group though its share is gone by
+// then. Here etcd is cut off: the writes fail at their timeout, and the
+// pauses, held here, are recorded as local ones (revision 0).
 func TestFleetCloseRecordsAPauseOnItsWay(t *testing.T) {
 	proxy := etcdtest.StartProxy(t, etcdtest.Start(t, 1).Endpoints()[0])
 	n, reg, lim, led := fleetNodeOn(t, proxy.URL())
 	n.cancel = func() {} // no run goroutine
 	close(n.done)
 	putSource(t, reg, lim, "a", "")
+	putSource(t, reg, lim, "b", "gw")
 	n.sync()
-	s := n.shares["a"]
-	if s == nil {
-		t.Fatal("source a is not shared")
+	s, g := n.shares["a"], n.shares["gw"]
+	if s == nil || g == nil {
+		t.Fatalf("source a and group gw shared: %v, %v", s != nil, g != nil)
 	}
 	proxy.Cut()
 	s.Pause(time.Now().Add(time.Minute))
+	g.Pause(time.Now().Add(time.Minute))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a guard against a hang
 	defer cancel()
 	_ = n.close(ctx) // the revoke fails, etcd cut off
 	led.mu.Lock()
 	defer led.mu.Unlock()
+	var source, group bool
 	for _, e := range led.events {
-		if e.Type == auditd.EventFleetPaused && e.SourceID == "a" {
-			return
+		if e.Type != auditd.EventFleetPaused {
+			continue
 		}
+		source = source || e.SourceID == "a" && e.Group == ""
+		group = group || e.Group == "gw" && e.SourceID == ""
 	}
-	t.Fatalf("close returned without the pause on its way recorded; recorded %d events", len(led.events))
+	if !source || !group {
+		t.Fatalf("close returned with the source's pause recorded %v, the group's %v (under Group); recorded %d events", source, group, len(led.events))
+	}
 }
 
 // TestFleetLearningStopWaitsForItsCalls: a cut on its way when the key's
@@ -170,7 +178,8 @@ func TestFleetLearningStopWaitsForItsCalls(t *testing.T) {
 // TestFleetSpacesSlotsForAnAdvertisedQuota: the fleet's limit is 100 per
 // 10 s, under the told ceiling of 20 a second; the server advertises 10
 // a second. The node's next block is spaced for the quota's window, not
-// for the limit's ten seconds (fleet.Slots.SetRate).
+// for the limit's ten seconds (fleet.Slots.SetRate), and stays so through
+// answers without the quota for a minute (quotaMemory).
 func TestFleetSpacesSlotsForAnAdvertisedQuota(t *testing.T) {
 	ctx := context.Background()
 	cluster := etcdtest.Start(t, 1)
@@ -189,7 +198,8 @@ func TestFleetSpacesSlotsForAnAdvertisedQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	learned := make(chan fleet.Limit, 8)
-	l := startLearning(store, slots, clock.Real{}, "geo", "n1", start, ceiling, func(e fleet.Event) {
+	fc := clock.NewFake(time.Now()) // the learning's own clock: when the quota was last seen
+	l := startLearning(store, slots, fc, "geo", "n1", start, ceiling, func(e fleet.Event) {
 		if e.Kind == fleet.EventLearned {
 			learned <- e.Limit
 		}
@@ -213,5 +223,22 @@ func TestFleetSpacesSlotsForAnAdvertisedQuota(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second): // a guard against a hang
 		t.Fatal("no block reserved")
+	}
+	// Answers without the quota (a server that puts it on some answers
+	// only) keep it for a minute, then the guard goes.
+	kept := func() fleet.Rate {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.quota
+	}
+	fc.Advance(59 * time.Second)
+	l.observed(fc.Now(), limiter.ClassSuccess, hints.Hint{})
+	if q := kept(); q != quota {
+		t.Fatalf("the quota kept 59 s after an answer carried it: %v, want %v", q, quota)
+	}
+	fc.Advance(2 * time.Second)
+	l.observed(fc.Now(), limiter.ClassSuccess, hints.Hint{})
+	if q := kept(); q != (fleet.Rate{}) {
+		t.Fatalf("the quota kept 61 s after an answer carried it: %v, want none", q)
 	}
 }
