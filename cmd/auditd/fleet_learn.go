@@ -253,8 +253,9 @@ func (l *fleetLearning) report(ctx context.Context) {
 // refusal with no success here since the episode began or the last cut,
 // and by a quarter not for a request admitted before the limit in force
 // had settled (fleet.Settle after this node applied it), which was sent at
-// the pace the last cut already answered. A refusal whose server said when to come back (a Retry-After,
-// a spent quota's Remaining 0 with its Reset) is a pause, shared as one.
+// the pace the last cut already answered. A refusal whose server said when
+// to come back (a Retry-After, a spent quota's Remaining 0 with its Reset)
+// is a pause, shared as one.
 //
 // A plain refusal that advertises a quota the fleet is held to (its limit
 // at atQuotaNear of the quota or more) is no window spent: the quota's
