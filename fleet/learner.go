@@ -129,7 +129,7 @@ func (l *Learner) term(ctx context.Context) error {
 		l.leading.Store(false)
 		rctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 		defer cancel()
-		_ = l.resign(rctx, el) // a failure: the key goes with the lease
+		_ = l.resign(rctx, sess, el) // a failure: the key goes with the lease
 	}()
 	l.last = nil
 	for {
@@ -154,23 +154,36 @@ func (l *Learner) term(ctx context.Context) error {
 const resignTries = 3
 
 // resign ends el's leadership at a term's end, so that another node is
-// elected at once: the session is the node's, shared by its keys, and
-// outlives the term. ctx bounds Resign. When Resign fails (etcd slow, a
+// elected at once: sess is the node's, shared by its keys, and outlives
+// the term. ctx bounds the first Resign. When it fails (etcd slow, a
 // transient error), the leader key would live on with the node's lease,
 // and no node could win the key's election while this one runs: a key
-// dropped here but shared by other nodes would never be raised again. The
-// key is then deleted, guarded by its create revision so that a later
-// term's key is not, up to resignTries in all, each within DefaultTimeout.
-func (l *Learner) resign(ctx context.Context, el *concurrency.Election) error {
-	key, rev := el.Key(), el.Rev() // Resign forgets the key, even when it fails
+// dropped here but shared by other nodes would never be raised again.
+// Resign forgets the key even when it fails, so the term's election is
+// resumed (its key and create revision, which guards the delete: a later
+// term's key is never deleted for this one's) and resigned again, up to
+// resignTries in all, each within DefaultTimeout.
+func (l *Learner) resign(ctx context.Context, sess *concurrency.Session, el *concurrency.Election) error {
+	key, rev := el.Key(), el.Rev()
 	err := el.Resign(ctx)
 	for try := 1; err != nil && try < resignTries; try++ {
 		// A short wait first: an error that comes back at once (no
 		// connection) would use up every try in a moment.
 		_ = clock.Sleep(context.Background(), l.clock, DefaultRetry)
-		err = l.store.dropLeader(key, rev)
+		err = resignAgain(sess, key, rev)
 	}
 	return err
+}
+
+// resignAgain resigns the election whose leader key was key, created at
+// rev, within DefaultTimeout.
+func resignAgain(sess *concurrency.Session, key string, rev int64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	defer cancel()
+	if err := concurrency.ResumeElection(sess, "", key, rev).Resign(ctx); err != nil {
+		return fmt.Errorf("resign %s: %w", key, err)
+	}
+	return nil
 }
 
 // step reads the fleet's outcomes since the last step and raises the limit

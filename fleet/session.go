@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
@@ -86,16 +85,4 @@ func (s *Store) Release(ctx context.Context) error {
 		}
 	}
 	return first
-}
-
-// dropLeader deletes an election's leader key while it is still the one
-// created at rev: a term's key that its Resign failed to delete.
-func (s *Store) dropLeader(key string, rev int64) error {
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
-	defer cancel()
-	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
-	if _, err := s.client.Txn(ctx).If(cmp).Then(clientv3.OpDelete(key)).Commit(); err != nil {
-		return fmt.Errorf("resign %s: %w", key, err)
-	}
-	return nil
 }

@@ -356,12 +356,16 @@ func TestFailedResignLeavesNoLeader(t *testing.T) {
 		return el
 	}
 	l := NewLearner(a, clock.Real{}, LearnerConfig{Key: "geo", Node: "n1"})
+	sess, err := a.session(ctx, DefaultLeaseTTL) // the node's, which campaign uses too
+	if err != nil {
+		t.Fatal(err)
+	}
 	el := campaign(a, "n1")
 	key, rev := el.Key(), el.Rev()
 	over, cancel := context.WithCancel(ctx)
 	cancel()
-	_ = l.resign(over, el)     // judged by what it leaves behind
-	other := campaign(b, "n2") // held up for as long as n1's key lives
+	_ = l.resign(over, sess, el) // judged by what it leaves behind
+	other := campaign(b, "n2")   // held up for as long as n1's key lives
 	if err := other.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +374,7 @@ func TestFailedResignLeavesNoLeader(t *testing.T) {
 	if again.Key() != key || again.Rev() == rev {
 		t.Fatalf("n1's second term holds %s at %d, want %s at a revision after %d", again.Key(), again.Rev(), key, rev)
 	}
-	if err := a.dropLeader(key, rev); err != nil {
+	if err := resignAgain(sess, key, rev); err != nil {
 		t.Fatal(err)
 	}
 	if resp, err := a.client.Get(ctx, key); err != nil || len(resp.Kvs) != 1 {

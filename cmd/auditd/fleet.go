@@ -298,7 +298,7 @@ func startFleet(ctx context.Context, o fleetOptions, key string, lim *limiter.Li
 		o.Lag = defaultFleetLag
 	}
 	n := &fleetNode{node: o.Node, lag: o.Lag, client: client, store: fleet.NewStore(client, clock.Real{}, ""),
-		lim: lim, reg: reg, led: led, log: log, shares: map[string]*fleetShare{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+		lim: lim, reg: reg, led: led, log: log, shares: map[string]*fleetShare{}, groups: map[string]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	n.sync()
 	rctx, stop := context.WithCancel(context.Background())
 	n.cancel = stop
@@ -362,9 +362,6 @@ func (n *fleetNode) sync() {
 		}
 		w.Slots = slots
 		if w.group {
-			if n.groups == nil {
-				n.groups = map[string]bool{}
-			}
 			n.groups[key] = true
 		}
 		w.learning = startLearning(n.store, slots, clock.Real{}, key, n.node, n.startRate(w), w.rate, n.notify)
@@ -586,8 +583,7 @@ func (n *fleetNode) event(e fleet.Event) auditd.Event {
 		}
 	}
 	n.mu.Lock()
-	s := n.shares[e.Key]
-	group := s != nil && s.group || n.groups[e.Key]
+	group := n.groups[e.Key]
 	n.mu.Unlock()
 	if group {
 		ev.Group = e.Key

@@ -50,7 +50,7 @@ func fleetNodeOn(t *testing.T, endpoint string) (*fleetNode, *registry.Registry,
 	}
 	lim := limiter.New(clock.Real{})
 	n := &fleetNode{node: "n1", lag: defaultFleetLag, client: client, store: fleet.NewStore(client, clock.Real{}, ""),
-		lim: lim, reg: reg, led: led, log: slog.New(slog.DiscardHandler), shares: map[string]*fleetShare{},
+		lim: lim, reg: reg, led: led, log: slog.New(slog.DiscardHandler), shares: map[string]*fleetShare{}, groups: map[string]bool{},
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	t.Cleanup(func() {
 		n.mu.Lock()

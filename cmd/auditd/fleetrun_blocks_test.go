@@ -12,7 +12,7 @@ import (
 // a fleet node writes: pack.ReservedBlock reads back what fleetNode.event
 // records, for a source's key and a gateway group's.
 func TestReservedBlockReadsFleetEvents(t *testing.T) {
-	n := &fleetNode{node: "east-1", shares: map[string]*fleetShare{"gateway": {member: "gw-a", group: true}}}
+	n := &fleetNode{node: "east-1", shares: map[string]*fleetShare{"gateway": {member: "gw-a", group: true}}, groups: map[string]bool{"gateway": true}}
 	first := time.Date(2026, 12, 4, 9, 0, 0, 123456789, time.UTC)
 	for _, key := range []string{"county", "gateway"} {
 		b := fleet.Block{First: first, Interval: 41200 * time.Microsecond, Count: 24, Revision: 4121}
