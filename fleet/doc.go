@@ -24,10 +24,10 @@
 // from, and who wrote it and why: a Cause*), spent (the last time a window
 // was seen spent, Spent), obs/<node> (each node's cumulative outcomes,
 // Report) and leader. Any node lowers the limit (Cut, by compare-and-swap;
-// the rules at a refusal are the caller's: WindowRate, CutTo); only the
-// key's Learner, elected among the nodes (concurrency.Election, on one
-// session a node whatever its number of keys), raises it (Raise). A term
-// that ends resigns, so that another node is elected at once; when Resign
+// the rules at a refusal are the caller's: WindowRate, CutTo, TrimTo);
+// only the key's Learner, elected among the nodes (concurrency.Election,
+// on one session a node whatever its number of keys), raises it (Raise).
+// A term that ends resigns, so that another node is elected at once; when Resign
 // fails, the leader key is deleted all the same, guarded by its create
 // revision and retried, since the node's session, which outlives the term,
 // would otherwise keep it and no node could win the key. A node that stops

@@ -74,6 +74,14 @@ func TestRaiseRule(t *testing.T) {
 			t.Errorf("CutTo(%v) = %v, want %v", c.cur, got, c.want)
 		}
 	}
+	for _, c := range []struct{ cur, want fleet.Rate }{
+		{fleet.Rate{Limit: 126, Window: 20 * time.Second}, fleet.Rate{Limit: 119, Window: 20 * time.Second}},
+		{fleet.Rate{Limit: 6, Window: time.Second}, fleet.Rate{Limit: 96, Window: 17 * time.Second}},
+	} {
+		if got := fleet.TrimTo(c.cur); got != c.want {
+			t.Errorf("TrimTo(%v) = %v, want %v", c.cur, got, c.want)
+		}
+	}
 }
 
 // ps is r per second, to the thousandth.
