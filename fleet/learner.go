@@ -307,10 +307,12 @@ func Raise(cur Limit, ceiling Rate, d Outcomes, period time.Duration, now time.T
 // three quarters of the limit in force.
 func CutTo(cur Rate) Rate { return scale(cur, 0.75) }
 
-// TrimTo is the rule a node cuts by when a fixed window is spent every
-// other window at the limit in force: to nineteen twentieths of it. The
-// pace is just past the quota; the refusal's pause leaves the window after
-// it unspent, so no two marks are a window apart to measure the quota by.
+// TrimTo is the rule a node cuts by when a fixed window is seen spent
+// after one or more went unspent, at a probe past the rate refused or at
+// a settled limit every other window: to nineteen twentieths of the limit
+// in force, rounded down (126 per 20 s to 119). The limit is just past the
+// quota; the refusal's pause leaves the window after it unspent, so no
+// two marks are a window apart to measure the quota by.
 func TrimTo(cur Rate) Rate { return scale(cur, 0.95) }
 
 // scale returns r times f. A small limit is first counted over a longer

@@ -31,9 +31,10 @@ import (
 // which the pace is a quarter's cut; a mark more than one and a half windows
 // after the last cuts nothing, unless the limit is a probe past the rate
 // last refused, or the mark is two windows after the last at a settled
-// pace: the limit is then trimmed under the pace, the rate refused; a span
-// within a fifth of a common window length is that length; a mark is at
-// the refused request's admission. A limit set by hand on the node becomes
+// limit the fleet was answered at three quarters of: the limit, the rate
+// refused, is then trimmed; a span within a tenth of a common window length
+// is that length, and within a fifth once a span within a tenth of it was
+// seen; a mark is at the refused request's admission. A limit set by hand on the node becomes
 // the fleet's, and a quota the server advertises below it holds the fleet
 // to it.
 func TestFleetCutsOnceAnEpisode(t *testing.T) {
@@ -123,31 +124,32 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	spent(2*time.Second, time.Time{})
 	holds(10, "a window spent again with 5 answered since")
 
-	// Windows of 7 s: no common length is within a fifth of it.
+	// Windows of 6 s: within a fifth of 5 s, but their spans are never
+	// within a tenth of it, so they are not taken for it.
 	succeed()
-	answered(56)
-	spent(7*time.Second, time.Time{})
-	perWindow := fleet.Rate{Limit: 56, Window: 7210 * time.Millisecond} // fleet.WindowMargin longer
+	answered(48)
+	spent(6*time.Second, time.Time{})
+	perWindow := fleet.Rate{Limit: 48, Window: 6180 * time.Millisecond} // fleet.WindowMargin longer
 	if got := stored(); got.Rate != perWindow || got.Refused != perWindow || got.By != "n1" {
-		t.Fatalf("after 56 answered between spent windows 7 s apart the fleet holds %+v, want 56 per 7.21 s, refused at it, by n1", got)
+		t.Fatalf("after 48 answered between spent windows 6 s apart the fleet holds %+v, want 48 per 6.18 s, refused at it, by n1", got)
 	}
 	at := applied(7.767)
 
 	succeed()
 	answered(20)
 	spent(22*time.Second, time.Time{})
-	holds(7.767, "spent windows 22 s apart, two windows of 7 s between them unspent")
+	holds(7.767, "spent windows 22 s apart, three windows of 6 s between them unspent")
 
 	succeed()
 	answered(30)
-	spent(7*time.Second, at.Add(time.Second)) // 4.16/s, sent before the 7.77/s settled
+	spent(6*time.Second, at.Add(time.Second)) // 4.85/s, sent before the 7.77/s settled
 	holds(7.767, "a pace below a quarter's cut, sent before the limit settled")
 
 	succeed()
 	answered(30)
-	spent(7*time.Second, time.Time{})
-	if got := stored(); ratePerSecond(got.Rate) != 5.825 || got.Refused != (fleet.Rate{Limit: 30, Window: 5407500 * time.Microsecond}) {
-		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 5.825/s, refused at 30 per 5.4075 s (the pace, 30 per 7.21 s, is its quarter's cut)", got)
+	spent(6*time.Second, time.Time{})
+	if got := stored(); ratePerSecond(got.Rate) != 5.825 || got.Refused != (fleet.Rate{Limit: 30, Window: 4635 * time.Millisecond}) {
+		t.Fatalf("a settled pace below a quarter's cut left %+v, want a quarter's cut to 5.825/s, refused at 30 per 4.635 s (the pace, 30 per 6.18 s, is its quarter's cut)", got)
 	}
 	applied(5.825)
 
@@ -181,9 +183,14 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 		t.Errorf("counted %d answers and %d refusals, want 9 and 9", ok, refused)
 	}
 
-	// A span within a fifth of a common window length is that length: the
-	// windows were spent at different points of them, and on a loaded
-	// machine later each window (5.8 s apart for windows of 5 s in CI).
+	// A span within a fifth of a common window length is that length
+	// once a span within a tenth of it was seen: the windows were spent
+	// at different points of them, and on a loaded machine later each
+	// window (5.8 s apart for windows of 5 s in CI).
+	succeed()
+	answered(26)
+	spent(5*time.Second, time.Time{})
+	holds(5, "26 per 5.15 s, above the limit") // a cut never raises
 	succeed()
 	answered(25)
 	spent(5900*time.Millisecond, time.Time{})
@@ -192,11 +199,12 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 	applied(4.854)
 
-	// A probe past the rate last refused that meets a spent window two
-	// windows after the last (the window between unspent for the last
-	// refusal's pause) is trimmed under the probe's pace, now the rate
-	// refused: not back to the rate refused before, which may be a count
-	// read short.
+	// A probe past the rate last refused that meets a spent window
+	// windows after the last (those between unspent for the last
+	// refusal's pause, or the probe's climb) is trimmed under the probe's
+	// pace, now the rate refused: not back to the rate refused before,
+	// which may be a count read short. Three windows after the last, no
+	// settled limit's trim applies.
 	l.setByHand(fleet.Rate{Limit: 9, Window: time.Second})
 	applied(9)
 	if _, _, err := store.Cut(ctx, "geo", fleet.Rate{Limit: 8, Window: time.Second}, fleet.Rate{Limit: 7, Window: time.Second}, fleet.CauseRaise, "n2"); err != nil {
@@ -205,9 +213,9 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	applied(8) // as a probe leaves it: 8/s, 7/s refused
 	succeed()
 	answered(60)
-	spent(10800*time.Millisecond, time.Time{})
+	spent(16*time.Second, time.Time{})
 	if got := stored(); got.Rate != (fleet.Rate{Limit: 98, Window: 13 * time.Second}) || got.Refused != (fleet.Rate{Limit: 8, Window: time.Second}) || got.Cause != fleet.CauseWindowSpent {
-		t.Fatalf("a probe at 8/s, 7/s refused, meeting a window spent two windows after the last left %+v, want 98 per 13 s (7.54/s), refused at 8/s", got)
+		t.Fatalf("a probe at 8/s, 7/s refused, meeting a window spent three windows after the last left %+v, want 98 per 13 s (7.54/s), refused at 8/s", got)
 	}
 	applied(7.538)
 
@@ -225,17 +233,28 @@ func TestFleetCutsOnceAnEpisode(t *testing.T) {
 	}
 	applied(5.825)
 
-	// A window spent every other window at a settled pace is a pace just
-	// past the quota: each refusal's pause leaves the window after it
-	// unspent. The pace is the rate refused, and the limit is trimmed.
+	// A window spent every other window at a settled limit, the fleet
+	// answered at three quarters of it or more, is a limit just past the
+	// quota: each refusal's pause leaves the window after it unspent. The
+	// limit is the rate refused, and it is trimmed.
 	last = last.Add(7 * time.Second) // the late refusal's mark
 	succeed()
-	answered(50)
+	answered(56) // 0.75 * 5.825/s * 12 s is 52.4
 	spent(12*time.Second, time.Time{})
 	if got := stored(); got.Rate != (fleet.Rate{Limit: 119, Window: 21630 * time.Millisecond}) || got.Refused != (fleet.Rate{Limit: 42, Window: 7210 * time.Millisecond}) || got.Cause != fleet.CauseWindowSpent {
-		t.Fatalf("a window spent 12 s after the last (windows of 5.9 s seen) at a settled 42 per 7.21 s left %+v, want it trimmed to 119 per 21.63 s, refused at 42 per 7.21 s", got)
+		t.Fatalf("a window spent 12 s after the last (windows of 5 s seen) at a settled 42 per 7.21 s left %+v, want it trimmed to 119 per 21.63 s, refused at 42 per 7.21 s", got)
 	}
-	applied(5.502)
+	trimmed := applied(5.502)
+	// Not so before the limit settled, nor when the fleet was answered at
+	// less than three quarters of it: the demand left windows unspent.
+	succeed()
+	answered(50)
+	spent(10*time.Second, trimmed.Add(time.Second))
+	holds(5.502, "a window spent two windows after the last, sent before the trim settled")
+	succeed()
+	answered(30) // 0.75 * 5.502/s * 10 s is 41.3
+	spent(10*time.Second, time.Time{})
+	holds(5.502, "a window spent two windows after the last, the fleet answered at 3/s of 5.5")
 
 	mu.Lock()
 	defer mu.Unlock()

@@ -366,13 +366,13 @@ func (q *quotaShare) add(refused bool) bool {
 //     marks seen) before cuts nothing: the windows between went unspent;
 //     unless the limit is a probe past the rate last refused, or the mark
 //     is two and a half windows or less after the last, at a settled
-//     pace: a pace just past the quota spends every other window, so it
-//     is the rate refused, and the limit is trimmed under it
-//     (fleet.TrimTo);
+//     limit the fleet was answered at three quarters of or more: a limit
+//     just past the quota spends every other window, so it is the rate
+//     refused, and the limit is trimmed under it (fleet.TrimTo);
 //   - a mark within maxWindowSpan before: the pace the fleet was answered at
 //     between the two, a fixed window's quota over its length
-//     (fleet.WindowRate: the span, or the common window length within
-//     windowSpanErr of it), is the limit and the rate refused, so the learner
+//     (fleet.WindowRate: the span, or the common window length it is
+//     taken for, windowLength), is the limit and the rate refused, so the learner
 //     holds it (fleet.Raise); never lower than a quarter's cut, which is
 //     then the limit, remembering as refused the rate of which the pace
 //     is a quarter's cut;
@@ -401,26 +401,27 @@ func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool, admitted time
 	case err == nil && span <= maxWindowSpan && n < fleet.MinWindowAdmitted:
 		return limitCut{}, false
 	case err == nil && window > 0 && 2*span > 3*window && lim.Refused.Limit > 0 && cur.PerSecond() > lim.Refused.PerSecond(),
-		err == nil && window > 0 && 2*span > 3*window && 2*span <= 5*window && settled:
+		err == nil && window > 0 && 2*span > 3*window && 2*span <= 5*window && settled && float64(n) >= 0.75*cur.PerSecond()*span.Seconds():
 		// A window spent after one or more went by unspent, by a probe
-		// past the rate last refused, or at a settled pace two windows
-		// after the last: the pace is just past the quota, and each
-		// refusal's pause took enough from the window after it to leave
-		// it unspent. So every other window, the marks never a window
-		// apart to measure by: a fleet at 6.3/s of 6 was answered 30 and
-		// 22 by turns. The pace spent a window, so it is the rate
-		// refused, and the limit is trimmed under it. Not back to the
-		// rate refused before: that may be a window's count read short
-		// (29 of 30, once in each of two runs), which every probe would
-		// then return to all run.
+		// past the rate last refused, or at a settled limit two windows
+		// (two and a half at most) after the last, the fleet answered at
+		// three quarters of it or more between (less, and the demand left
+		// the windows unspent): the limit is just past the quota, and
+		// each refusal's pause took enough from the window after it to
+		// leave it unspent. So every other window, the marks never a
+		// window apart to measure by: a fleet at 6.3/s of 6 was answered
+		// 30 and 22 by turns. The limit in force spent a window, so it is
+		// the rate refused, and the limit is trimmed under it. Not back to
+		// the rate refused before: that may be a window's count read
+		// short (29 of 30, once in each of two runs), which every probe
+		// would then return to all run.
 		return limitCut{fleet.TrimTo(cur), cur, fleet.CauseWindowSpent}, true
 	case err == nil && window > 0 && 2*span > 3*window:
 		// Windows went by unspent between the marks: the pace was under
 		// the quota in them, and what they admitted tells not the quota.
 		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan:
-		length, _ := registry.CommonWindow(span, windowSpanErr)
-		r, ok := fleet.WindowRate(n, length)
+		r, ok := fleet.WindowRate(n, windowLength(span, window))
 		if ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
 			return limitCut{r, r, fleet.CauseWindowSpent}, true
 		}
@@ -452,19 +453,40 @@ func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool, admitted time
 const spentRead = fleetOutcomesEvery + 250*time.Millisecond
 
 // windowSpanErr is how far the span between two marks may be from a common
-// window length (registry.CommonWindow) and be taken for it: a fifth, as on
-// one node (registry's windowSpent). The span errs by where in each window
-// the pace spent it: 4.88 to 5.12 s between windows of 5 s in
-// TestFleetUsesAFixedWindow on a quiet machine. On a loaded one the marks
-// come later each window while the pace falls short of the quota: 5.40 s,
-// 5.51 s, 5.67 s and 5.80 s. Spread over such a span the quota read up to
-// a sixth low, and a pace under the quota spends no window to be measured
-// again: the fleet held 5.28/s of 6 until its probes, 30 s on, climbed back.
-// What was answered between two marks is one window's quota whatever point
-// of it each was spent at, as both counts are read the same time after
-// their marks (spentRead), so the quota is spread over the window's length,
-// not the span.
-const windowSpanErr = 0.2
+// window length (registry.CommonWindow) and be taken for it
+// (windowLength). The span errs by where in each window the pace spent it:
+// 4.88 to 5.12 s between windows of 5 s in TestFleetUsesAFixedWindow on a
+// quiet machine. What was answered between two marks is one window's quota
+// whatever point of it each was spent at, as both counts are read the same
+// time after their marks (spentRead), so the quota is spread over the
+// window's length, not the span.
+const windowSpanErr = 0.1
+
+// windowLength is the length of the window whose quota the fleet answered
+// over span, the time between two marks: the common window length within
+// windowSpanErr of span; or within twice that, as on one node (registry's
+// windowSpent), when the shortest span seen between marks (shortest, 0
+// when none) is within windowSpanErr of that same length; else span
+// itself. On a loaded machine the marks come later each window while the
+// pace falls short of the quota: 5.40 s, 5.51 s, 5.67 s and 5.80 s between
+// windows of 5 s. Spread over such a span the quota read up to a sixth
+// low, and a pace under the quota spends no window to be measured again:
+// the fleet held 5.28/s of 6 until its probes, 30 s on, climbed back. A
+// window of a length no common one is within a tenth of (6 s, 12 s) is
+// never taken for a common one a fifth off, which would pace the fleet a
+// sixth past its quota in every window: its shortest span is near its own
+// length.
+func windowLength(span, shortest time.Duration) time.Duration {
+	if w, ok := registry.CommonWindow(span, windowSpanErr); ok {
+		return w
+	}
+	if w, ok := registry.CommonWindow(span, 2*windowSpanErr); ok {
+		if s, ok := registry.CommonWindow(shortest, windowSpanErr); ok && s == w {
+			return w
+		}
+	}
+	return span
+}
 
 // markAge is how long before it is seen here a refusal's request may have
 // been admitted for the mark to be set at its admission rather than now. A
