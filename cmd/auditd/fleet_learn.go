@@ -400,8 +400,15 @@ func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool, admitted time
 		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan && n < fleet.MinWindowAdmitted:
 		return limitCut{}, false
-	case err == nil && window > 0 && 2*span > 3*window && lim.Refused.Limit > 0 && cur.PerSecond() > lim.Refused.PerSecond(),
-		err == nil && window > 0 && 2*span > 3*window && 2*span <= 5*window && settled && float64(n) >= 0.75*cur.PerSecond()*span.Seconds():
+	case err == nil && window > 0 && 2*span > 3*window:
+		probe := lim.Refused.Limit > 0 && cur.PerSecond() > lim.Refused.PerSecond()
+		everyOther := 2*span <= 5*window && settled && float64(n) >= 0.75*cur.PerSecond()*span.Seconds()
+		if !probe && !everyOther {
+			// Windows went by unspent between the marks: the pace was
+			// under the quota in them, and what they admitted tells not
+			// the quota.
+			return limitCut{}, false
+		}
 		// A window spent after one or more went by unspent, by a probe
 		// past the rate last refused, or at a settled limit two windows
 		// (two and a half at most) after the last, the fleet answered at
@@ -416,10 +423,6 @@ func (l *fleetLearning) windowSpent(lim fleet.Limit, settled bool, admitted time
 		// short (29 of 30, once in each of two runs), which every probe
 		// would then return to all run.
 		return limitCut{fleet.TrimTo(cur), cur, fleet.CauseWindowSpent}, true
-	case err == nil && window > 0 && 2*span > 3*window:
-		// Windows went by unspent between the marks: the pace was under
-		// the quota in them, and what they admitted tells not the quota.
-		return limitCut{}, false
 	case err == nil && span <= maxWindowSpan:
 		r, ok := fleet.WindowRate(n, windowLength(span, window))
 		if ok && r.PerSecond() >= fleet.CutTo(cur).PerSecond() {
